@@ -1,0 +1,5 @@
+#pragma once
+
+namespace recstore {
+bool built_with_cuda();
+}  // namespace recstore

@@ -1,0 +1,161 @@
+"""The table spec: the one model every surface validates a table against.
+
+The CRD schema, the REST API, gRPC CreateTable and the SDK all accept a table
+as this model, so a spec that one surface accepts every other accepts too.
+Field names are snake_case in Python and camelCase on the wire to Kubernetes
+(``spec.model_dump(by_alias=True)``); both spellings are accepted on input.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+#: Table names: what a Kubernetes object name and a file name both tolerate,
+#: plus underscores (the SDK's documented examples use them).
+TABLE_NAME_PATTERN = r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$"
+
+MAX_EMBEDDING_DIM = 8192
+MAX_SHARDS = 1024
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_enum_values=True,
+    )
+
+
+class DType(str, Enum):
+    float32 = "float32"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+    @property
+    def itemsize(self) -> int:
+        return 4 if self is DType.float32 else 2
+
+
+class KeyMode(str, Enum):
+    dense = "dense"  # ids 0..num_embeddings-1, direct addressing
+    hashed = "hashed"  # arbitrary int64 keys, fixed capacity, optional eviction
+
+
+class Eviction(str, Enum):
+    none = "none"  # a full table refuses new keys (RESOURCE_EXHAUSTED)
+    lru = "lru"
+    lfu = "lfu"
+
+
+class StorageTier(str, Enum):
+    gpu = "gpu"
+    host = "host"
+    gpu_cache = "gpu_cache"  # GPU cache over host memory
+
+
+class Durability(str, Enum):
+    checkpoint = "checkpoint"  # writes since the last checkpoint are lost on a crash
+    wal = "wal"  # every acknowledged write is logged and fsynced before the reply
+
+
+class Keys(_Model):
+    mode: KeyMode = KeyMode.dense
+    #: hashed mode: rows the whole table may hold (split over the shards);
+    #: defaults to num_embeddings.
+    capacity: Annotated[int, Field(ge=1)] | None = None
+    eviction: Eviction = Eviction.none
+    #: hashed mode: rows untouched for this long may be evicted first.
+    ttl_seconds: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def _hashed_only(self) -> Keys:
+        if self.mode == KeyMode.dense and (
+            self.eviction != Eviction.none or self.ttl_seconds is not None
+        ):
+            raise ValueError("eviction and ttl_seconds apply to hashed keys only")
+        return self
+
+
+class Initializer(_Model):
+    kind: Literal["zeros", "normal", "uniform"] = "normal"
+    mean: float = 0.0
+    std: Annotated[float, Field(ge=0)] = 0.01
+    low: float = -0.01
+    high: float = 0.01
+    #: initial rows are a pure function of (key, seed): every shard and every
+    #: restart reproduces the same row for the same key.
+    seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
+
+    @model_validator(mode="after")
+    def _range(self) -> Initializer:
+        if self.kind == "uniform" and not self.low < self.high:
+            raise ValueError(f"uniform initializer needs low < high, got {self.low} >= {self.high}")
+        return self
+
+
+class Optimizer(_Model):
+    kind: Literal["sgd", "adagrad", "rowwise_adagrad", "adam"] = "sgd"
+    lr: Annotated[float, Field(gt=0)] = 0.01
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    eps: Annotated[float, Field(gt=0)] = 1e-10
+    initial_accumulator_value: Annotated[float, Field(ge=0)] = 0.0
+    beta1: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    beta2: Annotated[float, Field(ge=0, lt=1)] = 0.999
+
+    def state_width(self, dim: int) -> int:
+        """Number of fp32 state values stored per row of a ``dim``-wide table."""
+        if self.kind == "sgd":
+            return 0
+        if self.kind == "adagrad":
+            return dim
+        if self.kind == "rowwise_adagrad":
+            return 1
+        return 2 * dim + 1  # adam: exp_avg, exp_avg_sq, step count
+
+
+class Checkpoint(_Model):
+    #: seconds between periodic checkpoints; 0 disables them.
+    interval_seconds: Annotated[int, Field(ge=0)] = 0
+    #: how many complete checkpoints to keep on disk.
+    keep: Annotated[int, Field(ge=1, le=100)] = 3
+    durability: Durability = Durability.checkpoint
+
+
+class TableSpec(_Model):
+    """One embedding table, as a user declares it."""
+
+    name: Annotated[str, Field(pattern=TABLE_NAME_PATTERN)]
+    num_embeddings: Annotated[int, Field(ge=1, le=2**62)]
+    embedding_dim: Annotated[int, Field(ge=1, le=MAX_EMBEDDING_DIM)]
+    dtype: DType = DType.float32
+    shards: Annotated[int, Field(ge=1, le=MAX_SHARDS)] = 1
+    keys: Keys = Keys()
+    initializer: Initializer = Initializer()
+    optimizer: Optimizer = Optimizer()
+    storage: StorageTier = StorageTier.host
+    checkpoint: Checkpoint = Checkpoint()
+
+    @property
+    def key_mode(self) -> KeyMode:
+        return KeyMode(self.keys.mode)
+
+    @property
+    def capacity(self) -> int:
+        """Rows the whole table may hold (all shards together)."""
+        if self.key_mode == KeyMode.dense:
+            return self.num_embeddings
+        return self.keys.capacity or self.num_embeddings
+
+    @property
+    def row_bytes(self) -> int:
+        return self.embedding_dim * DType(self.dtype).itemsize
+
+    def to_wire(self) -> dict[str, object]:
+        """JSON-ready camelCase form (CRD spec, gRPC CreateTable payload)."""
+        return self.model_dump(mode="json", by_alias=True)

@@ -1,0 +1,60 @@
+"""The table spec: defaults, both spellings, and the rejections every surface inherits."""
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from recstore.core.spec import TableSpec
+
+
+def test_defaults_and_camel_case_round_trip() -> None:
+    spec = TableSpec(name="user_emb", num_embeddings=1000, embedding_dim=16)
+    wire = spec.to_wire()
+    assert wire["numEmbeddings"] == 1000 and wire["keys"] == {
+        "mode": "dense",
+        "capacity": None,
+        "eviction": "none",
+        "ttlSeconds": None,
+    }
+    assert TableSpec.model_validate(wire) == spec
+    assert spec.capacity == 1000 and spec.row_bytes == 64
+
+
+def test_hashed_capacity_and_state_width() -> None:
+    spec = TableSpec.model_validate(
+        {
+            "name": "items",
+            "numEmbeddings": 10**9,
+            "embeddingDim": 8,
+            "dtype": "bfloat16",
+            "keys": {"mode": "hashed", "capacity": 5000, "eviction": "lru"},
+            "optimizer": {"kind": "adam"},
+        }
+    )
+    assert spec.capacity == 5000 and spec.row_bytes == 16
+    assert spec.optimizer.state_width(8) == 17
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"name": "Bad Name"}, "pattern"),
+        ({"name": "-lead"}, "pattern"),
+        ({"num_embeddings": 0}, "greater than or equal to 1"),
+        ({"embedding_dim": 0}, "greater than or equal to 1"),
+        ({"embedding_dim": 100_000}, "less than or equal to 8192"),
+        ({"dtype": "int8"}, "float32"),
+        ({"shards": 0}, "greater than or equal to 1"),
+        ({"keys": {"mode": "dense", "eviction": "lru"}}, "hashed keys only"),
+        ({"initializer": {"kind": "uniform", "low": 1, "high": 0}}, "low < high"),
+        ({"optimizer": {"kind": "adam", "lr": 0}}, "greater than 0"),
+        ({"optimizer": {"kind": "lamb"}}, "sgd"),
+        ({"checkpoint": {"keep": 0}}, "greater than or equal to 1"),
+        ({"surprise": 1}, "Extra inputs are not permitted"),
+    ],
+)
+def test_rejections_name_the_problem(change: dict[str, Any], message: str) -> None:
+    fields: dict[str, Any] = {"name": "t", "num_embeddings": 10, "embedding_dim": 4, **change}
+    with pytest.raises(ValidationError, match=message):
+        TableSpec(**fields)
