@@ -33,7 +33,7 @@ def test_hashed_capacity_and_state_width() -> None:
         }
     )
     assert spec.capacity == 5000 and spec.row_bytes == 16
-    assert spec.optimizer.state_width(8) == 17
+    assert spec.optimizer.state_width(8) == 16
 
 
 @pytest.mark.parametrize(

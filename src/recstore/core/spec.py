@@ -116,7 +116,7 @@ class Optimizer(_Model):
             return dim
         if self.kind == "rowwise_adagrad":
             return 1
-        return 2 * dim + 1  # adam: exp_avg, exp_avg_sq, step count
+        return 2 * dim  # adam: exp_avg, exp_avg_sq (the step count is per table, as SparseAdam)
 
 
 class Checkpoint(_Model):
