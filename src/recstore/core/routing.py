@@ -11,8 +11,9 @@ uint64 with good avalanche; the native engine implements the same function
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -105,12 +106,12 @@ class SlotMap:
         return {"epoch": self.epoch, "ranges": [[r.start, r.end, r.shard] for r in self.ranges]}
 
     @classmethod
-    def from_dict(cls, data: dict[str, object]) -> SlotMap:
+    def from_dict(cls, data: Mapping[str, Any]) -> SlotMap:
         raw = data["ranges"]
         if not isinstance(raw, Iterable):
             raise ValueError("slot map ranges must be a list of [start, end, shard]")
-        ranges = tuple(SlotRange(*map(int, r)) for r in raw)  # type: ignore[call-overload]
-        return cls(epoch=int(data["epoch"]), ranges=ranges)  # type: ignore[call-overload]
+        ranges = tuple(SlotRange(int(r[0]), int(r[1]), int(r[2])) for r in raw)
+        return cls(epoch=int(data["epoch"]), ranges=ranges)
 
 
 def split_by_shard(

@@ -1,0 +1,47 @@
+"""Mirror each table's status to the admin API, when one is configured.
+
+The admin API keeps the catalogue the SDK's discovery reads; the operator
+keeps it current by ``PUT /api/v1/tables/{name}/status`` whenever a table's
+status changes. Mirroring is best effort: a down admin API is logged and
+retried with the next change, never a reason to hold up reconciling.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from recstore.core.reconcile import admin_status
+
+
+class AdminMirror:
+    def __init__(self, base_url: str, token: str | None, *, timeout: float = 10.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def put_status(
+        self, table: str, status: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter
+    ) -> bool:
+        """PUT the status; True when the admin API accepted it."""
+        url = f"/api/v1/tables/{quote(table, safe='')}/status"
+        try:
+            response = await self._client.put(url, json=admin_status(status))
+        except httpx.HTTPError as exc:
+            logger.warning(f"admin API unreachable, status of {table!r} not mirrored: {exc}")
+            return False
+        if response.status_code >= 400:
+            logger.warning(
+                f"admin API refused the status of {table!r}: "
+                f"{response.status_code} {response.text[:200]}"
+            )
+            return False
+        return True

@@ -1,0 +1,216 @@
+"""The EmbeddingTable CRD, generated from the table spec and placement models.
+
+The CRD's schema is derived from ``TableSpec`` and ``Placement`` (pydantic's
+JSON schema) so the API server validates and defaults exactly what the
+operator, the admin API and the SDK accept. Pydantic writes JSON Schema
+2020-12; Kubernetes wants a *structural* OpenAPI v3 schema, so this module
+inlines ``$ref``s, turns ``anyOf [X, null]`` into ``nullable`` and
+``patternProperties`` into ``additionalProperties``, rewrites numeric
+exclusive bounds into their OpenAPI 3.0 form, drops what Kubernetes
+refuses (``title``, ``additionalProperties: false``, ``propertyNames``), and
+defaults nested objects to ``{}`` so the server fills in their fields.
+``scripts/gen_crd.py`` writes the result into the chart; a test fails when
+the checked-in YAML is stale.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from recstore.core.placement import Placement
+from recstore.core.reconcile import Phase
+from recstore.core.spec import TableSpec
+
+GROUP = "recstore.io"
+VERSION = "v1alpha1"
+KIND = "EmbeddingTable"
+PLURAL = "embeddingtables"
+SINGULAR = "embeddingtable"
+SHORT_NAMES = ["et"]
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+_DROPPED_KEYS = {"title", "propertyNames", "$defs", "discriminator"}
+
+#: `kubectl explain` texts for the fields whose models carry no description.
+_DESCRIPTIONS = {
+    "name": "Table name clients use; defaults to metadata.name (may contain underscores).",
+    "numEmbeddings": "Rows of a dense table (ids 0..n-1); default capacity of a hashed one.",
+    "embeddingDim": "Values per row.",
+    "dtype": "Value type of the stored rows.",
+    "shards": "PS nodes the table is split over (one pod each). Changing it needs resharding.",
+    "keys": "Key mode: dense ids, or hashed int64 keys with a capacity and eviction.",
+    "initializer": "How missing rows are initialised (deterministic from key and seed).",
+    "optimizer": "Optimizer the PS applies to pushed gradients.",
+    "storage": "Where rows live: GPU memory, host memory, or a GPU cache over host memory.",
+    "checkpoint": "Periodic checkpoints and write durability.",
+    "placement": "Image, resources, GPUs and node constraints of the shard pods.",
+}
+
+
+def to_structural(schema: dict[str, Any]) -> dict[str, Any]:
+    """Convert a pydantic JSON schema into a Kubernetes structural schema."""
+    defs = schema.get("$defs", {})
+    return _convert(schema, defs)
+
+
+def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    node = dict(node)
+    if "$ref" in node:  # inline; the referring node's own keys (default, description) win
+        target = defs[node.pop("$ref").rsplit("/", 1)[-1]]
+        node = {**target, **node}
+    if "anyOf" in node:
+        options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
+        if len(options) != 1:
+            raise ValueError(f"cannot express a union of {len(options)} types structurally")
+        node = {**options[0], **node, "nullable": True}
+        if node.get("default", ...) is None:
+            del node["default"]
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROPPED_KEYS or (key == "additionalProperties" and value is False):
+            continue
+        if key == "const":
+            out["enum"] = [value]
+        elif key == "properties":
+            out[key] = {name: _convert(sub, defs) for name, sub in value.items()}
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = _convert(value, defs)
+        elif key == "patternProperties":  # keys are checked by the models, values here
+            (values,) = value.values()
+            out["additionalProperties"] = _convert(values, defs)
+        else:
+            out[key] = copy.deepcopy(value)
+    _exclusive_bounds(out)
+    if out.get("type") == "object" and isinstance(out.get("default"), dict) and "properties" in out:
+        out["default"] = {}  # the server applies the nested defaults itself
+    return out
+
+
+def _exclusive_bounds(node: dict[str, Any]) -> None:
+    bounds = (("exclusiveMinimum", "minimum", 1), ("exclusiveMaximum", "maximum", -1))
+    for bound, inclusive, step in bounds:
+        value = node.get(bound)
+        if isinstance(value, bool) or value is None:
+            continue
+        if node.get("type") == "integer":
+            del node[bound]
+            node[inclusive] = value + step
+        else:
+            node[inclusive] = value
+            node[bound] = True
+
+
+def spec_schema() -> dict[str, Any]:
+    """The CR ``spec``: every TableSpec field (``name`` optional) plus ``placement``."""
+    table = to_structural(TableSpec.model_json_schema(by_alias=True, mode="validation"))
+    placement = to_structural(Placement.model_json_schema(by_alias=True, mode="validation"))
+    placement["default"] = {}
+    properties = {**table["properties"], "placement": placement}
+    for field, text in _DESCRIPTIONS.items():
+        properties[field].setdefault("description", text)
+    return {
+        "type": "object",
+        "description": table.get("description", ""),
+        "required": [f for f in table.get("required", []) if f != "name"],
+        "properties": properties,
+    }
+
+
+def status_schema() -> dict[str, Any]:
+    def integer() -> dict[str, Any]:
+        return {"type": "integer", "format": "int64"}
+
+    condition = {
+        "type": "object",
+        "required": ["type", "status"],
+        "properties": {
+            "type": {"type": "string"},
+            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+            "reason": {"type": "string"},
+            "message": {"type": "string"},
+            "lastTransitionTime": {"type": "string", "format": "date-time"},
+            "observedGeneration": integer(),
+        },
+    }
+    shard = {
+        "type": "object",
+        "required": ["index"],
+        "properties": {
+            "index": {"type": "integer"},
+            "endpoint": {"type": "string"},
+            "ready": {"type": "boolean"},
+        },
+    }
+    return {
+        "type": "object",
+        "properties": {
+            "phase": {"type": "string", "enum": [p.value for p in Phase]},
+            "conditions": {
+                "type": "array",
+                "items": condition,
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["type"],
+            },
+            "observedGeneration": integer(),
+            "readyShards": {"type": "integer"},
+            "shards": {"type": "array", "items": shard},
+            "slotMapEpoch": integer(),
+            "lastCheckpoint": {"type": "string", "nullable": True},
+        },
+    }
+
+
+def build_crd() -> dict[str, Any]:
+    """The whole CustomResourceDefinition object."""
+    columns = [
+        ("Phase", "string", ".status.phase"),
+        ("Ready", "integer", ".status.readyShards"),
+        ("Shards", "integer", ".spec.shards"),
+        ("Dim", "integer", ".spec.embeddingDim"),
+        ("Rows", "integer", ".spec.numEmbeddings"),
+        ("Age", "date", ".metadata.creationTimestamp"),
+    ]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": CRD_NAME, "labels": {"app.kubernetes.io/part-of": "recstore"}},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": list(SHORT_NAMES),
+                "categories": ["recstore"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": name, "type": kind, "jsonPath": path}
+                        for name, kind, path in columns
+                    ],
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "A sharded, checkpointed embedding table.",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema(),
+                                "status": status_schema(),
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }

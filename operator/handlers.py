@@ -1,0 +1,154 @@
+"""kopf handlers for EmbeddingTable: thin wrappers around the Reconciler.
+
+``register(registry, config)`` puts every handler into a kopf registry (a
+fresh one per test and per ``recstore operator`` run; kopf's default one in
+``kopf run -m recstore.operator.main``). Create, update and resume apply
+the children and write the status; a timer refreshes the status from the
+StatefulSet and pods; delete takes a final checkpoint, then removes the
+children and releases the finalizer.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from recstore.operator.admin_mirror import AdminMirror
+from recstore.operator.config import OperatorConfig
+from recstore.operator.crd import GROUP, PLURAL, VERSION
+from recstore.operator.kube import Kube, path
+from recstore.operator.reconciler import Reconciler, validate
+from recstore.operator.render import Owner
+from recstore.operator.status import status_changed
+
+FINALIZER = "recstore.io/final-checkpoint"
+RESOURCE = (GROUP, VERSION, PLURAL)
+
+
+@dataclass
+class _State:
+    config: OperatorConfig
+    reconciler: Reconciler | None = None
+    mirror: AdminMirror | None = None
+    stopping: bool = False
+
+    def get(self) -> Reconciler:
+        if self.stopping:
+            raise kopf.TemporaryError("the operator is stopping", delay=60)
+        if self.reconciler is None:
+            raise kopf.TemporaryError("not logged in to the API server yet", delay=1)
+        return self.reconciler
+
+
+def _owner(body: kopf.Body) -> Owner:
+    meta = body["metadata"]
+    return Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+
+
+def final_checkpoint_id(deletion_timestamp: str | None) -> str:
+    """One id for every shard and every retry: derived from when deletion was requested."""
+    when = dt.datetime.now(dt.timezone.utc)
+    if deletion_timestamp:
+        when = dt.datetime.fromisoformat(deletion_timestamp.replace("Z", "+00:00"))
+    return f"final-{when.astimezone(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
+
+
+def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = None) -> None:
+    state = _State(config or OperatorConfig.from_env())
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.finalizer = FINALIZER
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+        settings.posting.level = logging.WARNING
+        if state.config.admin_url:
+            state.mirror = AdminMirror(state.config.admin_url, state.config.admin_token)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        if info is not None:
+            state.reconciler = Reconciler(Kube(info), state.config)
+        return info
+
+    @kopf.on.cleanup(registry=registry)
+    async def close(**_: Any) -> None:
+        state.stopping = True
+        if state.reconciler is not None:
+            await state.reconciler.kube.aclose()
+        if state.mirror is not None:
+            await state.mirror.aclose()
+
+    async def publish(body: kopf.Body, patch: kopf.Patch, new: dict[str, Any], logger: Any) -> None:
+        if not status_changed(body.get("status"), new):
+            return
+        patch.status.update(new)
+        if state.mirror is not None:
+            table = (body.get("spec") or {}).get("name") or body["metadata"]["name"]
+            await state.mirror.put_status(table, new, logger)
+
+    async def reconcile(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
+        rec, owner = state.get(), _owner(body)
+        checked = await rec.apply(owner, body.get("spec") or {}, logger)
+        observation, _pods = await rec.observe(owner, checked, logger)
+        generation = int(body["metadata"].get("generation") or 1)
+        status = rec.status(
+            checked, observation, generation=generation, previous=body.get("status")
+        )
+        await publish(body, patch, status, logger)
+
+    backoff = state.config.retry_delay
+    kopf.on.create(*RESOURCE, id="apply-create", backoff=backoff, registry=registry)(reconcile)
+    kopf.on.update(*RESOURCE, id="apply-update", backoff=backoff, field="spec", registry=registry)(
+        reconcile
+    )
+    kopf.on.resume(*RESOURCE, id="apply-resume", backoff=backoff, registry=registry)(reconcile)
+
+    @kopf.timer(*RESOURCE, interval=state.config.status_interval, idle=0, registry=registry)
+    async def refresh(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
+        rec, owner = state.get(), _owner(body)
+        checked = validate(owner, body.get("spec") or {})
+        observation, _pods = await rec.observe(owner, checked, logger)
+        previous = body.get("status") or {}
+        # The status describes the generation the children were last applied for.
+        generation = int(
+            previous.get("observedGeneration") or body["metadata"].get("generation") or 1
+        )
+        status = rec.status(checked, observation, generation=generation, previous=previous)
+        await publish(body, patch, status, logger)
+
+    @kopf.on.delete(*RESOURCE, id="finalize", backoff=backoff, registry=registry)
+    async def finalize(body: kopf.Body, retry: int, logger: Any, **_: Any) -> None:
+        rec, owner = state.get(), _owner(body)
+        checked = validate(owner, body.get("spec") or {})
+        observation, _pods = await rec.observe(owner, checked, logger)
+        generation = int(body["metadata"].get("generation") or 1)
+        deleting = rec.status(
+            checked, observation, generation=generation, previous=body.get("status"), deleting=True
+        )
+        url = path("EmbeddingTable", owner.namespace, owner.name, "status")
+        await rec.kube.patch(url, {"status": deleting})
+        checkpoint_id = final_checkpoint_id(body["metadata"].get("deletionTimestamp"))
+        results, _seen = await rec.final_checkpoint(owner, checkpoint_id, logger)
+        failed = [r for r in results if not r.ok]
+        if failed and retry < state.config.checkpoint_retries:
+            raise kopf.TemporaryError(
+                f"final checkpoint failed on shards {[r.index for r in failed]}",
+                delay=state.config.retry_delay,
+            )
+        if failed:
+            logger.error(
+                f"deleting without a final checkpoint of shards {[r.index for r in failed]}"
+            )
+        if results and not failed:
+            deleting["lastCheckpoint"] = checkpoint_id
+            await rec.kube.patch(url, {"status": {"lastCheckpoint": checkpoint_id}})
+        if state.mirror is not None:
+            table = (body.get("spec") or {}).get("name") or owner.name
+            await state.mirror.put_status(table, deleting, logger)
+        await rec.remove_children(owner)

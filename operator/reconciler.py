@@ -1,0 +1,189 @@
+"""The operator's reconcile procedures: observe, call the pure core, apply.
+
+Each procedure reads the children through ``Kube``, asks the reconcile core
+(``recstore.core.reconcile``) and the renderers what should exist and what
+the status is, and writes only the difference. kopf handlers call these
+with the resource's fields; nothing here depends on kopf's calling style.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from recstore.core.errors import InvalidArgument
+from recstore.core.reconcile import Declaration, Observation, compute_status, parse_declaration
+from recstore.operator import final_checkpoint, render
+from recstore.operator.config import OperatorConfig
+from recstore.operator.kube import Kube, path
+from recstore.operator.render import Owner, RenderOptions
+from recstore.operator.status import observe, pod_ready
+
+Logger = logging.Logger | logging.LoggerAdapter
+
+
+@dataclass
+class Validated:
+    declaration: Declaration | None
+    problem: str | None
+
+
+def validate(owner: Owner, spec: Mapping[str, Any]) -> Validated:
+    problem = render.name_problem(owner.name)
+    try:
+        declaration = parse_declaration(spec, default_name=owner.name)
+    except InvalidArgument as exc:
+        return Validated(None, "; ".join(filter(None, [problem, str(exc)])))
+    return Validated(declaration if problem is None else None, problem)
+
+
+@dataclass
+class Reconciler:
+    kube: Kube
+    config: OperatorConfig
+    #: (pod uid, restart count) of shards the table is known to exist on.
+    confirmed: set[tuple[str, int]] = field(default_factory=set)
+
+    @property
+    def options(self) -> RenderOptions:
+        return RenderOptions(
+            default_image=self.config.ps_image,
+            token_secret=self.config.ps_token_secret,
+            cluster_domain=self.config.cluster_domain,
+        )
+
+    async def apply(self, owner: Owner, spec: Mapping[str, Any], logger: Logger) -> Validated:
+        """Create or update the children; nothing when invalid or the shard count changed."""
+        checked = validate(owner, spec)
+        decl = checked.declaration
+        if decl is None:
+            logger.error(f"invalid EmbeddingTable, nothing changed: {checked.problem}")
+            return checked
+        name, ns = render.workload_name(owner.name), owner.namespace
+        sts = await self.kube.get(path("StatefulSet", ns, name))
+        if sts is not None and int(sts["spec"].get("replicas", 1)) != decl.spec.shards:
+            logger.warning("spec.shards changed: resharding is required, nothing changed")
+            return checked
+        await self._ensure("Service", ns, render.render_service(owner))
+        desired = render.render_statefulset(owner, decl, self.options)
+        if sts is None:
+            await self.kube.create(path("StatefulSet", ns), desired)
+        else:
+            await self.kube.patch(path("StatefulSet", ns, name), render.statefulset_update(desired))
+        await self._ensure("PodDisruptionBudget", ns, render.render_pdb(owner))
+        return checked
+
+    async def _ensure(self, kind: str, ns: str, desired: dict[str, Any]) -> None:
+        url = path(kind, ns, desired["metadata"]["name"])
+        if await self.kube.patch(url, desired) is None:
+            await self.kube.create(path(kind, ns), desired)
+
+    async def observe(
+        self, owner: Owner, checked: Validated, logger: Logger
+    ) -> tuple[Observation, list[dict[str, Any]]]:
+        """What runs; a ready pod counts as a ready shard once the table exists on it."""
+        ns, name = owner.namespace, render.workload_name(owner.name)
+        sts = await self.kube.get(path("StatefulSet", ns, name))
+        pods = (
+            []
+            if sts is None
+            else await self.kube.list(path("Pod", ns), labels=render.selector_labels(owner))
+        )
+        if checked.declaration is not None:
+            await self._create_table_on_new_shards(checked.declaration, pods, ns, logger)
+        usable = [p for p in pods if not pod_ready(p) or _pod_key(p) in self.confirmed]
+        unconfirmed = [_without_ready(p) for p in pods if p not in usable]
+        endpoint = lambda i: render.shard_endpoint(owner, i, self.options)  # noqa: E731
+        return observe(sts, usable + unconfirmed, endpoint), pods
+
+    async def _create_table_on_new_shards(
+        self, decl: Declaration, pods: list[dict[str, Any]], ns: str, logger: Logger
+    ) -> None:
+        todo = [p for p in pods if pod_ready(p) and _pod_key(p) not in self.confirmed]
+        shards = [(_pod_index(p), self._address(p)) for p in todo if p["status"].get("podIP")]
+        if not shards:
+            return
+        token = await self.ps_token(ns)
+        results = await final_checkpoint.create_table_on(
+            shards, decl.spec, token=token, timeout=self.config.rpc_timeout
+        )
+        for pod, result in zip(todo, results, strict=False):
+            if result.ok:
+                self.confirmed.add(_pod_key(pod))
+            else:
+                logger.warning(f"table not created on shard {result.index}: {result.detail}")
+
+    def _address(self, pod: Mapping[str, Any]) -> str:
+        ip = pod["status"]["podIP"]
+        return f"[{ip}]:{self.config.ps_port}" if ":" in ip else f"{ip}:{self.config.ps_port}"
+
+    async def ps_token(self, ns: str) -> str | None:
+        if not self.config.ps_token_secret:
+            return None
+        secret = await self.kube.get(path("Secret", ns, self.config.ps_token_secret))
+        data = (secret or {}).get("data") or {}
+        return base64.b64decode(data["token"]).decode().strip() if "token" in data else None
+
+    def status(
+        self,
+        checked: Validated,
+        observation: Observation,
+        *,
+        generation: int,
+        previous: Mapping[str, Any] | None,
+        deleting: bool = False,
+    ) -> dict[str, Any]:
+        decl = checked.declaration
+        return compute_status(
+            problem=checked.problem,
+            declared_shards=decl.spec.shards if decl else None,
+            observation=observation,
+            generation=generation,
+            previous=previous,
+            now=dt.datetime.now(dt.timezone.utc),
+            deleting=deleting,
+        )
+
+    async def final_checkpoint(
+        self, owner: Owner, checkpoint_id: str, logger: Logger
+    ) -> tuple[list[final_checkpoint.ShardResult], list[dict[str, Any]]]:
+        """Save every serving shard; returns the results and the pods seen."""
+        pods = await self.kube.list(
+            path("Pod", owner.namespace), labels=render.selector_labels(owner)
+        )
+        serving = [p for p in pods if pod_ready(p) and p["status"].get("podIP")]
+        token = await self.ps_token(owner.namespace)
+        shards = [(_pod_index(p), self._address(p)) for p in serving]
+        results = await final_checkpoint.save_all(
+            shards, checkpoint_id=checkpoint_id, token=token, timeout=self.config.save_timeout
+        )
+        for r in results:
+            log = logger.info if r.ok else logger.warning
+            log(f"final checkpoint of shard {r.index}: {'saved ' if r.ok else ''}{r.detail}")
+        return results, pods
+
+    async def remove_children(self, owner: Owner) -> None:
+        name, ns = render.workload_name(owner.name), owner.namespace
+        for kind in ("StatefulSet", "PodDisruptionBudget", "Service"):
+            await self.kube.delete(path(kind, ns, name))
+
+
+def _pod_key(pod: Mapping[str, Any]) -> tuple[str, int]:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    restarts = sum(int(s.get("restartCount", 0)) for s in statuses)
+    return (pod["metadata"].get("uid") or pod["metadata"]["name"], restarts)
+
+
+def _pod_index(pod: Mapping[str, Any]) -> int:
+    label = (pod["metadata"].get("labels") or {}).get(render.POD_INDEX_LABEL)
+    return int(label) if label is not None else int(pod["metadata"]["name"].rsplit("-", 1)[1])
+
+
+def _without_ready(pod: Mapping[str, Any]) -> dict[str, Any]:
+    status = dict(pod.get("status") or {})
+    status["conditions"] = [c for c in status.get("conditions") or [] if c.get("type") != "Ready"]
+    return {**pod, "status": status}

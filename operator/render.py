@@ -1,0 +1,274 @@
+"""Pure rendering of an EmbeddingTable's children: StatefulSet, headless Service, PDB.
+
+One pod per shard in a StatefulSet: the pod ordinal is the shard index (read
+from the ``apps.kubernetes.io/pod-index`` label through the downward API), the
+ordinal's stable DNS name is the shard endpoint, and the PVC template gives
+every shard its own data dir that survives rescheduling. Everything here is a
+function of the validated declaration and a few operator options, so the
+handlers stay thin and every object can be schema-checked offline.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from recstore.core.placement import Spread
+from recstore.core.reconcile import (
+    DATA_DIR,
+    GRPC_PORT,
+    METRICS_PORT,
+    Declaration,
+    ps_node_args,
+)
+
+SHARD_INDEX_ENV = "RECSTORE_SHARD_INDEX"
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+TOKEN_DIR = "/var/run/secrets/recstore"
+GPU_RESOURCE = "nvidia.com/gpu"
+SHARDS_ANNOTATION = "recstore.io/shards"
+#: the StatefulSet controller labels pods with "<name>-<10-char hash>", 63 chars at most.
+MAX_RESOURCE_NAME = 63 - len("-ps") - 11
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The EmbeddingTable the children belong to."""
+
+    name: str
+    namespace: str
+    uid: str
+    api_version: str = "recstore.io/v1alpha1"
+    kind: str = "EmbeddingTable"
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    default_image: str = "recstore-ps:latest"
+    #: Secret whose key ``token`` the PS nodes read as their auth token.
+    token_secret: str | None = None
+    cluster_domain: str = "cluster.local"
+
+
+def name_problem(name: str) -> str | None:
+    """Why a resource name cannot name the children (None when it can)."""
+    if not _DNS_LABEL.match(name):
+        return (
+            f"metadata.name {name!r} must be a DNS label (lowercase letters, digits, '-', "
+            "starting with a letter): it names the shards' Service and pods"
+        )
+    if len(name) > MAX_RESOURCE_NAME:
+        return f"metadata.name {name!r} is longer than {MAX_RESOURCE_NAME} characters"
+    return None
+
+
+def workload_name(table: str) -> str:
+    return f"{table}-ps"
+
+
+def selector_labels(owner: Owner) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "recstore-ps", "app.kubernetes.io/instance": owner.name}
+
+
+def labels(owner: Owner) -> dict[str, str]:
+    return {
+        **selector_labels(owner),
+        "app.kubernetes.io/component": "ps-node",
+        "app.kubernetes.io/part-of": "recstore",
+        "app.kubernetes.io/managed-by": "recstore-operator",
+    }
+
+
+def shard_endpoint(owner: Owner, index: int, options: RenderOptions) -> str:
+    """Stable DNS name and port of shard ``index`` (its StatefulSet pod)."""
+    name = workload_name(owner.name)
+    return f"{name}-{index}.{name}.{owner.namespace}.svc.{options.cluster_domain}:{GRPC_PORT}"
+
+
+def _meta(owner: Owner, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": labels(owner),
+        "ownerReferences": [
+            {
+                "apiVersion": owner.api_version,
+                "kind": owner.kind,
+                "name": owner.name,
+                "uid": owner.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+    }
+
+
+def render_service(owner: Owner) -> dict[str, Any]:
+    """Headless Service: gives every shard pod a stable DNS name."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(owner, workload_name(owner.name)),
+        "spec": {
+            "clusterIP": "None",
+            # Shard names resolve while a pod starts: clients see UNAVAILABLE, not NXDOMAIN.
+            "publishNotReadyAddresses": True,
+            "selector": selector_labels(owner),
+            "ports": [
+                {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "appProtocol": "grpc"},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"},
+            ],
+        },
+    }
+
+
+def render_pdb(owner: Owner) -> dict[str, Any]:
+    """At most one shard down by voluntary disruption: each shard holds distinct rows."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(owner, workload_name(owner.name)),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(owner)}},
+    }
+
+
+def _resources(decl: Declaration) -> dict[str, Any]:
+    res = decl.placement.resources
+    requests: dict[str, str] = {"cpu": res.cpu, "memory": res.memory}
+    limits: dict[str, str] = {"memory": res.memory_limit or res.memory}
+    if res.cpu_limit:
+        limits["cpu"] = res.cpu_limit
+    if decl.placement.gpus:  # extended resources: request == limit
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(decl.placement.gpus)
+    return {"requests": requests, "limits": limits}
+
+
+def _affinity(owner: Owner, spread: Spread) -> dict[str, Any] | None:
+    term = {
+        "labelSelector": {"matchLabels": selector_labels(owner)},
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    if spread == Spread.required:
+        return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    if spread == Spread.preferred:
+        preferred = [{"weight": 100, "podAffinityTerm": term}]
+        return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}}
+    return None
+
+
+def _tolerations(decl: Declaration) -> list[dict[str, Any]]:
+    out = [t.model_dump(by_alias=True, exclude_none=True) for t in decl.placement.tolerations]
+    if decl.placement.gpus:  # GPU nodes are commonly tainted for GPU workloads only
+        gpu = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+        if gpu not in out:
+            out.append(gpu)
+    return out
+
+
+def render_pod_template(owner: Owner, decl: Declaration, options: RenderOptions) -> dict[str, Any]:
+    token_file = f"{TOKEN_DIR}/token" if options.token_secret else None
+    args = ps_node_args(decl, shard_index=f"$({SHARD_INDEX_ENV})", auth_token_file=token_file)
+    probe = {"grpc": {"port": GRPC_PORT}, "periodSeconds": 10, "timeoutSeconds": 5}
+    container: dict[str, Any] = {
+        "name": "ps",
+        "image": decl.placement.image or options.default_image,
+        "command": ["recstore"],
+        "args": args,
+        "env": [
+            {
+                "name": SHARD_INDEX_ENV,
+                "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}},
+            },
+            {"name": "RECSTORE_TABLE", "value": decl.spec.name},
+        ],
+        "ports": [
+            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
+        "resources": _resources(decl),
+        # Loading a large checkpoint takes a while: the startup probe covers it (10 min).
+        "startupProbe": {**probe, "failureThreshold": 60},
+        "readinessProbe": {**probe, "failureThreshold": 2},
+        "livenessProbe": {**probe, "failureThreshold": 6},
+        "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}],
+    }
+    pod: dict[str, Any] = {
+        "terminationGracePeriodSeconds": decl.placement.termination_grace_seconds,
+        "containers": [container],
+    }
+    if options.token_secret:
+        container["volumeMounts"].append(
+            {"name": "token", "mountPath": TOKEN_DIR, "readOnly": True}
+        )
+        pod["volumes"] = [
+            {
+                "name": "token",
+                "secret": {
+                    "secretName": options.token_secret,
+                    "items": [{"key": "token", "path": "token"}],
+                },
+            }
+        ]
+    if decl.placement.node_selector:
+        pod["nodeSelector"] = dict(decl.placement.node_selector)
+    if tolerations := _tolerations(decl):
+        pod["tolerations"] = tolerations
+    if affinity := _affinity(owner, Spread(decl.placement.spread)):
+        pod["affinity"] = affinity
+    return {"metadata": {"labels": labels(owner)}, "spec": pod}
+
+
+def render_statefulset(owner: Owner, decl: Declaration, options: RenderOptions) -> dict[str, Any]:
+    storage = decl.placement.storage
+    claim_spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": storage.size}},
+    }
+    if storage.storage_class_name:
+        claim_spec["storageClassName"] = storage.storage_class_name
+    meta = _meta(owner, workload_name(owner.name))
+    meta["annotations"] = {SHARDS_ANNOTATION: str(decl.spec.shards)}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": meta,
+        "spec": {
+            "serviceName": workload_name(owner.name),
+            "replicas": decl.spec.shards,
+            "podManagementPolicy": "Parallel",  # shards are independent: start them together
+            "updateStrategy": {"type": "RollingUpdate"},
+            "persistentVolumeClaimRetentionPolicy": {
+                "whenDeleted": "Retain" if storage.retain_on_delete else "Delete",
+                "whenScaled": "Retain",
+            },
+            "selector": {"matchLabels": selector_labels(owner)},
+            "template": render_pod_template(owner, decl, options),
+            "volumeClaimTemplates": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolumeClaim",
+                    "metadata": {"name": "data", "labels": selector_labels(owner)},
+                    "spec": claim_spec,
+                }
+            ],
+        },
+    }
+
+
+def statefulset_update(desired: dict[str, Any]) -> dict[str, Any]:
+    """The merge patch that moves a running StatefulSet to ``desired``.
+
+    Only mutable fields: the API server refuses changes to the selector,
+    service name, pod management policy and claim templates, and the replica
+    count only changes through resharding.
+    """
+    spec = desired["spec"]
+    return {
+        "metadata": {k: desired["metadata"][k] for k in ("labels", "annotations")},
+        "spec": {
+            k: spec[k]
+            for k in ("template", "updateStrategy", "persistentVolumeClaimRetentionPolicy")
+        },
+    }

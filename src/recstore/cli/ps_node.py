@@ -1,0 +1,71 @@
+"""The ``recstore ps-node`` command: run one PS node until SIGTERM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def ps_node(
+    data_dir: Annotated[Path, typer.Option("--data-dir", help="Checkpoints, catalogue, WAL.")],
+    port: Annotated[int, typer.Option(help="gRPC port (0: any free port).")] = 50051,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    shard_index: Annotated[int, typer.Option("--shard-index", min=0)] = 0,
+    num_shards: Annotated[int, typer.Option("--num-shards", min=1)] = 1,
+    device: Annotated[str, typer.Option(help="cpu or cuda (cuda:N).")] = "cpu",
+    auth_token_file: Annotated[
+        Path | None, typer.Option("--auth-token-file", help="File holding the bearer token.")
+    ] = None,
+    durability: Annotated[
+        str, typer.Option(help="checkpoint (lose writes since the last one on a crash) or wal.")
+    ] = "checkpoint",
+    checkpoint_interval: Annotated[
+        float, typer.Option("--checkpoint-interval", help="Seconds between checkpoints; 0: off.")
+    ] = 0.0,
+    keep_checkpoints: Annotated[int, typer.Option("--keep-checkpoints", min=1)] = 3,
+    metrics_port: Annotated[
+        int | None, typer.Option("--metrics-port", help="Prometheus /metrics port.")
+    ] = None,
+    malloc_tuning: Annotated[
+        bool, typer.Option(help="Tune glibc malloc for large messages.")
+    ] = True,
+    log_level: Annotated[str, typer.Option("--log-level")] = "INFO",
+) -> None:
+    """Run a PS node: one shard of any number of embedding tables over gRPC."""
+    if durability not in ("checkpoint", "wal"):
+        raise typer.BadParameter("must be checkpoint or wal", param_hint="--durability")
+    if not device.startswith(("cpu", "cuda")):
+        raise typer.BadParameter("must be cpu or cuda[:N]", param_hint="--device")
+    if shard_index >= num_shards:
+        raise typer.BadParameter(
+            f"must be below --num-shards {num_shards}", param_hint="--shard-index"
+        )
+
+    from recstore.ps import logs
+    from recstore.ps import malloc_tuning as tuning
+    from recstore.ps.auth import read_token_file
+    from recstore.ps.server import NodeConfig, run
+
+    logs.configure(log_level.upper())
+    if malloc_tuning:
+        tuning.apply()
+    config = NodeConfig(
+        data_dir=data_dir,
+        host=host,
+        port=port,
+        shard_index=shard_index,
+        num_shards=num_shards,
+        device=device,
+        auth_token=read_token_file(auth_token_file) if auth_token_file else None,
+        durability=durability,
+        checkpoint_interval=checkpoint_interval,
+        keep_checkpoints=keep_checkpoints,
+        metrics_port=metrics_port,
+    )
+    raise typer.Exit(run(config))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("ps-node")(ps_node)

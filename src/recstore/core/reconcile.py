@@ -1,0 +1,258 @@
+"""The reconcile core: declared table -> desired shards, observed shards -> status.
+
+Two provisioners drive tables: the Kubernetes operator and the local one of
+``recstore up``. Both need the same answers — is this declaration valid, which
+shards should run with which arguments, and what phase and conditions follow
+from what is running — so the answers live here as pure functions: no
+Kubernetes client, no kopf, no I/O, the clock passed in. Each provisioner only
+observes its world, calls these, and applies the result.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from pydantic import ValidationError
+
+from recstore.core.errors import InvalidArgument
+from recstore.core.placement import Placement
+from recstore.core.routing import SlotMap
+from recstore.core.spec import Durability, StorageTier, TableSpec
+
+GRPC_PORT = 50051
+METRICS_PORT = 9100
+DATA_DIR = "/data"
+
+
+class Phase(str, Enum):
+    pending = "Pending"  # accepted, nothing running yet
+    provisioning = "Provisioning"  # shards starting or rolling to a new template
+    ready = "Ready"  # every shard serves
+    degraded = "Degraded"  # was ready, some shard stopped serving
+    deleting = "Deleting"
+    failed = "Failed"  # the declaration is invalid; nothing was changed
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """A validated table: what it is (spec) and where its shards run (placement)."""
+
+    spec: TableSpec
+    placement: Placement
+
+
+def parse_declaration(data: Mapping[str, Any], *, default_name: str) -> Declaration:
+    """Validate a declared table (CR ``spec``: table fields plus ``placement``).
+
+    ``name`` is optional and defaults to ``default_name`` (the resource name).
+    Raises InvalidArgument naming every offending field.
+    """
+    fields = dict(data)
+    placement_data = fields.pop("placement", None) or {}
+    fields.setdefault("name", default_name)
+    problems: list[str] = []
+    spec = placement = None
+    try:
+        spec = TableSpec.model_validate(fields)
+    except ValidationError as exc:
+        problems += _describe(exc, "spec")
+    try:
+        placement = Placement.model_validate(placement_data)
+    except ValidationError as exc:
+        problems += _describe(exc, "spec.placement")
+    if spec is not None and placement is not None:
+        tier = StorageTier(spec.storage)
+        if tier != StorageTier.host and placement.gpus == 0:
+            problems.append(f"spec.storage: tier {tier.value!r} needs spec.placement.gpus >= 1")
+    if problems or spec is None or placement is None:
+        raise InvalidArgument("; ".join(problems))
+    return Declaration(spec=spec, placement=placement)
+
+
+def _describe(exc: ValidationError, prefix: str) -> list[str]:
+    out = []
+    for err in exc.errors():
+        path = ".".join([prefix, *(str(part) for part in err["loc"])])
+        out.append(f"{path}: {err['msg']}")
+    return out
+
+
+def ps_node_args(
+    decl: Declaration,
+    *,
+    shard_index: int | str,
+    port: int = GRPC_PORT,
+    metrics_port: int = METRICS_PORT,
+    data_dir: str = DATA_DIR,
+    auth_token_file: str | None = None,
+) -> list[str]:
+    """Arguments of ``recstore ps-node`` for one shard.
+
+    ``shard_index`` may be a string such as ``$(RECSTORE_SHARD_INDEX)`` where
+    the runtime substitutes it (Kubernetes expands ``$(VAR)`` in args).
+    """
+    args = [
+        "ps-node",
+        "--port", str(port),
+        "--metrics-port", str(metrics_port),
+        "--data-dir", data_dir,
+        "--shard-index", str(shard_index),
+        "--num-shards", str(decl.spec.shards),
+        "--device", decl.placement.device,
+        "--durability", Durability(decl.spec.checkpoint.durability).value,
+    ]  # fmt: skip
+    if auth_token_file:
+        args += ["--auth-token-file", auth_token_file]
+    return args
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    index: int
+    endpoint: str  # host:port clients dial
+    args: tuple[str, ...]
+
+
+def plan_shards(
+    decl: Declaration, endpoint_of: Callable[[int], str], **arg_options: Any
+) -> list[ShardPlan]:
+    """One plan per shard, in shard order (the order of discovery's ``endpoints``)."""
+    return [
+        ShardPlan(
+            index=i,
+            endpoint=endpoint_of(i),
+            args=tuple(ps_node_args(decl, shard_index=i, **arg_options)),
+        )
+        for i in range(decl.spec.shards)
+    ]
+
+
+@dataclass(frozen=True)
+class ShardState:
+    index: int
+    endpoint: str
+    ready: bool
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a provisioner sees running for one table."""
+
+    #: shard count of the running workload; None when nothing runs yet.
+    running_shards: int | None = None
+    #: a rollout to a new shard template is still under way.
+    rolling: bool = False
+    shards: tuple[ShardState, ...] = ()
+    last_checkpoint: str | None = None
+
+
+def compute_status(
+    *,
+    problem: str | None,
+    declared_shards: int | None,
+    observation: Observation,
+    generation: int,
+    previous: Mapping[str, Any] | None,
+    now: dt.datetime,
+    deleting: bool = False,
+) -> dict[str, Any]:
+    """The table's status (the admin API's status shape plus ``readyShards``).
+
+    ``problem`` is the validation message of an invalid declaration (None when
+    valid); ``previous`` the last status written, which keeps condition
+    transition times stable and tells Degraded (was ready) from Provisioning.
+    """
+    previous = previous or {}
+    shards = observation.shards
+    ready = sum(s.ready for s in shards)
+    running = observation.running_shards
+    reshard = problem is None and running is not None and running != declared_shards
+    all_ready = running is not None and ready == running == len(shards) and running > 0
+
+    if deleting:
+        phase = Phase.deleting
+    elif problem is not None:
+        phase = Phase.failed
+    elif running is None:
+        phase = Phase.pending
+    elif all_ready and not observation.rolling:
+        phase = Phase.ready
+    elif not observation.rolling and previous.get("phase") in (Phase.ready, Phase.degraded):
+        phase = Phase.degraded
+    else:
+        phase = Phase.provisioning
+
+    shard_msg = f"{ready}/{running or 0} shards ready"
+    wanted = [
+        ("SpecValid", problem is None, "Accepted" if problem is None else "InvalidSpec",
+         "the declaration is valid" if problem is None else problem),
+        ("Ready", phase == Phase.ready, _ready_reason(phase), shard_msg),
+        ("Progressing", observation.rolling or phase in (Phase.pending, Phase.provisioning),
+         "RollingUpdate" if observation.rolling else phase.value, shard_msg),
+        ("ReshardRequired", reshard, "ShardCountChanged" if reshard else "ShardCountMatches",
+         f"spec.shards is {declared_shards} but {running} shards run; online resharding is "
+         "not available, so nothing was changed" if reshard else "shard count matches"),
+    ]  # fmt: skip
+    old = {c.get("type"): c for c in previous.get("conditions", []) if isinstance(c, Mapping)}
+    conditions = [
+        _condition(kind, ok, reason, message, generation, now, old.get(kind))
+        for kind, ok, reason, message in wanted
+    ]
+    return {
+        "phase": phase.value,
+        "conditions": conditions,
+        "observedGeneration": generation,
+        "readyShards": ready,
+        "shards": [{"index": s.index, "endpoint": s.endpoint, "ready": s.ready} for s in shards],
+        "slotMapEpoch": int(previous.get("slotMapEpoch") or SlotMap.initial(1).epoch),
+        "lastCheckpoint": observation.last_checkpoint or previous.get("lastCheckpoint"),
+    }
+
+
+def _ready_reason(phase: Phase) -> str:
+    return {
+        Phase.ready: "AllShardsReady",
+        Phase.failed: "InvalidSpec",
+        Phase.deleting: "Deleting",
+        Phase.pending: "NoShardsYet",
+        Phase.degraded: "ShardsNotReady",
+        Phase.provisioning: "ShardsStarting",
+    }[phase]
+
+
+def _condition(
+    kind: str,
+    ok: bool,
+    reason: str,
+    message: str,
+    generation: int,
+    now: dt.datetime,
+    old: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    status = "True" if ok else "False"
+    unchanged = old is not None and old.get("status") == status and old.get("lastTransitionTime")
+    stamp = old["lastTransitionTime"] if unchanged and old else _rfc3339(now)
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": stamp,
+        "observedGeneration": generation,
+    }
+
+
+def _rfc3339(now: dt.datetime) -> str:
+    return now.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def admin_status(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The status as the admin API's ``PUT /tables/{name}/status`` takes it."""
+    keys: Sequence[str] = (
+        "phase", "conditions", "observedGeneration", "shards", "slotMapEpoch", "lastCheckpoint",
+    )  # fmt: skip
+    return {key: status.get(key) for key in keys}

@@ -1,0 +1,1 @@
+"""The embedded default: the whole platform on one machine (`recstore up`)."""

@@ -1,0 +1,264 @@
+"""The local provisioner: each table becomes PS node processes on this machine.
+
+It is the single-machine twin of the Kubernetes operator and asks the same
+reconcile core (`recstore.core.reconcile`) the same questions: which shards to
+run with which arguments, and which phase and conditions follow from what is
+running. Where the operator renders a StatefulSet, this starts one
+``recstore ps-node`` process per shard on loopback under a `Supervisor`, which
+restarts a crashed node with the same port and data directory (the node then
+restores its shard by itself).
+
+State lives under ``state_dir/tables/<name>/``: the table's spec file (the node
+declares it at start), the shard ports (stable across restarts of `recstore
+up`), and one data directory per shard.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import shutil
+import socket
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recstore.core.placement import Placement
+from recstore.core.reconcile import (
+    Declaration,
+    Observation,
+    ShardState,
+    admin_status,
+    compute_status,
+    ps_node_args,
+)
+from recstore.core.spec import TableSpec
+from recstore.local.reporting import Reporter
+from recstore.local.shard_client import ShardClient
+from recstore.local.supervisor import ProcessSpec, Supervisor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Table:
+    spec: TableSpec
+    directory: Path
+    ports: list[tuple[int, int]]  # (grpc, metrics) per shard
+    clients: list[ShardClient]
+    node_ids: list[int | None]
+    status: dict[str, Any] = field(default_factory=dict)
+    generation: int = 1
+    last_checkpoint: dict[str, Any] | None = None
+
+    def endpoint(self, shard: int) -> str:
+        return f"127.0.0.1:{self.ports[shard][0]}"
+
+
+class LocalProvisioner:
+    """Implements the admin API's Provisioner protocol with local processes."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        reporter: Reporter,
+        *,
+        device: str = "cpu",
+        python: str = sys.executable,
+        auth_token_file: Path | None = None,
+        poll_interval: float = 0.5,
+    ) -> None:
+        self._root = Path(state_dir) / "tables"
+        self._reporter = reporter
+        self._placement = Placement.model_validate({"device": device})
+        self._python = python
+        self._auth_token_file = auth_token_file
+        self._poll_interval = poll_interval
+        self._tables: dict[str, _Table] = {}
+        self._lock = threading.RLock()
+        self._supervisor = Supervisor(on_restart=self._on_restart)
+        self._closed = threading.Event()
+        self._poller = threading.Thread(target=self._poll, name="local-status", daemon=True)
+        self._poller.start()
+
+    # --- the Provisioner protocol -------------------------------------------------
+
+    def create_table(self, spec: TableSpec) -> None:
+        with self._lock:
+            if spec.name in self._tables:
+                raise ValueError(f"table {spec.name!r} is already provisioned")
+            directory = self._root / spec.name
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / "table.json").write_text(json.dumps(spec.to_wire(), indent=2))
+            ports = _load_or_pick_ports(directory / "ports.json", spec.shards)
+            table = _Table(
+                spec=spec,
+                directory=directory,
+                ports=ports,
+                clients=[ShardClient(f"127.0.0.1:{grpc}") for grpc, _ in ports],
+                node_ids=[None] * spec.shards,
+            )
+            self._tables[spec.name] = table
+            for shard in range(spec.shards):
+                self._supervisor.start(self._process(table, shard))
+        for shard in range(spec.shards):
+            table.node_ids[shard] = self._reporter.register_node(
+                spec.name, shard, table.endpoint(shard), f"127.0.0.1:{ports[shard][1]}"
+            )
+        self._report(table)
+
+    def update_table(self, spec: TableSpec, *, previous: TableSpec) -> None:
+        """Shard-count changes only raise ReshardRequired; other changes restart the nodes."""
+        with self._lock:
+            table = self._tables.get(spec.name)
+            if table is None:
+                raise ValueError(f"table {spec.name!r} is not provisioned")
+            table.generation += 1
+            if spec.shards != previous.shards:
+                table.spec = spec  # the declared count; the running count stays
+            else:
+                self._stop_nodes(table)
+                table.spec = spec
+                (table.directory / "table.json").write_text(json.dumps(spec.to_wire(), indent=2))
+                for shard in range(len(table.ports)):
+                    self._supervisor.start(self._process(table, shard))
+        self._report(table)
+
+    def delete_table(self, name: str) -> None:
+        """Stop the nodes (each writes a final checkpoint on SIGTERM), then remove the data."""
+        with self._lock:
+            table = self._tables.pop(name, None)
+        if table is None:
+            return
+        self._stop_nodes(table)
+        for client in table.clients:
+            client.close()
+        shutil.rmtree(table.directory, ignore_errors=True)
+
+    def request_checkpoint(self, name: str, checkpoint_id: int) -> None:
+        with self._lock:
+            table = self._tables.get(name)
+        if table is None:
+            raise ValueError(f"table {name!r} is not provisioned")
+        saved = [client.save(f"request-{checkpoint_id}") for client in table.clients]
+        table.last_checkpoint = {
+            "id": checkpoint_id,
+            "checkpoints": saved,
+            "at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        }
+        self._report(table)
+
+    # --- queries ------------------------------------------------------------------
+
+    def endpoints(self, name: str) -> list[str]:
+        with self._lock:
+            table = self._tables[name]
+            return [table.endpoint(shard) for shard in range(len(table.ports))]
+
+    def table_names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._tables)
+
+    def node_pid(self, name: str, shard: int) -> int:
+        return self._supervisor.pid(_process_name(name, shard))
+
+    def node_restarts(self, name: str, shard: int) -> int:
+        return self._supervisor.restarts(_process_name(name, shard))
+
+    def status(self, name: str) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._tables[name].status)
+
+    def close(self) -> None:
+        """Stop every node (final checkpoints) and the status poller."""
+        self._closed.set()
+        self._poller.join(timeout=5)
+        self._supervisor.stop_all()
+        with self._lock:
+            for table in self._tables.values():
+                for client in table.clients:
+                    client.close()
+            self._tables.clear()
+
+    # --- internals ----------------------------------------------------------------
+
+    def _process(self, table: _Table, shard: int) -> ProcessSpec:
+        grpc_port, metrics_port = table.ports[shard]
+        args = ps_node_args(
+            Declaration(table.spec, self._placement),
+            shard_index=shard,
+            port=grpc_port,
+            metrics_port=metrics_port,
+            data_dir=str(table.directory / f"shard-{shard}"),
+            auth_token_file=str(self._auth_token_file) if self._auth_token_file else None,
+        )
+        args[args.index("--num-shards") + 1] = str(len(table.ports))
+        args += ["--host", "127.0.0.1", "--table-spec-file", str(table.directory / "table.json")]
+        return ProcessSpec(
+            name=_process_name(table.spec.name, shard),
+            argv=[self._python, "-m", "recstore", *args],
+            log_path=table.directory / f"shard-{shard}.log",
+        )
+
+    def _stop_nodes(self, table: _Table) -> None:
+        for shard in range(len(table.ports)):
+            self._supervisor.stop(_process_name(table.spec.name, shard))
+
+    def _on_restart(self, process_name: str, restarts: int) -> None:
+        log.warning("restarted %s (restart %d)", process_name, restarts)
+
+    def _poll(self) -> None:
+        while not self._closed.wait(self._poll_interval):
+            with self._lock:
+                tables = list(self._tables.values())
+            for table in tables:
+                try:
+                    self._report(table)
+                except Exception:  # a failing admin API must not stop the provisioner
+                    log.exception("status report for %s failed", table.spec.name)
+
+    def _report(self, table: _Table) -> None:
+        shards = []
+        for shard, client in enumerate(table.clients):
+            stats = client.stats(table.spec.name)
+            shards.append(ShardState(shard, table.endpoint(shard), ready=stats is not None))
+            node_id = table.node_ids[shard]
+            if node_id is not None:
+                rows, memory = stats if stats is not None else (0, 0)
+                self._reporter.heartbeat(node_id, stats is not None, rows, memory)
+        status = compute_status(
+            problem=None,
+            declared_shards=table.spec.shards,
+            observation=Observation(running_shards=len(table.ports), shards=tuple(shards)),
+            generation=table.generation,
+            previous=table.status,
+            now=dt.datetime.now(dt.timezone.utc),
+        )
+        status["lastCheckpoint"] = table.last_checkpoint
+        if status != table.status:
+            self._reporter.report_status(table.spec.name, admin_status(status))
+            table.status = status
+
+
+def _process_name(table: str, shard: int) -> str:
+    return f"{table}/shard-{shard}"
+
+
+def _load_or_pick_ports(path: Path, shards: int) -> list[tuple[int, int]]:
+    """Ports a table's shards listened on before, else fresh free loopback ports."""
+    if path.exists():
+        saved = [tuple(p) for p in json.loads(path.read_text())]
+        if len(saved) == shards:
+            return [(int(g), int(m)) for g, m in saved]
+    ports = [(_free_port(), _free_port()) for _ in range(shards)]
+    path.write_text(json.dumps(ports))
+    return ports
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

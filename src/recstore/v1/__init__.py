@@ -1,0 +1,1 @@
+"""Generated gRPC code of proto/recstore/v1 (scripts/gen_proto.py)."""

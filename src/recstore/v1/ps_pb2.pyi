@@ -1,0 +1,224 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SlotRange(_message.Message):
+    __slots__ = ("start", "end", "shard")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    shard: int
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ..., shard: _Optional[int] = ...) -> None: ...
+
+class SlotMap(_message.Message):
+    __slots__ = ("epoch", "ranges")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    ranges: _containers.RepeatedCompositeFieldContainer[SlotRange]
+    def __init__(self, epoch: _Optional[int] = ..., ranges: _Optional[_Iterable[_Union[SlotRange, _Mapping]]] = ...) -> None: ...
+
+class CreateTableRequest(_message.Message):
+    __slots__ = ("spec_json", "slot_map")
+    SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
+    SLOT_MAP_FIELD_NUMBER: _ClassVar[int]
+    spec_json: str
+    slot_map: SlotMap
+    def __init__(self, spec_json: _Optional[str] = ..., slot_map: _Optional[_Union[SlotMap, _Mapping]] = ...) -> None: ...
+
+class CreateTableResponse(_message.Message):
+    __slots__ = ("created", "stats")
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    created: bool
+    stats: TableStats
+    def __init__(self, created: _Optional[bool] = ..., stats: _Optional[_Union[TableStats, _Mapping]] = ...) -> None: ...
+
+class DropTableRequest(_message.Message):
+    __slots__ = ("table",)
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    def __init__(self, table: _Optional[str] = ...) -> None: ...
+
+class DropTableResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTablesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTablesResponse(_message.Message):
+    __slots__ = ("names", "tables")
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    tables: _containers.RepeatedCompositeFieldContainer[TableStats]
+    def __init__(self, names: _Optional[_Iterable[str]] = ..., tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ...) -> None: ...
+
+class GetTableStatsRequest(_message.Message):
+    __slots__ = ("table",)
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    def __init__(self, table: _Optional[str] = ...) -> None: ...
+
+class TableStats(_message.Message):
+    __slots__ = ("table", "size", "capacity", "memory_bytes", "dtype", "dim", "spec_json", "shard_index", "num_shards", "slot_map", "engine")
+    class EngineEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
+    SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    SLOT_MAP_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    size: int
+    capacity: int
+    memory_bytes: int
+    dtype: str
+    dim: int
+    spec_json: str
+    shard_index: int
+    num_shards: int
+    slot_map: SlotMap
+    engine: _containers.ScalarMap[str, float]
+    def __init__(self, table: _Optional[str] = ..., size: _Optional[int] = ..., capacity: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., dtype: _Optional[str] = ..., dim: _Optional[int] = ..., spec_json: _Optional[str] = ..., shard_index: _Optional[int] = ..., num_shards: _Optional[int] = ..., slot_map: _Optional[_Union[SlotMap, _Mapping]] = ..., engine: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class PullRequest(_message.Message):
+    __slots__ = ("table", "epoch", "keys", "read_only")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    epoch: int
+    keys: bytes
+    read_only: bool
+    def __init__(self, table: _Optional[str] = ..., epoch: _Optional[int] = ..., keys: _Optional[bytes] = ..., read_only: _Optional[bool] = ...) -> None: ...
+
+class PullResponse(_message.Message):
+    __slots__ = ("values", "dim", "dtype", "found")
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    values: bytes
+    dim: int
+    dtype: str
+    found: bytes
+    def __init__(self, values: _Optional[bytes] = ..., dim: _Optional[int] = ..., dtype: _Optional[str] = ..., found: _Optional[bytes] = ...) -> None: ...
+
+class PushRequest(_message.Message):
+    __slots__ = ("table", "epoch", "keys", "values", "dtype", "dim")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    epoch: int
+    keys: bytes
+    values: bytes
+    dtype: str
+    dim: int
+    def __init__(self, table: _Optional[str] = ..., epoch: _Optional[int] = ..., keys: _Optional[bytes] = ..., values: _Optional[bytes] = ..., dtype: _Optional[str] = ..., dim: _Optional[int] = ...) -> None: ...
+
+class PushResponse(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    def __init__(self, rows: _Optional[int] = ...) -> None: ...
+
+class UpdateRequest(_message.Message):
+    __slots__ = ("table", "epoch", "keys", "grads", "grad_dtype", "lr", "dim")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    GRADS_FIELD_NUMBER: _ClassVar[int]
+    GRAD_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    LR_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    epoch: int
+    keys: bytes
+    grads: bytes
+    grad_dtype: str
+    lr: float
+    dim: int
+    def __init__(self, table: _Optional[str] = ..., epoch: _Optional[int] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., grad_dtype: _Optional[str] = ..., lr: _Optional[float] = ..., dim: _Optional[int] = ...) -> None: ...
+
+class UpdateResponse(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    def __init__(self, rows: _Optional[int] = ...) -> None: ...
+
+class SaveRequest(_message.Message):
+    __slots__ = ("checkpoint_id",)
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
+    def __init__(self, checkpoint_id: _Optional[str] = ...) -> None: ...
+
+class CheckpointInfo(_message.Message):
+    __slots__ = ("checkpoint_id", "path", "sequence", "created_unix", "tables", "rows", "bytes")
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
+    path: str
+    sequence: int
+    created_unix: float
+    tables: _containers.RepeatedScalarFieldContainer[str]
+    rows: int
+    bytes: int
+    def __init__(self, checkpoint_id: _Optional[str] = ..., path: _Optional[str] = ..., sequence: _Optional[int] = ..., created_unix: _Optional[float] = ..., tables: _Optional[_Iterable[str]] = ..., rows: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class SaveResponse(_message.Message):
+    __slots__ = ("checkpoint",)
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: CheckpointInfo
+    def __init__(self, checkpoint: _Optional[_Union[CheckpointInfo, _Mapping]] = ...) -> None: ...
+
+class LoadRequest(_message.Message):
+    __slots__ = ("checkpoint_id",)
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
+    def __init__(self, checkpoint_id: _Optional[str] = ...) -> None: ...
+
+class LoadResponse(_message.Message):
+    __slots__ = ("checkpoint",)
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: CheckpointInfo
+    def __init__(self, checkpoint: _Optional[_Union[CheckpointInfo, _Mapping]] = ...) -> None: ...
+
+class ListCheckpointsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListCheckpointsResponse(_message.Message):
+    __slots__ = ("checkpoints",)
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    checkpoints: _containers.RepeatedCompositeFieldContainer[CheckpointInfo]
+    def __init__(self, checkpoints: _Optional[_Iterable[_Union[CheckpointInfo, _Mapping]]] = ...) -> None: ...

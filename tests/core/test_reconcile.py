@@ -1,0 +1,175 @@
+"""The reconcile core: declarations validated, shards planned, status derived."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from recstore.core.errors import InvalidArgument
+from recstore.core.reconcile import (
+    Observation,
+    ShardState,
+    admin_status,
+    compute_status,
+    parse_declaration,
+    plan_shards,
+    ps_node_args,
+)
+
+T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.timezone.utc)
+BASE = {"numEmbeddings": 1000, "embeddingDim": 8}
+
+
+def decl(**fields):
+    return parse_declaration({**BASE, **fields}, default_name="t")
+
+
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        ({"embeddingDim": 0}, "spec.embeddingDim"),
+        ({"shards": 0}, "spec.shards"),
+        ({"dtype": "int8"}, "spec.dtype"),
+        ({"bogus": 1}, "spec.bogus"),
+        ({"keys": {"mode": "dense", "eviction": "lru"}}, "hashed keys only"),
+        ({"placement": {"gpus": -1}}, "spec.placement.gpus"),
+        ({"placement": {"resources": {"memory": "lots"}}}, "spec.placement.resources.memory"),
+        ({"placement": {"nodeSelector": {"bad key!": "x"}}}, "spec.placement.nodeSelector"),
+        ({"placement": {"tolerations": [{"operator": "Equal"}]}}, "needs a key"),
+        ({"storage": "gpu"}, "needs spec.placement.gpus >= 1"),
+        ({"name": "Bad Name"}, "spec.name"),
+    ],
+)
+def test_invalid_declarations_name_the_field(fields, fragment):
+    with pytest.raises(InvalidArgument) as err:
+        decl(**fields)
+    assert fragment in str(err.value)
+
+
+def test_declaration_defaults_and_name():
+    d = decl()
+    assert d.spec.name == "t" and d.spec.shards == 1
+    assert d.placement.device == "cpu" and d.placement.storage.size == "10Gi"
+    assert parse_declaration({**BASE, "name": "my_table"}, default_name="t").spec.name == "my_table"
+    gpu = decl(storage="gpu", placement={"gpus": 2})
+    assert gpu.placement.device == "cuda"
+
+
+@pytest.mark.parametrize(
+    ("fields", "options", "expected_tail"),
+    [
+        ({}, {}, ["--device", "cpu", "--durability", "checkpoint"]),
+        (
+            {"storage": "gpu", "placement": {"gpus": 1}, "checkpoint": {"durability": "wal"}},
+            {"auth_token_file": "/t/token"},
+            ["--device", "cuda", "--durability", "wal", "--auth-token-file", "/t/token"],
+        ),
+    ],
+)
+def test_ps_node_args(fields, options, expected_tail):
+    args = ps_node_args(decl(shards=3, **fields), shard_index="$(IDX)", **options)
+    assert args[:9] == ["ps-node", "--port", "50051", "--metrics-port", "9100", "--data-dir",
+                        "/data", "--shard-index", "$(IDX)"]  # fmt: skip
+    assert args[9:11] == ["--num-shards", "3"]
+    assert args[11:] == expected_tail
+
+
+def test_plan_shards_orders_endpoints_and_indices():
+    plans = plan_shards(decl(shards=3), lambda i: f"127.0.0.1:{7000 + i}", port=7000)
+    assert [p.index for p in plans] == [0, 1, 2]
+    assert [p.endpoint for p in plans] == ["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"]
+    assert [p.args[p.args.index("--shard-index") + 1] for p in plans] == ["0", "1", "2"]
+
+
+def shards(*ready):
+    return tuple(ShardState(i, f"h{i}:1", r) for i, r in enumerate(ready))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "previous_phase", "phase", "ready_reason"),
+    [
+        ({"problem": "bad"}, None, "Failed", "InvalidSpec"),
+        ({"observation": Observation()}, None, "Pending", "NoShardsYet"),
+        ({"observation": Observation(2, False, shards(True, False))}, None, "Provisioning",
+         "ShardsStarting"),
+        ({"observation": Observation(2, False, shards(True, True))}, None, "Ready",
+         "AllShardsReady"),
+        ({"observation": Observation(2, True, shards(True, True))}, "Ready", "Provisioning",
+         "ShardsStarting"),
+        ({"observation": Observation(2, False, shards(True, False))}, "Ready", "Degraded",
+         "ShardsNotReady"),
+        ({"observation": Observation(2, False, shards(False, False))}, "Degraded", "Degraded",
+         "ShardsNotReady"),
+        ({"observation": Observation(2, False, shards(True, True)), "deleting": True}, "Ready",
+         "Deleting", "Deleting"),
+    ],
+)  # fmt: skip
+def test_phases(kwargs, previous_phase, phase, ready_reason):
+    args = {"problem": None, "declared_shards": 2, "observation": Observation(), **kwargs}
+    previous = {"phase": previous_phase} if previous_phase else None
+    status = compute_status(**args, generation=3, previous=previous, now=T0)
+    assert status["phase"] == phase
+    conds = {c["type"]: c for c in status["conditions"]}
+    assert conds["Ready"]["reason"] == ready_reason
+    assert conds["Ready"]["status"] == ("True" if phase == "Ready" else "False")
+    assert all(c["observedGeneration"] == 3 for c in status["conditions"])
+    assert status["observedGeneration"] == 3
+
+
+def test_invalid_spec_condition_carries_the_message():
+    status = compute_status(
+        problem="spec.embeddingDim: too small",
+        declared_shards=None,
+        observation=Observation(),
+        generation=1,
+        previous=None,
+        now=T0,
+    )
+    cond = next(c for c in status["conditions"] if c["type"] == "SpecValid")
+    assert cond == {
+        "type": "SpecValid",
+        "status": "False",
+        "reason": "InvalidSpec",
+        "message": "spec.embeddingDim: too small",
+        "lastTransitionTime": "2026-01-01T12:00:00Z",
+        "observedGeneration": 1,
+    }
+
+
+def test_reshard_required_when_the_shard_count_differs():
+    obs = Observation(2, False, shards(True, True))
+    status = compute_status(problem=None, declared_shards=4, observation=obs, generation=2,
+                            previous=None, now=T0)  # fmt: skip
+    cond = next(c for c in status["conditions"] if c["type"] == "ReshardRequired")
+    assert cond["status"] == "True" and cond["reason"] == "ShardCountChanged"
+    assert "spec.shards is 4 but 2 shards run" in cond["message"]
+    assert status["phase"] == "Ready"  # what runs still serves
+    assert [s["index"] for s in status["shards"]] == [0, 1]
+
+
+def test_transition_times_stay_while_a_condition_holds():
+    obs = Observation(1, False, shards(True))
+    first = compute_status(problem=None, declared_shards=1, observation=obs, generation=1,
+                           previous=None, now=T0)  # fmt: skip
+    later = T0 + dt.timedelta(minutes=5)
+    again = compute_status(problem=None, declared_shards=1, observation=obs, generation=1,
+                           previous=first, now=later)  # fmt: skip
+    assert again == first  # nothing changed: nothing to write
+    broken = compute_status(problem=None, declared_shards=1, observation=Observation(
+        1, False, shards(False)), generation=1, previous=first, now=later)  # fmt: skip
+    ready = next(c for c in broken["conditions"] if c["type"] == "Ready")
+    valid = next(c for c in broken["conditions"] if c["type"] == "SpecValid")
+    assert ready["lastTransitionTime"] == "2026-01-01T12:05:00Z"
+    assert valid["lastTransitionTime"] == "2026-01-01T12:00:00Z"
+
+
+def test_admin_status_has_exactly_the_contract_keys():
+    status = compute_status(problem=None, declared_shards=1,
+                            observation=Observation(1, False, shards(True), "ck-1"),
+                            generation=1, previous=None, now=T0)  # fmt: skip
+    wire = admin_status(status)
+    assert set(wire) == {"phase", "conditions", "observedGeneration", "shards", "slotMapEpoch",
+                         "lastCheckpoint"}  # fmt: skip
+    assert wire["shards"] == [{"index": 0, "endpoint": "h0:1", "ready": True}]
+    assert wire["slotMapEpoch"] == 1 and wire["lastCheckpoint"] == "ck-1"

@@ -1,0 +1,65 @@
+"""The supervisor restarts a killed process and stops processes for good on request."""
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from recstore.local.supervisor import ProcessSpec, Supervisor
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
+
+
+def _wait_for(predicate, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_killed_process_is_restarted_with_same_argv(tmp_path: Path) -> None:
+    restarted: list[tuple[str, int]] = []
+    supervisor = Supervisor(poll_interval=0.02, on_restart=lambda n, k: restarted.append((n, k)))
+    try:
+        first = supervisor.start(ProcessSpec("node-0", SLEEPER, tmp_path / "node-0.log"))
+        os.kill(first, signal.SIGKILL)
+        _wait_for(lambda: supervisor.pid("node-0") != first)
+        assert _alive(supervisor.pid("node-0"))
+        assert supervisor.restarts("node-0") == 1
+        assert restarted == [("node-0", 1)]
+    finally:
+        supervisor.stop_all(timeout=5)
+
+
+def test_stopped_process_stays_stopped(tmp_path: Path) -> None:
+    supervisor = Supervisor(poll_interval=0.02)
+    try:
+        pid = supervisor.start(ProcessSpec("node-0", SLEEPER, tmp_path / "n.log"))
+        code = supervisor.stop("node-0", timeout=5)
+        assert code == -signal.SIGTERM
+        assert not _alive(pid) and supervisor.names() == []
+        assert supervisor.stop("node-0") is None
+    finally:
+        supervisor.stop_all(timeout=5)
+
+
+def test_duplicate_names_are_refused(tmp_path: Path) -> None:
+    supervisor = Supervisor(poll_interval=0.02)
+    try:
+        supervisor.start(ProcessSpec("a", SLEEPER, tmp_path / "a.log"))
+        with pytest.raises(ValueError, match="already supervised"):
+            supervisor.start(ProcessSpec("a", SLEEPER, tmp_path / "a.log"))
+    finally:
+        supervisor.stop_all(timeout=5)

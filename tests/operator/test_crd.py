@@ -1,0 +1,160 @@
+"""The CRD: generated from the models, structural, fresh on disk, agreeing with pydantic."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from recstore.core.errors import InvalidArgument
+from recstore.core.reconcile import parse_declaration
+from recstore.operator.crd import build_crd
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_FILE = ROOT / "helm/recstore/crds/embeddingtables.recstore.io.yaml"
+EXAMPLES = sorted((ROOT / "examples/tables").glob("*.yaml"))
+CRD = build_crd()
+VERSION = CRD["spec"]["versions"][0]
+SCHEMA = VERSION["schema"]["openAPIV3Schema"]
+
+
+def to_draft4(node: Any) -> Any:
+    """OpenAPI 3.0 schema -> JSON Schema draft 4 (same bound semantics; nullable as a type)."""
+    if isinstance(node, list):
+        return [to_draft4(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: to_draft4(v) for k, v in node.items() if not k.startswith("x-kubernetes")}
+    if out.pop("nullable", False) and "type" in out:
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+VALIDATOR = jsonschema.Draft4Validator(to_draft4(SCHEMA))
+
+
+def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
+    """What the API server's defaulting does: fill absent fields, recursively."""
+    if not isinstance(value, dict) or "properties" not in schema:
+        return value
+    out = dict(value)
+    for name, sub in schema["properties"].items():
+        if name not in out and "default" in sub:
+            out[name] = copy.deepcopy(sub["default"])
+        if name in out:
+            out[name] = apply_defaults(sub, out[name])
+    return out
+
+
+def test_checked_in_crd_is_fresh():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/gen_crd.py"), "--check"], capture_output=True
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    on_disk = yaml.safe_load(CRD_FILE.read_text())
+    assert on_disk == CRD
+
+
+def test_crd_passes_strict_kubernetes_validation():
+    assert kubernetes_validate.validate(CRD, kubernetes_validate.utils.latest_version(), True)
+
+
+def _walk(node: Any, where: str = ""):
+    if isinstance(node, dict):
+        yield where, node
+        for key, value in node.items():
+            yield from _walk(value, f"{where}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _walk(value, f"{where}[{i}]")
+
+
+def test_schema_is_structural():
+    for where, node in _walk(SCHEMA):
+        if where.endswith((".properties", ".default", ".enum")) or ".default." in where:
+            continue
+        for forbidden in ("$ref", "$defs", "anyOf", "oneOf", "allOf", "title", "const",
+                          "patternProperties", "propertyNames"):  # fmt: skip
+            assert forbidden not in node, f"{forbidden} at {where}"
+        assert node.get("additionalProperties") is not False, where
+        assert "type" in node, f"no type at {where}"
+        if "exclusiveMinimum" in node:
+            assert node["exclusiveMinimum"] is True and "minimum" in node, where
+
+
+def test_names_columns_and_status_subresource():
+    spec = CRD["spec"]
+    assert CRD["metadata"]["name"] == "embeddingtables.recstore.io"
+    assert spec["names"]["shortNames"] == ["et"] and spec["names"]["kind"] == "EmbeddingTable"
+    assert VERSION["name"] == "v1alpha1" and VERSION["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in VERSION["additionalPrinterColumns"]}
+    assert columns == {
+        "Phase": ".status.phase",
+        "Ready": ".status.readyShards",
+        "Shards": ".spec.shards",
+        "Dim": ".spec.embeddingDim",
+        "Rows": ".spec.numEmbeddings",
+        "Age": ".metadata.creationTimestamp",
+    }
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_examples_validate_against_the_crd(example):
+    cr = yaml.safe_load(example.read_text())
+    VALIDATOR.validate(cr)
+    parse_declaration(cr["spec"], default_name=cr["metadata"]["name"])
+
+
+def test_server_defaults_equal_the_model_defaults():
+    spec = {"numEmbeddings": 10, "embeddingDim": 4}
+    defaulted = apply_defaults(SCHEMA["properties"]["spec"], spec)
+    VALIDATOR.validate({"spec": defaulted})
+    from_defaults = parse_declaration(defaulted, default_name="t")
+    assert from_defaults == parse_declaration(spec, default_name="t")
+    wire = from_defaults.spec.to_wire()
+    assert {k: v for k, v in defaulted.items() if k != "placement"} == {
+        k: v for k, v in wire.items() if k != "name" and v is not None
+    } | {"keys": {k: v for k, v in wire["keys"].items() if v is not None}}
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"numEmbeddings": 10, "embeddingDim": 0},
+        {"numEmbeddings": 0, "embeddingDim": 4},
+        {"numEmbeddings": 10, "embeddingDim": 4, "dtype": "int8"},
+        {"numEmbeddings": 10, "embeddingDim": 4, "optimizer": {"lr": 0}},
+        {"numEmbeddings": 10, "embeddingDim": 4, "optimizer": {"beta1": 1.0}},
+        {"numEmbeddings": 10, "embeddingDim": 4, "initializer": {"seed": -1}},
+        {"numEmbeddings": 10, "embeddingDim": 4, "keys": {"mode": "hashed", "ttlSeconds": 0}},
+        {"numEmbeddings": 10, "embeddingDim": 4, "placement": {"gpus": 17}},
+        {"numEmbeddings": 10, "embeddingDim": 4, "placement": {"resources": {"cpu": "1 core"}}},
+        {"numEmbeddings": 10, "embeddingDim": 4, "placement": {"spread": "sometimes"}},
+        {"embeddingDim": 4},
+    ],
+)
+def test_schema_and_models_reject_the_same_field_values(spec):
+    assert not VALIDATOR.is_valid({"spec": spec})
+    with pytest.raises(InvalidArgument):
+        parse_declaration(spec, default_name="t")
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"numEmbeddings": 10, "embeddingDim": 4, "optimizer": {"lr": 1e-9, "beta1": 0.0}},
+        {"numEmbeddings": 2**62, "embeddingDim": 8192, "shards": 1024},
+        {"numEmbeddings": 10, "embeddingDim": 4, "keys": {"mode": "hashed", "capacity": None}},
+        {"numEmbeddings": 10, "embeddingDim": 4, "placement": {"nodeSelector": {"a/b": "c"}}},
+    ],
+)
+def test_schema_and_models_accept_the_same_values(spec):
+    VALIDATOR.validate({"spec": spec})
+    parse_declaration(spec, default_name="t")
