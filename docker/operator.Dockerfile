@@ -1,0 +1,47 @@
+# syntax=docker/dockerfile:1
+# recstore-operator: the kopf operator for EmbeddingTable resources. CPU only, slim base,
+# non-root. The chart runs it as `recstore operator --standalone --all-namespaces
+# --liveness=http://0.0.0.0:8080/healthz` (or one --namespace=NS per watched namespace).
+# Build from the repository root: docker build -f docker/operator.Dockerfile -t recstore-operator .
+ARG PYTHON_VERSION=3.12
+
+FROM python:${PYTHON_VERSION}-slim AS builder
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends build-essential cmake ninja-build \
+ && rm -rf /var/lib/apt/lists/*
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+# The package depends on torch; the CPU build keeps this image small.
+RUN pip install --index-url "${TORCH_INDEX_URL}" torch
+WORKDIR /src
+COPY pyproject.toml CMakeLists.txt README.md ./
+COPY csrc/ csrc/
+COPY src/ src/
+COPY client_sdk/ client_sdk/
+COPY ps_node/ ps_node/
+COPY admin_api/ admin_api/
+COPY operator/ operator/
+ENV RECSTORE_CUDA=OFF
+RUN pip wheel --no-deps --wheel-dir /wheels . \
+ && pip install "$(ls /wheels/recstore-*.whl)[operator,cli]"
+
+FROM python:${PYTHON_VERSION}-slim
+LABEL org.opencontainers.image.title="recstore-operator" \
+      org.opencontainers.image.description="RecStore Kubernetes operator" \
+      org.opencontainers.image.licenses="Apache-2.0"
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+RUN groupadd --gid 10001 recstore \
+ && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin recstore
+COPY --from=builder /opt/venv /opt/venv
+USER 10001:10001
+WORKDIR /tmp
+# kopf's liveness endpoint (/healthz).
+EXPOSE 8080
+ENTRYPOINT ["recstore"]
+CMD ["operator", "--standalone", "--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz"]
