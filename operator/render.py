@@ -28,6 +28,14 @@ POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 TOKEN_DIR = "/var/run/secrets/recstore"
 GPU_RESOURCE = "nvidia.com/gpu"
 SHARDS_ANNOTATION = "recstore.io/shards"
+#: uid and gid of the ``recstore`` user in the recstore-ps image (docker/ps-node.Dockerfile).
+#: It is also the pod's fsGroup: a fresh data PVC is root-owned, and the node must write
+#: its checkpoints and WAL there.
+PS_UID = 10001
+#: the root filesystem is read-only; scratch files (Python, CUDA, gRPC) go to this emptyDir.
+TMP_DIR = "/tmp"
+#: bounded so a runaway scratch writer gets its pod evicted instead of filling the node's disk.
+TMP_SIZE_LIMIT = "1Gi"
 #: the StatefulSet controller labels pods with "<name>-<10-char hash>", 63 chars at most.
 MAX_RESOURCE_NAME = 63 - len("-ps") - 11
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -167,6 +175,43 @@ def _tolerations(decl: Declaration) -> list[dict[str, Any]]:
     return out
 
 
+def pod_security_context() -> dict[str, Any]:
+    """Non-root pod with the RuntimeDefault seccomp profile; fsGroup makes the PVC writable.
+
+    OnRootMismatch changes volume ownership only when the volume root is not already
+    owned by the group, so restarts on a large data dir do not walk every file.
+    """
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": PS_UID,
+        "runAsGroup": PS_UID,
+        "fsGroup": PS_UID,
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict[str, Any]:
+    """Read-only root, no privilege escalation, no capabilities: the chart's container rules."""
+    return {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def scrape_annotations() -> dict[str, str]:
+    """Prometheus annotation-based discovery of the node's /metrics port."""
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(METRICS_PORT),
+        "prometheus.io/path": "/metrics",
+    }
+
+
 def render_pod_template(owner: Owner, decl: Declaration, options: RenderOptions) -> dict[str, Any]:
     token_file = f"{TOKEN_DIR}/token" if options.token_secret else None
     args = ps_node_args(decl, shard_index=f"$({SHARD_INDEX_ENV})", auth_token_file=token_file)
@@ -192,17 +237,23 @@ def render_pod_template(owner: Owner, decl: Declaration, options: RenderOptions)
         "startupProbe": {**probe, "failureThreshold": 60},
         "readinessProbe": {**probe, "failureThreshold": 2},
         "livenessProbe": {**probe, "failureThreshold": 6},
-        "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}],
+        "securityContext": container_security_context(),
+        "volumeMounts": [
+            {"name": "data", "mountPath": DATA_DIR},
+            {"name": "tmp", "mountPath": TMP_DIR},
+        ],
     }
     pod: dict[str, Any] = {
+        "securityContext": pod_security_context(),
         "terminationGracePeriodSeconds": decl.placement.termination_grace_seconds,
         "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}}],
     }
     if options.token_secret:
         container["volumeMounts"].append(
             {"name": "token", "mountPath": TOKEN_DIR, "readOnly": True}
         )
-        pod["volumes"] = [
+        pod["volumes"].append(
             {
                 "name": "token",
                 "secret": {
@@ -210,14 +261,15 @@ def render_pod_template(owner: Owner, decl: Declaration, options: RenderOptions)
                     "items": [{"key": "token", "path": "token"}],
                 },
             }
-        ]
+        )
     if decl.placement.node_selector:
         pod["nodeSelector"] = dict(decl.placement.node_selector)
     if tolerations := _tolerations(decl):
         pod["tolerations"] = tolerations
     if affinity := _affinity(owner, Spread(decl.placement.spread)):
         pod["affinity"] = affinity
-    return {"metadata": {"labels": labels(owner)}, "spec": pod}
+    metadata = {"labels": labels(owner), "annotations": scrape_annotations()}
+    return {"metadata": metadata, "spec": pod}
 
 
 def render_statefulset(owner: Owner, decl: Declaration, options: RenderOptions) -> dict[str, Any]:

@@ -8,7 +8,7 @@ helper module under --import-mode=importlib, so the helpers travel as fixtures.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,60 @@ class RenderedChart:
     @property
     def crds(self) -> list[Manifest]:
         return [yaml.safe_load(crd["data"]) for crd in self.loaded.crds]
+
+
+#: securityContext fields every container of every pod must carry, with their values.
+CONTAINER_HARDENING = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "privileged": False,
+}
+WRITABLE_VOLUME_KINDS = ("emptyDir", "persistentVolumeClaim")
+
+
+def check_hardened(workload: Manifest) -> None:
+    """Assert a Deployment or StatefulSet runs hardened (the rules in test_chart_security).
+
+    Shared by the chart's workloads and the StatefulSets the operator renders for tables.
+    """
+    name = workload["metadata"]["name"]
+    pod = Manifests.pod_spec(workload)
+    pod_ctx = pod["securityContext"]
+    assert pod_ctx["runAsNonRoot"] is True, name
+    assert pod_ctx["runAsUser"] > 0 and pod_ctx["runAsGroup"] > 0, name
+    assert pod_ctx["seccompProfile"] == {"type": "RuntimeDefault"}, name
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not pod.get(key), f"{name}: {key}"
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    claims = {t["metadata"]["name"] for t in workload["spec"].get("volumeClaimTemplates", [])}
+    for volume in volumes.values():
+        assert "hostPath" not in volume, f"{name}: hostPath volume {volume['name']}"
+    for c in list(pod.get("initContainers", [])) + list(pod["containers"]):
+        where = f"{name}/{c['name']}"
+        ctx = c["securityContext"]
+        for key, expected in CONTAINER_HARDENING.items():
+            assert ctx.get(key) is expected, f"{where}: securityContext.{key}"
+        assert ctx["capabilities"] == {"drop": ["ALL"]}, where
+        assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        assert "resources" in c and c["resources"].get("requests"), f"{where}: no requests"
+        for mount in c.get("volumeMounts", []):
+            if mount.get("readOnly"):
+                continue
+            writable = mount["name"] in claims or any(
+                kind in volumes.get(mount["name"], {}) for kind in WRITABLE_VOLUME_KINDS
+            )
+            assert writable, f"{where}: writable mount {mount['mountPath']} is not a volume"
+    if pod["containers"][0]["name"] != "postgresql":  # Python services write temp files
+        mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+        assert "/tmp" in mounts, f"{name}: no /tmp mount"
+        assert "emptyDir" in volumes[mounts["/tmp"]], f"{name}: /tmp is not an emptyDir"
+
+
+@pytest.fixture(scope="session")
+def hardened() -> Callable[[Manifest], None]:
+    """The hardening checker (test modules cannot import it from here)."""
+    return check_hardened
 
 
 def load_values(path: Path) -> dict[str, Any]:

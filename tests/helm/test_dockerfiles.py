@@ -135,6 +135,20 @@ def test_ps_image_has_cuda_kernels_and_the_operator_ports() -> None:
     assert f"chown {final.last('USER')} {DATA_DIR}" in " ".join(final.all("RUN"))
 
 
+def test_ps_image_user_owns_the_operator_pods_data_volume() -> None:
+    """The operator runs PS pods as the image's user, with its group as fsGroup on /data."""
+    from recstore.core.reconcile import parse_declaration
+    from recstore.operator.render import Owner, RenderOptions, render_statefulset
+
+    _, final = parse("ps-node.Dockerfile")
+    uid, _, gid = final.last("USER").partition(":")
+    decl = parse_declaration({"numEmbeddings": 10, "embeddingDim": 4}, default_name="t")
+    sts = render_statefulset(Owner("t", "ns", "uid"), decl, RenderOptions())
+    pod_ctx = sts["spec"]["template"]["spec"]["securityContext"]
+    assert (pod_ctx["runAsUser"], pod_ctx["runAsGroup"]) == (int(uid), int(gid))
+    assert pod_ctx["fsGroup"] == int(gid)
+
+
 def test_admin_image_matches_the_chart_container(chart) -> None:
     _, final = parse("admin.Dockerfile")
     manifests = chart.render()

@@ -140,8 +140,87 @@ def test_statefulset_wiring():
     assert {"name": "data", "mountPath": "/data"} in c["volumeMounts"]
     selector = sts["spec"]["selector"]["matchLabels"]
     assert selector.items() <= sts["spec"]["template"]["metadata"]["labels"].items()
-    volumes = sts["spec"]["template"]["spec"]["volumes"]
-    assert volumes[0]["secret"]["secretName"] == "tok"
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["token"]["secret"]["secretName"] == "tok"
+    assert {"name": "token", "mountPath": "/var/run/secrets/recstore", "readOnly": True} in (
+        c["volumeMounts"]
+    )
+
+
+def pod_spec(sts: dict[str, Any]) -> dict[str, Any]:
+    return sts["spec"]["template"]["spec"]
+
+
+# The recstore-ps image runs as uid 10001 (docker/ps-node.Dockerfile); a fresh data PVC is
+# root-owned, so the pod's fsGroup must be that group for the node to write checkpoints/WAL.
+POD_SECURITY = [
+    ("runAsNonRoot", True),
+    ("runAsUser", 10001),
+    ("runAsGroup", 10001),
+    ("fsGroup", 10001),
+    ("fsGroupChangePolicy", "OnRootMismatch"),
+    ("seccompProfile", {"type": "RuntimeDefault"}),
+]
+CONTAINER_SECURITY = [
+    ("readOnlyRootFilesystem", True),
+    ("allowPrivilegeEscalation", False),
+    ("capabilities", {"drop": ["ALL"]}),
+    ("runAsNonRoot", True),
+    ("privileged", False),
+]
+SCRAPE_ANNOTATIONS = [
+    ("prometheus.io/scrape", "true"),
+    ("prometheus.io/port", "9100"),
+    ("prometheus.io/path", "/metrics"),
+]
+
+
+@pytest.mark.parametrize("spec", PLACEMENTS)
+@pytest.mark.parametrize(("field", "expected"), POD_SECURITY)
+def test_pod_security_context(spec, field, expected):
+    sts = render.render_statefulset(OWNER, decl(**spec), RenderOptions(token_secret="tok"))
+    assert pod_spec(sts)["securityContext"][field] == expected
+
+
+@pytest.mark.parametrize("spec", PLACEMENTS)
+@pytest.mark.parametrize(("field", "expected"), CONTAINER_SECURITY)
+def test_container_security_context(spec, field, expected):
+    sts = render.render_statefulset(OWNER, decl(**spec), RenderOptions(token_secret="tok"))
+    assert container(sts)["securityContext"][field] == expected
+
+
+@pytest.mark.parametrize(("annotation", "expected"), SCRAPE_ANNOTATIONS)
+def test_pod_scrape_annotations(annotation, expected):
+    sts = render.render_statefulset(OWNER, decl(), RenderOptions())
+    annotations = sts["spec"]["template"]["metadata"]["annotations"]
+    assert annotations[annotation] == expected
+    # the annotated port is the container's metrics port
+    metrics = {p["name"]: p["containerPort"] for p in container(sts)["ports"]}["metrics"]
+    assert annotations["prometheus.io/port"] == str(metrics)
+
+
+@pytest.mark.parametrize(
+    ("token_secret", "volume_names"), [(None, {"tmp"}), ("tok", {"tmp", "token"})]
+)
+def test_writable_paths_are_volumes(token_secret, volume_names):
+    sts = render.render_statefulset(OWNER, decl(), RenderOptions(token_secret=token_secret))
+    volumes = {v["name"]: v for v in pod_spec(sts)["volumes"]}
+    assert set(volumes) == volume_names
+    assert volumes["tmp"] == {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}
+    mounts = {m["mountPath"]: m for m in container(sts)["volumeMounts"]}
+    assert mounts["/tmp"] == {"name": "tmp", "mountPath": "/tmp"}
+    assert mounts["/data"] == {"name": "data", "mountPath": "/data"}  # the PVC template
+    # with a read-only root, every mount the node writes to must be a volume
+    writable = {m["name"] for m in mounts.values() if not m.get("readOnly")}
+    assert writable == {"tmp", "data"}
+
+
+def test_hardening_reaches_running_statefulsets_through_the_update_patch():
+    desired = render.render_statefulset(OWNER, decl(), RenderOptions())
+    template = render.statefulset_update(desired)["spec"]["template"]
+    assert template["spec"]["securityContext"]["fsGroup"] == 10001
+    assert template["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"]
+    assert template["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
 
 
 @pytest.mark.parametrize(

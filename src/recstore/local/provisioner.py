@@ -8,9 +8,10 @@ running. Where the operator renders a StatefulSet, this starts one
 restarts a crashed node with the same port and data directory (the node then
 restores its shard by itself).
 
-State lives under ``state_dir/tables/<name>/``: the table's spec file (the node
-declares it at start), the shard ports (stable across restarts of `recstore
-up`), and one data directory per shard.
+State lives under ``state_dir/tables/<name>/``: the shard ports (stable across
+restarts of `recstore up`) and one data directory per shard. A node serving no
+table yet is given it with CreateTable, as the operator does; a restarted node
+restores its tables from its data directory by itself.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recstore.admin.errors import ProvisioningError
 from recstore.core.placement import Placement
 from recstore.core.reconcile import (
     Declaration,
@@ -73,7 +75,9 @@ class LocalProvisioner:
     ) -> None:
         self._root = Path(state_dir) / "tables"
         self._reporter = reporter
-        self._placement = Placement.model_validate({"device": device})
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {device!r}")
+        self._placement = Placement(gpus=1 if device == "cuda" else 0)
         self._python = python
         self._auth_token_file = auth_token_file
         self._poll_interval = poll_interval
@@ -89,10 +93,9 @@ class LocalProvisioner:
     def create_table(self, spec: TableSpec) -> None:
         with self._lock:
             if spec.name in self._tables:
-                raise ValueError(f"table {spec.name!r} is already provisioned")
+                raise ProvisioningError(f"table {spec.name!r} is already provisioned", 409)
             directory = self._root / spec.name
             directory.mkdir(parents=True, exist_ok=True)
-            (directory / "table.json").write_text(json.dumps(spec.to_wire(), indent=2))
             ports = _load_or_pick_ports(directory / "ports.json", spec.shards)
             table = _Table(
                 spec=spec,
@@ -104,28 +107,30 @@ class LocalProvisioner:
             self._tables[spec.name] = table
             for shard in range(spec.shards):
                 self._supervisor.start(self._process(table, shard))
-        for shard in range(spec.shards):
-            table.node_ids[shard] = self._reporter.register_node(
-                spec.name, shard, table.endpoint(shard), f"127.0.0.1:{ports[shard][1]}"
-            )
-        self._report(table)
+        # Registration and status go through the admin API from the poller: the
+        # admin calls this inside its own transaction, which a nested call would wait on.
 
     def update_table(self, spec: TableSpec, *, previous: TableSpec) -> None:
-        """Shard-count changes only raise ReshardRequired; other changes restart the nodes."""
+        """A new shard count is declared (ReshardRequired follows); nothing else may change.
+
+        Running nodes keep the spec their table was created with, so any other
+        change is refused (409) rather than accepted and silently not applied.
+        """
+        changed = sorted(
+            k for k, v in spec.to_wire().items() if previous.to_wire().get(k) != v and k != "shards"
+        )
+        if changed:
+            raise ProvisioningError(
+                f"changing {', '.join(changed)} of a running table is not supported; "
+                "delete the table and create it again",
+                status_code=409,
+            )
         with self._lock:
             table = self._tables.get(spec.name)
             if table is None:
-                raise ValueError(f"table {spec.name!r} is not provisioned")
+                raise ProvisioningError(f"table {spec.name!r} is not provisioned", 404)
             table.generation += 1
-            if spec.shards != previous.shards:
-                table.spec = spec  # the declared count; the running count stays
-            else:
-                self._stop_nodes(table)
-                table.spec = spec
-                (table.directory / "table.json").write_text(json.dumps(spec.to_wire(), indent=2))
-                for shard in range(len(table.ports)):
-                    self._supervisor.start(self._process(table, shard))
-        self._report(table)
+            table.spec = spec  # the declared count; the running count stays
 
     def delete_table(self, name: str) -> None:
         """Stop the nodes (each writes a final checkpoint on SIGTERM), then remove the data."""
@@ -142,14 +147,22 @@ class LocalProvisioner:
         with self._lock:
             table = self._tables.get(name)
         if table is None:
-            raise ValueError(f"table {name!r} is not provisioned")
-        saved = [client.save(f"request-{checkpoint_id}") for client in table.clients]
+            raise ProvisioningError(f"table {name!r} is not provisioned", 404)
+        threading.Thread(
+            target=self._checkpoint, args=(table, checkpoint_id), name="checkpoint", daemon=True
+        ).start()
+
+    def _checkpoint(self, table: _Table, checkpoint_id: int) -> None:
+        try:
+            saved = [client.save(f"request-{checkpoint_id}") for client in table.clients]
+        except RuntimeError:
+            log.exception("checkpoint %d of %s failed", checkpoint_id, table.spec.name)
+            return
         table.last_checkpoint = {
             "id": checkpoint_id,
             "checkpoints": saved,
             "at": dt.datetime.now(dt.timezone.utc).isoformat(),
         }
-        self._report(table)
 
     # --- queries ------------------------------------------------------------------
 
@@ -196,7 +209,7 @@ class LocalProvisioner:
             auth_token_file=str(self._auth_token_file) if self._auth_token_file else None,
         )
         args[args.index("--num-shards") + 1] = str(len(table.ports))
-        args += ["--host", "127.0.0.1", "--table-spec-file", str(table.directory / "table.json")]
+        args += ["--host", "127.0.0.1"]
         return ProcessSpec(
             name=_process_name(table.spec.name, shard),
             argv=[self._python, "-m", "recstore", *args],
@@ -217,15 +230,25 @@ class LocalProvisioner:
             for table in tables:
                 try:
                     self._report(table)
-                except Exception:  # a failing admin API must not stop the provisioner
-                    log.exception("status report for %s failed", table.spec.name)
+                except Exception as error:  # a failing admin API must not stop the provisioner
+                    # (a table the admin has not committed yet answers 404 for a moment)
+                    log.debug("status report for %s failed: %s", table.spec.name, error)
 
     def _report(self, table: _Table) -> None:
         shards = []
         for shard, client in enumerate(table.clients):
             stats = client.stats(table.spec.name)
+            if stats is None and client.ensure_table(table.spec):
+                stats = client.stats(table.spec.name)
             shards.append(ShardState(shard, table.endpoint(shard), ready=stats is not None))
             node_id = table.node_ids[shard]
+            if node_id is None:
+                node_id = table.node_ids[shard] = self._reporter.register_node(
+                    table.spec.name,
+                    shard,
+                    table.endpoint(shard),
+                    f"127.0.0.1:{table.ports[shard][1]}",
+                )
             if node_id is not None:
                 rows, memory = stats if stats is not None else (0, 0)
                 self._reporter.heartbeat(node_id, stats is not None, rows, memory)

@@ -6,10 +6,12 @@ requested checkpoints; it never touches rows, so it needs only the stubs.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import grpc
 
+from recstore.core.spec import TableSpec
 from recstore.v1 import ps_pb2, ps_pb2_grpc
 
 
@@ -32,6 +34,21 @@ class ShardClient:
         except grpc.RpcError:
             return None
         return int(reply.size), int(reply.memory_bytes)
+
+    def ensure_table(self, spec: TableSpec) -> bool:
+        """Create the table on a serving node that lacks it; True when the node has it now.
+
+        A restarted node restores its tables by itself; this covers the first start.
+        """
+        try:
+            self._stub.CreateTable(
+                ps_pb2.CreateTableRequest(spec_json=json.dumps(spec.to_wire())),
+                timeout=self._timeout * 10,
+                metadata=self._metadata,
+            )
+        except grpc.RpcError:
+            return False
+        return True
 
     def save(self, checkpoint_id: str, *, timeout: float = 600.0) -> dict[str, Any]:
         """Write a checkpoint of every table on the node; raises RuntimeError on failure."""

@@ -1,0 +1,85 @@
+"""The CLI's admin API client: where the platform is, who we are, and clean errors.
+
+Every table command talks to the admin API (the platform `recstore up` starts,
+or a cluster's). Failures become one-line `CliError`s — the command layer
+prints them without a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
+DEFAULT_STATE_DIR = Path.home() / ".recstore"
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit status 1."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def resolve_token(token: str | None, state_dir: Path) -> str | None:
+    """--token, else $RECSTORE_TOKEN, else the token `recstore up` wrote in its state dir."""
+    if token:
+        return token
+    if env := os.environ.get("RECSTORE_TOKEN"):
+        return env
+    path = state_dir / "admin-token"
+    return path.read_text().strip() if path.exists() else None
+
+
+class AdminClient:
+    def __init__(self, url: str, token: str | None, *, timeout: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            reply = self._http.request(method, f"/api/v1{path}", **kwargs)
+        except httpx.TransportError as error:
+            raise CliError(
+                f"cannot reach the admin API at {self.url} ({error}); is `recstore up` running?"
+            ) from error
+        if reply.status_code >= 400:
+            raise CliError(
+                f"{method} {path}: {reply.status_code} {_reason(reply)}", reply.status_code
+            )
+        return reply
+
+    def get_or_none(self, path: str) -> Any:
+        """GET a resource; None when it does not exist (404)."""
+        try:
+            return self.get(path)
+        except CliError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def get(self, path: str, **kwargs: Any) -> Any:
+        return self.request("GET", path, **kwargs).json()
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def _reason(reply: httpx.Response) -> str:
+    try:
+        body = reply.json()
+    except ValueError:
+        return reply.text.strip()[:300]
+    detail = body.get("detail", body) if isinstance(body, dict) else body
+    if isinstance(detail, list):  # FastAPI validation errors
+        return "; ".join(
+            f"{'.'.join(str(p) for p in item.get('loc', [])[1:])}: {item.get('msg')}"
+            for item in detail
+            if isinstance(item, dict)
+        )
+    return str(detail)

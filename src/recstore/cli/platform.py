@@ -1,0 +1,79 @@
+"""`recstore up` (the whole platform on this machine) and `recstore bench`."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from recstore.cli.api_client import DEFAULT_STATE_DIR
+
+BENCHES = {
+    "store": "bench/store_bench.py",
+    "ps": "bench/ps_bench.py",
+    "train": "bench/train_bench.py",
+}
+
+
+def up(
+    state_dir: Annotated[
+        Path, typer.Option("--state-dir", help="Catalogue, tokens, node data.")
+    ] = DEFAULT_STATE_DIR,
+    host: Annotated[str, typer.Option(help="Address of the admin API and dashboard.")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(help="Admin API / dashboard port (0: any).")] = 8080,
+    device: Annotated[str, typer.Option(help="cpu or cuda for the PS nodes.")] = "cpu",
+    log_level: Annotated[str, typer.Option("--log-level")] = "WARNING",
+) -> None:
+    """Run the platform here: admin API on SQLite, PS nodes on loopback. Ctrl-C stops it."""
+    import logging
+
+    from rich.console import Console
+
+    from recstore.local.platform import LocalPlatform
+
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    console = Console()
+    with console.status("starting the admin API and the local provisioner ..."):
+        platform = LocalPlatform(state_dir, host=host, port=port, device=device)
+        platform.start()
+    tables = platform.provisioner.table_names()
+    console.print(f"[bold green]RecStore is up[/] — dashboard {platform.url}/")
+    console.print(f"  admin API   {platform.url}/api/v1  (OpenAPI: {platform.url}/docs)")
+    console.print(f"  token file  {platform.state_dir / 'admin-token'}")
+    console.print(f"  tables      {', '.join(tables) if tables else 'none yet'}")
+    console.print("  apply a table: recstore apply -f examples/tables/dense-cpu.yaml")
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    stop.wait()
+    with console.status("stopping: final checkpoints ..."):
+        platform.stop()
+    console.print("RecStore stopped")
+
+
+def bench(
+    which: Annotated[str, typer.Argument(help="store | ps | train")],
+    args: Annotated[list[str] | None, typer.Argument(help="Passed to the benchmark.")] = None,
+) -> None:
+    """Run a benchmark from bench/ (prints a table, writes JSON under bench/results/)."""
+    script = BENCHES.get(which)
+    if script is None:
+        typer.secho(f"error: unknown benchmark {which!r}; one of {sorted(BENCHES)}", err=True)
+        raise typer.Exit(1)
+    path = Path(script)
+    if not path.exists():
+        typer.secho(f"error: {script} not found: run from the repository root", err=True)
+        raise typer.Exit(1)
+    raise typer.Exit(subprocess.call([sys.executable, str(path), *(args or [])]))
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(up)
+    app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(bench)

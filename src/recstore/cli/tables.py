@@ -1,0 +1,224 @@
+"""Table commands: apply, get, delete, checkpoint — kubectl-like, over the admin API."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from recstore.cli.api_client import (
+    DEFAULT_ADMIN_URL,
+    DEFAULT_STATE_DIR,
+    AdminClient,
+    CliError,
+    resolve_token,
+)
+from recstore.cli.manifests import read_declarations
+from recstore.core.errors import InvalidArgument
+
+AdminUrl = Annotated[
+    str, typer.Option("--admin-url", envvar="RECSTORE_ADMIN_URL", help="Admin API base URL.")
+]
+Token = Annotated[
+    str | None, typer.Option("--token", help="Bearer token (default: $RECSTORE_TOKEN).")
+]
+StateDir = Annotated[Path, typer.Option("--state-dir", help="Where `recstore up` keeps its token.")]
+console = Console()
+
+
+def _client(url: str, token: str | None, state_dir: Path) -> AdminClient:
+    return AdminClient(url, resolve_token(token, state_dir))
+
+
+def apply(
+    file: Annotated[Path, typer.Option("-f", "--filename", help="EmbeddingTable YAML.")],
+    admin_url: AdminUrl = DEFAULT_ADMIN_URL,
+    token: Token = None,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Create or update the tables an EmbeddingTable YAML declares."""
+    declarations = read_declarations(file)
+    client = _client(admin_url, token, state_dir)
+    for declaration in declarations:
+        spec = declaration.spec
+        wire = spec.to_wire()
+        current = client.get_or_none(f"/tables/{spec.name}")
+        if current is None:
+            client.request("POST", "/tables", json=wire)
+            console.print(f"embeddingtable/{spec.name} created")
+            continue
+        changes = {k: v for k, v in wire.items() if current["spec"].get(k) != v}
+        if not changes:
+            console.print(f"embeddingtable/{spec.name} unchanged")
+            continue
+        client.request(
+            "PATCH",
+            f"/tables/{spec.name}",
+            json=changes,
+            headers={"If-Match": str(current["resource_version"])},
+        )
+        console.print(f"embeddingtable/{spec.name} configured")
+
+
+def get(
+    kind: Annotated[str, typer.Argument(help="tables | table")],
+    name: Annotated[str | None, typer.Argument(help="Table name (for `get table`).")] = None,
+    output: Annotated[str, typer.Option("-o", "--output", help="table | yaml")] = "table",
+    admin_url: AdminUrl = DEFAULT_ADMIN_URL,
+    token: Token = None,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """List tables (`get tables`) or show one (`get table NAME`)."""
+    client = _client(admin_url, token, state_dir)
+    if kind in ("tables", "table", "et", "embeddingtables") and name is None:
+        items = _all_tables(client)
+        if output == "yaml":
+            typer.echo(yaml.safe_dump(items, sort_keys=False))
+            return
+        console.print(_tables_view(items))
+        return
+    if kind not in ("table", "tables", "et", "embeddingtable") or name is None:
+        raise CliError("usage: recstore get tables | recstore get table NAME")
+    table = client.get(f"/tables/{name}")
+    if output == "yaml":
+        typer.echo(yaml.safe_dump(table, sort_keys=False))
+        return
+    console.print(_tables_view([table]))
+    status = table.get("status") or {}
+    shards = RichTable("SHARD", "ENDPOINT", "READY", box=None, pad_edge=False)
+    for shard in status.get("shards") or []:
+        shards.add_row(str(shard["index"]), shard["endpoint"], str(shard["ready"]).lower())
+    console.print(shards)
+    for condition in status.get("conditions") or []:
+        console.print(
+            f"{condition['type']}={condition['status']} ({condition.get('reason', '')}): "
+            f"{condition.get('message', '')}"
+        )
+
+
+def delete(
+    kind: Annotated[str, typer.Argument(help="table")] = "table",
+    name: Annotated[str | None, typer.Argument(help="Table name.")] = None,
+    file: Annotated[Path | None, typer.Option("-f", "--filename")] = None,
+    admin_url: AdminUrl = DEFAULT_ADMIN_URL,
+    token: Token = None,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Delete a table (`delete table NAME` or `delete -f FILE`): its nodes stop, its rows go."""
+    if file is not None:
+        names = [d.spec.name for d in read_declarations(file)]
+    elif name is not None and kind in ("table", "et", "embeddingtable"):
+        names = [name]
+    else:
+        raise CliError("usage: recstore delete table NAME | recstore delete -f FILE")
+    client = _client(admin_url, token, state_dir)
+    for table in names:
+        client.request("DELETE", f"/tables/{table}")
+        console.print(f"embeddingtable/{table} deleted")
+
+
+def checkpoint(
+    name: Annotated[str, typer.Argument(help="Table name.")],
+    wait: Annotated[float, typer.Option(help="Seconds to wait for completion; 0: don't.")] = 300,
+    admin_url: AdminUrl = DEFAULT_ADMIN_URL,
+    token: Token = None,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Checkpoint every shard of a table and wait until the nodes report it written."""
+    client = _client(admin_url, token, state_dir)
+    record = client.request("POST", f"/tables/{name}/checkpoints").json()
+    if wait <= 0:
+        console.print(f"checkpoint {record['id']} of {name} requested")
+        return
+    deadline = time.monotonic() + wait
+    with console.status(f"checkpointing {name} ..."):
+        while record["state"] == "Requested":
+            if time.monotonic() > deadline:
+                raise CliError(f"checkpoint {record['id']} of {name} not done after {wait:g} s")
+            time.sleep(0.2)
+            items = client.get(f"/tables/{name}/checkpoints", params={"limit": 100})["items"]
+            record = next(item for item in items if item["id"] == record["id"])
+    rows = sum(
+        c.get("rows", 0)
+        for c in (record.get("detail") or {}).get("result", {}).get("checkpoints", [])
+    )
+    console.print(f"checkpoint {record['id']} of {name}: {record['state']} ({rows} rows)")
+
+
+def _all_tables(client: AdminClient) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    while True:
+        page = client.get("/tables", params={"limit": 500, "offset": len(items)})
+        items += page["items"]
+        if not page["items"] or len(items) >= page["total"]:
+            return items
+
+
+def _tables_view(items: list[dict[str, Any]]) -> RichTable:
+    view = RichTable(
+        "NAME", "PHASE", "READY", "DIM", "DTYPE", "ROWS", "MEMORY", "AGE", box=None, pad_edge=False
+    )
+    now = dt.datetime.now(dt.timezone.utc)
+    for item in items:
+        spec, status = item["spec"], item.get("status") or {}
+        shards = status.get("shards") or []
+        ready = f"{sum(1 for s in shards if s.get('ready'))}/{spec['shards']}"
+        view.add_row(
+            item["name"],
+            status.get("phase", "Pending"),
+            ready,
+            str(spec["embeddingDim"]),
+            spec["dtype"],
+            str(item.get("rows", 0)),
+            _bytes(int(item.get("memory_bytes", 0))),
+            _age(now, item["created_at"]),
+        )
+    return view
+
+
+def _bytes(n: int) -> str:
+    if n < 1024:
+        return f"{n}B"
+    size = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024
+        if size < 1024 or unit == "TiB":
+            break
+    return f"{size:.1f}{unit}"
+
+
+def _age(now: dt.datetime, created: str) -> str:
+    stamp = dt.datetime.fromisoformat(created.replace("Z", "+00:00"))
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=dt.timezone.utc)
+    seconds = int((now - stamp).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def register(app: typer.Typer) -> None:
+    for command in (apply, get, delete, checkpoint):
+        app.command()(_friendly(command))
+
+
+def _friendly(command: Any) -> Any:
+    """User mistakes end in one line on stderr and exit status 1, never a traceback."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> None:
+        try:
+            command(*args, **kwargs)
+        except (CliError, InvalidArgument) as error:
+            typer.secho(f"error: {error}", err=True, fg="red")
+            raise typer.Exit(1) from None
+
+    return run

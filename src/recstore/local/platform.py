@@ -1,0 +1,122 @@
+"""`recstore up`: the admin API on SQLite and the local provisioner, in one process.
+
+This is the embedded default — the whole platform on one machine with no
+cluster. The admin API is the same app a cluster runs; only its provisioner
+differs (PS node processes here instead of EmbeddingTable resources). On start
+the tables already in the catalogue are provisioned again, so their nodes
+come back with the rows of their data directories.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from recstore.admin.main import create_app
+from recstore.admin.settings import Settings
+from recstore.core.spec import TableSpec
+from recstore.local.provisioner import LocalProvisioner
+from recstore.local.reporting import AdminReporter
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STATE_DIR = Path.home() / ".recstore"
+TOKEN_FILE = "admin-token"
+
+
+def ensure_token(state_dir: Path) -> str:
+    """The platform's admin token: created once, readable by its owner only."""
+    path = state_dir / TOKEN_FILE
+    if not path.exists():
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(32))
+    return path.read_text().strip()
+
+
+class LocalPlatform:
+    """Starts and stops the admin API (in a thread) and the local provisioner."""
+
+    def __init__(
+        self,
+        state_dir: Path = DEFAULT_STATE_DIR,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8080,
+        device: str = "cpu",
+        poll_interval: float = 0.5,
+    ) -> None:
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.token = ensure_token(self.state_dir)
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))
+        self.host, self.port = host, int(self._socket.getsockname()[1])
+        self.url = f"http://{self.host}:{self.port}"
+        self._reporter = AdminReporter(self.url, self.token)
+        self.provisioner = LocalProvisioner(
+            self.state_dir, self._reporter, device=device, poll_interval=poll_interval
+        )
+        settings = Settings(
+            database_url=f"sqlite:///{self.state_dir / 'admin.db'}",
+            bootstrap_token_file=self.state_dir / TOKEN_FILE,
+            host=host,
+            port=self.port,
+        )
+        app = create_app(settings, provisioner=self.provisioner)
+        config = uvicorn.Config(app, log_level="warning", lifespan="on")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True
+        )
+
+    def start(self, *, timeout: float = 30.0) -> None:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"the admin API did not become ready on {self.url}")
+            time.sleep(0.05)
+        for spec in self._catalogue():
+            self.provisioner.create_table(spec)
+
+    def _catalogue(self) -> list[TableSpec]:
+        specs: list[TableSpec] = []
+        headers = {"Authorization": f"Bearer {self.token}"}
+        offset = 0
+        while True:
+            page = httpx.get(
+                f"{self.url}/api/v1/tables",
+                params={"limit": 500, "offset": offset},
+                headers=headers,
+                timeout=10.0,
+            )
+            page.raise_for_status()
+            body = page.json()
+            specs += [TableSpec.model_validate(item["spec"]) for item in body["items"]]
+            offset += len(body["items"])
+            if not body["items"] or offset >= body["total"]:
+                return specs
+
+    def stop(self) -> None:
+        """Stop the nodes first (each writes a final checkpoint), then the API."""
+        self.provisioner.close()
+        self._server.should_exit = True
+        self._thread.join(timeout=15)
+        self._reporter.close()
+        self._socket.close()
