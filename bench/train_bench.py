@@ -1,0 +1,177 @@
+"""Training throughput of the DLRM example: RecStore embedding bags vs torch's own.
+
+The same model and data (examples/dlrm_synthetic.py) train with
+``torch.nn.EmbeddingBag(sparse=True)`` + SGD (the baseline), with
+``recstore.nn.EmbeddingBag`` on the local backend, and with it over gRPC to
+two PS node processes on loopback. The variants run interleaved, a few steps
+each per round, so load on a shared machine hits them alike; the figure of
+merit is the ratio of median step times to the baseline's (targets: local
+<= 1.2x, remote <= 2x). Prints a table, writes bench/results/train_bench.json.
+
+    python bench/train_bench.py [--rounds 8 --steps-per-round 5 --no-grpc]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+
+from dlrm_synthetic import (  # noqa: E402
+    DLRM,
+    DataConfig,
+    SyntheticClicks,
+    dense_optimizer,
+    recstore_bags,
+    torch_bags,
+    train_step,
+)
+
+from recstore.client import RecStoreClient  # noqa: E402
+from recstore.v1 import ps_pb2, ps_pb2_grpc  # noqa: E402
+
+TARGETS = {"recstore-local": 1.2, "recstore-grpc-2-shards": 2.0}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_ready(address: str, deadline: float) -> None:
+    stub = ps_pb2_grpc.ParameterServerStub(grpc.insecure_channel(address))
+    while True:
+        try:
+            stub.ListTables(ps_pb2.ListTablesRequest(), timeout=1)
+            return
+        except grpc.RpcError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"PS node at {address} did not start") from None
+            time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def ps_nodes(count: int) -> Iterator[list[str]]:
+    """``count`` PS node processes (shards of one fleet) on loopback."""
+    with tempfile.TemporaryDirectory() as data_dir:
+        procs, addresses = [], []
+        try:
+            for index in range(count):
+                port = _free_port()
+                command = [
+                    sys.executable, "-m", "recstore.ps", "--host", "127.0.0.1",
+                    "--port", str(port), "--shard-index", str(index),
+                    "--num-shards", str(count), "--data-dir", f"{data_dir}/{index}",
+                ]  # fmt: skip
+                procs.append(
+                    subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                )
+                addresses.append(f"127.0.0.1:{port}")
+            for address in addresses:
+                _wait_ready(address, time.monotonic() + 60)
+            yield addresses
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                proc.wait(30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--steps-per-round", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=512)
+    parser.add_argument("--num-features", type=int, default=8)
+    parser.add_argument("--cardinality", type=int, default=100_000)
+    parser.add_argument("--embedding-dim", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=0.5)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--no-grpc", action="store_true", help="skip the 2-shard gRPC variant")
+    parser.add_argument("--json", type=Path, default=ROOT / "bench/results/train_bench.json")
+    args = parser.parse_args()
+    # One intra-op thread: on a shared machine, spinning thread pools measure the neighbours.
+    torch.set_num_threads(args.threads)
+
+    config = DataConfig(args.num_features, args.cardinality, batch_size=args.batch_size, seed=1)
+    data = SyntheticClicks(config)
+    steps = args.rounds * args.steps_per_round
+    batches = [data.batch(step) for step in range(steps + 1)]  # data generation is not timed
+
+    with contextlib.ExitStack() as stack:
+        variants: dict[str, tuple[DLRM, list, RecStoreClient | None]] = {}
+        torch.manual_seed(0)
+        baseline = DLRM(config, args.embedding_dim, torch_bags)
+        variants["torch"] = (baseline, dense_optimizer(baseline, args.lr), None)
+        local = RecStoreClient(role="bench-local")
+        local.set_ps_backend("local")
+        torch.manual_seed(0)
+        model = DLRM(config, args.embedding_dim, recstore_bags(local, args.lr))
+        variants["recstore-local"] = (model, dense_optimizer(model, args.lr), local)
+        if not args.no_grpc:
+            endpoints = stack.enter_context(ps_nodes(2))
+            remote = RecStoreClient(role="bench-grpc")
+            remote.set_ps_endpoints(endpoints)
+            torch.manual_seed(0)
+            model = DLRM(config, args.embedding_dim, recstore_bags(remote, args.lr))
+            variants["recstore-grpc-2-shards"] = (model, dense_optimizer(model, args.lr), remote)
+
+        for model, optimizers, _ in variants.values():  # warm-up: allocations, connections
+            train_step(model, optimizers, batches[-1])
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        losses: dict[str, list[float]] = {name: [] for name in variants}
+        for round_index in range(args.rounds):
+            for name, (model, optimizers, _) in variants.items():
+                for i in range(args.steps_per_round):
+                    batch = batches[round_index * args.steps_per_round + i]
+                    start = time.perf_counter()
+                    losses[name].append(train_step(model, optimizers, batch))
+                    times[name].append(time.perf_counter() - start)
+        for model, _, client in variants.values():
+            if client is not None:
+                for bag in model.bags:
+                    client.delete_data(bag.table_name)
+                client.close()
+
+    base = statistics.median(times["torch"])
+    results = []
+    print(f"{'variant':<26}{'median step ms':>16}{'steps/s':>10}{'vs torch':>10}{'target':>8}")
+    for name, samples in times.items():
+        median = statistics.median(samples)
+        ratio = median / base
+        target = TARGETS.get(name)
+        results.append({
+            "variant": name, "median_step_s": median, "steps_per_s": 1 / median,
+            "ratio_vs_torch": ratio, "target_ratio": target,
+            "meets_target": None if target is None else ratio <= target,
+            "first_loss": losses[name][0], "last_loss": losses[name][-1],
+        })  # fmt: skip
+        target_text = f"<={target}" if target else ""
+        print(f"{name:<26}{median * 1e3:>16.2f}{1 / median:>10.1f}{ratio:>9.2f}x{target_text:>8}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "config": {k: str(v) for k, v in vars(args).items()},
+        "steps": steps,
+        "results": results,
+    }
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

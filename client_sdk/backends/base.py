@@ -1,0 +1,50 @@
+"""The interface every backend offers the client.
+
+The client validates and converts input (ids to CPU int64, rows to the table
+dtype, gradients coalesced) before it calls a backend, so a backend only
+moves rows: create/find a table, gather, assign, apply gradients, drop.
+Failures come back as the SDK's errors (``recstore.client.errors``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from recstore.core import TableSpec
+
+
+@dataclass(frozen=True)
+class CreateResult:
+    spec: TableSpec  # the table's spec on the backend (the existing one when not created)
+    created: bool  # False: a table of that name was already there
+
+
+class Backend(Protocol):
+    kind: str  # "local" or "grpc"
+
+    def create_table(self, spec: TableSpec) -> CreateResult:
+        """Create the table, or find it when one of that name exists (any spec)."""
+        ...
+
+    def describe(self, name: str) -> TableSpec | None:
+        """The spec of an existing table, None when there is none."""
+        ...
+
+    def drop_table(self, name: str) -> None: ...
+
+    def pull(self, name: str, keys: torch.Tensor) -> torch.Tensor:
+        """Rows [len(keys), dim] in the table dtype (any device); missing rows initialised."""
+        ...
+
+    def push(self, name: str, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Assign rows; ``keys`` are unique."""
+        ...
+
+    def update(self, name: str, keys: torch.Tensor, grads: torch.Tensor, lr: float | None) -> None:
+        """Apply gradients through the table's optimizer; ``keys`` are unique."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,124 @@
+"""The local backend: tables in the native store of this very process, no server.
+
+All local clients of a process share one ``recstore.store.Store``, as all
+clients of a PS fleet share its nodes: a table one role creates, another role
+of the same process sees. Tables whose storage tier asks for a GPU live on
+the GPU when there is one.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import torch
+
+from recstore.client.backends.base import CreateResult
+from recstore.client.errors import BackendError, TableNotInitialized
+from recstore.core import CapacityExhausted, RecStoreError, StorageTier, TableExists, TableNotFound
+from recstore.core import TableSpec as TableSpec
+
+if TYPE_CHECKING:
+    from recstore.store import Store, Table
+
+_store: Store | None = None
+_store_lock = threading.Lock()
+
+
+def process_store() -> Store:
+    """The store shared by every local client of this process (created on first use)."""
+    global _store
+    with _store_lock:
+        if _store is None:
+            from recstore.store import Store
+
+            _store = Store()
+        return _store
+
+
+def load_native() -> None:
+    """Import the native engine now; ImportError (with the cause) when it cannot load."""
+    try:
+        import recstore.store  # noqa: F401  (imports recstore._native)
+    except ImportError as error:
+        raise ImportError(f"cannot load the RecStore native library: {error}") from error
+
+
+def _device_for(spec: TableSpec) -> str:
+    wants_gpu = StorageTier(spec.storage) in (StorageTier.gpu, StorageTier.gpu_cache)
+    return "cuda" if wants_gpu and torch.cuda.is_available() else "cpu"
+
+
+def _backend_error(error: RecStoreError, name: str) -> BackendError:
+    if isinstance(error, TableNotFound):
+        return TableNotInitialized(
+            f"table {name!r} does not exist in the local store", reason=str(error)
+        )
+    code = "RESOURCE_EXHAUSTED" if isinstance(error, CapacityExhausted) else "INVALID_ARGUMENT"
+    return BackendError(
+        f"local store refused the call on table {name!r}: {error}", code=code, reason=str(error)
+    )
+
+
+class LocalBackend:
+    kind = "local"
+
+    def __init__(self, store: Store | None = None) -> None:
+        load_native()
+        self._store = store if store is not None else process_store()
+
+    def create_table(self, spec: TableSpec) -> CreateResult:
+        existing = self.describe(spec.name)
+        if existing is not None:
+            return CreateResult(existing, created=False)
+        try:
+            self._store.create(spec, device=_device_for(spec))
+        except TableExists:  # created concurrently with another spec
+            found = self.describe(spec.name)
+            assert found is not None
+            return CreateResult(found, created=False)
+        except RecStoreError as error:
+            raise _backend_error(error, spec.name) from error
+        return CreateResult(spec, created=True)
+
+    def describe(self, name: str) -> TableSpec | None:
+        try:
+            return self._store.get(name).spec
+        except TableNotFound:
+            return None
+
+    def drop_table(self, name: str) -> None:
+        try:
+            self._store.drop(name)
+        except TableNotFound as error:
+            raise _backend_error(error, name) from error
+
+    def table(self, name: str) -> Table:
+        try:
+            return self._store.get(name)
+        except TableNotFound as error:
+            raise _backend_error(error, name) from error
+
+    def pull(self, name: str, keys: torch.Tensor) -> torch.Tensor:
+        table = self.table(name)
+        try:
+            return table.pull(keys.to(table.device))
+        except RecStoreError as error:
+            raise _backend_error(error, name) from error
+
+    def push(self, name: str, keys: torch.Tensor, values: torch.Tensor) -> None:
+        table = self.table(name)
+        try:
+            table.push(keys.to(table.device), values.to(table.device))
+        except RecStoreError as error:
+            raise _backend_error(error, name) from error
+
+    def update(self, name: str, keys: torch.Tensor, grads: torch.Tensor, lr: float | None) -> None:
+        table = self.table(name)
+        try:
+            table.update(keys.to(table.device), grads.to(table.device), lr=lr)
+        except RecStoreError as error:
+            raise _backend_error(error, name) from error
+
+    def close(self) -> None:
+        """Nothing to release: the process store outlives its clients."""

@@ -1,0 +1,94 @@
+"""Where a table's shards are: the admin API's discovery document, or explicit endpoints.
+
+``GET {admin}/api/v1/tables/{name}/discovery`` (``Authorization: Bearer
+<token>``) answers the table's spec, its slot map and one endpoint per shard in
+shard order. Without an admin API, an explicit ``host:port`` list (shard order)
+stands in, with the initial slot map of that many shards. Plain ``urllib``:
+a training image needs no HTTP client library for one GET.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from recstore.client.errors import BackendError, TableNotInitialized
+from recstore.core import SlotMap, TableSpec
+
+ENDPOINTS_ENV = "RECSTORE_PS_ENDPOINTS"
+ADMIN_URL_ENV = "RECSTORE_ADMIN_URL"
+TOKEN_ENV = "RECSTORE_TOKEN"
+DISCOVERY_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Discovery:
+    spec: TableSpec | None  # None when only endpoints are known
+    endpoints: tuple[str, ...]
+    slot_map: SlotMap
+
+
+def parse_endpoints(raw: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """``"h1:p1,h2:p2"`` or a list of ``host:port`` -> validated tuple, shard order kept."""
+    items = raw.split(",") if isinstance(raw, str) else list(raw)
+    endpoints = tuple(item.strip() for item in items if item.strip())
+    if not endpoints:
+        raise ValueError("no PS endpoints given: expected host:port[,host:port...]")
+    for endpoint in endpoints:
+        host, sep, port = endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"bad PS endpoint {endpoint!r}: expected host:port")
+    return endpoints
+
+
+def parse_discovery(document: dict[str, Any]) -> Discovery:
+    """The admin API's discovery document -> spec, endpoints, slot map (ValueError if malformed)."""
+    try:
+        spec = TableSpec.model_validate(document["spec"])
+        endpoints = parse_endpoints(list(document["endpoints"]))
+        slot_map = SlotMap.from_dict(document["slot_map"])
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"malformed discovery document: missing or bad {error}") from error
+    if slot_map.num_shards > len(endpoints):
+        raise ValueError(
+            f"discovery lists {len(endpoints)} endpoints for a slot map of "
+            f"{slot_map.num_shards} shards"
+        )
+    return Discovery(spec, endpoints, slot_map)
+
+
+def discover(admin_url: str, name: str, token: str | None) -> Discovery:
+    """Ask the admin API where table ``name`` lives."""
+    url = f"{admin_url.rstrip('/')}/api/v1/tables/{urllib.parse.quote(name)}/discovery"
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=DISCOVERY_TIMEOUT_S) as response:
+            document = json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        reason = error.read().decode("utf-8", "replace")[:500]
+        if error.code == 404:
+            raise TableNotInitialized(
+                f"table {name!r} is not in the admin API catalogue at {admin_url}; "
+                "create it there first",
+                reason=reason,
+            ) from error
+        raise BackendError(
+            f"admin API discovery of {name!r} failed: HTTP {error.code}",
+            code=f"HTTP_{error.code}",
+            reason=reason,
+        ) from error
+    except (urllib.error.URLError, OSError, json.JSONDecodeError) as error:
+        raise BackendError(
+            f"admin API at {admin_url} unreachable for discovery of {name!r}: {error}",
+            code="UNAVAILABLE",
+        ) from error
+    try:
+        return parse_discovery(document)
+    except ValueError as error:
+        raise BackendError(str(error), code="BAD_DISCOVERY") from error

@@ -1,0 +1,29 @@
+"""The SDK's errors: what its documentation promises a trainer.
+
+The documented client raises ``RuntimeError`` for an unknown table or a backend
+failure and ``TypeError`` when ``init_data`` meets a table of another shape or
+dtype. The classes here are those built-ins, specialised so a caller can tell
+the cases apart and read the backend's own reason.
+"""
+
+from __future__ import annotations
+
+
+class BackendError(RuntimeError):
+    """The backend refused or failed a call; ``reason`` is the server's message."""
+
+    def __init__(self, message: str, *, code: str = "UNKNOWN", reason: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason or message
+
+
+class TableNotInitialized(BackendError):
+    """The table is unknown to this client or to the backend."""
+
+    def __init__(self, message: str, *, reason: str = "") -> None:
+        super().__init__(message, code="NOT_FOUND", reason=reason)
+
+
+class TableShapeMismatch(TypeError):
+    """``init_data`` met an existing table with another shape or dtype."""

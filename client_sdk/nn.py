@@ -1,0 +1,265 @@
+"""``Embedding`` and ``EmbeddingBag`` whose weights live in RecStore.
+
+Constructor arguments and ``forward`` mirror ``torch.nn.Embedding`` and
+``torch.nn.EmbeddingBag``. A forward pass pulls the rows of the distinct ids
+of the batch once and runs torch's own ``F.embedding`` / ``F.embedding_bag``
+on that small matrix with the ids renumbered, so modes, offsets,
+per-sample weights, ``padding_idx`` and ``include_last_offset`` behave exactly
+as in torch. Backward yields one gradient row per distinct id (a coalesced
+sparse gradient) and sends it to the table's server-side optimizer; a dense
+torch optimizer of the trainer never sees these weights.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from recstore.client.client import RecStoreClient
+from recstore.client.lookup import RecStoreRows, renormalise_
+from recstore.core import Optimizer
+
+#: torch.nn.Embedding initialises weights from N(0, 1); so does a RecStore module.
+TORCH_INITIALIZER = {"kind": "normal", "mean": 0.0, "std": 1.0}
+
+
+def _padding_index(padding_idx: int | None, num_embeddings: int) -> int | None:
+    """torch's rule: negative counts from the end; must lie inside the table."""
+    if padding_idx is None:
+        return None
+    if not -num_embeddings <= padding_idx < num_embeddings:
+        raise ValueError(f"padding_idx must be within num_embeddings, got {padding_idx}")
+    return padding_idx + num_embeddings if padding_idx < 0 else padding_idx
+
+
+class _RecStoreEmbeddingBase(nn.Module):
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        padding_idx: int | None,
+        max_norm: float | None,
+        norm_type: float,
+        scale_grad_by_freq: bool,
+        sparse: bool,
+        _weight: torch.Tensor | None,
+        _freeze: bool,
+        dtype: torch.dtype | None,
+        name: str | None,
+        client: RecStoreClient | None,
+        optimizer: Any,
+        seed: int | None,
+        initializer: dict[str, Any] | None,
+    ) -> None:
+        super().__init__()
+        if num_embeddings < 1 or embedding_dim < 1:
+            raise ValueError(
+                "num_embeddings and embedding_dim must be >= 1, "
+                f"got {num_embeddings}, {embedding_dim}"
+            )
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.padding_idx = _padding_index(padding_idx, num_embeddings)
+        self.max_norm = max_norm
+        self.norm_type = norm_type
+        self.scale_grad_by_freq = scale_grad_by_freq
+        self.sparse = sparse  # gradients always travel sparse to the table; kept for repr/compat
+        self.frozen = _freeze
+        self.client = client if client is not None else RecStoreClient()
+        self.table_name = name or f"emb_{uuid.uuid4().hex[:16]}"
+        dtype = dtype or torch.float32
+        shape = (num_embeddings, embedding_dim)
+        if _weight is not None and tuple(_weight.shape) != shape:
+            raise ValueError(f"_weight must have shape {list(shape)}, got {list(_weight.shape)}")
+        weight = None if _weight is None else _weight.detach()
+        initializer = {
+            **(initializer if initializer is not None else TORCH_INITIALIZER),
+            "seed": seed if seed is not None else _random_seed(),
+        }
+        created = self.client._create_table(
+            self.table_name,
+            shape,
+            dtype,
+            (lambda start, end: weight[start:end]) if weight is not None else None,
+            metadata={"initializer": initializer},
+            optimizer=optimizer
+            if optimizer is not None
+            else Optimizer(lr=self.client.learning_rate),
+        )
+        if created and weight is None and self.padding_idx is not None:
+            # torch zeroes the padding row of freshly initialised weights
+            pad = torch.tensor([self.padding_idx])
+            self.client.push(self.table_name, pad, torch.zeros(1, embedding_dim, dtype=dtype))
+        # The autograd anchor: not a Parameter, so dense torch optimizers never see it.
+        self._anchor = torch.empty(0, requires_grad=not _freeze)
+
+    def _rows(self, unique: torch.Tensor) -> torch.Tensor:
+        """Rows of the distinct ``unique`` ids, wired so backward updates the table."""
+        if self.max_norm is not None:
+            with torch.no_grad():
+                rows = self.client.pull(self.table_name, unique)
+                changed = renormalise_(rows, self.max_norm, self.norm_type)
+                if bool(changed.any()):
+                    self.client.push(self.table_name, unique[changed], rows[changed])
+        if torch.is_grad_enabled() and not self.frozen:
+            return RecStoreRows.apply(
+                self._anchor, self.client, self.table_name, unique, self.padding_idx
+            )
+        return self.client.pull(self.table_name, unique)
+
+    def _padding_position(self, unique: torch.Tensor) -> int | None:
+        if self.padding_idx is None:
+            return None
+        hits = (unique == self.padding_idx).nonzero()
+        return int(hits[0, 0]) if len(hits) else None
+
+    def read_weights(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Current rows of ``ids`` (every row when None), detached, as stored."""
+        if ids is None:
+            ids = torch.arange(self.num_embeddings)
+        with torch.no_grad():
+            return self.client.pull(self.table_name, ids)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The whole table as a tensor (a read; for small tables and tests)."""
+        return self.read_weights()
+
+    def _common_repr(self) -> str:
+        text = f"{self.num_embeddings}, {self.embedding_dim}, table={self.table_name!r}"
+        if self.padding_idx is not None:
+            text += f", padding_idx={self.padding_idx}"
+        if self.max_norm is not None:
+            text += f", max_norm={self.max_norm}"
+        if self.scale_grad_by_freq:
+            text += ", scale_grad_by_freq=True"
+        return text
+
+
+def _random_seed() -> int:
+    return int(torch.randint(0, 2**62, (1,)).item())
+
+
+class Embedding(_RecStoreEmbeddingBase):
+    """torch.nn.Embedding with the weight table in RecStore."""
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        padding_idx: int | None = None,
+        max_norm: float | None = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        sparse: bool = False,
+        _weight: torch.Tensor | None = None,
+        _freeze: bool = False,
+        device: Any = None,
+        dtype: torch.dtype | None = None,
+        *,
+        name: str | None = None,
+        client: RecStoreClient | None = None,
+        optimizer: Any = None,
+        seed: int | None = None,
+        initializer: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            num_embeddings, embedding_dim, padding_idx, max_norm, norm_type, scale_grad_by_freq,
+            sparse, _weight, _freeze, dtype, name, client, optimizer, seed, initializer,
+        )  # fmt: skip
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        embeddings: torch.Tensor,
+        freeze: bool = True,
+        padding_idx: int | None = None,
+        max_norm: float | None = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        sparse: bool = False,
+        **recstore: Any,
+    ) -> Embedding:
+        if embeddings.dim() != 2:
+            raise ValueError("embeddings must be 2-dimensional")
+        rows, dim = embeddings.shape
+        return cls(
+            rows, dim, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse,
+            _weight=embeddings, _freeze=freeze, dtype=embeddings.dtype, **recstore,
+        )  # fmt: skip
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        unique, inverse = torch.unique(input.reshape(-1), return_inverse=True)
+        rows = self._rows(unique)
+        return F.embedding(
+            inverse.view(input.shape),
+            rows,
+            padding_idx=self._padding_position(unique),
+            scale_grad_by_freq=self.scale_grad_by_freq,
+            sparse=not self.scale_grad_by_freq,  # torch has no sparse grad for that case
+        )
+
+    def extra_repr(self) -> str:
+        return self._common_repr()
+
+
+class EmbeddingBag(_RecStoreEmbeddingBase):
+    """torch.nn.EmbeddingBag with the weight table in RecStore."""
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        max_norm: float | None = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        mode: str = "mean",
+        sparse: bool = False,
+        _weight: torch.Tensor | None = None,
+        include_last_offset: bool = False,
+        padding_idx: int | None = None,
+        device: Any = None,
+        dtype: torch.dtype | None = None,
+        *,
+        name: str | None = None,
+        client: RecStoreClient | None = None,
+        optimizer: Any = None,
+        seed: int | None = None,
+        initializer: dict[str, Any] | None = None,
+        _freeze: bool = False,
+    ) -> None:
+        if mode not in ("sum", "mean", "max"):
+            raise ValueError(f"mode has to be one of sum, mean or max, got {mode!r}")
+        super().__init__(
+            num_embeddings, embedding_dim, padding_idx, max_norm, norm_type, scale_grad_by_freq,
+            sparse, _weight, _freeze, dtype, name, client, optimizer, seed, initializer,
+        )  # fmt: skip
+        self.mode = mode
+        self.include_last_offset = include_last_offset
+
+    def forward(
+        self,
+        input: torch.Tensor,
+        offsets: torch.Tensor | None = None,
+        per_sample_weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        unique, inverse = torch.unique(input.reshape(-1), return_inverse=True)
+        rows = self._rows(unique)
+        return F.embedding_bag(
+            inverse.view(input.shape),
+            rows,
+            offsets,
+            scale_grad_by_freq=self.scale_grad_by_freq,
+            mode=self.mode,
+            per_sample_weights=per_sample_weights,
+            include_last_offset=self.include_last_offset,
+            padding_idx=self._padding_position(unique),
+            sparse=self.mode != "max" and not self.scale_grad_by_freq,  # where torch allows it
+        )
+
+    def extra_repr(self) -> str:
+        return f"{self._common_repr()}, mode={self.mode!r}"

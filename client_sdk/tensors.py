@@ -1,0 +1,109 @@
+"""Tensor conventions of the SDK, in one place.
+
+Every public call accepts ids of any integer dtype on any device; the backends
+want contiguous CPU int64 keys and values of the table's dtype. These helpers
+do those conversions (and the checks that turn bad input into a clear error
+before anything is sent), so the client and the torch modules agree on them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from recstore.core import DType
+
+_TORCH_OF_DTYPE = {
+    DType.float32: torch.float32,
+    DType.float16: torch.float16,
+    DType.bfloat16: torch.bfloat16,
+}
+_DTYPE_OF_TORCH = {value: key for key, value in _TORCH_OF_DTYPE.items()}
+
+
+def torch_dtype(dtype: DType | str) -> torch.dtype:
+    return _TORCH_OF_DTYPE[DType(dtype)]
+
+
+def table_dtype(dtype: Any) -> DType:
+    """The table dtype for a user's ``torch.dtype`` (or dtype name); TypeError otherwise."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPE_OF_TORCH:
+            supported = ", ".join(str(t) for t in _DTYPE_OF_TORCH)
+            raise TypeError(f"unsupported embedding dtype {dtype}; use one of {supported}")
+        return _DTYPE_OF_TORCH[dtype]
+    try:
+        return DType(str(dtype).removeprefix("torch."))
+    except ValueError:
+        raise TypeError(f"unsupported embedding dtype {dtype!r}") from None
+
+
+def as_id_tensor(ids: Any) -> torch.Tensor:
+    """Ids as a 1-D contiguous CPU int64 tensor (the documented ``ids.to(torch.int64)``)."""
+    if isinstance(ids, np.ndarray):
+        ids = torch.from_numpy(np.ascontiguousarray(ids))
+    elif not isinstance(ids, torch.Tensor):
+        ids = torch.as_tensor(ids)
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"ids must be an integer tensor, got {ids.dtype}")
+    if ids.dim() != 1:
+        raise ValueError(f"ids must be a 1-D tensor of shape [N], got shape {tuple(ids.shape)}")
+    return ids.detach().to(device="cpu", dtype=torch.int64).contiguous()
+
+
+def result_device(ids: Any) -> torch.device:
+    """Where results go back to: the caller's device (CPU for non-tensor input)."""
+    return ids.device if isinstance(ids, torch.Tensor) else torch.device("cpu")
+
+
+def as_value_tensor(
+    values: Any, rows: int, dim: int, dtype: torch.dtype, what: str
+) -> torch.Tensor:
+    """Rows to write or gradients: shape [rows, dim], cast to ``dtype``, contiguous on CPU."""
+    if isinstance(values, np.ndarray):
+        values = torch.from_numpy(np.ascontiguousarray(values))
+    elif not isinstance(values, torch.Tensor):
+        values = torch.as_tensor(values)
+    if not values.is_floating_point():
+        raise TypeError(f"{what} must be a floating-point tensor, got {values.dtype}")
+    if tuple(values.shape) != (rows, dim):
+        raise ValueError(f"{what} must have shape [{rows}, {dim}], got {tuple(values.shape)}")
+    return values.detach().to(device="cpu", dtype=dtype).contiguous()
+
+
+def check_id_range(ids: torch.Tensor, low: int, high: int | None, name: str) -> None:
+    """Dense tables address rows ``low..high-1``; anything else is refused before sending."""
+    if high is None or ids.numel() == 0:
+        return
+    smallest, largest = int(ids.min()), int(ids.max())
+    if smallest < low or largest >= high:
+        bad = smallest if smallest < low else largest
+        raise ValueError(
+            f"id {bad} is out of range for table {name!r}: valid ids are {low}..{high - 1}"
+        )
+
+
+def coalesce(ids: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unique ids and their summed rows (a coalesced sparse gradient)."""
+    unique, inverse = torch.unique(ids, return_inverse=True)
+    if unique.numel() == ids.numel():
+        order = torch.empty_like(inverse)
+        order[inverse] = torch.arange(ids.numel())
+        return unique, values.index_select(0, order)
+    summed = torch.zeros(unique.numel(), values.shape[1], dtype=torch.float32)
+    summed.index_add_(0, inverse, values.to(torch.float32))
+    return unique, summed.to(values.dtype)
+
+
+def last_write_wins(ids: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unique ids with the row of their last occurrence (duplicate assignments in push)."""
+    unique, inverse = torch.unique(ids, return_inverse=True)
+    if unique.numel() == ids.numel():
+        order = torch.empty_like(inverse)
+        order[inverse] = torch.arange(ids.numel())
+        return unique, values.index_select(0, order)
+    last = torch.full((unique.numel(),), -1, dtype=torch.int64)
+    last.scatter_reduce_(0, inverse, torch.arange(ids.numel()), reduce="amax")
+    return unique, values.index_select(0, last)

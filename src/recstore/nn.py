@@ -1,0 +1,5 @@
+"""``recstore.nn``: torch embedding modules whose weights live in RecStore."""
+
+from recstore.client.nn import Embedding, EmbeddingBag
+
+__all__ = ["Embedding", "EmbeddingBag"]

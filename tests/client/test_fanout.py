@@ -1,0 +1,133 @@
+"""Sharded fan-out: every key reaches its owner shard once, results come back in input order."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from recstore.client.fanout import ShardRouter, plan_requests
+from recstore.core import SlotMap, SlotRange, WrongShard
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ThreadPoolExecutor(4) as executor:
+        yield executor
+
+
+@pytest.mark.parametrize(
+    ("num_keys", "shards", "max_rows"),
+    [(0, 1, 10), (1, 1, 10), (100, 1, 7), (1000, 3, 50), (1000, 4, 1000), (17, 8, 1)],
+)
+def test_plan_covers_each_key_once_on_its_owner(num_keys: int, shards: int, max_rows: int) -> None:
+    keys = np.random.default_rng(0).integers(-(2**40), 2**40, num_keys)
+    slot_map = SlotMap.initial(shards)
+    requests = plan_requests(keys, slot_map, max_rows)
+    positions = np.concatenate([r.positions for r in requests]) if requests else np.empty(0)
+    assert sorted(positions.tolist()) == list(range(num_keys))
+    owners = slot_map.shard_of(keys)
+    for request in requests:
+        assert 1 <= len(request.positions) <= max_rows
+        assert (owners[request.positions] == request.shard).all()
+
+
+def test_every_shard_gives_one_unsplit_request_per_shard() -> None:
+    keys = np.arange(50, dtype=np.int64)
+    slot_map = SlotMap.initial(3)
+    present = set(slot_map.shard_of(keys).tolist())
+    requests = plan_requests(keys[:1], slot_map, 1, every_shard=True)
+    assert sorted(r.shard for r in requests) == [0, 1, 2]
+    assert sum(len(r.positions) for r in requests) == 1
+    requests = plan_requests(keys, slot_map, 2, every_shard=True)
+    assert sorted(r.shard for r in requests) == [0, 1, 2]  # not cut into 2-key batches
+    assert present == {0, 1, 2}
+
+
+def test_plan_rejects_nonpositive_batch() -> None:
+    with pytest.raises(ValueError, match="max_rows"):
+        plan_requests(np.arange(3), SlotMap.initial(1), 0)
+
+
+def test_router_runs_requests_in_parallel_and_reassembles(pool) -> None:
+    keys = np.random.default_rng(1).integers(0, 10**9, 2000)
+    slot_map = SlotMap.initial(4)
+    threads: set[int] = set()
+    barrier = threading.Barrier(2, timeout=5)  # two shard calls must be in flight together
+
+    def call(shard: int, positions: np.ndarray, epoch: int) -> np.ndarray:
+        threads.add(threading.get_ident())
+        if shard in (0, 1) and len(positions) and positions[0] == min_positions[shard]:
+            barrier.wait()
+        assert epoch == 1
+        return keys[positions] * 2
+
+    owners = slot_map.shard_of(keys)
+    min_positions = {s: int(np.flatnonzero(owners == s)[0]) for s in range(4)}
+    router = ShardRouter(slot_map, pool, max_rows=300)
+    out = np.empty_like(keys)
+    for result in router.run(keys, call):
+        out[result.request.positions] = result.value
+    np.testing.assert_array_equal(out, keys * 2)
+    assert len(threads) >= 2
+
+
+def _moved_map(epoch: int) -> SlotMap:
+    # slots 0..99 move from shard 0 to shard 1
+    return SlotMap(
+        epoch, (SlotRange(0, 100, 1), SlotRange(100, 8192, 0), SlotRange(8192, 16384, 1))
+    )
+
+
+def test_router_resends_only_refused_keys_after_refresh(pool) -> None:
+    old, new = SlotMap.initial(2), _moved_map(2)
+    keys = np.arange(5000, dtype=np.int64)
+    moved = set(keys[(old.shard_of(keys) == 0) & (new.shard_of(keys) == 1)].tolist())
+    assert moved
+    served: dict[int, list[int]] = {0: [], 1: []}
+    lock = threading.Lock()
+
+    def call(shard: int, positions: np.ndarray, epoch: int) -> None:
+        sent = keys[positions]
+        if (new.shard_of(sent) != shard).any():  # the node knows the new map
+            raise WrongShard("slots moved", epoch=2)
+        with lock:
+            served[shard].extend(sent.tolist())
+
+    refreshed: list[int] = []
+
+    def refresh(epoch: int) -> SlotMap:
+        refreshed.append(epoch)
+        return new
+
+    router = ShardRouter(old, pool, max_rows=10_000, refresh=refresh)
+    router.run(keys, call)
+    assert refreshed == [2]
+    assert sorted(served[0] + served[1]) == keys.tolist()  # every key applied exactly once
+    assert moved <= set(served[1])
+    assert router.slot_map.epoch == 2
+
+
+def test_router_without_refresh_source_raises(pool) -> None:
+    def call(shard: int, positions: np.ndarray, epoch: int) -> None:
+        raise WrongShard("moved", epoch=5)
+
+    router = ShardRouter(SlotMap.initial(1), pool, max_rows=10)
+    with pytest.raises(RuntimeError, match="epoch 1"):
+        router.run(np.arange(3), call)
+
+
+def test_router_reports_first_failure_after_all_calls_finish(pool) -> None:
+    finished: list[int] = []
+
+    def call(shard: int, positions: np.ndarray, epoch: int) -> None:
+        if shard == 0:
+            raise RuntimeError("shard 0 down")
+        finished.append(shard)
+
+    router = ShardRouter(SlotMap.initial(3), pool, max_rows=10_000)
+    with pytest.raises(RuntimeError, match="shard 0 down"):
+        router.run(np.arange(1000), call)
+    assert sorted(finished) == [1, 2]
