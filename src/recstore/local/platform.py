@@ -94,6 +94,9 @@ class LocalPlatform:
             time.sleep(0.05)
         for spec in self._catalogue():
             self.provisioner.create_table(spec)
+        # The catalogue still shows the status of the last run: replace it before
+        # anyone reads it (nodes that are still starting make it Provisioning).
+        self.provisioner.report_now()
 
     def _catalogue(self) -> list[TableSpec]:
         specs: list[TableSpec] = []

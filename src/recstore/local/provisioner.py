@@ -223,16 +223,20 @@ class LocalProvisioner:
     def _on_restart(self, process_name: str, restarts: int) -> None:
         log.warning("restarted %s (restart %d)", process_name, restarts)
 
+    def report_now(self) -> None:
+        """Observe every table and report what changed (the poller does this periodically)."""
+        with self._lock:
+            tables = list(self._tables.values())
+        for table in tables:
+            try:
+                self._report(table)
+            except Exception as error:  # a failing admin API must not stop the provisioner
+                # (a table the admin has not committed yet answers 404 for a moment)
+                log.debug("status report for %s failed: %s", table.spec.name, error)
+
     def _poll(self) -> None:
         while not self._closed.wait(self._poll_interval):
-            with self._lock:
-                tables = list(self._tables.values())
-            for table in tables:
-                try:
-                    self._report(table)
-                except Exception as error:  # a failing admin API must not stop the provisioner
-                    # (a table the admin has not committed yet answers 404 for a moment)
-                    log.debug("status report for %s failed: %s", table.spec.name, error)
+            self.report_now()
 
     def _report(self, table: _Table) -> None:
         shards = []

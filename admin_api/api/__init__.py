@@ -1,0 +1,1 @@
+"""HTTP layer: dependencies and route modules (thin handlers over ``crud``)."""

@@ -1,0 +1,1 @@
+"""Route modules, one per resource, plus health/metrics and the dashboard pages."""

@@ -1,0 +1,64 @@
+"""PS nodes: registration, heartbeat (readiness and sizes), listing, removal."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Response, status
+
+from recstore.admin import crud, views
+from recstore.admin.api.deps import EditorDep, SessionDep, ViewerDep
+from recstore.admin.schemas import NodeHeartbeat, NodePublic, NodeRegister, Page
+
+router = APIRouter(prefix="/nodes", tags=["nodes"])
+
+NodeId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=NodePublic)
+def register_node(
+    body: NodeRegister, response: Response, session: SessionDep, principal: EditorDep
+) -> NodePublic:
+    """Register the node serving one shard; re-registering the same shard answers 200."""
+    node, created = crud.register_node(session, body=body, actor=principal.actor)
+    crud.commit(session)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return views.node_public(node)
+
+
+@router.get("", response_model=Page[NodePublic])
+def list_nodes(
+    session: SessionDep,
+    _: ViewerDep,
+    table: Annotated[str | None, Query(max_length=63)] = None,
+    ready: bool | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
+) -> Page[NodePublic]:
+    items, total = crud.list_nodes(session, table=table, ready=ready, limit=limit, offset=offset)
+    return Page(
+        items=[views.node_public(n) for n in items], total=total, limit=limit, offset=offset
+    )
+
+
+@router.get("/{node_id}", response_model=NodePublic)
+def get_node(node_id: NodeId, session: SessionDep, _: ViewerDep) -> NodePublic:
+    return views.node_public(crud.get_node(session, node_id=node_id))
+
+
+@router.post("/{node_id}/heartbeat", response_model=NodePublic)
+def heartbeat(
+    node_id: NodeId, body: NodeHeartbeat, session: SessionDep, principal: EditorDep
+) -> NodePublic:
+    node = crud.heartbeat(
+        session, node=crud.get_node(session, node_id=node_id), body=body, actor=principal.actor
+    )
+    crud.commit(session)
+    return views.node_public(node)
+
+
+@router.delete("/{node_id}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_node(node_id: NodeId, session: SessionDep, principal: EditorDep) -> None:
+    crud.delete_node(session, node=crud.get_node(session, node_id=node_id), actor=principal.actor)
+    crud.commit(session)

@@ -1,0 +1,146 @@
+"""Tables: create / list / get / patch / delete, operator status, SDK discovery."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Response, status
+
+from recstore.admin import crud, views
+from recstore.admin.api.deps import (
+    EditorDep,
+    ProvisionerDep,
+    SessionDep,
+    ViewerDep,
+    parse_version,
+)
+from recstore.admin.schemas import Discovery, Page, TablePatch, TablePublic, TableStatus
+from recstore.core import TableSpec
+
+router = APIRouter(
+    prefix="/tables",
+    tags=["tables"],
+    responses={
+        404: {"description": "no table of that name"},
+        409: {"description": "the name exists, or the resourceVersion is stale"},
+        502: {"description": "the provisioner refused the change; nothing was written"},
+    },
+)
+
+IfMatch = Annotated[str | None, Header(description="resourceVersion the change is based on")]
+Limit = Annotated[int, Query(ge=1, le=500)]
+Offset = Annotated[int, Query(ge=0, le=2**31 - 1)]
+
+
+def _etag(response: Response, public: TablePublic) -> TablePublic:
+    response.headers["ETag"] = f'"{public.resource_version}"'
+    return public
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=TablePublic)
+def create_table(
+    spec: TableSpec,
+    response: Response,
+    session: SessionDep,
+    provisioner: ProvisionerDep,
+    principal: EditorDep,
+) -> TablePublic:
+    table = crud.create_table(session, spec=spec, actor=principal.actor)
+    provisioner.create_table(spec)  # raises (and nothing is committed) if refused
+    crud.commit(session)
+    response.headers["Location"] = f"/api/v1/tables/{table.name}"
+    return _etag(response, views.table_public(table))
+
+
+@router.get("", response_model=Page[TablePublic])
+def list_tables(
+    session: SessionDep,
+    _: ViewerDep,
+    phase: Annotated[str | None, Query(max_length=32)] = None,
+    name_prefix: Annotated[str | None, Query(max_length=63)] = None,
+    limit: Limit = 50,
+    offset: Offset = 0,
+) -> Page[TablePublic]:
+    items, total = crud.list_tables(
+        session, phase=phase, name_prefix=name_prefix, limit=limit, offset=offset
+    )
+    return Page(
+        items=[views.table_public(t) for t in items], total=total, limit=limit, offset=offset
+    )
+
+
+@router.get("/{name}", response_model=TablePublic)
+def get_table(name: str, response: Response, session: SessionDep, _: ViewerDep) -> TablePublic:
+    return _etag(response, views.table_public(crud.get_table(session, name=name)))
+
+
+@router.patch("/{name}", response_model=TablePublic)
+def patch_table(
+    name: str,
+    body: TablePatch,
+    response: Response,
+    session: SessionDep,
+    provisioner: ProvisionerDep,
+    principal: EditorDep,
+    if_match: IfMatch = None,
+) -> TablePublic:
+    """Change part of a table's spec; a stale ``If-Match``/``resourceVersion`` answers 409.
+
+    A new shard count is recorded (``reshard_required``) but moves no data by itself.
+    """
+    expected = parse_version(if_match, "If-Match")
+    if expected is None:
+        expected = parse_version(body.resource_version, "resourceVersion")
+    table = crud.get_table(session, name=name)
+    table, previous = crud.patch_table(
+        session,
+        table=table,
+        changes=body.spec_changes(),
+        expected_version=expected,
+        actor=principal.actor,
+    )
+    if previous is not None:
+        provisioner.update_table(views.spec_of(table), previous=previous)
+        crud.commit(session)
+    return _etag(response, views.table_public(table))
+
+
+@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_table(
+    name: str,
+    session: SessionDep,
+    provisioner: ProvisionerDep,
+    principal: EditorDep,
+    if_match: IfMatch = None,
+) -> None:
+    table = crud.get_table(session, name=name)
+    crud.delete_table(
+        session,
+        table=table,
+        expected_version=parse_version(if_match, "If-Match"),
+        actor=principal.actor,
+    )
+    provisioner.delete_table(name)
+    crud.commit(session)
+
+
+@router.put("/{name}/status", response_model=TablePublic)
+def put_status(
+    name: str, body: TableStatus, response: Response, session: SessionDep, principal: EditorDep
+) -> TablePublic:
+    """Written by the operator or the local provisioner."""
+    table = crud.set_status(
+        session, table=crud.get_table(session, name=name), status=body, actor=principal.actor
+    )
+    crud.commit(session)
+    return _etag(response, views.table_public(table))
+
+
+@router.get(
+    "/{name}/discovery",
+    response_model=Discovery,
+    responses={503: {"description": "some shard has no endpoint yet (Retry-After is set)"}},
+)
+def discovery(name: str, session: SessionDep, _: ViewerDep) -> Discovery:
+    """Shape and shard endpoints (in shard order) for the SDK; 503 until every shard has one."""
+    return views.discovery(crud.get_table(session, name=name))

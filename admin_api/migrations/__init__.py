@@ -1,0 +1,1 @@
+"""Alembic migrations of the catalogue, applied programmatically when the service starts."""

@@ -1,0 +1,199 @@
+"""Provisioners: what turns a catalogue change into running PS nodes.
+
+The admin API hands every table change to one Provisioner. In a cluster it is
+``KubernetesProvisioner``, which creates, patches and deletes EmbeddingTable
+custom resources through the in-cluster API (the operator then reconciles
+them); on a single machine ``LocalProvisionerHook`` forwards to whatever the
+local ``recstore up`` provisioner attaches. Until something is attached, the
+hook accepts changes and tables stay in phase Pending. Status flows back
+through ``PUT /api/v1/tables/{name}/status``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import httpx
+
+from recstore.admin.errors import ProvisioningError
+from recstore.core import TableSpec
+
+log = logging.getLogger(__name__)
+
+CRD_GROUP, CRD_VERSION, CRD_PLURAL, CRD_KIND = (
+    "recstore.io",
+    "v1alpha1",
+    "embeddingtables",
+    "EmbeddingTable",
+)
+#: The operator watches this annotation and writes the checkpoint it was asked for.
+CHECKPOINT_ANNOTATION = "recstore.io/checkpoint-request"
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+@runtime_checkable
+class Provisioner(Protocol):
+    def create_table(self, spec: TableSpec) -> None: ...
+
+    def update_table(self, spec: TableSpec, *, previous: TableSpec) -> None: ...
+
+    def delete_table(self, name: str) -> None: ...
+
+    def request_checkpoint(self, name: str, checkpoint_id: int) -> None: ...
+
+
+class LocalProvisionerHook:
+    """Forwards to the attached local provisioner; with none attached, changes stay Pending."""
+
+    def __init__(self) -> None:
+        self._target: Provisioner | None = None
+        self._lock = threading.Lock()
+
+    def attach(self, target: Provisioner) -> None:
+        with self._lock:
+            self._target = target
+
+    def detach(self) -> None:
+        with self._lock:
+            self._target = None
+
+    @property
+    def attached(self) -> bool:
+        return self._target is not None
+
+    def _current(self) -> Provisioner | None:
+        with self._lock:
+            return self._target
+
+    def create_table(self, spec: TableSpec) -> None:
+        if (target := self._current()) is not None:
+            target.create_table(spec)
+
+    def update_table(self, spec: TableSpec, *, previous: TableSpec) -> None:
+        if (target := self._current()) is not None:
+            target.update_table(spec, previous=previous)
+
+    def delete_table(self, name: str) -> None:
+        if (target := self._current()) is not None:
+            target.delete_table(name)
+
+    def request_checkpoint(self, name: str, checkpoint_id: int) -> None:
+        if (target := self._current()) is not None:
+            target.request_checkpoint(name, checkpoint_id)
+
+
+def resource_name(table_name: str) -> str:
+    """The CR's metadata.name: table names may hold '_', Kubernetes names may not."""
+    return table_name.replace("_", "-")
+
+
+def embedding_table_manifest(spec: TableSpec, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{CRD_GROUP}/{CRD_VERSION}",
+        "kind": CRD_KIND,
+        "metadata": {
+            "name": resource_name(spec.name),
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": "recstore-admin"},
+        },
+        "spec": spec.to_wire(),
+    }
+
+
+class KubernetesProvisioner:
+    """EmbeddingTable custom resources through the Kubernetes API, with httpx."""
+
+    def __init__(self, client: httpx.Client, namespace: str) -> None:
+        self._client = client
+        self._namespace = namespace
+
+    @classmethod
+    def in_cluster(
+        cls, namespace: str | None = None, timeout: float = 10.0
+    ) -> KubernetesProvisioner:
+        """Use the pod's service account (token, CA, namespace) and KUBERNETES_SERVICE_*."""
+        host = os.environ.get("KUBERNETES_SERVICE_HOST")
+        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        token_file = SERVICE_ACCOUNT_DIR / "token"
+        if not host or not token_file.exists():
+            raise RuntimeError(
+                "RECSTORE_KUBERNETES=true but no in-cluster service account was found "
+                "(KUBERNETES_SERVICE_HOST and /var/run/secrets/kubernetes.io/serviceaccount)"
+            )
+        if namespace is None:
+            namespace = (SERVICE_ACCOUNT_DIR / "namespace").read_text().strip()
+        if ":" in host:
+            host = f"[{host}]"
+        client = httpx.Client(
+            base_url=f"https://{host}:{port}",
+            verify=str(SERVICE_ACCOUNT_DIR / "ca.crt"),
+            timeout=timeout,
+            auth=_ServiceAccountAuth(token_file),
+        )
+        return cls(client, namespace)
+
+    @property
+    def _collection(self) -> str:
+        return f"/apis/{CRD_GROUP}/{CRD_VERSION}/namespaces/{self._namespace}/{CRD_PLURAL}"
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._client.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ProvisioningError(f"Kubernetes API unreachable: {exc}") from exc
+        if response.status_code >= 400:
+            raise ProvisioningError(
+                f"Kubernetes API answered {response.status_code} to {method} {path}: "
+                f"{_k8s_message(response)}",
+                status_code=409 if response.status_code == 409 else 502,
+            )
+        return response
+
+    def create_table(self, spec: TableSpec) -> None:
+        self._call("POST", self._collection, json=embedding_table_manifest(spec, self._namespace))
+
+    def update_table(self, spec: TableSpec, *, previous: TableSpec) -> None:
+        self._call(
+            "PATCH",
+            f"{self._collection}/{resource_name(spec.name)}",
+            json={"spec": spec.to_wire()},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+
+    def delete_table(self, name: str) -> None:
+        try:
+            self._call("DELETE", f"{self._collection}/{resource_name(name)}")
+        except ProvisioningError as exc:
+            if "answered 404" not in str(exc):  # already gone is what we wanted
+                raise
+
+    def request_checkpoint(self, name: str, checkpoint_id: int) -> None:
+        body = {"metadata": {"annotations": {CHECKPOINT_ANNOTATION: str(checkpoint_id)}}}
+        self._call(
+            "PATCH",
+            f"{self._collection}/{resource_name(name)}",
+            json=body,
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+
+
+class _ServiceAccountAuth(httpx.Auth):
+    """Bearer auth that re-reads the projected token (kubelet rotates it)."""
+
+    def __init__(self, token_file: Path) -> None:
+        self._token_file = token_file
+
+    def auth_flow(self, request: httpx.Request) -> Any:
+        request.headers["Authorization"] = f"Bearer {self._token_file.read_text().strip()}"
+        yield request
+
+
+def _k8s_message(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("message", response.text))[:500]
+    except ValueError:
+        return response.text[:500]

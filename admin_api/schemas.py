@@ -1,0 +1,250 @@
+"""Request and response bodies: Create / Update / Public schemas per entity.
+
+Tables are declared with the shared ``recstore.core.TableSpec``; this module
+adds what the catalogue keeps around it. Table status mirrors the
+EmbeddingTable CR status, so it is camelCase like Kubernetes; everything else
+is snake_case.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
+
+from recstore.admin.security import Role
+
+T = TypeVar("T")
+
+#: host:port, host a DNS name, an IPv4 address or a bracketed IPv6 address.
+_ENDPOINT = re.compile(
+    r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?):(\d{1,5})$"
+)
+_METRICS_URL = re.compile(r"^https?://[^\s/]+(/[^\s]*)?$")
+
+
+def validate_endpoint(value: str) -> str:
+    """Accept ``host:port`` with a port in 1..65535; raise ValueError otherwise."""
+    match = _ENDPOINT.match(value)
+    if not match or not 1 <= int(match.group(3)) <= 65535:
+        raise ValueError(f"endpoint must be host:port with a port in 1..65535, got {value!r}")
+    return value
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    total: int
+    limit: int
+    offset: int
+
+
+# --- tables -----------------------------------------------------------------
+
+
+class TablePatch(BaseModel):
+    """A partial TableSpec (snake_case or camelCase) plus the version it was read at."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    num_embeddings: int | None = None
+    embedding_dim: int | None = None
+    dtype: str | None = None
+    shards: int | None = None
+    keys: dict[str, Any] | None = None
+    initializer: dict[str, Any] | None = None
+    optimizer: dict[str, Any] | None = None
+    storage: str | None = None
+    checkpoint: dict[str, Any] | None = None
+    name: str | None = None
+    resource_version: str | int | None = None
+
+    def spec_changes(self) -> dict[str, Any]:
+        """The spec fields the caller set (snake_case keys), without the version."""
+        return self.model_dump(exclude_unset=True, exclude={"resource_version"})
+
+
+class Condition(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    type: Annotated[str, Field(min_length=1, max_length=64)]
+    status: Literal["True", "False", "Unknown"]
+    reason: Annotated[str, Field(max_length=128)] | None = None
+    message: Annotated[str, Field(max_length=1024)] | None = None
+    last_transition_time: str | None = None
+    observed_generation: Annotated[int, Field(ge=0)] | None = None
+
+
+class ShardStatus(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    index: Annotated[int, Field(ge=0, le=1023)]
+    endpoint: Annotated[str, Field(max_length=255)] | None = None
+    ready: bool = False
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        return None if value is None else validate_endpoint(value)
+
+
+class SlotMapBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    epoch: Annotated[int, Field(ge=1)]
+    ranges: list[Annotated[list[int], Field(min_length=3, max_length=3)]]
+
+
+class TableStatus(BaseModel):
+    """What the operator or the local provisioner reports (``PUT .../status``)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    phase: Annotated[str, Field(pattern=r"^[A-Z][A-Za-z]{0,31}$")]
+    conditions: list[Condition] = []
+    observed_generation: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+    shards: list[ShardStatus] = []
+    slot_map_epoch: Annotated[int, Field(ge=1)] | None = None
+    #: The full slot map, when the reporter changed ownership (resharding).
+    slot_map: SlotMapBody | None = None
+    last_checkpoint: str | dict[str, Any] | None = None
+
+
+class TablePublic(BaseModel):
+    name: str
+    spec: dict[str, Any]  # TableSpec in camelCase wire form
+    generation: int
+    resource_version: int
+    status: dict[str, Any]  # TableStatus in camelCase
+    #: The catalogue's shard count differs from the running slot map's.
+    reshard_required: bool
+    rows: int
+    memory_bytes: int
+    created_by: str
+    created_at: datetime
+    updated_at: datetime
+
+
+class SlotMapPublic(BaseModel):
+    epoch: int
+    ranges: list[list[int]]
+
+
+class Discovery(BaseModel):
+    """What the SDK needs to reach a table: shape and shard endpoints in shard order."""
+
+    name: str
+    spec: dict[str, Any]
+    dtype: str
+    embedding_dim: int
+    num_embeddings: int
+    shards: int
+    slot_map: SlotMapPublic
+    endpoints: list[str]
+
+
+# --- nodes ------------------------------------------------------------------
+
+
+class NodeRegister(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    table: Annotated[str, Field(min_length=1, max_length=63)]
+    shard_index: Annotated[int, Field(ge=0, le=1023)]
+    endpoint: Annotated[str, Field(max_length=255)]
+    metrics_endpoint: Annotated[str, Field(max_length=255)] | None = None
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        return validate_endpoint(value)
+
+    @field_validator("metrics_endpoint")
+    @classmethod
+    def _metrics(cls, value: str | None) -> str | None:
+        if value is None or _METRICS_URL.match(value):
+            return value
+        return validate_endpoint(value)
+
+
+class NodeHeartbeat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ready: bool
+    rows: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
+    memory_bytes: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
+
+
+class NodePublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    table: str
+    shard_index: int
+    endpoint: str
+    metrics_endpoint: str | None
+    ready: bool
+    rows: int
+    memory_bytes: int
+    registered_at: datetime
+    last_heartbeat: datetime | None
+
+
+# --- checkpoints, events, tokens ----------------------------------------------
+
+
+class CheckpointCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    note: Annotated[str, Field(max_length=200)] | None = None
+
+
+class CheckpointPublic(BaseModel):
+    id: int
+    table: str
+    state: str
+    requested_by: str
+    requested_at: datetime
+    completed_at: datetime | None
+    detail: Any = None
+
+
+class EventPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    resource_type: str
+    resource_name: str
+    table_name: str | None
+    before: Any = None
+    after: Any = None
+
+
+class TokenCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][\w .@-]*$")]
+    role: Role = Role.viewer
+
+
+class TokenPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    role: Role
+    prefix: str
+    created_by: str
+    created_at: datetime
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+
+class TokenCreated(TokenPublic):
+    #: The secret itself: returned by this response only, never again.
+    token: str

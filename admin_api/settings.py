@@ -1,0 +1,40 @@
+"""Service settings, read from the environment (prefix ``RECSTORE_``) or passed in tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_SQLITE_PATH = Path.home() / ".recstore" / "admin.db"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RECSTORE_", extra="ignore")
+
+    #: SQLAlchemy URL; PostgreSQL as ``postgresql+psycopg://user@host:port/db``.
+    database_url: str = f"sqlite:///{DEFAULT_SQLITE_PATH}"
+    #: An admin token accepted without a database row (first login, automation).
+    bootstrap_token: SecretStr | None = None
+    bootstrap_token_file: Path | None = None
+    #: Create EmbeddingTable custom resources through the in-cluster API.
+    kubernetes: bool = False
+    kubernetes_namespace: str | None = None
+    #: Run alembic migrations when the app is built (tests of migrations turn it off).
+    migrate_on_start: bool = True
+    #: Seconds to wait for a PS node's /metrics when the dashboard scrapes it.
+    metrics_scrape_timeout: float = Field(default=2.0, gt=0)
+    #: Mark the login cookie Secure (set behind TLS).
+    secure_cookies: bool = False
+    host: str = "127.0.0.1"
+    port: int = 8080
+
+    def resolved_bootstrap_token(self) -> str | None:
+        """The bootstrap token from the variable, else from the file, else None."""
+        if self.bootstrap_token is not None and self.bootstrap_token.get_secret_value():
+            return self.bootstrap_token.get_secret_value()
+        if self.bootstrap_token_file is not None:
+            text = self.bootstrap_token_file.read_text().strip()
+            return text or None
+        return None

@@ -1,0 +1,155 @@
+"""Turn catalogue rows into API shapes: public bodies, discovery, audit snapshots.
+
+Pure functions of the ORM rows (no session), so they are tested directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from recstore.admin.errors import NotReady
+from recstore.admin.models import CheckpointRecord, NodeRecord, TableRecord, TokenRecord
+from recstore.admin.schemas import (
+    CheckpointPublic,
+    Discovery,
+    NodePublic,
+    SlotMapPublic,
+    TablePublic,
+)
+from recstore.core import DType, SlotMap, TableSpec
+
+
+def spec_of(table: TableRecord) -> TableSpec:
+    return TableSpec.model_validate(table.spec)
+
+
+def slot_map_of(table: TableRecord) -> SlotMap:
+    return SlotMap.from_dict(table.slot_map)
+
+
+def reshard_required(table: TableRecord) -> bool:
+    """The catalogue asks for a shard count the running slot map does not have."""
+    return int(table.spec["shards"]) != slot_map_of(table).num_shards
+
+
+def status_dict(table: TableRecord) -> dict[str, Any]:
+    return {
+        "phase": table.phase,
+        "conditions": list(table.conditions or []),
+        "observedGeneration": table.observed_generation,
+        "shards": list(table.status_shards or []),
+        "slotMapEpoch": table.slot_map.get("epoch"),
+        "lastCheckpoint": table.last_checkpoint,
+    }
+
+
+def table_public(table: TableRecord) -> TablePublic:
+    return TablePublic(
+        name=table.name,
+        spec=spec_of(table).to_wire(),
+        generation=table.generation,
+        resource_version=table.resource_version,
+        status=status_dict(table),
+        reshard_required=reshard_required(table),
+        rows=sum(n.rows for n in table.nodes),
+        memory_bytes=sum(n.memory_bytes for n in table.nodes),
+        created_by=table.created_by,
+        created_at=table.created_at,
+        updated_at=table.updated_at,
+    )
+
+
+def shard_endpoints(table: TableRecord, shards: int) -> list[str | None]:
+    """Endpoint of each shard: the reported status first, node registrations fill the gaps."""
+    endpoints: list[str | None] = [None] * shards
+    for node in table.nodes:
+        if node.shard_index < shards:
+            endpoints[node.shard_index] = node.endpoint
+    for shard in table.status_shards or []:
+        index, endpoint = shard.get("index"), shard.get("endpoint")
+        if isinstance(index, int) and index < shards and endpoint:
+            endpoints[index] = endpoint
+    return endpoints
+
+
+def discovery(table: TableRecord) -> Discovery:
+    """The SDK's view of a table; NotReady until every shard of the slot map has an endpoint."""
+    spec = spec_of(table)
+    slot_map = slot_map_of(table)
+    shards = slot_map.num_shards
+    endpoints = shard_endpoints(table, shards)
+    missing = [i for i, e in enumerate(endpoints) if e is None]
+    if missing:
+        raise NotReady(
+            f"table {table.name!r} is not ready: no endpoint yet for shard(s) {missing} "
+            f"of {shards} (phase {table.phase})"
+        )
+    return Discovery(
+        name=table.name,
+        spec=spec.to_wire(),
+        dtype=DType(spec.dtype).value,
+        embedding_dim=spec.embedding_dim,
+        num_embeddings=spec.num_embeddings,
+        shards=shards,
+        slot_map=SlotMapPublic.model_validate(slot_map.to_dict()),
+        endpoints=[e for e in endpoints if e is not None],
+    )
+
+
+def node_public(node: NodeRecord) -> NodePublic:
+    return NodePublic(
+        id=node.id,
+        table=node.table.name,
+        shard_index=node.shard_index,
+        endpoint=node.endpoint,
+        metrics_endpoint=node.metrics_endpoint,
+        ready=node.ready,
+        rows=node.rows,
+        memory_bytes=node.memory_bytes,
+        registered_at=node.registered_at,
+        last_heartbeat=node.last_heartbeat,
+    )
+
+
+def checkpoint_public(record: CheckpointRecord) -> CheckpointPublic:
+    return CheckpointPublic(
+        id=record.id,
+        table=record.table.name,
+        state=record.state,
+        requested_by=record.requested_by,
+        requested_at=record.requested_at,
+        completed_at=record.completed_at,
+        detail=record.detail,
+    )
+
+
+# --- audit snapshots: what "before" and "after" hold in an event ------------------
+
+
+def table_snapshot(table: TableRecord) -> dict[str, Any]:
+    return {
+        "spec": dict(table.spec),
+        "generation": table.generation,
+        "resourceVersion": table.resource_version,
+        "status": status_dict(table),
+    }
+
+
+def node_snapshot(node: NodeRecord) -> dict[str, Any]:
+    return {
+        "shard_index": node.shard_index,
+        "endpoint": node.endpoint,
+        "metrics_endpoint": node.metrics_endpoint,
+        "ready": node.ready,
+    }
+
+
+def token_snapshot(token: TokenRecord) -> dict[str, Any]:
+    """Never the hash, never the secret."""
+    return {
+        "id": token.id,
+        "name": token.name,
+        "role": token.role,
+        "prefix": token.prefix,
+        "revoked": token.revoked_at is not None,
+    }

@@ -1,0 +1,163 @@
+"""The dashboard in headless Chromium: login, create a table, live charts, checkpoints, events.
+
+Pages must render without console errors; screenshots go to artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import start_http_server
+
+CHROMIUM = Path("/usr/bin/chromium")
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    """The dashboard is storage-agnostic: the browser run uses SQLite only."""
+    return f"sqlite:///{tmp_path / 'ui.db'}"
+
+
+@pytest.fixture
+def base_url(app: FastAPI) -> Iterator[str]:
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        assert thread.is_alive(), "uvicorn exited"
+        time.sleep(0.02)  # polling the started flag, bounded by the deadline above
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture
+def ps_metrics() -> Iterator[tuple[str, Counter]]:
+    """A stand-in PS node's /metrics that grows while the page polls it."""
+    registry = CollectorRegistry()
+    Gauge("recstore_table_rows", "rows", ["table"], registry=registry).labels("ui_table").set(900)
+    Gauge("recstore_table_memory_bytes", "b", ["table"], registry=registry).labels("ui_table").set(
+        900 * 64
+    )
+    requests = Counter("recstore_requests", "requests", ["table"], registry=registry)
+    Histogram("recstore_request_latency_seconds", "latency", ["table"], registry=registry).labels(
+        "ui_table"
+    ).observe(0.002)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    yield f"127.0.0.1:{server.server_port}", requests
+    server.shutdown()
+    thread.join(timeout=10)
+
+
+def test_dashboard_flow(
+    app: FastAPI,
+    base_url: str,
+    admin_headers: dict[str, str],
+    ps_metrics: tuple[str, Counter],
+) -> None:
+    if not CHROMIUM.exists():
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    token = admin_headers["Authorization"].split()[1]
+    problems: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        try:
+            page.goto(f"{base_url}/ui/")
+            assert page.url.endswith("/ui/login")
+            page.fill("input[name=token]", "wrong-token")
+            page.click("button[type=submit]")
+            assert "not valid" in page.inner_text("[role=alert]")
+            page.fill("input[name=token]", token)
+            page.click("button[type=submit]")
+            page.wait_for_selector("#tables")
+            page.screenshot(path=SCREENSHOTS / "tables-empty.png", full_page=True)
+
+            # A rejected form shows the reason and creates nothing.
+            page.fill("#create-table input[name=name]", "bad_lr")
+            page.fill("#create-table input[name=num_embeddings]", "10")
+            page.fill("#create-table input[name=embedding_dim]", "4")
+            page.fill("#create-table input[name=lr]", "0")
+            page.click("#create-table button[type=submit]")
+            assert "greater than 0" in page.inner_text("#create-table [role=alert]")
+            assert page.locator("#tables tr[data-table]").count() == 0
+
+            page.fill("#create-table input[name=name]", "ui_table")
+            page.fill("#create-table input[name=num_embeddings]", "100000")
+            page.fill("#create-table input[name=embedding_dim]", "32")
+            page.fill("#create-table input[name=shards]", "2")
+            page.fill("#create-table input[name=lr]", "0.05")
+            page.select_option("#create-table select[name=optimizer]", "adam")
+            page.click("#create-table button[type=submit]")
+            page.wait_for_url(f"{base_url}/ui/tables/ui_table")
+
+            with TestClient(app) as api:  # a node of shard 0 reports in, as a PS node would
+                node = api.post(
+                    "/api/v1/nodes",
+                    headers=admin_headers,
+                    json={
+                        "table": "ui_table",
+                        "shard_index": 0,
+                        "endpoint": "127.0.0.1:50051",
+                        "metrics_endpoint": ps_metrics[0],
+                    },
+                ).json()
+                api.post(
+                    f"/api/v1/nodes/{node['id']}/heartbeat",
+                    headers=admin_headers,
+                    json={"ready": True, "rows": 900, "memory_bytes": 57600},
+                )
+            page.goto(f"{base_url}/ui/")
+            row = page.locator("#tables tr[data-table=ui_table]")
+            assert row.count() == 1 and "Pending" in row.inner_text()
+            page.screenshot(path=SCREENSHOTS / "tables.png", full_page=True)
+
+            page.click("text=ui_table")
+            page.wait_for_selector("#shards")
+            assert "127.0.0.1:50051" in page.inner_text("#shards")
+            page.wait_for_selector("svg[data-series=rows] circle", timeout=15000)
+            ps_metrics[1].labels("ui_table").inc(500)  # traffic between two polls -> QPS
+            page.wait_for_selector("svg[data-series=qps] circle", timeout=15000)
+            page.click("#checkpoint-now")
+            page.wait_for_selector("table.checkpoints td:has-text('Requested')")
+            page.screenshot(path=SCREENSHOTS / "table.png", full_page=True)
+
+            page.click("header >> text=Checkpoints")
+            assert "ui_table" in page.inner_text("table.checkpoints")
+            page.screenshot(path=SCREENSHOTS / "checkpoints.png", full_page=True)
+            page.click("header >> text=Events")
+            events = page.inner_text("#events")
+            assert "table.create" in events and "checkpoint.request" in events
+            page.screenshot(path=SCREENSHOTS / "events.png", full_page=True)
+        finally:
+            browser.close()
+    assert problems == []

@@ -1,0 +1,237 @@
+"""Nodes, discovery, operator status, checkpoints and the audit log, on both databases."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from recstore.core import SlotMap
+
+
+@pytest.fixture
+def table(client: TestClient, admin_headers: dict[str, str]) -> str:
+    spec = {
+        "name": "users",
+        "numEmbeddings": 100,
+        "embeddingDim": 8,
+        "dtype": "float16",
+        "shards": 2,
+    }
+    assert client.post("/api/v1/tables", json=spec, headers=admin_headers).status_code == 201
+    return "users"
+
+
+def register(client: TestClient, headers: dict[str, str], shard: int, port: int) -> dict[str, Any]:
+    r = client.post(
+        "/api/v1/nodes",
+        json={
+            "table": "users",
+            "shard_index": shard,
+            "endpoint": f"127.0.0.1:{port}",
+            "metrics_endpoint": f"127.0.0.1:{port + 1}",
+        },
+        headers=headers,
+    )
+    assert r.status_code in (200, 201), r.text
+    return r.json()
+
+
+def test_discovery_from_node_registrations(
+    client: TestClient, admin_headers: dict[str, str], table: str
+) -> None:
+    # Registered out of order: discovery answers in shard order.
+    register(client, admin_headers, 1, 6001)
+    r = client.get(f"/api/v1/tables/{table}/discovery", headers=admin_headers)
+    assert r.status_code == 503 and "[0]" in r.json()["detail"] and r.headers["retry-after"]
+    register(client, admin_headers, 0, 5001)
+    found = client.get(f"/api/v1/tables/{table}/discovery", headers=admin_headers).json()
+    assert found["endpoints"] == ["127.0.0.1:5001", "127.0.0.1:6001"]
+    assert found["dtype"] == "float16" and found["embedding_dim"] == 8
+    assert found["num_embeddings"] == 100 and found["shards"] == 2
+    assert found["slot_map"] == SlotMap.initial(2).to_dict()
+    assert found["spec"]["dtype"] == "float16" and found["name"] == "users"
+
+
+def test_reregistration_updates_in_place(
+    client: TestClient, admin_headers: dict[str, str], table: str
+) -> None:
+    first = register(client, admin_headers, 0, 5001)
+    r = client.post(
+        "/api/v1/nodes",
+        json={"table": table, "shard_index": 0, "endpoint": "10.0.0.9:5001"},
+        headers=admin_headers,
+    )
+    assert r.status_code == 200 and r.json()["id"] == first["id"]
+    assert r.json()["endpoint"] == "10.0.0.9:5001"
+    assert client.get("/api/v1/nodes", headers=admin_headers).json()["total"] == 1
+
+
+def test_heartbeat_sizes_and_readiness(
+    client: TestClient, admin_headers: dict[str, str], table: str
+) -> None:
+    node = register(client, admin_headers, 0, 5001)
+    register(client, admin_headers, 1, 6001)
+    r = client.post(
+        f"/api/v1/nodes/{node['id']}/heartbeat",
+        json={"ready": True, "rows": 42, "memory_bytes": 4096},
+        headers=admin_headers,
+    )
+    assert r.status_code == 200 and r.json()["ready"] is True and r.json()["last_heartbeat"]
+    client.post(
+        f"/api/v1/nodes/{node['id']}/heartbeat",
+        json={"ready": True, "rows": 50, "memory_bytes": 5000},
+        headers=admin_headers,
+    )
+    got = client.get(f"/api/v1/tables/{table}", headers=admin_headers).json()
+    assert got["rows"] == 50 and got["memory_bytes"] == 5000
+    ready = client.get("/api/v1/nodes?ready=true", headers=admin_headers).json()
+    assert [n["shard_index"] for n in ready["items"]] == [0]
+    # Only the change of readiness is audited, not every beat.
+    actions = [
+        e["action"]
+        for e in client.get(f"/api/v1/events?table={table}", headers=admin_headers).json()["items"]
+    ]
+    assert actions.count("node.ready") == 1 and actions.count("node.register") == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        ({"table": "users", "shard_index": 2, "endpoint": "h:1"}, 422, "out of range"),
+        ({"table": "users", "shard_index": 0, "endpoint": "no-port"}, 422, "host:port"),
+        ({"table": "users", "shard_index": 0, "endpoint": "h:70000"}, 422, "1..65535"),
+        ({"table": "users", "shard_index": -1, "endpoint": "h:1"}, 422, "greater than"),
+        ({"table": "nope", "shard_index": 0, "endpoint": "h:1"}, 404, "nope"),
+        (
+            {"table": "users", "shard_index": 0, "endpoint": "h:1", "metrics_endpoint": "x y"},
+            422,
+            "host:port",
+        ),
+    ],
+)
+def test_bad_registration_writes_nothing(
+    client: TestClient,
+    admin_headers: dict[str, str],
+    table: str,
+    body: dict[str, Any],
+    status: int,
+    fragment: str,
+) -> None:
+    r = client.post("/api/v1/nodes", json=body, headers=admin_headers)
+    assert r.status_code == status and fragment in r.text
+    assert client.get("/api/v1/nodes", headers=admin_headers).json()["total"] == 0
+
+
+def test_bad_heartbeat_and_unknown_node(
+    client: TestClient, admin_headers: dict[str, str], table: str
+) -> None:
+    node = register(client, admin_headers, 0, 5001)
+    r = client.post(
+        f"/api/v1/nodes/{node['id']}/heartbeat",
+        json={"ready": True, "rows": -1},
+        headers=admin_headers,
+    )
+    assert r.status_code == 422
+    assert client.get(f"/api/v1/nodes/{node['id']}", headers=admin_headers).json()["rows"] == 0
+    r = client.post("/api/v1/nodes/9999/heartbeat", json={"ready": True}, headers=admin_headers)
+    assert r.status_code == 404
+
+
+def test_status_then_discovery_prefers_reported_endpoints(
+    client: TestClient, admin_headers: dict[str, str], table: str
+) -> None:
+    register(client, admin_headers, 0, 5001)
+    status = {
+        "phase": "Ready",
+        "conditions": [{"type": "Ready", "status": "True", "reason": "AllShardsReady"}],
+        "observedGeneration": 1,
+        "shards": [
+            {"index": 1, "endpoint": "users-1.users:50051", "ready": True},
+            {"index": 0, "endpoint": "users-0.users:50051", "ready": True},
+        ],
+        "slotMapEpoch": 1,
+        "lastCheckpoint": None,
+    }
+    r = client.put(f"/api/v1/tables/{table}/status", json=status, headers=admin_headers)
+    assert r.status_code == 200, r.text
+    assert r.json()["status"]["phase"] == "Ready"
+    assert r.json()["status"]["conditions"][0]["reason"] == "AllShardsReady"
+    found = client.get(f"/api/v1/tables/{table}/discovery", headers=admin_headers).json()
+    assert found["endpoints"] == ["users-0.users:50051", "users-1.users:50051"]
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        {"phase": "ready"},
+        {"phase": "Ready", "shards": [{"index": 5, "endpoint": "h:1"}]},
+        {"phase": "Ready", "conditions": [{"type": "Ready", "status": "Maybe"}]},
+        {"phase": "Ready", "slotMap": {"epoch": 2, "ranges": [[0, 10, 0]]}},
+        {"phase": "Ready", "observedGeneration": -1},
+    ],
+)
+def test_bad_status_changes_nothing(
+    client: TestClient, admin_headers: dict[str, str], table: str, status: dict[str, Any]
+) -> None:
+    before = client.get(f"/api/v1/tables/{table}", headers=admin_headers).json()
+    r = client.put(f"/api/v1/tables/{table}/status", json=status, headers=admin_headers)
+    assert r.status_code == 422
+    assert client.get(f"/api/v1/tables/{table}", headers=admin_headers).json() == before
+
+
+def test_checkpoint_request_and_completion(
+    client: TestClient, admin_headers: dict[str, str], table: str
+) -> None:
+    r = client.post(
+        f"/api/v1/tables/{table}/checkpoints",
+        json={"note": "before retrain"},
+        headers=admin_headers,
+    )
+    assert r.status_code == 202
+    checkpoint = r.json()
+    assert checkpoint["state"] == "Requested" and checkpoint["table"] == table
+    client.post(f"/api/v1/tables/{table}/checkpoints", headers=admin_headers)
+    listed = client.get(f"/api/v1/tables/{table}/checkpoints", headers=admin_headers).json()
+    assert listed["total"] == 2 and listed["items"][1]["id"] == checkpoint["id"]
+
+    last = {"id": checkpoint["id"], "path": "/data/ckpt/3", "time": "2026-01-01T00:00:00Z"}
+    client.put(
+        f"/api/v1/tables/{table}/status",
+        json={"phase": "Ready", "lastCheckpoint": last},
+        headers=admin_headers,
+    )
+    done = client.get(
+        f"/api/v1/tables/{table}/checkpoints?state=Completed", headers=admin_headers
+    ).json()
+    assert [c["id"] for c in done["items"]] == [checkpoint["id"]]
+    assert done["items"][0]["completed_at"] is not None
+    got = client.get(f"/api/v1/tables/{table}", headers=admin_headers).json()
+    assert got["status"]["lastCheckpoint"] == last
+
+
+def test_events_filter_and_paginate(
+    client: TestClient, admin_headers: dict[str, str], table: str, tokens: dict[str, str]
+) -> None:
+    editor = {"Authorization": f"Bearer {tokens['editor']}"}
+    client.post(f"/api/v1/tables/{table}/checkpoints", headers=editor)
+    client.patch(f"/api/v1/tables/{table}", json={"shards": 3}, headers=editor)
+    mine = client.get("/api/v1/events?actor=editor-user (token 2)", headers=admin_headers).json()
+    assert [e["action"] for e in mine["items"]] == ["table.update", "checkpoint.request"]
+    by_table = client.get(
+        f"/api/v1/events?table={table}&limit=1&offset=1", headers=admin_headers
+    ).json()
+    assert by_table["total"] == 3 and len(by_table["items"]) == 1
+    assert by_table["items"][0]["action"] == "checkpoint.request"
+
+
+def test_deleting_a_table_removes_its_nodes_and_checkpoints(
+    client: TestClient, admin_headers: dict[str, str], table: str
+) -> None:
+    register(client, admin_headers, 0, 5001)
+    client.post(f"/api/v1/tables/{table}/checkpoints", headers=admin_headers)
+    assert client.delete(f"/api/v1/tables/{table}", headers=admin_headers).status_code == 204
+    assert client.get("/api/v1/nodes", headers=admin_headers).json()["total"] == 0
+    node_delete = client.delete("/api/v1/nodes/1", headers=admin_headers)
+    assert node_delete.status_code == 404

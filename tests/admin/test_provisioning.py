@@ -1,0 +1,145 @@
+"""Provisioners: the Kubernetes one's requests, failure handling, and the local hook."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from recstore.admin import Settings, create_app
+from recstore.admin.errors import ProvisioningError
+from recstore.admin.provisioning import (
+    CHECKPOINT_ANNOTATION,
+    KubernetesProvisioner,
+    LocalProvisionerHook,
+    Provisioner,
+)
+from recstore.core import TableSpec
+
+BASE = "/apis/recstore.io/v1alpha1/namespaces/ml/embeddingtables"
+
+
+class FakeApiServer:
+    """An HTTP-level stand-in for the Kubernetes API: records requests, answers as told."""
+
+    def __init__(self) -> None:
+        self.requests: list[httpx.Request] = []
+        self.status = 201
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        if self.status >= 400:
+            return httpx.Response(self.status, json={"kind": "Status", "message": "denied by test"})
+        return httpx.Response(self.status, json={})
+
+    def provisioner(self) -> KubernetesProvisioner:
+        client = httpx.Client(base_url="https://k8s.test", transport=httpx.MockTransport(self))
+        return KubernetesProvisioner(client, namespace="ml")
+
+
+def test_kubernetes_provisioner_requests() -> None:
+    api = FakeApiServer()
+    k8s = api.provisioner()
+    spec = TableSpec(name="user_emb", num_embeddings=10, embedding_dim=4, shards=2)
+    k8s.create_table(spec)
+    k8s.update_table(spec.model_copy(update={"shards": 3}), previous=spec)
+    k8s.request_checkpoint("user_emb", 7)
+    k8s.delete_table("user_emb")
+
+    create, update, checkpoint, delete = api.requests
+    assert (create.method, create.url.path) == ("POST", BASE)
+    manifest = json.loads(create.content)
+    assert manifest["apiVersion"] == "recstore.io/v1alpha1" and manifest["kind"] == "EmbeddingTable"
+    assert manifest["metadata"]["name"] == "user-emb"  # Kubernetes names have no '_'
+    assert manifest["spec"] == spec.to_wire()
+    assert (update.method, update.url.path) == ("PATCH", f"{BASE}/user-emb")
+    assert update.headers["content-type"] == "application/merge-patch+json"
+    assert json.loads(update.content)["spec"]["shards"] == 3
+    annotations = json.loads(checkpoint.content)["metadata"]["annotations"]
+    assert annotations == {CHECKPOINT_ANNOTATION: "7"}
+    assert (delete.method, delete.url.path) == ("DELETE", f"{BASE}/user-emb")
+
+
+def test_kubernetes_errors_become_provisioning_errors() -> None:
+    api = FakeApiServer()
+    api.status = 403
+    with pytest.raises(ProvisioningError, match=r"403.*denied by test"):
+        api.provisioner().create_table(TableSpec(name="t", num_embeddings=1, embedding_dim=1))
+    api.status = 404
+    api.provisioner().delete_table("t")  # already gone: fine
+
+
+def test_refused_create_writes_nothing(tmp_path: Path) -> None:
+    api = FakeApiServer()
+    api.status = 409
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'a.db'}", bootstrap_token=SecretStr("s")
+    )
+    headers = {"Authorization": "Bearer s"}
+    with TestClient(create_app(settings, provisioner=api.provisioner())) as client:
+        spec = {"name": "t", "numEmbeddings": 5, "embeddingDim": 2}
+        r = client.post("/api/v1/tables", json=spec, headers=headers)
+        assert r.status_code == 409 and "denied by test" in r.json()["detail"]
+        assert client.get("/api/v1/tables", headers=headers).json()["total"] == 0
+        assert client.get("/api/v1/events", headers=headers).json()["total"] == 0
+        api.status = 201
+        assert client.post("/api/v1/tables", json=spec, headers=headers).status_code == 201
+        api.status = 500
+        r = client.patch("/api/v1/tables/t", json={"shards": 4}, headers=headers)
+        assert r.status_code == 502
+        assert client.get("/api/v1/tables/t", headers=headers).json()["spec"]["shards"] == 1
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def create_table(self, spec: TableSpec) -> None:
+        self.calls.append(("create", spec.name))
+
+    def update_table(self, spec: TableSpec, *, previous: TableSpec) -> None:
+        self.calls.append(("update", (previous.shards, spec.shards)))
+
+    def delete_table(self, name: str) -> None:
+        self.calls.append(("delete", name))
+
+    def request_checkpoint(self, name: str, checkpoint_id: int) -> None:
+        self.calls.append(("checkpoint", (name, checkpoint_id)))
+
+
+def test_local_hook_forwards_once_attached(tmp_path: Path) -> None:
+    hook = LocalProvisionerHook()
+    assert isinstance(hook, Provisioner) and isinstance(Recorder(), Provisioner)
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'a.db'}", bootstrap_token=SecretStr("s")
+    )
+    headers = {"Authorization": "Bearer s"}
+    recorder = Recorder()
+    with TestClient(create_app(settings, provisioner=hook)) as client:
+        spec = {"name": "early", "numEmbeddings": 5, "embeddingDim": 2}
+        assert client.post("/api/v1/tables", json=spec, headers=headers).status_code == 201
+        assert recorder.calls == []  # nothing attached yet: the table just stays Pending
+        hook.attach(recorder)
+        spec = {"name": "late", "numEmbeddings": 5, "embeddingDim": 2}
+        client.post("/api/v1/tables", json=spec, headers=headers)
+        client.patch("/api/v1/tables/late", json={"shards": 2}, headers=headers)
+        checkpoint = client.post("/api/v1/tables/late/checkpoints", headers=headers).json()
+        client.delete("/api/v1/tables/late", headers=headers)
+        hook.detach()
+        client.delete("/api/v1/tables/early", headers=headers)
+    assert recorder.calls == [
+        ("create", "late"),
+        ("update", (1, 2)),
+        ("checkpoint", ("late", checkpoint["id"])),
+        ("delete", "late"),
+    ]
+
+
+def test_in_cluster_needs_a_service_account(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(RuntimeError, match="service account"):
+        KubernetesProvisioner.in_cluster()
