@@ -32,6 +32,14 @@ def ps_node(
         bool, typer.Option(help="Tune glibc malloc for large messages.")
     ] = True,
     log_level: Annotated[str, typer.Option("--log-level")] = "INFO",
+    table_spec_file: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--table-spec-file",
+            help="JSON/YAML TableSpec (wire form) or list of them, created at start if "
+            "missing; a hosted table with another spec stops the node (exit 2). Repeatable.",
+        ),
+    ] = None,
 ) -> None:
     """Run a PS node: one shard of any number of embedding tables over gRPC."""
     if durability not in ("checkpoint", "wal"):
@@ -47,7 +55,14 @@ def ps_node(
     from recstore.ps import malloc_tuning as tuning
     from recstore.ps.auth import read_token_file
     from recstore.ps.server import NodeConfig, run
+    from recstore.ps.table_specs import load_spec_file
 
+    declared = []
+    for path in table_spec_file or []:
+        try:
+            declared.extend(load_spec_file(path))
+        except ValueError as error:
+            raise typer.BadParameter(str(error), param_hint="--table-spec-file") from None
     logs.configure(log_level.upper())
     if malloc_tuning:
         tuning.apply()
@@ -63,6 +78,7 @@ def ps_node(
         checkpoint_interval=checkpoint_interval,
         keep_checkpoints=keep_checkpoints,
         metrics_port=metrics_port,
+        table_specs=declared,
     )
     raise typer.Exit(run(config))
 

@@ -1,0 +1,55 @@
+"""Bearer-token check for every RPC except health and reflection.
+
+Kubernetes probes and grpcurl discovery carry no token, so ``grpc.health.v1``
+and server reflection stay open; everything else needs
+``authorization: Bearer <token>`` when the node has a token configured.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+OPEN_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+
+
+def read_token_file(path: Path) -> str:
+    token = path.read_text().strip()
+    if not token:
+        raise ValueError(f"auth token file {path} is empty")
+    return token
+
+
+def is_authorized(metadata: Any, token: str) -> bool:
+    """True when the metadata carries ``authorization: Bearer <token>``."""
+    for key, value in metadata or ():
+        if key == "authorization":
+            scheme, _, given = str(value).partition(" ")
+            return scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), token)
+    return False
+
+
+async def _refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+
+
+class TokenAuth(grpc.aio.ServerInterceptor):
+    def __init__(self, token: str) -> None:
+        self._token = token
+        self._refusal = grpc.unary_unary_rpc_method_handler(_refuse)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method or ""
+        if method.startswith(OPEN_PREFIXES) or is_authorized(
+            handler_call_details.invocation_metadata, self._token
+        ):
+            return await continuation(handler_call_details)
+        return self._refusal

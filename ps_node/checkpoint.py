@@ -1,0 +1,287 @@
+"""Versioned on-disk checkpoints of every table of a node, written atomically.
+
+Layout: ``<data_dir>/checkpoints/<id>/manifest.json`` plus, per table, raw
+little-endian ``keys.bin``, ``values.bin`` and ``state.bin`` (optimizer state).
+The manifest records each table's spec, slot map and optimizer state, and each
+file's dtype, shape and sha256. A checkpoint is written into a temporary
+directory, fsynced and renamed into place, so a crash mid-save leaves the
+previous checkpoints untouched; the last ``keep`` are kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from recstore.core import InvalidArgument, RecStoreError
+from recstore.ps.wal import fsync_dir
+
+FORMAT = "recstore-checkpoint"
+VERSION = 1
+MANIFEST = "manifest.json"
+TEMP_PREFIX = ".tmp-"
+CHECKPOINT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+Chunk = tuple[np.ndarray, np.ndarray, np.ndarray]  # keys, values, state
+
+
+class CheckpointCorrupt(RecStoreError):
+    """A checkpoint whose manifest or files do not verify."""
+
+
+class CheckpointNotFound(RecStoreError):
+    """No checkpoint with that id (gRPC NOT_FOUND)."""
+
+
+@dataclass
+class CheckpointInfo:
+    checkpoint_id: str
+    path: Path
+    sequence: int
+    created_unix: float
+    tables: list[str]
+    rows: int
+    bytes: int
+    manifest: dict[str, Any] = field(repr=False, default_factory=dict)
+
+
+def validate_checkpoint_id(checkpoint_id: str) -> str:
+    if not CHECKPOINT_ID_PATTERN.match(checkpoint_id):
+        raise InvalidArgument(
+            f"checkpoint id {checkpoint_id!r} must match {CHECKPOINT_ID_PATTERN.pattern}"
+        )
+    return checkpoint_id
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+class _HashingFile:
+    """A binary file that hashes what it writes and fsyncs on close."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._handle = open(path, "wb")  # noqa: SIM115
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, array: np.ndarray) -> None:
+        if array.size == 0:
+            return
+        data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+        self._hash.update(data)
+        self._handle.write(data)
+        self.size += len(data)
+
+    def close(self, dtype: np.dtype, shape: list[int], root: Path) -> dict[str, Any]:
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self._handle.close()
+        return {
+            "file": str(self.path.relative_to(root)),
+            "dtype": dtype.str,
+            "shape": shape,
+            "bytes": self.size,
+            "sha256": self._hash.hexdigest(),
+        }
+
+
+class CheckpointWriter:
+    """Builds one checkpoint in a temporary directory; ``commit`` makes it visible."""
+
+    def __init__(self, root: Path, checkpoint_id: str, sequence: int, node: dict[str, Any]):
+        self.root = root
+        self.checkpoint_id = validate_checkpoint_id(checkpoint_id)
+        if (root / checkpoint_id).exists():
+            raise InvalidArgument(f"checkpoint {checkpoint_id!r} already exists")
+        self.sequence = sequence
+        self.temp = root / f"{TEMP_PREFIX}{checkpoint_id}-{uuid.uuid4().hex[:8]}"
+        self.temp.mkdir(parents=True)
+        self.manifest: dict[str, Any] = {
+            "format": FORMAT,
+            "version": VERSION,
+            "checkpoint_id": checkpoint_id,
+            "sequence": sequence,
+            "node": node,
+            "tables": {},
+        }
+
+    def add_table(
+        self,
+        name: str,
+        *,
+        chunks: Iterable[Chunk],
+        dim: int,
+        value_dtype: np.dtype,
+        state_width: int,
+        meta: dict[str, Any],
+    ) -> int:
+        """Stream a table's chunks to disk; ``meta`` (spec, slot map, ...) goes to the manifest."""
+        directory = self.temp / "tables" / name
+        directory.mkdir(parents=True)
+        files = {
+            part: _HashingFile(directory / f"{part}.bin") for part in ("keys", "values", "state")
+        }
+        rows = 0
+        for keys, values, state in chunks:
+            files["keys"].write(np.asarray(keys, dtype="<i8"))
+            files["values"].write(np.asarray(values, dtype=value_dtype))
+            files["state"].write(np.asarray(state, dtype="<f4"))
+            rows += len(keys)
+        self.manifest["tables"][name] = {
+            **_jsonable(meta),
+            "rows": rows,
+            "dim": dim,
+            "state_width": state_width,
+            "files": {
+                "keys": files["keys"].close(np.dtype("<i8"), [rows], self.temp),
+                "values": files["values"].close(value_dtype, [rows, dim], self.temp),
+                "state": files["state"].close(np.dtype("<f4"), [rows, state_width], self.temp),
+            },
+        }
+        return rows
+
+    def commit(self) -> CheckpointInfo:
+        self.manifest["created_unix"] = time.time()
+        path = self.temp / MANIFEST
+        with open(path, "w") as handle:
+            json.dump(self.manifest, handle, indent=1, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        for directory in [*self.temp.glob("tables/*"), self.temp / "tables", self.temp]:
+            if directory.is_dir():
+                fsync_dir(directory)
+        final = self.root / self.checkpoint_id
+        os.rename(self.temp, final)
+        fsync_dir(self.root)
+        return _info(final, self.manifest)
+
+    def abort(self) -> None:
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def _info(path: Path, manifest: dict[str, Any]) -> CheckpointInfo:
+    tables = manifest["tables"]
+    return CheckpointInfo(
+        checkpoint_id=manifest["checkpoint_id"],
+        path=path,
+        sequence=int(manifest["sequence"]),
+        created_unix=float(manifest.get("created_unix", 0.0)),
+        tables=sorted(tables),
+        rows=sum(int(t["rows"]) for t in tables.values()),
+        bytes=sum(int(f["bytes"]) for t in tables.values() for f in t["files"].values()),
+        manifest=manifest,
+    )
+
+
+def list_checkpoints(root: Path) -> list[CheckpointInfo]:
+    """Checkpoints with a readable manifest, oldest first (files not verified)."""
+    found: list[CheckpointInfo] = []
+    if not root.is_dir():
+        return found
+    for path in root.iterdir():
+        if path.name.startswith(TEMP_PREFIX) or not (path / MANIFEST).is_file():
+            continue
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+            if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+                continue
+            found.append(_info(path, manifest))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return sorted(found, key=lambda info: info.sequence)
+
+
+def verify(info: CheckpointInfo) -> None:
+    """Check every file's size and sha256 against the manifest."""
+    for name, table in info.manifest["tables"].items():
+        for part, meta in table["files"].items():
+            path = info.path / meta["file"]
+            digest = hashlib.sha256()
+            try:
+                with open(path, "rb") as handle:
+                    while block := handle.read(1 << 22):
+                        digest.update(block)
+            except OSError as exc:
+                raise CheckpointCorrupt(f"{info.checkpoint_id}: {name}/{part}: {exc}") from exc
+            if digest.hexdigest() != meta["sha256"]:
+                raise CheckpointCorrupt(f"{info.checkpoint_id}: {name}/{part}: sha256 mismatch")
+
+
+def find(root: Path, checkpoint_id: str | None) -> CheckpointInfo:
+    """A verified checkpoint: the given id, or the newest one that verifies."""
+    candidates = list_checkpoints(root)
+    if checkpoint_id:
+        candidates = [c for c in candidates if c.checkpoint_id == checkpoint_id]
+        if not candidates:
+            raise CheckpointNotFound(f"no checkpoint {checkpoint_id!r} under {root}")
+        verify(candidates[0])
+        return candidates[0]
+    for info in reversed(candidates):
+        try:
+            verify(info)
+            return info
+        except CheckpointCorrupt:
+            continue
+    raise CheckpointNotFound(f"no valid checkpoint under {root}")
+
+
+def table_chunks(info: CheckpointInfo, name: str, chunk_rows: int = 65536) -> Iterator[Chunk]:
+    """A table's rows from a checkpoint, in chunks ready for ``Table.import_chunk``."""
+    table = info.manifest["tables"][name]
+    rows = int(table["rows"])
+    if rows == 0:
+        return
+    arrays = {}
+    for part, meta in table["files"].items():
+        shape = tuple(meta["shape"])
+        if 0 in shape:  # a zero-width state (sgd) cannot be memory-mapped
+            arrays[part] = np.zeros(shape, dtype=np.dtype(meta["dtype"]))
+        else:
+            arrays[part] = np.memmap(
+                info.path / meta["file"], np.dtype(meta["dtype"]), "r", 0, shape
+            )
+    for start in range(0, rows, chunk_rows):
+        stop = min(start + chunk_rows, rows)
+        yield tuple(np.array(arrays[p][start:stop]) for p in ("keys", "values", "state"))  # type: ignore[misc]
+
+
+def next_sequence(root: Path) -> int:
+    existing = list_checkpoints(root)
+    return existing[-1].sequence + 1 if existing else 1
+
+
+def prune(root: Path, keep: int) -> list[str]:
+    """Delete all but the newest ``keep`` checkpoints, and leftover temporaries."""
+    removed = []
+    for info in list_checkpoints(root)[:-keep] if keep > 0 else []:
+        shutil.rmtree(info.path, ignore_errors=True)
+        removed.append(info.checkpoint_id)
+    return removed
+
+
+def remove_temporaries(root: Path) -> None:
+    """Half-written checkpoints of a save that crashed."""
+    if root.is_dir():
+        for path in root.glob(f"{TEMP_PREFIX}*"):
+            shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,249 @@
+"""The tables of one node: the store, per-table locks, routing checks, the WAL hook.
+
+Every method is blocking and thread-safe; the servicer runs them on a thread
+pool so the event loop never waits on the engine or the disk. A table's lock
+orders its writes, so the write-ahead log replays them in the order they were
+applied. Persistence (save, load, recovery) lives in ``recstore.ps.persistence``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from recstore.core import (
+    DType,
+    InvalidArgument,
+    SlotMap,
+    TableExists,
+    TableNotFound,
+    TableSpec,
+    WrongShard,
+    slot_of,
+)
+from recstore.core.wire import Buffer
+from recstore.ps import catalogue, codec
+from recstore.ps.catalogue import CatalogueEntry
+from recstore.ps.wal import OP_PUSH, OP_UPDATE, TableWal, encode_record
+from recstore.store import Store, Table
+
+
+@dataclass
+class HostedTable:
+    table: Table
+    entry: CatalogueEntry
+    owned_slots: np.ndarray | None  # bool per slot; None when the node owns every slot
+    lock: threading.Lock
+    wal: TableWal | None
+
+    @property
+    def dtype(self) -> str:
+        return DType(self.entry.spec.dtype).value
+
+    @property
+    def dim(self) -> int:
+        return self.entry.spec.embedding_dim
+
+
+@dataclass(frozen=True)
+class WriteAck:
+    """What a writer awaits before replying: record ``seq`` of ``wal`` (if any) durable."""
+
+    rows: int
+    wal: TableWal | None = None
+    seq: int = 0
+
+
+def owned_slots(slot_map: SlotMap, shard_index: int) -> np.ndarray | None:
+    owned = slot_map.owner_table() == shard_index
+    return None if owned.all() else owned
+
+
+def check_owned(hosted: HostedTable, keys: np.ndarray) -> None:
+    """Refuse the whole request when any key belongs to another shard."""
+    if hosted.owned_slots is None or len(keys) == 0:
+        return
+    foreign = ~hosted.owned_slots[slot_of(keys)]
+    if foreign.any():
+        epoch = hosted.entry.slot_map.epoch
+        raise WrongShard(
+            f"{int(foreign.sum())} of {len(keys)} keys belong to slots this node does not own "
+            f"(table {hosted.entry.spec.name!r}, slot-map epoch {epoch})",
+            epoch,
+        )
+
+
+def check_lr(lr: float | None) -> float | None:
+    if lr is not None and not (math.isfinite(lr) and lr > 0):
+        raise InvalidArgument(f"lr must be a positive finite number, got {lr}")
+    return lr
+
+
+class Node:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        shard_index: int = 0,
+        num_shards: int = 1,
+        device: str = "cpu",
+        wal_enabled: bool = False,
+    ) -> None:
+        if not 0 <= shard_index < num_shards:
+            raise ValueError(f"shard index {shard_index} is not in 0..{num_shards - 1}")
+        self.data_dir = data_dir
+        self.shard_index = shard_index
+        self.num_shards = num_shards
+        self.device = device
+        self.wal_enabled = wal_enabled
+        self.store = Store()
+        self.tables: dict[str, HostedTable] = {}
+        #: guards the set of tables and the catalogue (create, drop, save, load)
+        self.registry_lock = threading.RLock()
+
+    # -- tables ---------------------------------------------------------------
+    def wal_dir(self, entry: CatalogueEntry) -> Path:
+        return self.data_dir / "wal" / f"{entry.spec.name}-{entry.incarnation}"
+
+    def host(self, entry: CatalogueEntry) -> HostedTable:
+        """Create the engine table for ``entry`` and register it (no catalogue write)."""
+        table = self.store.create(
+            entry.spec, shard_index=self.shard_index, num_shards=self.num_shards, device=self.device
+        )
+        hosted = HostedTable(
+            table=table,
+            entry=entry,
+            owned_slots=owned_slots(entry.slot_map, self.shard_index),
+            lock=threading.Lock(),
+            wal=None,
+        )
+        self.tables[entry.spec.name] = hosted
+        return hosted
+
+    def unhost(self, name: str) -> None:
+        hosted = self.tables.pop(name)
+        if hosted.wal is not None:
+            hosted.wal.close()
+        self.store.drop(name)
+
+    def save_catalogue(self) -> None:
+        catalogue.save(self.data_dir, {n: h.entry for n, h in self.tables.items()})
+
+    def create_table(self, spec: TableSpec, slot_map: SlotMap | None) -> tuple[HostedTable, bool]:
+        if slot_map is None:
+            if spec.shards != self.num_shards:
+                raise InvalidArgument(
+                    f"table {spec.name!r} has {spec.shards} shards but this node is shard "
+                    f"{self.shard_index} of {self.num_shards}; pass a slot map or match them"
+                )
+            slot_map = SlotMap.initial(self.num_shards)
+        with self.registry_lock:
+            existing = self.tables.get(spec.name)
+            if existing is not None:
+                if existing.entry.spec != spec:
+                    raise TableExists(f"table {spec.name!r} exists with a different spec")
+                return existing, False
+            entry = CatalogueEntry(spec, slot_map, uuid.uuid4().hex[:12])
+            hosted = self.host(entry)
+            try:
+                if self.wal_enabled:
+                    hosted.wal = TableWal(self.wal_dir(entry))
+                self.save_catalogue()
+            except BaseException:
+                self.unhost(spec.name)
+                raise
+            return hosted, True
+
+    def drop_table(self, name: str) -> None:
+        with self.registry_lock:
+            hosted = self.get(name)
+            with hosted.lock:
+                self.unhost(name)
+            self.save_catalogue()
+            if hosted.wal is not None:
+                for segment in hosted.wal.directory.glob("*"):
+                    segment.unlink()
+                hosted.wal.directory.rmdir()
+
+    def get(self, name: str) -> HostedTable:
+        hosted = self.tables.get(name)
+        if hosted is None:
+            raise TableNotFound(f"table {name!r} is not hosted on this node")
+        return hosted
+
+    # -- data path --------------------------------------------------------------
+    def pull(
+        self,
+        name: str,
+        keys_buffer: Buffer,
+        values_out: np.ndarray,
+        found_out: np.ndarray | None = None,
+    ) -> int:
+        """Gather rows into ``values_out`` (the reply's payload); read-only when ``found_out``.
+
+        Returns the number of rows.
+        """
+        hosted = self.get(name)
+        keys = codec.decode_keys(keys_buffer)
+        check_owned(hosted, keys)
+        # No table lock: the engine's reader-writer lock suffices, and rows a pull
+        # inserts come from the deterministic initializer, so neither the log nor
+        # a concurrent checkpoint needs to order them.
+        if found_out is None:
+            hosted.table.pull(keys, out=values_out)
+        else:
+            _, found = hosted.table.find(keys, out=values_out)
+            found_out[:] = found
+        return len(keys)
+
+    def push(
+        self, name: str, keys_buffer: Buffer, values_buffer: Buffer, dtype: str, dim: int
+    ) -> WriteAck:
+        hosted = self.get(name)
+        codec.check_declared(dtype, dim, hosted.dtype, hosted.dim)
+        keys = codec.decode_keys(keys_buffer)
+        values = codec.decode_rows(values_buffer, len(keys), hosted.dim, hosted.dtype)
+        check_owned(hosted, keys)
+        with hosted.lock:
+            hosted.table.push(keys, values)
+            return self._log(hosted, OP_PUSH, keys_buffer, values_buffer, hosted.dtype, None)
+
+    def update(
+        self,
+        name: str,
+        keys_buffer: Buffer,
+        grads_buffer: Buffer,
+        grad_dtype: str,
+        dim: int,
+        lr: float | None,
+    ) -> WriteAck:
+        hosted = self.get(name)
+        codec.check_declared("", dim, hosted.dtype, hosted.dim)
+        grad_dtype = codec.grad_dtype_for(grad_dtype, hosted.dtype)
+        keys = codec.decode_keys(keys_buffer)
+        grads = codec.decode_rows(grads_buffer, len(keys), hosted.dim, grad_dtype, "grads")
+        check_lr(lr)
+        check_owned(hosted, keys)
+        with hosted.lock:
+            hosted.table.update(keys, grads, lr)
+            return self._log(hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr)
+
+    def _log(
+        self,
+        hosted: HostedTable,
+        op: int,
+        keys: Buffer,
+        values: Buffer,
+        dtype: str,
+        lr: float | None,
+    ) -> WriteAck:
+        rows = len(keys) // codec.KEY_DTYPE.itemsize
+        if hosted.wal is None:
+            return WriteAck(rows)
+        record = encode_record(op, keys, values, dtype, rows, hosted.dim, lr)
+        return WriteAck(rows, hosted.wal, hosted.wal.append(record))

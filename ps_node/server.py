@@ -1,0 +1,285 @@
+"""Process wiring of a PS node: gRPC server, health, reflection, metrics, shutdown.
+
+``run`` is the ``recstore ps-node`` path (SIGTERM: stop accepting, drain
+in-flight calls, write a final checkpoint, exit 0); ``start_in_thread`` runs
+the same server on its own event-loop thread for synchronous callers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from recstore.core import TableSpec
+from recstore.ps import metrics as metrics_module
+from recstore.ps import persistence, table_specs
+from recstore.ps.auth import TokenAuth
+from recstore.ps.node import Node
+from recstore.ps.offload import Offload
+from recstore.ps.servicer import PsServicer, add_to_server
+from recstore.v1 import ps_pb2
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
+MAX_MESSAGE_BYTES = 1 << 30  # one batch of 4M rows x dim 64 x fp32 fits
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),
+]
+
+
+@dataclass
+class NodeConfig:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+    shard_index: int = 0
+    num_shards: int = 1
+    device: str = "cpu"
+    auth_token: str | None = None
+    durability: str = "checkpoint"  # or "wal"
+    checkpoint_interval: float = 0.0  # seconds; 0: no periodic checkpoints
+    keep_checkpoints: int = 3
+    metrics_port: int | None = None
+    drain_seconds: float = 30.0
+    #: tables to host, created at start after recovery (``--table-spec-file``)
+    table_specs: list[TableSpec] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.durability not in ("checkpoint", "wal"):
+            raise ValueError(f"durability must be checkpoint or wal, got {self.durability!r}")
+        if self.keep_checkpoints < 1:
+            raise ValueError("keep_checkpoints must be at least 1")
+
+
+class PsServer:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.node = Node(
+            config.data_dir,
+            shard_index=config.shard_index,
+            num_shards=config.num_shards,
+            device=config.device,
+            wal_enabled=config.durability == "wal",
+        )
+        self.metrics = metrics_module.Metrics(lambda: dict(self.node.tables))
+        self.executor = ThreadPoolExecutor(max_workers=2 * (os.cpu_count() or 2) + 2)
+        self.offload = Offload(self.executor)
+        self.health = health.aio.HealthServicer()
+        self.port = 0
+        self.metrics_port: int | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._metrics_http: Any = None
+        self._periodic: asyncio.Task[None] | None = None
+
+    async def start(self) -> int:
+        loop = asyncio.get_running_loop()
+        restored = await loop.run_in_executor(self.executor, persistence.recover, self.node)
+        declared = await loop.run_in_executor(
+            self.executor, table_specs.declare, self.node, self.config.table_specs
+        )
+        interceptors = [TokenAuth(self.config.auth_token)] if self.config.auth_token else []
+        server = grpc.aio.server(
+            migration_thread_pool=None, interceptors=interceptors, options=GRPC_OPTIONS
+        )
+        add_to_server(
+            PsServicer(self.node, self.offload, self.metrics, self.config.keep_checkpoints), server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        await server.start()
+        self._grpc = server
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        if self.config.metrics_port is not None:
+            self._metrics_http, self.metrics_port = metrics_module.serve(
+                self.metrics, self.config.metrics_port, self.config.host
+            )
+        if self.config.checkpoint_interval > 0:
+            self._periodic = asyncio.create_task(self._checkpoint_periodically())
+        log.info(
+            "ps node serving",
+            extra={
+                "port": self.port,
+                "metrics_port": self.metrics_port,
+                "shard_index": self.config.shard_index,
+                "num_shards": self.config.num_shards,
+                "durability": self.config.durability,
+                "tables": sorted(self.node.tables),
+                "restored_checkpoint": restored.checkpoint_id if restored else None,
+                "declared_tables_created": declared,
+            },
+        )
+        return self.port
+
+    async def _save(self) -> None:
+        info = await self.offload.run(
+            persistence.save, self.node, None, self.config.keep_checkpoints
+        )
+        self.metrics.checkpointed(info)
+
+    async def _checkpoint_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.checkpoint_interval)
+            if self.node.tables:
+                try:
+                    await self._save()
+                except Exception:
+                    log.exception("periodic checkpoint failed")
+
+    async def stop(self, final_checkpoint: bool = True) -> None:
+        """Stop accepting, drain in-flight calls, write a final checkpoint, release."""
+        if self._grpc is None:
+            return
+        server, self._grpc = self._grpc, None
+        await self.health.enter_graceful_shutdown()
+        await server.stop(self.config.drain_seconds)
+        if self._periodic is not None:
+            self._periodic.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._periodic
+        if final_checkpoint and self.node.tables:
+            await self._save()
+            log.info("final checkpoint written")
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+        for hosted in list(self.node.tables.values()):
+            if hosted.wal is not None:
+                hosted.wal.close()
+        self.executor.shutdown(wait=True)
+        log.info("ps node stopped")
+
+
+async def serve_until_signalled(config: NodeConfig) -> None:
+    server = PsServer(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):  # before "serving" is logged
+        loop.add_signal_handler(signum, stop.set)
+    await server.start()
+    await stop.wait()
+    log.info("shutting down: draining in-flight calls")
+    await server.stop(final_checkpoint=True)
+
+
+def run(config: NodeConfig) -> int:
+    """Serve until SIGTERM (0); 2 when a declared table conflicts with a hosted one."""
+    try:
+        asyncio.run(serve_until_signalled(config))
+    except table_specs.TableDeclarationError as error:
+        log.error(str(error), extra={"table": error.table, "fields": error.fields})
+        return 2
+    return 0
+
+
+class ServerHandle:
+    """A node running on its own event-loop thread."""
+
+    def __init__(self, server: PsServer, loop: asyncio.AbstractEventLoop, thread: threading.Thread):
+        self.server = server
+        self._loop = loop
+        self._thread = thread
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def address(self) -> str:
+        return f"{self.server.config.host}:{self.port}"
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self.server.metrics_port
+
+    def stop(self, final_checkpoint: bool = True) -> None:
+        if self._thread.is_alive():
+            future = asyncio.run_coroutine_threadsafe(
+                self.server.stop(final_checkpoint), self._loop
+            )
+            future.result()
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_in_thread(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    data_dir: str | os.PathLike[str],
+    shard_index: int = 0,
+    num_shards: int = 1,
+    device: str = "cpu",
+    auth_token: str | None = None,
+    durability: str = "checkpoint",
+    checkpoint_interval: float = 0.0,
+    keep_checkpoints: int = 3,
+    metrics_port: int | None = None,
+    table_specs: list[TableSpec] | None = None,
+) -> ServerHandle:
+    """Start a node in a background thread; returns once it serves (``.port``, ``.stop()``)."""
+    config = NodeConfig(
+        data_dir=Path(data_dir),
+        host=host,
+        port=port,
+        shard_index=shard_index,
+        num_shards=num_shards,
+        device=device,
+        auth_token=auth_token,
+        durability=durability,
+        checkpoint_interval=checkpoint_interval,
+        keep_checkpoints=keep_checkpoints,
+        metrics_port=metrics_port,
+        table_specs=list(table_specs or []),
+    )
+    server = PsServer(config)
+    loop = asyncio.new_event_loop()
+    started: concurrent.futures.Future[int] = concurrent.futures.Future()
+
+    async def boot() -> None:
+        try:
+            started.set_result(await server.start())
+        except BaseException as error:
+            started.set_exception(error)
+
+    def main() -> None:
+        asyncio.set_event_loop(loop)
+        boot_task = loop.create_task(boot())
+        loop.run_forever()
+        del boot_task
+        loop.close()
+
+    thread = threading.Thread(target=main, name=f"ps-node-{port}", daemon=True)
+    thread.start()
+    try:
+        started.result()
+    except BaseException:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        raise
+    return ServerHandle(server, loop, thread)

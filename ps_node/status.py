@@ -1,0 +1,46 @@
+"""Which gRPC status code each failure becomes (one table, tested on its own)."""
+
+from __future__ import annotations
+
+import grpc
+
+from recstore.core import (
+    CapacityExhausted,
+    InvalidArgument,
+    TableExists,
+    TableNotFound,
+    Unauthenticated,
+    WrongShard,
+)
+from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointNotFound
+
+EPOCH_METADATA_KEY = "x-recstore-epoch"
+
+#: checked in order: the first matching class wins (subclasses before bases).
+STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    (WrongShard, grpc.StatusCode.FAILED_PRECONDITION),
+    (TableNotFound, grpc.StatusCode.NOT_FOUND),
+    (CheckpointNotFound, grpc.StatusCode.NOT_FOUND),
+    (TableExists, grpc.StatusCode.ALREADY_EXISTS),
+    (CapacityExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (CheckpointCorrupt, grpc.StatusCode.DATA_LOSS),
+    (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (ValueError, grpc.StatusCode.INVALID_ARGUMENT),  # pydantic ValidationError included
+    (TypeError, grpc.StatusCode.INVALID_ARGUMENT),  # the engine's wrong-dtype error
+    (OSError, grpc.StatusCode.UNAVAILABLE),  # disk trouble: the client may retry elsewhere
+)
+
+
+def status_of(error: BaseException) -> grpc.StatusCode | None:
+    """The status for a known failure, None for a bug (reported as INTERNAL)."""
+    for cls, code in STATUS_OF:
+        if isinstance(error, cls):
+            return code
+    return None
+
+
+def trailing_metadata_of(error: BaseException) -> tuple[tuple[str, str], ...]:
+    if isinstance(error, WrongShard):
+        return ((EPOCH_METADATA_KEY, str(error.epoch)),)
+    return ()

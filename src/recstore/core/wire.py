@@ -1,0 +1,492 @@
+"""Protobuf wire format of the PS data path (Pull, Push, Update), by hand and zero-copy.
+
+``proto/recstore/v1/ps.proto`` stays the contract: every message written here
+parses with the generated classes and every message they write parses here.
+What this module avoids is protobuf's copies of the big ``bytes`` fields: a
+decoded request hands out ``memoryview`` slices of the received buffer, and an
+encoded message copies each payload exactly once. Requests are laid out so
+each payload starts 8-byte aligned (a padded varint field goes just before it;
+fields may appear in any order and varints may carry redundant continuation
+bytes), so ``np.frombuffer`` views of them are aligned on the receiving side.
+Malformed input raises ``InvalidArgument``. No protobuf, gRPC or torch import:
+the PS node and the SDK both build on it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+
+from recstore.core.errors import InvalidArgument
+
+VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
+MAX_VARINT_BYTES = 10
+ALIGN = 8
+U64, U32 = (1 << 64) - 1, (1 << 32) - 1
+Buffer = bytes | bytearray | memoryview
+SERVICE = "/recstore.v1.ParameterServer/"
+PULL, PUSH, UPDATE = SERVICE + "Pull", SERVICE + "Push", SERVICE + "Update"
+
+#: numpy layout of each table dtype on the wire (bfloat16 as raw uint16 bits).
+WIRE_DTYPES: dict[str, np.dtype] = {
+    "float32": np.dtype("<f4"),
+    "float16": np.dtype("<f2"),
+    "bfloat16": np.dtype("<u2"),
+}
+
+
+# -- primitives -------------------------------------------------------------------
+def varint_size(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
+
+
+def encode_varint(value: int, width: int = 0) -> bytes:
+    """``value`` as a varint, padded with continuation bytes to ``width`` bytes if given."""
+    if not 0 <= value <= U64:
+        raise ValueError(f"varint out of range: {value}")
+    width = max(width, varint_size(value))
+    if width > MAX_VARINT_BYTES:
+        raise ValueError(f"a varint has at most {MAX_VARINT_BYTES} bytes, asked for {width}")
+    out = bytearray(width)
+    for i in range(width - 1):
+        out[i] = (value & 0x7F) | 0x80
+        value >>= 7
+    out[-1] = value
+    return bytes(out)
+
+
+def decode_varint(data: memoryview, pos: int) -> tuple[int, int]:
+    """(value, position after it); values wider than 64 bits wrap as protobuf does."""
+    value = 0
+    for shift in range(0, 7 * MAX_VARINT_BYTES, 7):
+        if pos >= len(data):
+            raise InvalidArgument(f"message truncated inside a varint at byte {pos}")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value & U64, pos
+    raise InvalidArgument(f"varint longer than {MAX_VARINT_BYTES} bytes before byte {pos}")
+
+
+def _take(data: memoryview, pos: int, size: int) -> int:
+    if size > len(data) - pos:
+        raise InvalidArgument(f"message truncated: {size} bytes needed at byte {pos}")
+    return pos + size
+
+
+def _next_field(data: memoryview, pos: int) -> tuple[int, int, Any, int]:
+    """(field number, wire type, value, next position) of the field at ``pos``."""
+    tag, pos = decode_varint(data, pos)
+    number, wire_type = tag >> 3, tag & 7
+    if number == 0 or number > 0x1FFFFFFF:
+        raise InvalidArgument(f"invalid field number {number} before byte {pos}")
+    if wire_type == VARINT:
+        value, pos = decode_varint(data, pos)
+        return number, wire_type, value, pos
+    if wire_type in (I64, I32):
+        end = _take(data, pos, 8 if wire_type == I64 else 4)
+        return number, wire_type, data[pos:end], end
+    if wire_type == LEN:
+        size, pos = decode_varint(data, pos)
+        end = _take(data, pos, size)
+        return number, wire_type, data[pos:end], end
+    if wire_type == SGROUP:  # a deprecated group: skip up to its matching end tag
+        while True:
+            if pos >= len(data):
+                raise InvalidArgument(f"group {number} is not closed")
+            inner, inner_type, _, pos = _next_field(data, pos)
+            if inner_type == EGROUP:
+                if inner != number:
+                    raise InvalidArgument(f"group {number} closed by end tag {inner}")
+                return number, wire_type, None, pos
+    if wire_type == EGROUP:
+        return number, wire_type, None, pos
+    raise InvalidArgument(f"invalid wire type {wire_type} for field {number}")
+
+
+def _byte_view(data: Any) -> memoryview:
+    view = data if isinstance(data, memoryview) else memoryview(data)
+    if view.format == "B" and view.ndim == 1:
+        return view
+    return view.cast("B") if view.nbytes else memoryview(b"")  # (0, n) shapes do not cast
+
+
+# -- messages ---------------------------------------------------------------------
+def _utf8(raw: memoryview) -> str:
+    try:
+        return str(raw, "utf-8")
+    except UnicodeDecodeError as error:
+        raise InvalidArgument(f"string field is not valid UTF-8: {error}") from None
+
+
+#: field kind -> (wire type, decoder of the raw field value)
+KINDS: dict[str, tuple[int, Callable[[Any], Any]]] = {
+    "string": (LEN, _utf8),
+    "bytes": (LEN, lambda raw: raw),
+    "uint64": (VARINT, lambda raw: raw & U64),
+    "uint32": (VARINT, lambda raw: raw & U32),
+    "bool": (VARINT, lambda raw: raw != 0),
+    "float": (I32, lambda raw: struct.unpack("<f", raw)[0]),
+}
+M = TypeVar("M")
+
+
+def decode_message(cls: type[M], schema: dict[int, tuple[str, str]], data: Buffer) -> M:
+    """Fields of ``schema`` (number -> (name, kind)) from ``data``; unknown ones skipped.
+
+    A known number with another wire type counts as unknown (as protobuf parsers do);
+    a repeated scalar keeps its last value; bytes fields are views of ``data``.
+    """
+    view, pos, found = _byte_view(data), 0, {}
+    while pos < len(view):
+        number, wire_type, raw, pos = _next_field(view, pos)
+        if wire_type == EGROUP:
+            raise InvalidArgument(f"end-group tag {number} without a start")
+        field = schema.get(number)
+        if field is not None and KINDS[field[1]][0] == wire_type:
+            found[field[0]] = KINDS[field[1]][1](raw)
+    return cls(**found)
+
+
+@dataclass
+class PullRequest:
+    table: str = ""
+    epoch: int = 0
+    keys: Buffer = b""
+    read_only: bool = False
+
+
+@dataclass
+class PushRequest:
+    table: str = ""
+    epoch: int = 0
+    keys: Buffer = b""
+    values: Buffer = b""
+    dtype: str = ""
+    dim: int = 0
+
+
+@dataclass
+class UpdateRequest:
+    table: str = ""
+    epoch: int = 0
+    keys: Buffer = b""
+    grads: Buffer = b""
+    grad_dtype: str = ""
+    lr: float | None = None  # proto3 ``optional``: None when absent
+    dim: int = 0
+
+
+@dataclass
+class PullResponse:
+    values: Buffer = b""
+    dim: int = 0
+    dtype: str = ""
+    found: Buffer = b""
+
+
+@dataclass
+class RowsResponse:  # PushResponse and UpdateResponse share this layout
+    rows: int = 0
+
+
+PULL_REQUEST = {1: ("table", "string"), 2: ("epoch", "uint64"), 3: ("keys", "bytes"),
+                4: ("read_only", "bool")}  # fmt: skip
+PUSH_REQUEST = {1: ("table", "string"), 2: ("epoch", "uint64"), 3: ("keys", "bytes"),
+                4: ("values", "bytes"), 5: ("dtype", "string"), 6: ("dim", "uint32")}  # fmt: skip
+UPDATE_REQUEST = {1: ("table", "string"), 2: ("epoch", "uint64"), 3: ("keys", "bytes"),
+                  4: ("grads", "bytes"), 5: ("grad_dtype", "string"), 6: ("lr", "float"),
+                  7: ("dim", "uint32")}  # fmt: skip
+PULL_RESPONSE = {1: ("values", "bytes"), 2: ("dim", "uint32"), 3: ("dtype", "string"),
+                 4: ("found", "bytes")}  # fmt: skip
+ROWS_RESPONSE = {1: ("rows", "uint64")}
+
+
+def decode_pull_request(data: Buffer) -> PullRequest:
+    return decode_message(PullRequest, PULL_REQUEST, data)
+
+
+def decode_push_request(data: Buffer) -> PushRequest:
+    return decode_message(PushRequest, PUSH_REQUEST, data)
+
+
+def decode_update_request(data: Buffer) -> UpdateRequest:
+    return decode_message(UpdateRequest, UPDATE_REQUEST, data)
+
+
+def decode_pull_response(data: Buffer) -> PullResponse:
+    return decode_message(PullResponse, PULL_RESPONSE, data)
+
+
+def decode_rows_response(data: Buffer) -> int:
+    return decode_message(RowsResponse, ROWS_RESPONSE, data).rows
+
+
+# -- encoding -----------------------------------------------------------------------
+def _tag(number: int, wire_type: int) -> bytes:
+    return encode_varint(number << 3 | wire_type)
+
+
+class MessageWriter:
+    """The parts of one message, in order; payloads are copied once, when joined.
+
+    A payload may be a hole (an int size) that the caller fills in place after
+    ``frame()``: that is how a Pull reply gets its rows written by the engine
+    straight into the message that goes on the wire.
+    """
+
+    def __init__(self) -> None:
+        self.parts: list[Buffer | int] = []
+        self.size = 0
+
+    def _put(self, part: Buffer | int) -> None:
+        self.parts.append(part)
+        self.size += part if isinstance(part, int) else len(part)
+
+    def varint(self, number: int, value: int) -> None:
+        if value:  # proto3: a zero scalar is not written
+            self._put(_tag(number, VARINT) + encode_varint(value))
+
+    def string(self, number: int, text: str) -> None:
+        if text:
+            data = text.encode()
+            self._put(_tag(number, LEN) + encode_varint(len(data)) + data)
+
+    def float32(self, number: int, value: float | None) -> None:
+        if value is not None:  # proto3 ``optional``: written whenever present
+            self._put(_tag(number, I32) + struct.pack("<f", value))
+
+    def payload(self, number: int, data: Any, pad: tuple[int, int] | None = None) -> None:
+        """Bytes field ``number`` (a buffer, or an int: a hole of that size).
+
+        ``pad`` = (number, value) of a varint field written just before, its varint
+        widened to the width that makes the payload start ALIGN-aligned (always
+        reachable when the value fits in 3 varint bytes, i.e. is below 2**21).
+        """
+        size = data if isinstance(data, int) else len(data := _byte_view(data))
+        head = _tag(number, LEN) + encode_varint(size)
+        if pad is None:
+            self._put(head)
+            self._put(data)
+            return
+        pad_tag, minimal = _tag(pad[0], VARINT), varint_size(pad[1])
+        start = self.size + len(pad_tag) + len(head)
+        width = next(
+            (w for w in range(minimal, MAX_VARINT_BYTES + 1) if (start + w) % ALIGN == 0),
+            minimal,  # not reachable with a huge pad value: the receiver copies instead
+        )
+        self._put(pad_tag + encode_varint(pad[1], width) + head)
+        self._put(data)
+
+    def tobytes(self) -> bytes:
+        if any(isinstance(part, int) for part in self.parts):
+            raise ValueError("message has holes: use frame()")
+        return b"".join(self.parts)  # type: ignore[arg-type]
+
+    def frame(self) -> tuple[bytes, list[memoryview]]:
+        """The message and writable views of its holes, to be filled before it is shared."""
+        message, view = writable_bytes(self.size)
+        holes, pos = [], 0
+        for part in self.parts:
+            size = part if isinstance(part, int) else len(part)
+            if isinstance(part, int):
+                holes.append(view[pos : pos + size])
+            else:
+                view[pos : pos + size] = part
+            pos += size
+        return message, holes
+
+
+_NEW_BYTES: Callable[[Any, int], bytes] | None
+_BYTES_ADDRESS: Callable[[bytes], int] | None
+try:  # CPython: a new bytes object may be written until it is shared (as C code does)
+    _NEW_BYTES = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_ssize_t)(
+        ("PyBytes_FromStringAndSize", ctypes.pythonapi)
+    )
+    _BYTES_ADDRESS = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object)(
+        ("PyBytes_AsString", ctypes.pythonapi)
+    )
+except (AttributeError, OSError):  # not CPython: fill a bytearray, copy once more
+    _NEW_BYTES = _BYTES_ADDRESS = None
+
+
+def writable_bytes(size: int) -> tuple[bytes, memoryview]:
+    """A new ``bytes`` of ``size`` bytes and a writable view of its contents.
+
+    gRPC sends only ``bytes``; this lets a payload be written once, in place.
+    Every byte must be written before the object is used (it starts uninitialised).
+    """
+    if _NEW_BYTES is None or _BYTES_ADDRESS is None or size < 2:  # 0/1: shared singletons
+        scratch = bytearray(size)  # finish() turns it into bytes
+        return scratch, memoryview(scratch)  # type: ignore[return-value]
+    message = _NEW_BYTES(None, size)
+    holder = (ctypes.c_char * size).from_address(_BYTES_ADDRESS(message))
+    holder._owner = message  # type: ignore[attr-defined]  # the view keeps the bytes alive
+    return message, memoryview(holder).cast("B")
+
+
+def finish(message: bytes) -> bytes:
+    """The message of ``frame()`` ready to send (a no-op on CPython)."""
+    return bytes(message) if isinstance(message, bytearray) else message
+
+
+def encode_pull_request(table: str, keys: Any, *, epoch: int = 0, read_only: bool = False) -> bytes:
+    w = MessageWriter()
+    w.string(1, table)
+    w.varint(4, read_only)
+    w.payload(3, keys, pad=(2, epoch))
+    return w.tobytes()
+
+
+def encode_push_request(
+    table: str, keys: Any, values: Any, *, epoch: int = 0, dtype: str = "", dim: int = 0
+) -> bytes:
+    w = MessageWriter()
+    w.string(1, table)
+    w.string(5, dtype)
+    w.payload(3, keys, pad=(2, epoch))
+    w.payload(4, values, pad=(6, dim))
+    return w.tobytes()
+
+
+def encode_update_request(
+    table: str,
+    keys: Any,
+    grads: Any,
+    *,
+    epoch: int = 0,
+    grad_dtype: str = "",
+    dim: int = 0,
+    lr: float | None = None,
+) -> bytes:
+    w = MessageWriter()
+    w.string(1, table)
+    w.string(5, grad_dtype)
+    w.float32(6, lr)
+    w.payload(3, keys, pad=(2, epoch))
+    w.payload(4, grads, pad=(7, dim))
+    return w.tobytes()
+
+
+def encode_rows_response(rows: int) -> bytes:
+    """PushResponse / UpdateResponse."""
+    w = MessageWriter()
+    w.varint(1, rows)
+    return w.tobytes()
+
+
+def pull_response_frame(
+    rows: int, dim: int, dtype: str, read_only: bool
+) -> tuple[bytes, np.ndarray, np.ndarray | None]:
+    """A PullResponse with room for its rows: (message, values [rows, dim], found or None).
+
+    Fill ``values`` (and ``found``) in place, then send ``finish(message)``.
+    """
+    storage = wire_dtype(dtype)
+    w = MessageWriter()
+    w.string(3, dtype)
+    if read_only:
+        w.payload(4, rows)
+    w.payload(1, rows * dim * storage.itemsize, pad=(2, dim))
+    message, holes = w.frame()
+    values = np.frombuffer(holes[-1], storage).reshape(rows, dim)
+    return message, values, np.frombuffer(holes[0], np.bool_) if read_only else None
+
+
+# -- arrays --------------------------------------------------------------------------
+def wire_dtype(dtype: str) -> np.dtype:
+    try:
+        return WIRE_DTYPES[dtype]
+    except KeyError:
+        raise InvalidArgument(
+            f"unknown dtype {dtype!r}; expected one of {sorted(WIRE_DTYPES)}"
+        ) from None
+
+
+def _aligned(array: np.ndarray) -> np.ndarray:
+    # Engines may load whole words: a payload a generic encoder left unaligned is copied.
+    return array if array.ctypes.data % array.dtype.itemsize == 0 else array.copy()
+
+
+def keys_view(buffer: Buffer) -> np.ndarray:
+    """int64 keys of a raw buffer (a read-only view when aligned)."""
+    if len(buffer) % 8:
+        raise InvalidArgument(
+            f"keys buffer of {len(buffer)} bytes is not a whole number of int64 keys"
+        )
+    return _aligned(np.frombuffer(buffer, dtype="<i8"))
+
+
+def rows_view(buffer: Buffer, rows: int, dim: int, dtype: str, what: str = "values") -> np.ndarray:
+    """A [rows, dim] array of ``dtype`` over a buffer whose length must match exactly."""
+    storage = wire_dtype(dtype)
+    expected = rows * dim * storage.itemsize
+    if len(buffer) != expected:
+        raise InvalidArgument(
+            f"{what} buffer has {len(buffer)} bytes; {rows} rows x dim {dim} of {dtype} "
+            f"need {expected}"
+        )
+    return _aligned(np.frombuffer(buffer, dtype=storage).reshape(rows, dim))
+
+
+# -- client ----------------------------------------------------------------------------
+class WireClient:
+    """Pull, Push and Update of one node over a ``grpc.Channel`` with this codec.
+
+    Raw bytes go through the channel (no generated classes, no serializer copies);
+    pulled rows are read-only numpy views of the received message. Calls raise
+    ``grpc.RpcError`` as the generated stub's do.
+    """
+
+    def __init__(self, channel: Any, metadata: Any = (), timeout: float | None = None) -> None:
+        self._pull = channel.unary_unary(PULL)
+        self._push = channel.unary_unary(PUSH)
+        self._update = channel.unary_unary(UPDATE)
+        self._options = {"metadata": tuple(metadata), "timeout": timeout}
+
+    def pull(
+        self, table: str, keys: Any, *, epoch: int = 0, read_only: bool = False
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """(values [n, dim], found bool[n] when ``read_only`` else None)."""
+        keys = np.ascontiguousarray(keys, dtype="<i8")
+        request = encode_pull_request(table, keys, epoch=epoch, read_only=read_only)
+        reply = decode_pull_response(self._pull(request, **self._options))
+        values = rows_view(reply.values, len(keys), reply.dim, reply.dtype)
+        found = np.frombuffer(reply.found, np.bool_) if read_only else None
+        return values, found
+
+    def push(self, table: str, keys: Any, values: np.ndarray, *, epoch: int = 0) -> int:
+        keys = np.ascontiguousarray(keys, dtype="<i8")
+        request = encode_push_request(
+            table, keys, values, epoch=epoch, dtype=dtype_name(values), dim=_dim(values)
+        )
+        return decode_rows_response(self._push(request, **self._options))
+
+    def update(
+        self, table: str, keys: Any, grads: np.ndarray, *, epoch: int = 0, lr: float | None = None
+    ) -> int:
+        """Gradients in float32 or the table dtype (bfloat16 as uint16 bits)."""
+        keys = np.ascontiguousarray(keys, dtype="<i8")
+        grad_dtype = dtype_name(grads)
+        request = encode_update_request(
+            table, keys, grads, epoch=epoch, grad_dtype=grad_dtype, dim=_dim(grads), lr=lr
+        )
+        return decode_rows_response(self._update(request, **self._options))
+
+
+def dtype_name(rows: np.ndarray) -> str:
+    """The wire dtype name of a numpy array (uint16: bfloat16 bits)."""
+    for name, storage in WIRE_DTYPES.items():
+        if rows.dtype == storage:
+            return name
+    raise TypeError(f"rows must be float32, float16 or uint16 (bfloat16 bits), got {rows.dtype}")
+
+
+def _dim(rows: np.ndarray) -> int:
+    return int(rows.shape[1]) if rows.ndim == 2 else 0

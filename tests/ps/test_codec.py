@@ -1,0 +1,90 @@
+"""Wire-buffer checks: every bad length, dtype or dim is refused with InvalidArgument."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from recstore.core import InvalidArgument
+from recstore.ps import codec
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "ok"),
+    [(0, True), (8, True), (80, True), (7, False), (9, False), (81, False)],
+)
+def test_decode_keys_needs_whole_int64s(nbytes: int, ok: bool) -> None:
+    buffer = bytes(nbytes)
+    if ok:
+        assert codec.decode_keys(buffer).shape == (nbytes // 8,)
+    else:
+        with pytest.raises(InvalidArgument, match="whole number"):
+            codec.decode_keys(buffer)
+
+
+def test_decode_keys_is_little_endian_int64() -> None:
+    keys = np.array([-1, 0, 2**62], dtype="<i8")
+    np.testing.assert_array_equal(codec.decode_keys(keys.tobytes()), keys)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "rows", "dim", "nbytes", "ok"),
+    [
+        ("float32", 3, 4, 48, True),
+        ("float32", 3, 4, 47, False),
+        ("float32", 3, 4, 24, False),  # float16-sized buffer for a float32 table
+        ("float16", 3, 4, 24, True),
+        ("bfloat16", 2, 8, 32, True),
+        ("bfloat16", 2, 8, 64, False),
+        ("float32", 0, 4, 0, True),
+        ("int8", 1, 1, 1, False),
+    ],
+)
+def test_decode_rows_checks_length_and_dtype(
+    dtype: str, rows: int, dim: int, nbytes: int, ok: bool
+) -> None:
+    if ok:
+        out = codec.decode_rows(bytes(nbytes), rows, dim, dtype)
+        assert out.shape == (rows, dim)
+        assert out.dtype == codec.WIRE_DTYPES[dtype]
+    else:
+        with pytest.raises(InvalidArgument):
+            codec.decode_rows(bytes(nbytes), rows, dim, dtype)
+
+
+@pytest.mark.parametrize(
+    ("declared_dtype", "declared_dim", "ok"),
+    [("", 0, True), ("float16", 0, True), ("", 8, True), ("float32", 0, False), ("", 4, False)],
+)
+def test_declared_dtype_and_dim_must_match(
+    declared_dtype: str, declared_dim: int, ok: bool
+) -> None:
+    if ok:
+        codec.check_declared(declared_dtype, declared_dim, "float16", 8)
+    else:
+        with pytest.raises(InvalidArgument, match="does not match"):
+            codec.check_declared(declared_dtype, declared_dim, "float16", 8)
+
+
+@pytest.mark.parametrize(
+    ("requested", "table", "expected"),
+    [
+        ("", "float16", "float32"),
+        ("float32", "bfloat16", "float32"),
+        ("float16", "float16", "float16"),
+        ("float16", "float32", None),
+        ("bfloat16", "float16", None),
+    ],
+)
+def test_grad_dtype(requested: str, table: str, expected: str | None) -> None:
+    if expected is None:
+        with pytest.raises(InvalidArgument, match="grad_dtype"):
+            codec.grad_dtype_for(requested, table)
+    else:
+        assert codec.grad_dtype_for(requested, table) == expected
+
+
+def test_encode_roundtrip() -> None:
+    values = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert codec.decode_rows(codec.encode(values), 3, 4, "float32").tolist() == values.tolist()
+    assert codec.encode(values[:, ::2]) == np.ascontiguousarray(values[:, ::2]).tobytes()

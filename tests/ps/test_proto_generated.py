@@ -1,0 +1,27 @@
+"""The committed generated code matches proto/recstore/v1/ps.proto."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_generated_code_is_fresh() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_proto.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_generated_package_imports() -> None:
+    from recstore.v1 import ps_pb2, ps_pb2_grpc
+
+    assert ps_pb2.DESCRIPTOR.package == "recstore.v1"
+    assert hasattr(ps_pb2_grpc, "ParameterServerStub")
+    assert ps_pb2.PullRequest(keys=b"\x01" * 8).keys == b"\x01" * 8
