@@ -37,7 +37,7 @@ test-fast: build
 	$(PY) -m pytest -m "not slow and not e2e and not browser and not postgres" $(PYTEST_ARGS)
 
 demo: install
-	$(PY) examples/store_demo.py
+	PY=$(PY) bash scripts/demo.sh
 
 bench: build
 	$(PY) bench/store_bench.py

@@ -333,20 +333,56 @@ class RecStoreClient:
             lr = check_learning_rate(lr)
         elif self._learning_rate_set:
             lr = self._learning_rate
-        self._backend().update(name, *coalesce(id_tensor, grad_tensor), lr)
+        backend = self._backend()
+        if backend.kind == "local":  # the native store sums repeated ids itself
+            backend.update(name, id_tensor, grad_tensor, lr)
+        else:
+            backend.update(name, *coalesce(id_tensor, grad_tensor), lr)
 
-    def _apply_gradients(self, name: str, ids: torch.Tensor, grads: torch.Tensor) -> None:
+    # -- the torch modules' path ------------------------------------------------------------
+
+    @property
+    def _dedup_on_wire(self) -> bool:
+        """Whether the modules should send each distinct id once (remote) or every id (local)."""
+        backend = self.ops
+        return backend is not None and backend.kind != "local"
+
+    def _pull_rows(self, name: str, keys: torch.Tensor, *, unique: bool) -> torch.Tensor:
+        """``pull`` for the torch modules: ``keys`` are CPU int64 (``unique``: no repeats)."""
+        meta = self._meta(name)
+        low, high = meta.id_range
+        if high is not None and keys.numel():
+            smallest, largest = (int(x) for x in torch.aminmax(keys))
+            if smallest < low or largest >= high:
+                check_id_range(keys, low, high, name)  # the error message of ``pull``
+        self._last_table = name
+        return self._backend().pull(name, keys, unique=unique)
+
+    def _apply_gradients(
+        self, name: str, keys: torch.Tensor, grads: torch.Tensor, *, unique: bool = False
+    ) -> None:
         """``update`` for ids that came out of a pull (the torch modules' backward).
 
-        Skips the id checks; the local store sums repeated ids natively, the
-        gRPC backend gets them coalesced (fewer bytes on the wire).
+        Skips the id checks and does not wait for a remote update to be applied
+        (every later call on the table still sees it). The local store sums
+        repeated ids natively; the gRPC backend gets them coalesced (fewer bytes).
         """
         backend = self._backend()
-        keys = ids.to("cpu", torch.int64)
+        keys = keys.to("cpu", torch.int64)
         rows = grads.detach().to("cpu", torch.float32).contiguous()
-        if backend.kind != "local":
+        if backend.kind != "local" and not unique:
             keys, rows = coalesce(keys, rows)
-        backend.update(name, keys, rows, self._learning_rate if self._learning_rate_set else None)
+        lr = self._learning_rate if self._learning_rate_set else None
+        backend.update(name, keys, rows, lr, wait=False)
+
+    def flush(self) -> None:
+        """Wait until every update sent in the background is applied.
+
+        The torch modules' backward does not wait for a remote update; ``flush``
+        does (so does any later call on the same table, ``delete_data`` and
+        ``close``). Raises ``RuntimeError`` for an update that failed.
+        """
+        self._backend().flush()
 
     # -- prefetch -------------------------------------------------------------------------
 

@@ -1,20 +1,22 @@
-"""Sharded fan-out: split keys by owner shard, call shards in parallel, reassemble.
+"""Sharded fan-out: split keys by owner shard, send every shard's requests at once, reassemble.
 
 A table's keys are spread over shards by the slot map of ``recstore.core``
 (the same routing the nodes and the operator use). One logical call becomes
 one request per (shard, batch): big batches are cut to ``max_rows`` keys so
-no message grows without bound, the requests run in parallel on a thread
-pool, and the caller gets every result with the positions it belongs to, so
-it can put rows back in input order. A node that no longer owns some slots
-refuses those keys (``WrongShard``) and applies nothing; the router then
-refreshes its map and resends only the refused keys.
+no message grows without bound. The caller's ``issue`` function starts a
+request and returns a waiter for its result (a gRPC future needs no thread of
+its own); every request is issued before any is waited for, and the last one
+may run to completion in the caller's thread (``blocking``), so a one-shard
+call costs no hand-off at all. A node that no longer owns some slots refuses
+those keys (``WrongShard``) and applies nothing; waiting then refreshes the
+map and resends only the refused keys.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -26,6 +28,9 @@ from recstore.core.routing import split_by_shard
 
 T = TypeVar("T")
 Positions = npt.NDArray[np.intp]
+Waiter = Callable[[], T]
+#: ``issue(shard, positions, epoch, blocking)``: start one request; a waiter for its result
+Issue = Callable[[int, Positions, int, bool], Waiter[T]]
 
 #: Rounds of "refresh the slot map and resend the refused keys" before giving up.
 MAX_REROUTES = 4
@@ -48,13 +53,17 @@ def plan_requests(
     """
     if max_rows < 1:
         raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+    if slot_map.num_shards == 1 and (every_shard or len(keys) <= max_rows):
+        return [ShardRequest(0, np.arange(len(keys), dtype=np.intp))] if (
+            len(keys) or every_shard
+        ) else []  # fmt: skip
     requests: list[ShardRequest] = []
     seen: set[int] = set()
     for shard, positions in split_by_shard(keys, slot_map) if len(keys) else []:
         seen.add(shard)
         step = len(positions) if every_shard else max_rows
         for start in range(0, len(positions), step):
-            requests.append(ShardRequest(shard, positions[start : start + max_rows]))
+            requests.append(ShardRequest(shard, positions[start : start + step]))
     if every_shard:
         empty = np.empty(0, dtype=np.intp)
         requests.extend(
@@ -69,13 +78,88 @@ class ShardResult(Generic[T]):
     value: T
 
 
+def completed(call: Callable[[], T]) -> Waiter[T]:
+    """Run ``call`` now; a waiter that returns its value or raises its error."""
+    try:
+        value = call()
+    except BaseException as error:  # re-raised by the waiter, where results are collected
+        caught = error
+
+        def fail() -> T:
+            raise caught
+
+        return fail
+    return lambda: value
+
+
+class RoutedCall(Generic[T]):
+    """The requests of one logical call, already sent; ``wait`` collects them once.
+
+    Thread-safe and idempotent: whoever waits first does the work (including
+    resending refused keys), later waiters get the same results or error.
+    """
+
+    def __init__(
+        self, router: ShardRouter, keys: npt.NDArray[np.int64], issue: Issue[T], *,
+        every_shard: bool, blocking: bool,
+    ) -> None:  # fmt: skip
+        self._router, self._keys, self._issue = router, keys, issue
+        self._lock = threading.Lock()
+        self._results: list[ShardResult[T]] | None = None
+        self._error: BaseException | None = None
+        self._epoch = router.slot_map.epoch
+        self._sent = router.send(
+            keys, np.arange(len(keys), dtype=np.intp), issue, every_shard, blocking
+        )
+
+    def wait(self) -> list[ShardResult[T]]:
+        """Every result (in any order); raises the first failure other than a refused slot."""
+        with self._lock:
+            if self._results is None and self._error is None:
+                try:
+                    self._results = self._collect()
+                except BaseException as error:
+                    self._error = error
+                finally:
+                    self._sent = []
+            if self._error is not None:
+                raise self._error
+            assert self._results is not None
+            return self._results
+
+    def _collect(self) -> list[ShardResult[T]]:
+        results: list[ShardResult[T]] = []
+        sent, epoch = self._sent, self._epoch
+        for _ in range(MAX_REROUTES + 1):
+            refused: list[tuple[ShardRequest, WrongShard]] = []
+            failure: BaseException | None = None
+            for request, waiter in sent:  # wait for all, so nothing runs behind the caller
+                try:
+                    results.append(ShardResult(request, waiter()))
+                except WrongShard as error:
+                    refused.append((request, error))
+                except BaseException as error:
+                    failure = failure or error
+            if failure is not None:
+                raise failure
+            if not refused:
+                return results
+            pending = np.concatenate([r.positions for r, _ in refused])
+            self._router.reroute(max(error.epoch for _, error in refused), epoch)
+            epoch = self._router.slot_map.epoch
+            sent = self._router.send(self._keys, pending, self._issue, False, True)
+        raise RuntimeError(
+            f"keys still refused by their shards after {MAX_REROUTES} slot-map refreshes"
+        )
+
+
 class ShardRouter:
     """Routes calls over a table's shards with one slot map, refreshed on demand."""
 
     def __init__(
         self,
         slot_map: SlotMap,
-        pool: Executor,
+        pool: Executor | None = None,
         *,
         max_rows: int,
         refresh: Callable[[int], SlotMap] | None = None,
@@ -90,6 +174,17 @@ class ShardRouter:
     def slot_map(self) -> SlotMap:
         return self._slot_map
 
+    def start(
+        self,
+        keys: npt.NDArray[np.int64],
+        issue: Issue[T],
+        *,
+        every_shard: bool = False,
+        blocking: bool = True,
+    ) -> RoutedCall[T]:
+        """Send every request of ``keys`` now; ``blocking=False`` leaves all of them in flight."""
+        return RoutedCall(self, keys, issue, every_shard=every_shard, blocking=blocking)
+
     def run(
         self,
         keys: npt.NDArray[np.int64],
@@ -97,59 +192,45 @@ class ShardRouter:
         *,
         every_shard: bool = False,
     ) -> list[ShardResult[T]]:
-        """``call(shard, positions, epoch)`` for every request; results in any order.
+        """``call(shard, positions, epoch)`` (a blocking function) for every request, on the pool.
 
         Raises the first failure other than a refused slot once all requests are
         done (so no call is left running behind the caller's back).
         """
-        pending = np.arange(len(keys), dtype=np.intp)
-        results: list[ShardResult[T]] = []
-        for _ in range(MAX_REROUTES + 1):
-            slot_map = self._slot_map
-            requests = [
-                ShardRequest(r.shard, pending[r.positions])
-                for r in plan_requests(
-                    keys[pending], slot_map, self._max_rows, every_shard=every_shard
-                )
-            ]
-            done, refused = self._execute(requests, call, slot_map.epoch)
-            results.extend(done)
-            if not refused:
-                return results
-            pending = np.concatenate([r.positions for r, _ in refused])
-            self._reroute(max(error.epoch for _, error in refused), slot_map.epoch)
-            every_shard = False
-        raise RuntimeError(
-            f"keys still refused by their shards after {MAX_REROUTES} slot-map refreshes"
+        pool = self._pool
+
+        def issue(shard: int, positions: Positions, epoch: int, blocking: bool) -> Waiter[T]:
+            if blocking or pool is None:
+                return completed(lambda: call(shard, positions, epoch))
+            return pool.submit(call, shard, positions, epoch).result
+
+        return self.start(keys, issue, every_shard=every_shard).wait()
+
+    def send(
+        self,
+        keys: npt.NDArray[np.int64],
+        pending: Positions,
+        issue: Issue[T],
+        every_shard: bool,
+        blocking: bool,
+    ) -> list[tuple[ShardRequest, Waiter[T]]]:
+        """Issue the requests of ``keys[pending]``; the last one blocking when asked."""
+        slot_map = self._slot_map
+        requests = plan_requests(
+            keys[pending] if len(pending) != len(keys) else keys,
+            slot_map,
+            self._max_rows,
+            every_shard=every_shard,
         )
-
-    def _execute(
-        self, requests: list[ShardRequest], call: Callable[[int, Positions, int], T], epoch: int
-    ) -> tuple[list[ShardResult[T]], list[tuple[ShardRequest, WrongShard]]]:
-        if len(requests) == 1:  # no thread hop for the common one-request case
-            request = requests[0]
-            try:
-                return [ShardResult(request, call(request.shard, request.positions, epoch))], []
-            except WrongShard as error:
-                return [], [(request, error)]
-        futures: list[Future[T]] = [
-            self._pool.submit(call, r.shard, r.positions, epoch) for r in requests
+        if len(pending) != len(keys):
+            requests = [ShardRequest(r.shard, pending[r.positions]) for r in requests]
+        last = len(requests) - 1
+        return [
+            (r, issue(r.shard, r.positions, slot_map.epoch, blocking and i == last))
+            for i, r in enumerate(requests)
         ]
-        done: list[ShardResult[T]] = []
-        refused: list[tuple[ShardRequest, WrongShard]] = []
-        failure: BaseException | None = None
-        for request, future in zip(requests, futures, strict=True):
-            try:
-                done.append(ShardResult(request, future.result()))
-            except WrongShard as error:
-                refused.append((request, error))
-            except BaseException as error:
-                failure = failure or error
-        if failure is not None:
-            raise failure
-        return done, refused
 
-    def _reroute(self, node_epoch: int, used_epoch: int) -> None:
+    def reroute(self, node_epoch: int, used_epoch: int) -> None:
         if self._refresh is None:
             raise RuntimeError(
                 f"a shard refused keys at slot-map epoch {used_epoch} (node epoch {node_epoch}) "

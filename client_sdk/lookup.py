@@ -1,11 +1,12 @@
-"""The autograd bridge between a batch's distinct ids and their rows in RecStore.
+"""The autograd bridge between a batch's ids and their rows in RecStore.
 
-Forward pulls the rows of the distinct ids; backward receives the gradient
-of those rows (sparse: one entry per lookup, which is cheaper for torch to
-produce than a dense one) and sends it to the table's optimizer, repeated ids
-summed as in a coalesced sparse gradient (the update runs inside ``loss.backward()``, where a dense
-model's optimizer would run in ``step()``). The padding row never receives an
-update, as in torch.
+Forward pulls the rows of the given keys; backward receives the gradient of
+those rows and sends it to the table's optimizer (the update runs inside
+``loss.backward()``, where a dense model's optimizer would run in ``step()``;
+a remote update is not waited for, see ``RecStoreClient.flush``). A sparse
+gradient (one entry per lookup) is summed into one row per key first, as in a
+coalesced sparse gradient, so only distinct keys travel. The padding row
+never receives an update, as in torch.
 """
 
 from __future__ import annotations
@@ -24,26 +25,34 @@ class RecStoreRows(torch.autograd.Function):
         anchor: torch.Tensor,
         client: RecStoreClient,
         name: str,
-        unique: torch.Tensor,
+        keys: torch.Tensor,
+        unique: bool,
         padding_idx: int | None,
     ) -> torch.Tensor:
-        ctx.client, ctx.name, ctx.padding_idx = client, name, padding_idx
-        ctx.save_for_backward(unique)
-        return client.pull(name, unique)
+        ctx.client, ctx.name, ctx.unique, ctx.padding_idx = client, name, unique, padding_idx
+        ctx.save_for_backward(keys)
+        return client._pull_rows(name, keys, unique=unique)
 
     @staticmethod
     def backward(ctx: Any, grad_rows: torch.Tensor) -> tuple[None, ...]:
-        (unique,) = ctx.saved_tensors
-        if grad_rows.is_sparse:  # one entry per lookup; the backend sums repeated keys
-            keys, grads = unique[grad_rows._indices()[0]], grad_rows._values()
+        (keys,) = ctx.saved_tensors
+        unique = ctx.unique
+        if grad_rows.is_sparse:  # one entry per lookup: sum them into one row per key (fp32)
+            looked_up = grad_rows._indices()[0]
+            grads = torch.zeros(len(keys), grad_rows.shape[1], dtype=torch.float32)
+            grads.index_add_(0, looked_up, grad_rows._values().float())
+            present = torch.zeros(len(keys), dtype=torch.bool)
+            present[looked_up] = True
+            if not bool(present.all()):  # a key with no entry gets no update (adam's state)
+                keys, grads = keys[present], grads[present]
         else:
-            keys, grads = unique, grad_rows
+            grads = grad_rows
         if ctx.padding_idx is not None:
             keep = keys != ctx.padding_idx
             keys, grads = keys[keep], grads[keep]
         if keys.numel():
-            ctx.client._apply_gradients(ctx.name, keys, grads)
-        return None, None, None, None, None
+            ctx.client._apply_gradients(ctx.name, keys, grads, unique=unique)
+        return None, None, None, None, None, None
 
 
 def renormalise_(rows: torch.Tensor, max_norm: float, norm_type: float) -> torch.Tensor:

@@ -1,13 +1,19 @@
 """``Embedding`` and ``EmbeddingBag`` whose weights live in RecStore.
 
 Constructor arguments and ``forward`` mirror ``torch.nn.Embedding`` and
-``torch.nn.EmbeddingBag``. A forward pass pulls the rows of the distinct ids
-of the batch once and runs torch's own ``F.embedding`` / ``F.embedding_bag``
-on that small matrix with the ids renumbered, so modes, offsets,
-per-sample weights, ``padding_idx`` and ``include_last_offset`` behave exactly
-as in torch. Backward yields one gradient row per distinct id (a coalesced
-sparse gradient) and sends it to the table's server-side optimizer; a dense
-torch optimizer of the trainer never sees these weights.
+``torch.nn.EmbeddingBag``. In general a forward pass pulls the rows of the
+distinct ids of the batch once and runs torch's own ``F.embedding`` /
+``F.embedding_bag`` on that small matrix with the ids renumbered, so modes,
+offsets, per-sample weights, ``padding_idx`` and ``include_last_offset``
+behave exactly as in torch. The common plain cases take a shorter road with
+the same results: a lookup without padding/max-norm/frequency scaling is a
+gather, and sum/mean bags of one fixed size (2-D input, or offsets with a
+constant stride) are a sum over a reshaped gather, whose backward is far
+cheaper than ``embedding_bag``'s. Locally every id is looked up as it comes
+(the store is faster than deduplicating); remotely each distinct id travels
+once. Backward sends one gradient row per distinct id (a coalesced sparse
+gradient) to the table's server-side optimizer; a dense torch optimizer of the
+trainer never sees these weights.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from torch import nn
 from recstore.client.client import RecStoreClient
 from recstore.client.lookup import RecStoreRows, renormalise_
 from recstore.core import Optimizer
+
+_ID_DTYPES = (torch.int64, torch.int32)
 
 #: torch.nn.Embedding initialises weights from N(0, 1); so does a RecStore module.
 TORCH_INITIALIZER = {"kind": "normal", "mean": 0.0, "std": 1.0}
@@ -72,6 +80,7 @@ class _RecStoreEmbeddingBase(nn.Module):
         self.client = client if client is not None else RecStoreClient()
         self.table_name = name or f"emb_{uuid.uuid4().hex[:16]}"
         dtype = dtype or torch.float32
+        self._dtype = dtype
         shape = (num_embeddings, embedding_dim)
         if _weight is not None and tuple(_weight.shape) != shape:
             raise ValueError(f"_weight must have shape {list(shape)}, got {list(_weight.shape)}")
@@ -105,11 +114,30 @@ class _RecStoreEmbeddingBase(nn.Module):
                 changed = renormalise_(rows, self.max_norm, self.norm_type)
                 if bool(changed.any()):
                     self.client.push(self.table_name, unique[changed], rows[changed])
+        return self._pulled(unique.to("cpu"), unique=True).to(unique.device)
+
+    def _pulled(self, keys: torch.Tensor, *, unique: bool) -> torch.Tensor:
+        """Rows of CPU int64 ``keys``; through autograd when training."""
         if torch.is_grad_enabled() and not self.frozen:
             return RecStoreRows.apply(
-                self._anchor, self.client, self.table_name, unique, self.padding_idx
+                self._anchor, self.client, self.table_name, keys, unique, self.padding_idx
             )
-        return self.client.pull(self.table_name, unique)
+        return self.client._pull_rows(self.table_name, keys, unique=unique)
+
+    @property
+    def _plain(self) -> bool:
+        """No padding row, max-norm or frequency scaling: a lookup is a plain gather."""
+        return self.padding_idx is None and self.max_norm is None and not self.scale_grad_by_freq
+
+    def _gather(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of 1-D ``ids`` in order ([len(ids), dim]), for the plain cases."""
+        keys = ids.to("cpu", torch.int64)
+        if self.client._dedup_on_wire:
+            unique, inverse = torch.unique(keys, return_inverse=True)
+            rows = self._pulled(unique, unique=True).index_select(0, inverse)
+        else:
+            rows = self._pulled(keys.contiguous(), unique=False)
+        return rows.to(ids.device)
 
     def _padding_position(self, unique: torch.Tensor) -> int | None:
         if self.padding_idx is None:
@@ -193,6 +221,8 @@ class Embedding(_RecStoreEmbeddingBase):
         )  # fmt: skip
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if self._plain and input.dtype in _ID_DTYPES:
+            return self._gather(input.reshape(-1)).view(*input.shape, self.embedding_dim)
         unique, inverse = torch.unique(input.reshape(-1), return_inverse=True)
         rows = self._rows(unique)
         return F.embedding(
@@ -240,6 +270,7 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
         )  # fmt: skip
         self.mode = mode
         self.include_last_offset = include_last_offset
+        self._strides: dict[tuple[Any, ...], torch.Tensor] = {}  # offsets of fixed-size bags
 
     def forward(
         self,
@@ -247,6 +278,12 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
         offsets: torch.Tensor | None = None,
         per_sample_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        bag_size = self._fixed_bag_size(input, offsets, per_sample_weights)
+        if bag_size:
+            rows = self._gather(input.reshape(-1)).view(-1, bag_size, self.embedding_dim)
+            if per_sample_weights is not None:
+                rows = rows * per_sample_weights.reshape(-1, bag_size, 1)
+            return rows.sum(1) if self.mode == "sum" else rows.mean(1)
         unique, inverse = torch.unique(input.reshape(-1), return_inverse=True)
         rows = self._rows(unique)
         return F.embedding_bag(
@@ -260,6 +297,43 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
             padding_idx=self._padding_position(unique),
             sparse=self.mode != "max" and not self.scale_grad_by_freq,  # where torch allows it
         )
+
+    def _fixed_bag_size(
+        self,
+        input: torch.Tensor,
+        offsets: torch.Tensor | None,
+        per_sample_weights: torch.Tensor | None,
+    ) -> int:
+        """The size of every bag when the batch is plain fixed-size bags, else 0.
+
+        Everything else (and every input torch would refuse) takes torch's own
+        ``embedding_bag``.
+        """
+        if not (self._plain and self.mode in ("sum", "mean") and input.dtype in _ID_DTYPES):
+            return 0
+        if self._dtype != torch.float32:  # keep torch's own accumulation for 16-bit tables
+            return 0
+        if per_sample_weights is not None and (
+            self.mode != "sum"
+            or per_sample_weights.shape != input.shape
+            or per_sample_weights.dtype != torch.float32
+        ):
+            return 0
+        if input.dim() == 2 and offsets is None:
+            return input.shape[1] if input.shape[0] else 0
+        if input.dim() != 1 or offsets is None or self.include_last_offset:
+            return 0
+        if offsets.dim() != 1 or offsets.dtype != input.dtype or not len(offsets):
+            return 0
+        bags, lookups = len(offsets), input.numel()
+        size = lookups // bags
+        if size == 0 or size * bags != lookups:
+            return 0
+        stride = self._strides.get((bags, size, offsets.dtype, offsets.device))
+        if stride is None:
+            stride = torch.arange(0, lookups, size, dtype=offsets.dtype, device=offsets.device)
+            self._strides = {(bags, size, offsets.dtype, offsets.device): stride}
+        return size if torch.equal(offsets, stride) else 0
 
     def extra_repr(self) -> str:
         return f"{self._common_repr()}, mode={self.mode!r}"

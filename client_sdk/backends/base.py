@@ -1,7 +1,7 @@
 """The interface every backend offers the client.
 
 The client validates and converts input (ids to CPU int64, rows to the table
-dtype, gradients coalesced) before it calls a backend, so a backend only
+dtype) before it calls a backend, so a backend only
 moves rows: create/find a table, gather, assign, apply gradients, drop.
 Failures come back as the SDK's errors (``recstore.client.errors``).
 """
@@ -35,16 +35,37 @@ class Backend(Protocol):
 
     def drop_table(self, name: str) -> None: ...
 
-    def pull(self, name: str, keys: torch.Tensor) -> torch.Tensor:
-        """Rows [len(keys), dim] in the table dtype (any device); missing rows initialised."""
+    def pull(self, name: str, keys: torch.Tensor, *, unique: bool = False) -> torch.Tensor:
+        """Rows [len(keys), dim] in the table dtype (any device); missing rows initialised.
+
+        ``unique``: the caller vouches that ``keys`` has no repeats (no dedup pass).
+        """
         ...
 
     def push(self, name: str, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Assign rows; ``keys`` are unique."""
         ...
 
-    def update(self, name: str, keys: torch.Tensor, grads: torch.Tensor, lr: float | None) -> None:
-        """Apply gradients through the table's optimizer; ``keys`` are unique."""
+    def update(
+        self,
+        name: str,
+        keys: torch.Tensor,
+        grads: torch.Tensor,
+        lr: float | None,
+        *,
+        wait: bool = True,
+    ) -> None:
+        """Apply gradients through the table's optimizer (repeated keys summed).
+
+        ``wait=False`` may return before the update is applied; every later call
+        on the table still sees it, and a failure is raised by that call.
+        """
         ...
 
-    def close(self) -> None: ...
+    def flush(self) -> None:
+        """Wait until every update is applied; raise a failure not yet reported."""
+        ...
+
+    def close(self) -> None:
+        """Flush, then release connections."""
+        ...

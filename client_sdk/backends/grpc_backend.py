@@ -2,10 +2,13 @@
 
 Shard endpoints come from the admin API's discovery document or from an
 explicit ``host:port`` list in shard order. Pulls send each distinct key once,
-to its owner shard, in batches of bounded size, in parallel; results come back
-in input order. Updates of an adam table reach every shard on every step (an
-empty update where a shard owns none of the keys) because adam's step count is
-per table.
+to its owner shard, in batches of bounded size; every shard's request is in
+flight before any reply is awaited (gRPC futures, the last request in the
+caller's thread), and results come back in input order. Updates of an adam
+table reach every shard on every step (an empty update where a shard owns
+none of the keys) because adam's step count is per table. Updates may be
+left in flight (``wait=False``, what the torch modules' backward does):
+``recstore.client.pending`` keeps every later read of the table consistent.
 """
 
 from __future__ import annotations
@@ -17,23 +20,26 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
 import numpy as np
 import torch
 
 from recstore.client.backends import wire
 from recstore.client.backends.base import CreateResult
+from recstore.client.backends.node_calls import NodeCalls
+from recstore.client.backends.remote_rows import pull_issue, push_issue, update_issue
 from recstore.client.discovery import Discovery, discover
 from recstore.client.errors import BackendError, TableNotInitialized
-from recstore.client.fanout import Positions, ShardRouter
+from recstore.client.fanout import ShardRouter
+from recstore.client.pending import DEFAULT_MAX_IN_FLIGHT, PendingUpdates
 from recstore.client.specs import same_layout
 from recstore.core import DType, SlotMap, SlotRange, TableSpec
-from recstore.v1 import ps_pb2, ps_pb2_grpc
+from recstore.v1 import ps_pb2
 
 PS_TOKEN_ENV = "RECSTORE_PS_TOKEN"
 RPC_TIMEOUT_ENV = "RECSTORE_RPC_TIMEOUT"
-MAX_MESSAGE_BYTES = 256 << 20
+MAX_PENDING_ENV = "RECSTORE_MAX_PENDING_UPDATES"
 DEFAULT_BATCH_BYTES = 8 << 20
+SENDERS = 16
 
 
 @dataclass
@@ -77,6 +83,7 @@ class GrpcBackend:
         admin_token: str | None = None,
         rpc_timeout: float | None = None,
         max_batch_bytes: int = DEFAULT_BATCH_BYTES,
+        max_pending_updates: int | None = None,
     ) -> None:
         if not endpoints and not admin_url:
             raise ValueError("the grpc backend needs PS endpoints or an admin API URL")
@@ -87,11 +94,14 @@ class GrpcBackend:
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._timeout = rpc_timeout or float(os.environ.get(RPC_TIMEOUT_ENV, "60"))
         self._max_batch_bytes = max_batch_bytes
-        self._channels: dict[str, grpc.Channel] = {}
-        self._stubs: dict[str, ps_pb2_grpc.ParameterServerStub] = {}
+        self._nodes: dict[str, NodeCalls] = {}
         self._tables: dict[str, _RemoteTable] = {}
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="recstore-shard")
+        # senders: every request but the one the caller's thread makes itself
+        self._pool = ThreadPoolExecutor(max_workers=SENDERS, thread_name_prefix="recstore-rpc")
+        if max_pending_updates is None:
+            max_pending_updates = int(os.environ.get(MAX_PENDING_ENV, DEFAULT_MAX_IN_FLIGHT))
+        self._pending = PendingUpdates(max_pending_updates)
 
     @property
     def endpoints(self) -> tuple[str, ...]:
@@ -99,34 +109,18 @@ class GrpcBackend:
 
     # -- plumbing -----------------------------------------------------------------------
 
-    def _stub(self, endpoint: str) -> ps_pb2_grpc.ParameterServerStub:
-        with self._lock:
-            stub = self._stubs.get(endpoint)
-            if stub is None:
-                options = [
-                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ]
-                channel = grpc.insecure_channel(endpoint, options=options)
-                self._channels[endpoint] = channel
-                stub = self._stubs[endpoint] = ps_pb2_grpc.ParameterServerStub(channel)
-            return stub
+    def _node(self, endpoint: str) -> NodeCalls:
+        node = self._nodes.get(endpoint)
+        if node is None:
+            with self._lock:
+                node = self._nodes.get(endpoint)
+                if node is None:
+                    node = NodeCalls(endpoint, self._metadata, self._timeout, self._pool)
+                    self._nodes[endpoint] = node
+        return node
 
     def _call(self, endpoint: str, method: str, request: Any, table: str) -> Any:
-        try:
-            return getattr(self._stub(endpoint), method)(
-                request, timeout=self._timeout, metadata=self._metadata
-            )
-        except grpc.RpcError as error:
-            call: Any = error
-            raise wire.map_rpc_error(
-                call.code().name,
-                call.details() or "",
-                call.trailing_metadata(),
-                method=method,
-                table=table,
-                endpoint=endpoint,
-            ) from error
+        return self._node(endpoint).control(method, request, table)
 
     def _each_endpoint(
         self, endpoints: tuple[str, ...], method: str, make: Any, table: str
@@ -145,7 +139,6 @@ class GrpcBackend:
         max_rows = max(1, self._max_batch_bytes // spec.row_bytes)
         return ShardRouter(
             slot_map,
-            self._pool,
             max_rows=max_rows,
             refresh=lambda epoch: self._refresh(name, epoch),
         )
@@ -234,73 +227,72 @@ class GrpcBackend:
             return None
 
     def drop_table(self, name: str) -> None:
+        self._pending.wait_all()  # nothing of ours still in flight when the table goes
+        self._pending.discard(name)  # a failed update of a dropped table no longer matters
         table = self._locate(name)
         self._each_endpoint(
             table.endpoints, "DropTable", lambda _: ps_pb2.DropTableRequest(table=name), name
         )
         self._tables.pop(name, None)
 
-    def pull(self, name: str, keys: torch.Tensor) -> torch.Tensor:
+    def _node_of(self, table: _RemoteTable) -> Any:
+        return lambda shard: self._node(table.endpoints[shard])
+
+    def pull(self, name: str, keys: torch.Tensor, *, unique: bool = False) -> torch.Tensor:
+        self._pending.settle(name)  # read-your-writes: this table's updates land first
         table = self._locate(name)
-        unique, inverse = torch.unique(keys, return_inverse=True)
-        unique_np = wire.keys_to_numpy(unique)
-        dim, dtype = table.spec.embedding_dim, DType(table.spec.dtype)
-        out = np.empty((len(unique_np), dim), dtype=wire.wire_dtype(dtype))
-
-        def pull_shard(shard: int, positions: Positions, epoch: int) -> None:
-            request = ps_pb2.PullRequest(
-                table=name, epoch=epoch, keys=unique_np[positions].tobytes()
-            )
-            reply = self._call(table.endpoints[shard], "Pull", request, name)
-            out[positions] = wire.decode_rows(reply.values, len(positions), dim, dtype)
-
-        table.router.run(unique_np, pull_shard)
-        return wire.rows_from_numpy(out, dtype)[inverse]
+        distinct, inverse = (keys, None) if unique else torch.unique(keys, return_inverse=True)
+        keys_np = wire.keys_to_numpy(distinct)
+        dtype = DType(table.spec.dtype)
+        out = np.empty((len(keys_np), table.spec.embedding_dim), dtype=wire.wire_dtype(dtype))
+        issue = pull_issue(table.spec, keys_np, out, self._node_of(table))
+        table.router.start(keys_np, issue).wait()
+        rows = wire.rows_from_numpy(out, dtype)
+        return rows if inverse is None else rows[inverse]
 
     def push(self, name: str, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self._pending.settle(name)
         table = self._locate(name)
         keys_np, values_np = wire.keys_to_numpy(keys), wire.rows_to_numpy(values)
-        dtype = DType(table.spec.dtype).value
+        issue = push_issue(table.spec, keys_np, values_np, self._node_of(table))
+        table.router.start(keys_np, issue).wait()
 
-        def push_shard(shard: int, positions: Positions, epoch: int) -> None:
-            request = ps_pb2.PushRequest(
-                table=name,
-                epoch=epoch,
-                keys=keys_np[positions].tobytes(),
-                values=values_np[positions].tobytes(),
-                dtype=dtype,
-                dim=table.spec.embedding_dim,
-            )
-            self._call(table.endpoints[shard], "Push", request, name)
-
-        table.router.run(keys_np, push_shard)
-
-    def update(self, name: str, keys: torch.Tensor, grads: torch.Tensor, lr: float | None) -> None:
+    def update(
+        self,
+        name: str,
+        keys: torch.Tensor,
+        grads: torch.Tensor,
+        lr: float | None,
+        *,
+        wait: bool = True,
+    ) -> None:
+        """Apply gradients; ``wait=False`` returns once every request is sent."""
+        self._pending.settle(name)  # one update in flight per table: applied in order
         table = self._locate(name)
         keys_np, grads_np = wire.keys_to_numpy(keys), wire.rows_to_numpy(grads)
-        grad_dtype = "float32" if grads.dtype == torch.float32 else DType(table.spec.dtype).value
-
-        def update_shard(shard: int, positions: Positions, epoch: int) -> None:
-            request = ps_pb2.UpdateRequest(
-                table=name,
-                epoch=epoch,
-                keys=keys_np[positions].tobytes(),
-                grads=grads_np[positions].tobytes(),
-                grad_dtype=grad_dtype,
-                dim=table.spec.embedding_dim,
-            )
-            if lr is not None:
-                request.lr = lr
-            self._call(table.endpoints[shard], "Update", request, name)
-
+        issue = update_issue(table.spec, keys_np, grads_np, lr, self._node_of(table))
         every_shard = table.spec.optimizer.kind == "adam"
-        table.router.run(keys_np, update_shard, every_shard=every_shard)
+        call = table.router.start(keys_np, issue, every_shard=every_shard, blocking=wait)
+        if wait:
+            call.wait()
+        else:
+            self._pending.add(name, call)
+
+    @property
+    def updates_in_flight(self) -> int:
+        return len(self._pending)
+
+    def flush(self) -> None:
+        """Wait for every update in flight; raise the first failure not yet reported."""
+        self._pending.settle_all()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
-        with self._lock:
-            for channel in self._channels.values():
-                channel.close()
-            self._channels.clear()
-            self._stubs.clear()
-        self._tables.clear()
+        try:
+            self._pending.settle_all()
+        finally:
+            self._pool.shutdown(wait=True)
+            with self._lock:
+                for node in self._nodes.values():
+                    node.close()
+                self._nodes.clear()
+            self._tables.clear()

@@ -99,7 +99,7 @@ class LocalBackend:
         except TableNotFound as error:
             raise _backend_error(error, name) from error
 
-    def pull(self, name: str, keys: torch.Tensor) -> torch.Tensor:
+    def pull(self, name: str, keys: torch.Tensor, *, unique: bool = False) -> torch.Tensor:
         table = self.table(name)
         try:
             return table.pull(keys.to(table.device))
@@ -113,12 +113,24 @@ class LocalBackend:
         except RecStoreError as error:
             raise _backend_error(error, name) from error
 
-    def update(self, name: str, keys: torch.Tensor, grads: torch.Tensor, lr: float | None) -> None:
+    def update(
+        self,
+        name: str,
+        keys: torch.Tensor,
+        grads: torch.Tensor,
+        lr: float | None,
+        *,
+        wait: bool = True,
+    ) -> None:
+        """Applied before returning (a native call is cheaper than any hand-off)."""
         table = self.table(name)
         try:
             table.update(keys.to(table.device), grads.to(table.device), lr=lr)
         except RecStoreError as error:
             raise _backend_error(error, name) from error
+
+    def flush(self) -> None:
+        """Nothing in flight: local updates are applied when ``update`` returns."""
 
     def close(self) -> None:
         """Nothing to release: the process store outlives its clients."""

@@ -131,3 +131,41 @@ def test_router_reports_first_failure_after_all_calls_finish(pool) -> None:
     with pytest.raises(RuntimeError, match="shard 0 down"):
         router.run(np.arange(1000), call)
     assert sorted(finished) == [1, 2]
+
+
+def test_start_sends_every_request_before_any_is_awaited() -> None:
+    keys = np.arange(2000, dtype=np.int64)
+    sent: list[int] = []
+    waited: list[int] = []
+
+    def issue(shard: int, positions: np.ndarray, epoch: int, blocking: bool):
+        assert not blocking  # left in flight, as a background update is
+        sent.append(shard)
+
+        def wait() -> int:
+            assert sorted(sent) == [0, 1, 2]  # everything was out before the first wait
+            waited.append(shard)
+            return len(positions)
+
+        return wait
+
+    call = ShardRouter(SlotMap.initial(3), max_rows=10_000).start(keys, issue, blocking=False)
+    assert sorted(sent) == [0, 1, 2] and waited == []
+    results = call.wait()
+    assert sum(r.value for r in results) == 2000
+    assert call.wait() is results and len(waited) == 3  # a second wait does nothing again
+
+
+def test_a_failed_call_raises_the_same_error_to_every_waiter() -> None:
+    def issue(shard: int, positions: np.ndarray, epoch: int, blocking: bool):
+        def wait() -> None:
+            raise RuntimeError(f"shard {shard} down")
+
+        return wait
+
+    call = ShardRouter(SlotMap.initial(1), max_rows=10).start(np.arange(3), issue)
+    with pytest.raises(RuntimeError, match="shard 0 down") as first:
+        call.wait()
+    with pytest.raises(RuntimeError) as second:
+        call.wait()
+    assert second.value is first.value

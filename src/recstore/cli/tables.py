@@ -152,6 +152,27 @@ def checkpoint(
     console.print(f"checkpoint {record['id']} of {name}: {record['state']} ({rows} rows)")
 
 
+def wait(
+    name: Annotated[str, typer.Argument(help="Table name.")],
+    phase: Annotated[str, typer.Option("--for", help="Phase to wait for.")] = "Ready",
+    timeout: Annotated[float, typer.Option(help="Seconds before giving up.")] = 120,
+    admin_url: AdminUrl = DEFAULT_ADMIN_URL,
+    token: Token = None,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Wait until a table reaches a phase (like `kubectl wait`)."""
+    client = _client(admin_url, token, state_dir)
+    deadline = time.monotonic() + timeout
+    with console.status(f"waiting for {name} to be {phase} ..."):
+        while (current := client.get(f"/tables/{name}")["status"].get("phase")) != phase:
+            if time.monotonic() > deadline:
+                raise CliError(
+                    f"{name} is {current or 'Pending'}, not {phase}, after {timeout:g} s"
+                )
+            time.sleep(0.2)
+    console.print(f"embeddingtable/{name} {phase}")
+
+
 def _all_tables(client: AdminClient) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     while True:
@@ -206,7 +227,7 @@ def _age(now: dt.datetime, created: str) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    for command in (apply, get, delete, checkpoint):
+    for command in (apply, get, wait, delete, checkpoint):
         app.command()(_friendly(command))
 
 
