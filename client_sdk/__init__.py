@@ -3,10 +3,12 @@
 ``RecStoreClient`` is the documented KVClient API (pull, push, update,
 prefetch, ...) over the native store in this process or sharded PS nodes;
 ``Embedding`` and ``EmbeddingBag`` are torch modules whose weights live in
-RecStore and whose optimizer runs there.
+RecStore and whose optimizer runs there; ``EmbeddingBagCollection`` looks up
+several bags with one request per PS node.
 """
 
 from recstore.client.client import RecStoreClient
+from recstore.client.collection import EmbeddingBagCollection, EmbeddingBagConfig
 from recstore.client.errors import BackendError, TableNotInitialized, TableShapeMismatch
 from recstore.client.nn import Embedding, EmbeddingBag
 
@@ -14,6 +16,8 @@ __all__ = [
     "BackendError",
     "Embedding",
     "EmbeddingBag",
+    "EmbeddingBagCollection",
+    "EmbeddingBagConfig",
     "RecStoreClient",
     "TableNotInitialized",
     "TableShapeMismatch",

@@ -347,8 +347,7 @@ class RecStoreClient:
         backend = self.ops
         return backend is not None and backend.kind != "local"
 
-    def _pull_rows(self, name: str, keys: torch.Tensor, *, unique: bool) -> torch.Tensor:
-        """``pull`` for the torch modules: ``keys`` are CPU int64 (``unique``: no repeats)."""
+    def _check_module_keys(self, name: str, keys: torch.Tensor) -> None:
         meta = self._meta(name)
         low, high = meta.id_range
         if high is not None and keys.numel():
@@ -356,7 +355,17 @@ class RecStoreClient:
             if smallest < low or largest >= high:
                 check_id_range(keys, low, high, name)  # the error message of ``pull``
         self._last_table = name
+
+    def _pull_rows(self, name: str, keys: torch.Tensor, *, unique: bool) -> torch.Tensor:
+        """``pull`` for the torch modules: ``keys`` are CPU int64 (``unique``: no repeats)."""
+        self._check_module_keys(name, keys)
         return self._backend().pull(name, keys, unique=unique)
+
+    def _pull_rows_many(self, requests: list[tuple[str, torch.Tensor, bool]]) -> list[torch.Tensor]:
+        """``_pull_rows`` of several tables; every table's ids checked before anything is sent."""
+        for name, keys, _ in requests:
+            self._check_module_keys(name, keys)
+        return self._backend().pull_many(requests)
 
     def _apply_gradients(
         self, name: str, keys: torch.Tensor, grads: torch.Tensor, *, unique: bool = False
@@ -374,6 +383,21 @@ class RecStoreClient:
             keys, rows = coalesce(keys, rows)
         lr = self._learning_rate if self._learning_rate_set else None
         backend.update(name, keys, rows, lr, wait=False)
+
+    def _apply_gradients_many(
+        self, updates: list[tuple[str, torch.Tensor, torch.Tensor, bool]]
+    ) -> None:
+        """``_apply_gradients`` of several tables: one MultiUpdate per node, not waited for."""
+        backend = self._backend()
+        lr = self._learning_rate if self._learning_rate_set else None
+        batch = []
+        for name, keys, grads, unique in updates:
+            keys = keys.to("cpu", torch.int64)
+            rows = grads.detach().to("cpu", torch.float32).contiguous()
+            if backend.kind != "local" and not unique:
+                keys, rows = coalesce(keys, rows)
+            batch.append((name, keys, rows, lr))
+        backend.update_many(batch, wait=False)
 
     def flush(self) -> None:
         """Wait until every update sent in the background is applied.

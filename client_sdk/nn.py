@@ -19,6 +19,8 @@ trainer never sees these weights.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,6 +35,20 @@ _ID_DTYPES = (torch.int64, torch.int32)
 
 #: torch.nn.Embedding initialises weights from N(0, 1); so does a RecStore module.
 TORCH_INITIALIZER = {"kind": "normal", "mean": 0.0, "std": 1.0}
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """A forward pass cut in two: the rows it needs, then what it makes of them.
+
+    ``keys`` are CPU int64 (``unique``: without repeats); ``finish(rows)`` turns
+    their rows into the module's output. ``EmbeddingBagCollection`` pulls the
+    keys of all its bags at once and then finishes each.
+    """
+
+    keys: torch.Tensor
+    unique: bool
+    finish: Callable[[torch.Tensor], torch.Tensor]
 
 
 def _padding_index(padding_idx: int | None, num_embeddings: int) -> int | None:
@@ -106,14 +122,18 @@ class _RecStoreEmbeddingBase(nn.Module):
         # The autograd anchor: not a Parameter, so dense torch optimizers never see it.
         self._anchor = torch.empty(0, requires_grad=not _freeze)
 
-    def _rows(self, unique: torch.Tensor) -> torch.Tensor:
-        """Rows of the distinct ``unique`` ids, wired so backward updates the table."""
+    def _renormalise(self, unique: torch.Tensor) -> None:
+        """max_norm: rescale the rows of ``unique`` ids in the table before they are looked up."""
         if self.max_norm is not None:
             with torch.no_grad():
                 rows = self.client.pull(self.table_name, unique)
                 changed = renormalise_(rows, self.max_norm, self.norm_type)
                 if bool(changed.any()):
                     self.client.push(self.table_name, unique[changed], rows[changed])
+
+    def _rows(self, unique: torch.Tensor) -> torch.Tensor:
+        """Rows of the distinct ``unique`` ids, wired so backward updates the table."""
+        self._renormalise(unique)
         return self._pulled(unique.to("cpu"), unique=True).to(unique.device)
 
     def _pulled(self, keys: torch.Tensor, *, unique: bool) -> torch.Tensor:
@@ -278,25 +298,50 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
         offsets: torch.Tensor | None = None,
         per_sample_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        lookup = self._plan(input, offsets, per_sample_weights)
+        return lookup.finish(self._pulled(lookup.keys, unique=lookup.unique))
+
+    def _plan(
+        self,
+        input: torch.Tensor,
+        offsets: torch.Tensor | None = None,
+        per_sample_weights: torch.Tensor | None = None,
+    ) -> Lookup:
+        """Which rows this batch needs and how they become the output (see ``Lookup``)."""
         bag_size = self._fixed_bag_size(input, offsets, per_sample_weights)
         if bag_size:
-            rows = self._gather(input.reshape(-1)).view(-1, bag_size, self.embedding_dim)
-            if per_sample_weights is not None:
-                rows = rows * per_sample_weights.reshape(-1, bag_size, 1)
-            return rows.sum(1) if self.mode == "sum" else rows.mean(1)
-        unique, inverse = torch.unique(input.reshape(-1), return_inverse=True)
-        rows = self._rows(unique)
-        return F.embedding_bag(
-            inverse.view(input.shape),
-            rows,
-            offsets,
-            scale_grad_by_freq=self.scale_grad_by_freq,
-            mode=self.mode,
-            per_sample_weights=per_sample_weights,
-            include_last_offset=self.include_last_offset,
-            padding_idx=self._padding_position(unique),
-            sparse=self.mode != "max" and not self.scale_grad_by_freq,  # where torch allows it
-        )
+            keys = input.reshape(-1).to("cpu", torch.int64)
+            dedup = self.client._dedup_on_wire
+            inverse: torch.Tensor | None = None
+            if dedup:
+                keys, inverse = torch.unique(keys, return_inverse=True)
+
+            def pooled(rows: torch.Tensor) -> torch.Tensor:
+                if inverse is not None:
+                    rows = rows.index_select(0, inverse)
+                rows = rows.to(input.device).view(-1, bag_size, self.embedding_dim)
+                if per_sample_weights is not None:
+                    rows = rows * per_sample_weights.reshape(-1, bag_size, 1)
+                return rows.sum(1) if self.mode == "sum" else rows.mean(1)
+
+            return Lookup(keys if dedup else keys.contiguous(), dedup, pooled)
+        unique, inverse_ids = torch.unique(input.reshape(-1), return_inverse=True)
+        self._renormalise(unique)
+
+        def bagged(rows: torch.Tensor) -> torch.Tensor:
+            return F.embedding_bag(
+                inverse_ids.view(input.shape),
+                rows.to(unique.device),
+                offsets,
+                scale_grad_by_freq=self.scale_grad_by_freq,
+                mode=self.mode,
+                per_sample_weights=per_sample_weights,
+                include_last_offset=self.include_last_offset,
+                padding_idx=self._padding_position(unique),
+                sparse=self.mode != "max" and not self.scale_grad_by_freq,  # where torch allows
+            )
+
+        return Lookup(unique.to("cpu"), True, bagged)
 
     def _fixed_bag_size(
         self,

@@ -66,6 +66,7 @@ class PendingUpdates:
         self.wait_all()
         with self._lock:
             failures, self._failures = list(self._failures.values()), {}
+        failures = list({id(f): f for f in failures}.values())  # a multi update: one error
         if failures:
             first = failures[0]
             if len(failures) > 1:
@@ -90,7 +91,8 @@ class PendingUpdates:
         except Exception as error:
             with self._lock:
                 if table not in self._failures:
-                    error.add_note(FAILED_NOTE)
+                    if FAILED_NOTE not in getattr(error, "__notes__", ()):  # shared by tables
+                        error.add_note(FAILED_NOTE)
                     self._failures[table] = error
         finally:
             with self._lock:

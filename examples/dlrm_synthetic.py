@@ -4,10 +4,14 @@ Several sparse features (each a bag of ids looked up in its own embedding
 table) and a few dense features feed a small MLP that predicts a click. The
 clicks come from a hidden ground-truth model, so the loss visibly falls.
 The embedding tables are ``recstore.nn.EmbeddingBag`` modules whose optimizer
-runs in RecStore; the MLP is trained by a plain torch optimizer.
+runs in RecStore; the MLP is trained by a plain torch optimizer. With
+``--collection`` the bags are looked up as one ``recstore.nn.EmbeddingBagCollection``:
+over gRPC, one MultiPull and one MultiUpdate per PS node and step instead of
+one Pull and one Update per table and node.
 
     python examples/dlrm_synthetic.py --steps 300                    # local backend
     python examples/dlrm_synthetic.py --backend grpc --endpoints h1:50051,h2:50051
+    python examples/dlrm_synthetic.py --backend grpc --endpoints h1:50051,h2:50051 --collection
     python examples/dlrm_synthetic.py --backend grpc --admin-url http://admin:8080
 
 Importable: ``bench/train_bench.py`` and ``make demo`` reuse ``SyntheticClicks``,
@@ -25,7 +29,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from recstore.client import RecStoreClient
+from recstore.client import EmbeddingBagCollection, RecStoreClient
 from recstore.client import nn as rnn
 
 
@@ -108,13 +112,24 @@ def torch_bags(index: int, rows: int, dim: int) -> nn.Module:
 
 
 class DLRM(nn.Module):
-    """Bottom MLP on dense features, one bag per sparse feature, dot interactions, top MLP."""
+    """Bottom MLP on dense features, one bag per sparse feature, dot interactions, top MLP.
 
-    def __init__(self, data: DataConfig, embedding_dim: int, make_bag: EmbeddingFactory) -> None:
+    ``collection=True`` (RecStore bags only) looks every bag up at once through an
+    ``EmbeddingBagCollection``; the bags stay in ``self.bags`` either way.
+    """
+
+    def __init__(
+        self,
+        data: DataConfig,
+        embedding_dim: int,
+        make_bag: EmbeddingFactory,
+        collection: bool = False,
+    ) -> None:
         super().__init__()
         self.bags = nn.ModuleList(
             make_bag(i, data.cardinality, embedding_dim) for i in range(data.num_features)
         )
+        self.collection = EmbeddingBagCollection(list(self.bags)) if collection else None
         self.bottom = mlp([data.num_dense, 64, embedding_dim])
         pairs = (data.num_features + 1) * data.num_features // 2
         self.top = mlp([embedding_dim + pairs, 64, 1])
@@ -123,7 +138,11 @@ class DLRM(nn.Module):
         self, dense: torch.Tensor, sparse: list[torch.Tensor], offsets: torch.Tensor
     ) -> torch.Tensor:
         x = self.bottom(dense)
-        vectors = [x] + [bag(ids, offsets) for bag, ids in zip(self.bags, sparse, strict=True)]
+        if self.collection is not None:
+            pooled = self.collection([(ids, offsets) for ids in sparse])
+        else:
+            pooled = [bag(ids, offsets) for bag, ids in zip(self.bags, sparse, strict=True)]
+        vectors = [x, *pooled]
         stacked = torch.stack(vectors, dim=1)  # [B, F+1, D]
         dots = stacked @ stacked.transpose(1, 2)
         rows, cols = torch.triu_indices(len(vectors), len(vectors), offset=1)
@@ -177,6 +196,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", choices=["local", "grpc"], default="local")
     parser.add_argument("--endpoints", help="PS nodes host:port,... in shard order (grpc)")
     parser.add_argument("--admin-url", help="admin API for table discovery (grpc)")
+    parser.add_argument(
+        "--collection",
+        action="store_true",
+        help="look the bags up as one EmbeddingBagCollection (one request per PS node)",
+    )
     args = parser.parse_args(argv)
 
     client = RecStoreClient()
@@ -191,11 +215,16 @@ def main(argv: list[str] | None = None) -> None:
         client.set_ps_backend("local")
     torch.manual_seed(0)
     data_config = DataConfig(args.num_features, args.cardinality, batch_size=args.batch_size)
-    model = DLRM(data_config, args.embedding_dim, recstore_bags(client, args.lr))
+    model = DLRM(
+        data_config, args.embedding_dim, recstore_bags(client, args.lr), collection=args.collection
+    )
     losses = train(model, SyntheticClicks(data_config), args.steps, args.lr)
     window = max(1, min(20, len(losses) // 4))
     first, last = sum(losses[:window]) / window, sum(losses[-window:]) / window
-    print(f"loss {first:.4f} -> {last:.4f} over {args.steps} steps ({client.backend} backend)")
+    how = "one collection" if args.collection else "one module per bag"
+    print(
+        f"loss {first:.4f} -> {last:.4f} over {args.steps} steps ({client.backend} backend, {how})"
+    )
     for bag in model.bags:
         client.delete_data(str(bag.table_name))
 

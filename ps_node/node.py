@@ -211,7 +211,7 @@ class Node:
         check_owned(hosted, keys)
         with hosted.lock:
             hosted.table.push(keys, values)
-            return self._log(hosted, OP_PUSH, keys_buffer, values_buffer, hosted.dtype, None)
+            return self.log_write(hosted, OP_PUSH, keys_buffer, values_buffer, hosted.dtype, None)
 
     def update(
         self,
@@ -231,9 +231,9 @@ class Node:
         check_owned(hosted, keys)
         with hosted.lock:
             hosted.table.update(keys, grads, lr)
-            return self._log(hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr)
+            return self.log_write(hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr)
 
-    def _log(
+    def log_write(
         self,
         hosted: HostedTable,
         op: int,

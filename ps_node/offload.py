@@ -19,12 +19,21 @@ T = TypeVar("T")
 
 #: batches up to this many rows may run inline (the engine needs well under 1 ms)
 INLINE_MAX_ROWS = 2048
+#: the same bound in values (rows x dim) for multi-table calls, whose tables have
+#: various dims: INLINE_MAX_ROWS rows of the dim 64 it was measured at
+INLINE_MAX_VALUES = INLINE_MAX_ROWS * 64
 
 
 class Offload:
-    def __init__(self, executor: Executor, inline_max_rows: int = INLINE_MAX_ROWS) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        inline_max_rows: int = INLINE_MAX_ROWS,
+        inline_max_values: int = INLINE_MAX_VALUES,
+    ) -> None:
         self.executor = executor
         self.inline_max_rows = inline_max_rows
+        self.inline_max_values = inline_max_values
         self.in_flight = 0  # calls now in the pool; only touched on the event loop
         self.inline_calls = 0
 
@@ -43,3 +52,9 @@ class Offload:
             self.inline_calls += 1
             return fn(*args)
         return await self.run(fn, *args)
+
+    async def run_multi(self, values: int, fn: Callable[..., T], *args: Any) -> T:
+        """Run a multi-table call moving ``values`` values (rows x dim) inline when small."""
+        return await self.run_batch(
+            self.inline_max_rows if values <= self.inline_max_values else values, fn, *args
+        )

@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from recstore.core import SlotMap, SlotRange, TableSpec, wire
-from recstore.ps import codec, persistence
+from recstore.core import InvalidArgument, SlotMap, SlotRange, TableNotFound, TableSpec, wire
+from recstore.ps import codec, multi, persistence
 from recstore.ps.checkpoint import CheckpointInfo, list_checkpoints
 from recstore.ps.metrics import Metrics
 from recstore.ps.node import HostedTable, Node, WriteAck
@@ -179,6 +179,43 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         self.metrics.rows(req.table, "Update", ack.rows)
         return wire.encode_rows_response(ack.rows)
 
+    # Several tables in one call, all or nothing (recstore.ps.multi).
+    @rpc
+    async def MultiPull(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        reqs = wire.decode_multi_pull_request(request)
+        shapes = []
+        for index, req in enumerate(reqs):
+            try:
+                hosted = self.node.get(req.table)
+                rows = len(codec.decode_keys(req.keys))
+            except (TableNotFound, InvalidArgument) as error:
+                raise multi.item_error(index, req.table, error) from None
+            shapes.append((rows, hosted.dim, hosted.dtype, req.read_only))
+        message, outs = wire.multi_pull_response_frame(shapes)
+        items = [
+            multi.PullItem(req.table, req.keys, values, found)
+            for req, (values, found) in zip(reqs, outs, strict=True)
+        ]
+        values = sum(shape[0] * shape[1] for shape in shapes)
+        await self.offload.run_multi(values, multi.multi_pull, self.node, items)
+        for req, shape in zip(reqs, shapes, strict=True):
+            self.metrics.rows(req.table, "MultiPull", shape[0])
+        return wire.finish(message)
+
+    @rpc
+    async def MultiUpdate(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        items = [
+            multi.UpdateItem(r.table, r.keys, r.grads, r.grad_dtype, r.dim, r.lr)
+            for r in wire.decode_multi_update_request(request)
+        ]
+        values = sum(len(item.grads) // 4 for item in items)  # float32 (or smaller) values
+        acks = await self.offload.run_multi(values, multi.multi_update, self.node, items)
+        for ack in acks:  # acknowledged means durable: every table's record is fsynced
+            await self._acknowledge(ack)
+        for item, ack in zip(items, acks, strict=True):
+            self.metrics.rows(item.table, "MultiUpdate", ack.rows)
+        return wire.encode_multi_rows_response(ack.rows for ack in acks)
+
     @rpc
     async def Save(self, request, context):
         info = await self._run(
@@ -202,7 +239,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
 
 
 #: methods whose handlers see raw request bytes and return raw reply bytes
-FAST_METHODS = frozenset({"Pull", "Push", "Update"})
+FAST_METHODS = frozenset({"Pull", "Push", "Update", "MultiPull", "MultiUpdate"})
 
 
 def add_to_server(servicer: PsServicer, server: grpc.aio.Server) -> None:

@@ -8,12 +8,18 @@ Failures come back as the SDK's errors (``recstore.client.errors``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from recstore.core import TableSpec
+
+#: (table, keys, unique) of one table in ``pull_many``
+PullRequest = tuple[str, torch.Tensor, bool]
+#: (table, keys, grads, lr) of one table in ``update_many``
+UpdateRequest = tuple[str, torch.Tensor, torch.Tensor, float | None]
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,18 @@ class Backend(Protocol):
 
         ``wait=False`` may return before the update is applied; every later call
         on the table still sees it, and a failure is raised by that call.
+        """
+        ...
+
+    def pull_many(self, requests: Sequence[PullRequest]) -> list[torch.Tensor]:
+        """``pull`` of several tables at once (remote: one request per node)."""
+        ...
+
+    def update_many(self, updates: Sequence[UpdateRequest], *, wait: bool = True) -> None:
+        """``update`` of several tables at once (remote: one request per node).
+
+        A table whose rows a node refuses applies nothing there; every later call on
+        a table raises a failure of that table's rows, as for ``update``.
         """
         ...
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,8 @@ import numpy as np
 import torch
 
 from recstore.client.backends import wire
-from recstore.client.backends.base import CreateResult
+from recstore.client.backends.base import CreateResult, PullRequest, UpdateRequest
+from recstore.client.backends.multi_rows import MultiCall, TableCall
 from recstore.client.backends.node_calls import NodeCalls
 from recstore.client.backends.remote_rows import pull_issue, push_issue, update_issue
 from recstore.client.discovery import Discovery, discover
@@ -277,6 +279,50 @@ class GrpcBackend:
             call.wait()
         else:
             self._pending.add(name, call)
+
+    def pull_many(self, requests: Sequence[PullRequest]) -> list[torch.Tensor]:
+        """Several tables' pulls with one MultiPull per node (each table as ``pull``)."""
+        for name, _, _ in requests:
+            self._pending.settle(name)
+        calls, inverses = [], []
+        for name, keys, unique in requests:
+            table = self._locate(name)
+            distinct, inverse = (keys, None) if unique else torch.unique(keys, return_inverse=True)
+            keys_np = wire.keys_to_numpy(distinct)
+            dtype = wire.wire_dtype(DType(table.spec.dtype))
+            out = np.empty((len(keys_np), table.spec.embedding_dim), dtype=dtype)
+            calls.append(TableCall(table, keys_np, out))
+            inverses.append(inverse)
+        MultiCall("MultiPull", calls, self._node, self._max_batch_bytes, blocking=True).wait()
+        results = []
+        for call, inverse in zip(calls, inverses, strict=True):
+            rows = wire.rows_from_numpy(call.rows, DType(call.table.spec.dtype))
+            results.append(rows if inverse is None else rows[inverse])
+        return results
+
+    def update_many(self, updates: Sequence[UpdateRequest], *, wait: bool = True) -> None:
+        """Several tables' updates with one MultiUpdate per node (each table as ``update``).
+
+        ``wait=False`` leaves them in flight; each table then has this call as its
+        update in flight, and reports only a failure of its own rows.
+        """
+        for name, _, _, _ in updates:
+            self._pending.settle(name)
+        calls = []
+        for name, keys, grads, lr in updates:
+            table = self._locate(name)
+            every_shard = table.spec.optimizer.kind == "adam"
+            calls.append(
+                TableCall(
+                    table, wire.keys_to_numpy(keys), wire.rows_to_numpy(grads), lr, every_shard
+                )
+            )
+        call = MultiCall("MultiUpdate", calls, self._node, self._max_batch_bytes, blocking=wait)
+        if wait:
+            call.wait()
+            return
+        for index, table_call in enumerate(calls):
+            self._pending.add(table_call.name, call.share(index))
 
     @property
     def updates_in_flight(self) -> int:

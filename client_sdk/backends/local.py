@@ -9,11 +9,12 @@ the GPU when there is one.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
-from recstore.client.backends.base import CreateResult
+from recstore.client.backends.base import CreateResult, PullRequest, UpdateRequest
 from recstore.client.errors import BackendError, TableNotInitialized
 from recstore.core import CapacityExhausted, RecStoreError, StorageTier, TableExists, TableNotFound
 from recstore.core import TableSpec as TableSpec
@@ -128,6 +129,17 @@ class LocalBackend:
             table.update(keys.to(table.device), grads.to(table.device), lr=lr)
         except RecStoreError as error:
             raise _backend_error(error, name) from error
+
+    def pull_many(self, requests: Sequence[PullRequest]) -> list[torch.Tensor]:
+        """Direct store calls, table by table (no request to save locally)."""
+        return [self.pull(name, keys, unique=unique) for name, keys, unique in requests]
+
+    def update_many(self, updates: Sequence[UpdateRequest], *, wait: bool = True) -> None:
+        """Table by table, once every table is found (an unknown one changes nothing)."""
+        for name, _, _, _ in updates:
+            self.table(name)
+        for name, keys, grads, lr in updates:
+            self.update(name, keys, grads, lr)
 
     def flush(self) -> None:
         """Nothing in flight: local updates are applied when ``update`` returns."""

@@ -49,6 +49,8 @@ class NodeCalls:
             "Pull": self.channel.unary_unary(wire.PULL),
             "Push": self.channel.unary_unary(wire.PUSH),
             "Update": self.channel.unary_unary(wire.UPDATE),
+            "MultiPull": self.channel.unary_unary(wire.MULTI_PULL),
+            "MultiUpdate": self.channel.unary_unary(wire.MULTI_UPDATE),
         }
         self._options: dict[str, Any] = {"metadata": metadata, "timeout": timeout}
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,3 +33,21 @@ def test_dlrm_example_loss_falls(local_client) -> None:
     model = dlrm.DLRM(config, 8, dlrm.recstore_bags(local_client, lr=0.5))
     losses = dlrm.train(model, dlrm.SyntheticClicks(config), steps=120, lr=0.5, progress=False)
     assert sum(losses[-20:]) / 20 < sum(losses[:20]) / 20 - 0.03
+
+
+@pytest.mark.slow
+def test_dlrm_example_trains_the_same_as_one_collection(grpc_client) -> None:
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import dlrm_synthetic as dlrm
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    config = dlrm.DataConfig(num_features=3, cardinality=500, batch_size=64, seed=4)
+    losses = []
+    for collection in (False, True):
+        torch.manual_seed(0)
+        make_bags = dlrm.recstore_bags(grpc_client, lr=0.5)
+        model = dlrm.DLRM(config, 8, make_bags, collection=collection)
+        data = dlrm.SyntheticClicks(config)
+        losses.append(dlrm.train(model, data, steps=15, lr=0.5, progress=False))
+    assert losses[0] == pytest.approx(losses[1], abs=1e-5)

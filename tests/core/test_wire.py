@@ -331,3 +331,166 @@ def test_dtype_names(dtype: str, name: str) -> None:
 def test_unknown_array_dtype_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="float32, float16"):
         wire.dtype_name(np.zeros(1, np.float64))
+
+
+# -- multi-table messages (MultiPull / MultiUpdate) ----------------------------------
+def _multi_items(sizes: list[int]) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(table, keys, rows) per item; names of varying length shift every later offset."""
+    rng = np.random.default_rng(len(sizes))
+    return [
+        (f"t{'x' * i}", rng.integers(-(2**40), 2**40, n).astype("<i8"),
+         rng.standard_normal((n, 3)).astype("<f4"))
+        for i, n in enumerate(sizes)
+    ]  # fmt: skip
+
+
+MULTI_SIZES = [[], [0], [1], [3, 0, 7], [1000, 1, 2, 40000], [5] * 9]
+
+
+@pytest.mark.parametrize("sizes", MULTI_SIZES)
+@pytest.mark.parametrize("epoch", [0, 1, 2**40])
+def test_multi_requests_parse_with_generated_classes_and_align_every_payload(
+    sizes: list[int], epoch: int
+) -> None:
+    items = _multi_items(sizes)
+    pull = wire.encode_multi_pull_request(
+        wire.PullRequest(name, epoch, keys, read_only=bool(i % 2))
+        for i, (name, keys, _) in enumerate(items)
+    )
+    update = wire.encode_multi_update_request(
+        wire.UpdateRequest(name, epoch, keys, rows, "float32", 0.25 if i % 2 else None, 3)
+        for i, (name, keys, rows) in enumerate(items)
+    )
+    assert ps_pb2.MultiPullRequest.FromString(pull) == ps_pb2.MultiPullRequest(
+        items=[
+            ps_pb2.PullRequest(table=name, epoch=epoch, keys=keys.tobytes(), read_only=bool(i % 2))
+            for i, (name, keys, _) in enumerate(items)
+        ]
+    )
+    expected_updates = []
+    for i, (name, keys, rows) in enumerate(items):
+        item = ps_pb2.UpdateRequest(
+            table=name, epoch=epoch, keys=keys.tobytes(), grads=rows.tobytes(),
+            grad_dtype="float32", dim=3,
+        )  # fmt: skip
+        if i % 2:
+            item.lr = 0.25
+        expected_updates.append(item)
+    assert ps_pb2.MultiUpdateRequest.FromString(update) == ps_pb2.MultiUpdateRequest(
+        items=expected_updates
+    )
+    base = address(memoryview(update))
+    decoded = wire.decode_multi_update_request(update)
+    assert [d.table for d in decoded] == [name for name, _, _ in items]
+    for got, (_, keys, rows) in zip(decoded, items, strict=True):
+        assert bytes(got.keys) == keys.tobytes() and bytes(got.grads) == rows.tobytes()
+        for view in (got.keys, got.grads):
+            assert isinstance(view, memoryview)
+            # (keys follow the epoch's pad varint, which can widen only below 2**21)
+            if len(view) and (view is got.grads or epoch < 2**21):
+                assert (address(view) - base) % wire.ALIGN == 0  # 8-aligned, no copy needed
+    pulls = wire.decode_multi_pull_request(pull)
+    assert [bytes(p.keys) for p in pulls] == [keys.tobytes() for _, keys, _ in items]
+    assert [p.read_only for p in pulls] == [bool(i % 2) for i in range(len(items))]
+
+
+def test_generated_multi_messages_decode_here() -> None:
+    items = _multi_items([4, 0, 2])
+    message = ps_pb2.MultiUpdateRequest(
+        items=[
+            ps_pb2.UpdateRequest(table=n, epoch=9, keys=k.tobytes(), grads=r.tobytes(), dim=3)
+            for n, k, r in items
+        ]
+    ).SerializeToString()
+    decoded = wire.decode_multi_update_request(message)
+    assert [fields_of(d) for d in decoded] == [
+        {"table": n, "epoch": 9, "keys": k.tobytes(), "grads": r.tobytes(), "grad_dtype": "",
+         "lr": None, "dim": 3}
+        for n, k, r in items
+    ]  # fmt: skip
+    replies = ps_pb2.MultiUpdateResponse(
+        items=[ps_pb2.UpdateResponse(rows=n) for n in (4, 0, 2**33)]
+    ).SerializeToString()
+    assert wire.decode_multi_rows_response(replies) == [4, 0, 2**33]
+    assert wire.decode_multi_pull_request(b"") == []
+
+
+@pytest.mark.parametrize("rows", [[], [0], [3, 0, 2**33]])
+def test_multi_rows_response_parses_with_generated_classes(rows: list[int]) -> None:
+    encoded = wire.encode_multi_rows_response(rows)
+    parsed = ps_pb2.MultiUpdateResponse.FromString(encoded)
+    assert [item.rows for item in parsed.items] == rows
+    assert wire.decode_multi_rows_response(encoded) == rows
+
+
+SHAPES = [
+    [],
+    [(0, 8, "float32", False)],
+    [(3, 4, "float32", False), (2, 2, "float16", True), (5, 3, "bfloat16", False)],
+    [(2000, 16, "float32", False)] * 8,
+]
+
+
+@pytest.mark.parametrize("shapes", SHAPES)
+def test_multi_pull_response_frame_writes_each_item_once(shapes: list[Any]) -> None:
+    rng = np.random.default_rng(len(shapes))
+    message, holes = wire.multi_pull_response_frame(shapes)
+    expected = []
+    for (rows, dim, dtype, read_only), (values, found) in zip(shapes, holes, strict=True):
+        rows_in = rng.integers(0, 2**15, (rows, dim)).astype(wire.WIRE_DTYPES[dtype])
+        values[:] = rows_in
+        found_in = rng.integers(0, 2, rows).astype(bool)
+        assert (found is not None) == read_only
+        if found is not None:
+            found[:] = found_in
+        expected.append((rows_in, found_in if read_only else None))
+    sent = wire.finish(message)
+    parsed = ps_pb2.MultiPullResponse.FromString(sent)
+    decoded = wire.decode_multi_pull_response(sent)
+    assert len(parsed.items) == len(decoded) == len(shapes)
+    for (rows, dim, dtype, _), item, mine, (rows_in, found_in) in zip(
+        shapes, parsed.items, decoded, expected, strict=True
+    ):
+        assert (item.dim, item.dtype, item.values) == (dim, dtype, rows_in.tobytes())
+        assert item.found == (b"" if found_in is None else found_in.tobytes())
+        view = wire.rows_view(mine.values, rows, dim, dtype)
+        np.testing.assert_array_equal(view, rows_in)
+        assert rows == 0 or np.shares_memory(view, np.frombuffer(sent, np.uint8))
+
+
+def test_multi_pull_response_frame_refuses_an_unknown_dtype() -> None:
+    with pytest.raises(InvalidArgument, match="unknown dtype"):
+        wire.multi_pull_response_frame([(1, 1, "float32", False), (1, 1, "int8", False)])
+
+
+MULTI_VALID = wire.encode_multi_update_request(
+    wire.UpdateRequest(n, 1, k, r, "float32", None, 3) for n, k, r in _multi_items([2, 1])
+)
+
+
+@pytest.mark.parametrize("cut", range(1, len(MULTI_VALID)))
+def test_every_truncated_multi_request_is_refused_like_protobuf(cut: int) -> None:
+    data = MULTI_VALID[:cut]
+    try:
+        ps_pb2.MultiUpdateRequest.FromString(data)
+        generated_ok = True
+    except DecodeError:
+        generated_ok = False
+    if generated_ok:
+        wire.decode_multi_update_request(data)  # must parse too
+    else:
+        with pytest.raises(InvalidArgument):
+            wire.decode_multi_update_request(data)
+
+
+def test_a_malformed_item_is_refused_and_unknown_outer_fields_skipped() -> None:
+    item = wire.encode_update_request("t", np.arange(2, dtype="<i8"), np.zeros((2, 1), "<f4"))
+    unknown = tag(7, wire.VARINT) + b"\x05" + tag(8, wire.LEN) + b"\x02ab"
+    data = unknown + tag(1, wire.LEN) + wire.encode_varint(len(item)) + item + unknown
+    (decoded,) = wire.decode_multi_update_request(data)
+    assert decoded.table == "t" and len(decoded.keys) == 16
+    broken = tag(1, wire.LEN) + b"\x02\x0f\x00"  # an item holding an invalid wire type
+    with pytest.raises(InvalidArgument):
+        wire.decode_multi_update_request(broken)
+    with pytest.raises(InvalidArgument, match="end-group"):
+        wire.decode_multi_pull_request(tag(3, wire.EGROUP))

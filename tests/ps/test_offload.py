@@ -31,3 +31,12 @@ async def test_no_inline_call_while_the_pool_is_busy() -> None:
         release.set()
         assert await slow is True
         assert offload.in_flight == 0 and offload.inline_calls == 0
+
+
+async def test_multi_table_calls_are_bounded_by_values_not_rows() -> None:
+    loop_thread = threading.get_ident()
+    with ThreadPoolExecutor(2) as pool:
+        offload = Offload(pool, inline_max_rows=100, inline_max_values=6400)
+        assert await offload.run_multi(6400, threading.get_ident) == loop_thread  # 400 rows x 16
+        assert await offload.run_multi(6401, threading.get_ident) != loop_thread
+        assert offload.inline_calls == 1 and offload.in_flight == 0

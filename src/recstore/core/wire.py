@@ -15,8 +15,9 @@ the PS node and the SDK both build on it.
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -31,6 +32,10 @@ U64, U32 = (1 << 64) - 1, (1 << 32) - 1
 Buffer = bytes | bytearray | memoryview
 SERVICE = "/recstore.v1.ParameterServer/"
 PULL, PUSH, UPDATE = SERVICE + "Pull", SERVICE + "Push", SERVICE + "Update"
+MULTI_PULL, MULTI_UPDATE = SERVICE + "MultiPull", SERVICE + "MultiUpdate"
+#: width of the length varint of an embedded message: its size is known only after
+#: its payloads are placed, and a fixed width lets them be placed aligned first
+EMBEDDED_LENGTH_WIDTH = 5
 
 #: numpy layout of each table dtype on the wire (bfloat16 as raw uint16 bits).
 WIRE_DTYPES: dict[str, np.dtype] = {
@@ -47,6 +52,8 @@ def varint_size(value: int) -> int:
 
 def encode_varint(value: int, width: int = 0) -> bytes:
     """``value`` as a varint, padded with continuation bytes to ``width`` bytes if given."""
+    if width <= 1 and 0 <= value < 0x80:  # the common case (tags, small fields), precomputed
+        return _ONE_BYTE[value]
     if not 0 <= value <= U64:
         raise ValueError(f"varint out of range: {value}")
     width = max(width, varint_size(value))
@@ -58,6 +65,9 @@ def encode_varint(value: int, width: int = 0) -> bytes:
         value >>= 7
     out[-1] = value
     return bytes(out)
+
+
+_ONE_BYTE = [bytes((value,)) for value in range(0x80)]
 
 
 def decode_varint(data: memoryview, pos: int) -> tuple[int, int]:
@@ -228,7 +238,37 @@ def decode_rows_response(data: Buffer) -> int:
     return decode_message(RowsResponse, ROWS_RESPONSE, data).rows
 
 
+def decode_items(data: Buffer, decode_item: Callable[[memoryview], M]) -> list[M]:
+    """The ``repeated <message> items = 1`` of a Multi* message, each decoded in place."""
+    view, pos, items = _byte_view(data), 0, []
+    while pos < len(view):
+        number, wire_type, raw, pos = _next_field(view, pos)
+        if wire_type == EGROUP:
+            raise InvalidArgument(f"end-group tag {number} without a start")
+        if number == 1 and wire_type == LEN:
+            items.append(decode_item(raw))
+    return items
+
+
+def decode_multi_pull_request(data: Buffer) -> list[PullRequest]:
+    return decode_items(data, decode_pull_request)
+
+
+def decode_multi_update_request(data: Buffer) -> list[UpdateRequest]:
+    return decode_items(data, decode_update_request)
+
+
+def decode_multi_pull_response(data: Buffer) -> list[PullResponse]:
+    return decode_items(data, decode_pull_response)
+
+
+def decode_multi_rows_response(data: Buffer) -> list[int]:
+    """MultiUpdateResponse: rows applied per item."""
+    return decode_items(data, decode_rows_response)
+
+
 # -- encoding -----------------------------------------------------------------------
+@functools.cache
 def _tag(number: int, wire_type: int) -> bytes:
     return encode_varint(number << 3 | wire_type)
 
@@ -241,9 +281,10 @@ class MessageWriter:
     straight into the message that goes on the wire.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, base: int = 0) -> None:
         self.parts: list[Buffer | int] = []
         self.size = 0
+        self.base = base  # where this message starts inside the outermost one
 
     def _put(self, part: Buffer | int) -> None:
         self.parts.append(part)
@@ -276,13 +317,26 @@ class MessageWriter:
             self._put(data)
             return
         pad_tag, minimal = _tag(pad[0], VARINT), varint_size(pad[1])
-        start = self.size + len(pad_tag) + len(head)
+        start = self.base + self.size + len(pad_tag) + len(head)
         width = next(
             (w for w in range(minimal, MAX_VARINT_BYTES + 1) if (start + w) % ALIGN == 0),
             minimal,  # not reachable with a huge pad value: the receiver copies instead
         )
         self._put(pad_tag + encode_varint(pad[1], width) + head)
         self._put(data)
+
+    def message(self, number: int, build: Callable[[MessageWriter], object]) -> None:
+        """Embedded message field ``number``, written by ``build(writer)``.
+
+        Its payloads (and holes) keep their alignment inside this message: the
+        length goes in a fixed-width varint, so the inner writer knows its base.
+        """
+        head_tag = _tag(number, LEN)
+        inner = MessageWriter(self.base + self.size + len(head_tag) + EMBEDDED_LENGTH_WIDTH)
+        build(inner)
+        self._put(head_tag + encode_varint(inner.size, EMBEDDED_LENGTH_WIDTH))
+        for part in inner.parts:
+            self._put(part)
 
     def tobytes(self) -> bytes:
         if any(isinstance(part, int) for part in self.parts):
@@ -336,11 +390,31 @@ def finish(message: bytes) -> bytes:
     return bytes(message) if isinstance(message, bytearray) else message
 
 
-def encode_pull_request(table: str, keys: Any, *, epoch: int = 0, read_only: bool = False) -> bytes:
-    w = MessageWriter()
+def _write_pull_request(
+    w: MessageWriter, table: str, keys: Any, epoch: int = 0, read_only: bool = False
+) -> None:
     w.string(1, table)
     w.varint(4, read_only)
     w.payload(3, keys, pad=(2, epoch))
+
+
+def encode_pull_request(table: str, keys: Any, *, epoch: int = 0, read_only: bool = False) -> bytes:
+    w = MessageWriter()
+    _write_pull_request(w, table, keys, epoch, read_only)
+    return w.tobytes()
+
+
+def encode_multi_pull_request(items: Iterable[PullRequest]) -> bytes:
+    """MultiPullRequest; each item's ``keys`` any contiguous int64 buffer, copied once."""
+    w = MessageWriter()
+    for item in items:
+        w.message(
+            1,
+            functools.partial(
+                _write_pull_request,
+                table=item.table, keys=item.keys, epoch=item.epoch, read_only=item.read_only,
+            ),
+        )  # fmt: skip
     return w.tobytes()
 
 
@@ -366,11 +440,23 @@ def encode_update_request(
     lr: float | None = None,
 ) -> bytes:
     w = MessageWriter()
-    w.string(1, table)
-    w.string(5, grad_dtype)
-    w.float32(6, lr)
-    w.payload(3, keys, pad=(2, epoch))
-    w.payload(4, grads, pad=(7, dim))
+    _write_update_request(w, UpdateRequest(table, epoch, keys, grads, grad_dtype, lr, dim))
+    return w.tobytes()
+
+
+def _write_update_request(w: MessageWriter, item: UpdateRequest) -> None:
+    w.string(1, item.table)
+    w.string(5, item.grad_dtype)
+    w.float32(6, item.lr)
+    w.payload(3, item.keys, pad=(2, item.epoch))
+    w.payload(4, item.grads, pad=(7, item.dim))
+
+
+def encode_multi_update_request(items: Iterable[UpdateRequest]) -> bytes:
+    """MultiUpdateRequest; each item's ``keys``/``grads`` copied once, 8-byte aligned."""
+    w = MessageWriter()
+    for item in items:
+        w.message(1, functools.partial(_write_update_request, item=item))
     return w.tobytes()
 
 
@@ -381,6 +467,18 @@ def encode_rows_response(rows: int) -> bytes:
     return w.tobytes()
 
 
+def _write_rows_response(w: MessageWriter, rows: int) -> None:
+    w.varint(1, rows)
+
+
+def encode_multi_rows_response(rows: Iterable[int]) -> bytes:
+    """MultiUpdateResponse: one UpdateResponse per item."""
+    w = MessageWriter()
+    for count in rows:
+        w.message(1, functools.partial(_write_rows_response, rows=count))
+    return w.tobytes()
+
+
 def pull_response_frame(
     rows: int, dim: int, dtype: str, read_only: bool
 ) -> tuple[bytes, np.ndarray, np.ndarray | None]:
@@ -388,15 +486,49 @@ def pull_response_frame(
 
     Fill ``values`` (and ``found``) in place, then send ``finish(message)``.
     """
-    storage = wire_dtype(dtype)
-    w = MessageWriter()
+    message, ((values, found),) = multi_pull_response_frame([(rows, dim, dtype, read_only)], False)
+    return message, values, found
+
+
+PullShape = tuple[int, int, str, bool]  # rows, dim, dtype, read_only
+
+
+def _write_pull_response(w: MessageWriter, shape: PullShape) -> None:
+    rows, dim, dtype, read_only = shape
     w.string(3, dtype)
     if read_only:
         w.payload(4, rows)
-    w.payload(1, rows * dim * storage.itemsize, pad=(2, dim))
+    w.payload(1, rows * dim * wire_dtype(dtype).itemsize, pad=(2, dim))
+
+
+def multi_pull_response_frame(
+    shapes: Sequence[PullShape], embedded: bool = True
+) -> tuple[bytes, list[tuple[np.ndarray, np.ndarray | None]]]:
+    """A MultiPullResponse (or, not ``embedded``, one PullResponse) with room for its rows.
+
+    One (values [rows, dim], found or None) per shape, to fill in place before
+    ``finish(message)``: every item's rows are written once, straight into the reply.
+    """
+    for _, _, dtype, _ in shapes:
+        wire_dtype(dtype)  # refuse an unknown dtype before anything is allocated
+    w = MessageWriter()
+    for shape in shapes:
+        if embedded:
+            w.message(1, functools.partial(_write_pull_response, shape=shape))
+        else:
+            _write_pull_response(w, shape)
     message, holes = w.frame()
-    values = np.frombuffer(holes[-1], storage).reshape(rows, dim)
-    return message, values, np.frombuffer(holes[0], np.bool_) if read_only else None
+    out: list[tuple[np.ndarray, np.ndarray | None]] = []
+    position = 0
+    for rows, dim, dtype, read_only in shapes:
+        found = None
+        if read_only:
+            found = np.frombuffer(holes[position], np.bool_)
+            position += 1
+        values = np.frombuffer(holes[position], wire_dtype(dtype)).reshape(rows, dim)
+        position += 1
+        out.append((values, found))
+    return message, out
 
 
 # -- arrays --------------------------------------------------------------------------
@@ -448,6 +580,8 @@ class WireClient:
         self._pull = channel.unary_unary(PULL)
         self._push = channel.unary_unary(PUSH)
         self._update = channel.unary_unary(UPDATE)
+        self._multi_pull = channel.unary_unary(MULTI_PULL)
+        self._multi_update = channel.unary_unary(MULTI_UPDATE)
         self._options = {"metadata": tuple(metadata), "timeout": timeout}
 
     def pull(
@@ -478,6 +612,44 @@ class WireClient:
             table, keys, grads, epoch=epoch, grad_dtype=grad_dtype, dim=_dim(grads), lr=lr
         )
         return decode_rows_response(self._update(request, **self._options))
+
+    def multi_pull(
+        self, items: Sequence[tuple[str, Any]], *, epoch: int = 0, read_only: bool = False
+    ) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """One MultiPull of ``(table, keys)`` items: (values, found or None) per item."""
+        keys = [np.ascontiguousarray(k, dtype="<i8") for _, k in items]
+        request = encode_multi_pull_request(
+            PullRequest(table, epoch, k.data, read_only)
+            for (table, _), k in zip(items, keys, strict=True)
+        )
+        replies = decode_multi_pull_response(self._multi_pull(request, **self._options))
+        if len(replies) != len(items):
+            raise InvalidArgument(f"{len(replies)} replies to a MultiPull of {len(items)} items")
+        return [
+            (
+                rows_view(r.values, len(k), r.dim, r.dtype),
+                np.frombuffer(r.found, np.bool_) if read_only else None,
+            )
+            for r, k in zip(replies, keys, strict=True)
+        ]
+
+    def multi_update(
+        self,
+        items: Sequence[tuple[str, Any, np.ndarray]],
+        *,
+        epoch: int = 0,
+        lr: float | None = None,
+    ) -> list[int]:
+        """One MultiUpdate of ``(table, keys, grads)`` items (all or nothing): rows per item."""
+        request = encode_multi_update_request(
+            UpdateRequest(
+                table, epoch, np.ascontiguousarray(keys, dtype="<i8").data,
+                np.ascontiguousarray(grads).data,
+                dtype_name(grads), lr, _dim(grads),
+            )
+            for table, keys, grads in items
+        )  # fmt: skip
+        return decode_multi_rows_response(self._multi_update(request, **self._options))
 
 
 def dtype_name(rows: np.ndarray) -> str:

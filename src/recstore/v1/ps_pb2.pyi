@@ -171,6 +171,30 @@ class UpdateResponse(_message.Message):
     rows: int
     def __init__(self, rows: _Optional[int] = ...) -> None: ...
 
+class MultiPullRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[PullRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[PullRequest, _Mapping]]] = ...) -> None: ...
+
+class MultiPullResponse(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[PullResponse]
+    def __init__(self, items: _Optional[_Iterable[_Union[PullResponse, _Mapping]]] = ...) -> None: ...
+
+class MultiUpdateRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[UpdateRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[UpdateRequest, _Mapping]]] = ...) -> None: ...
+
+class MultiUpdateResponse(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[UpdateResponse]
+    def __init__(self, items: _Optional[_Iterable[_Union[UpdateResponse, _Mapping]]] = ...) -> None: ...
+
 class SaveRequest(_message.Message):
     __slots__ = ("checkpoint_id",)
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]

@@ -69,6 +69,16 @@ class ParameterServerStub:
                 request_serializer=recstore_dot_v1_dot_ps__pb2.UpdateRequest.SerializeToString,
                 response_deserializer=recstore_dot_v1_dot_ps__pb2.UpdateResponse.FromString,
                 _registered_method=True)
+        self.MultiPull = channel.unary_unary(
+                '/recstore.v1.ParameterServer/MultiPull',
+                request_serializer=recstore_dot_v1_dot_ps__pb2.MultiPullRequest.SerializeToString,
+                response_deserializer=recstore_dot_v1_dot_ps__pb2.MultiPullResponse.FromString,
+                _registered_method=True)
+        self.MultiUpdate = channel.unary_unary(
+                '/recstore.v1.ParameterServer/MultiUpdate',
+                request_serializer=recstore_dot_v1_dot_ps__pb2.MultiUpdateRequest.SerializeToString,
+                response_deserializer=recstore_dot_v1_dot_ps__pb2.MultiUpdateResponse.FromString,
+                _registered_method=True)
         self.Save = channel.unary_unary(
                 '/recstore.v1.ParameterServer/Save',
                 request_serializer=recstore_dot_v1_dot_ps__pb2.SaveRequest.SerializeToString,
@@ -136,6 +146,23 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MultiPull(self, request, context):
+        """Several Pulls (of any tables hosted here) in one call. Every item is
+        validated before any is run; a rejected request pulls (and inserts) nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MultiUpdate(self, request, context):
+        """Several Updates in one call, all or nothing: every item is validated (table,
+        dtype, dim, lengths, lr, slot ownership) before any is applied, and the
+        reply comes once every item is applied (and logged, in WAL mode).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Save(self, request, context):
         """Write a checkpoint of every table of the node.
         """
@@ -193,6 +220,16 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Update,
                     request_deserializer=recstore_dot_v1_dot_ps__pb2.UpdateRequest.FromString,
                     response_serializer=recstore_dot_v1_dot_ps__pb2.UpdateResponse.SerializeToString,
+            ),
+            'MultiPull': grpc.unary_unary_rpc_method_handler(
+                    servicer.MultiPull,
+                    request_deserializer=recstore_dot_v1_dot_ps__pb2.MultiPullRequest.FromString,
+                    response_serializer=recstore_dot_v1_dot_ps__pb2.MultiPullResponse.SerializeToString,
+            ),
+            'MultiUpdate': grpc.unary_unary_rpc_method_handler(
+                    servicer.MultiUpdate,
+                    request_deserializer=recstore_dot_v1_dot_ps__pb2.MultiUpdateRequest.FromString,
+                    response_serializer=recstore_dot_v1_dot_ps__pb2.MultiUpdateResponse.SerializeToString,
             ),
             'Save': grpc.unary_unary_rpc_method_handler(
                     servicer.Save,
@@ -399,6 +436,60 @@ class ParameterServer:
             '/recstore.v1.ParameterServer/Update',
             recstore_dot_v1_dot_ps__pb2.UpdateRequest.SerializeToString,
             recstore_dot_v1_dot_ps__pb2.UpdateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MultiPull(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/recstore.v1.ParameterServer/MultiPull',
+            recstore_dot_v1_dot_ps__pb2.MultiPullRequest.SerializeToString,
+            recstore_dot_v1_dot_ps__pb2.MultiPullResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MultiUpdate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/recstore.v1.ParameterServer/MultiUpdate',
+            recstore_dot_v1_dot_ps__pb2.MultiUpdateRequest.SerializeToString,
+            recstore_dot_v1_dot_ps__pb2.MultiUpdateResponse.FromString,
             options,
             channel_credentials,
             insecure,

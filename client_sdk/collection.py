@@ -1,0 +1,127 @@
+"""``EmbeddingBagCollection``: several RecStore embedding bags looked up together.
+
+A model with many sparse features (DLRM, two-tower, ...) looks up one bag per
+feature on every step. Done bag by bag over gRPC that is one Pull and one
+Update per table and shard; a collection pulls the rows of every bag with one
+MultiPull per PS node and sends every bag's gradients with one MultiUpdate per
+node (left in flight like a single bag's update, with read-your-writes kept
+per table). Each bag still computes exactly what it computes alone — it plans
+its lookup, the collection fetches the rows, the bag finishes the pooling —
+so results are those of the bags used one by one. In the spirit of torchrec's
+class of the same name, not its API: a list of bags (or their configs) in, a
+list of (ids, offsets) per feature in, a list of pooled outputs out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from recstore.client.client import RecStoreClient
+from recstore.client.lookup import RecStoreRowsMany, TableLookup
+from recstore.client.nn import EmbeddingBag, Lookup
+
+#: one feature's input: 2-D ids, or (ids, offsets), or (ids, offsets, per_sample_weights)
+Feature = torch.Tensor | tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class EmbeddingBagConfig:
+    """The arguments of one ``EmbeddingBag`` of a collection (the rest take their defaults)."""
+
+    num_embeddings: int
+    embedding_dim: int
+    name: str | None = None
+    mode: str = "mean"
+    optimizer: Any = None
+    seed: int | None = None
+    initializer: dict[str, Any] | None = None
+    padding_idx: int | None = None
+    include_last_offset: bool = False
+    dtype: torch.dtype | None = None
+
+    def build(self, client: RecStoreClient | None = None) -> EmbeddingBag:
+        return EmbeddingBag(
+            self.num_embeddings, self.embedding_dim, mode=self.mode,
+            include_last_offset=self.include_last_offset, padding_idx=self.padding_idx,
+            dtype=self.dtype, name=self.name, client=client, optimizer=self.optimizer,
+            seed=self.seed, initializer=self.initializer,
+        )  # fmt: skip
+
+
+def _feature_args(feature: Feature) -> tuple[Any, ...]:
+    if isinstance(feature, torch.Tensor):
+        return (feature,)
+    if isinstance(feature, tuple | list) and 1 <= len(feature) <= 3:
+        return tuple(feature)
+    raise TypeError(
+        "each feature is 2-D ids, (ids, offsets) or (ids, offsets, per_sample_weights), "
+        f"got {type(feature).__name__}"
+    )
+
+
+class EmbeddingBagCollection(nn.Module):
+    """Several ``recstore.nn.EmbeddingBag`` modules with one request per PS node and step."""
+
+    def __init__(
+        self,
+        tables: Sequence[EmbeddingBag | EmbeddingBagConfig],
+        *,
+        client: RecStoreClient | None = None,
+    ) -> None:
+        super().__init__()
+        if not tables:
+            raise ValueError("an EmbeddingBagCollection needs at least one bag")
+        bags = []
+        for table in tables:
+            if isinstance(table, EmbeddingBagConfig):
+                table = table.build(client)
+            elif not isinstance(table, EmbeddingBag):
+                raise TypeError(
+                    "tables must be recstore.nn.EmbeddingBag modules or EmbeddingBagConfig, "
+                    f"got {type(table).__name__}"
+                )
+            bags.append(table)
+        if len({id(bag.client) for bag in bags}) != 1:
+            raise ValueError("every bag of a collection must use the same RecStoreClient")
+        names = [bag.table_name for bag in bags]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a table may appear only once in a collection, got {names}")
+        self.bags = nn.ModuleList(bags)
+        self.client: RecStoreClient = bags[0].client
+        # The autograd anchor: not a Parameter, so dense torch optimizers never see it.
+        self._anchor = torch.empty(0, requires_grad=True)
+
+    @property
+    def table_names(self) -> list[str]:
+        return [str(bag.table_name) for bag in self.bags]
+
+    def forward(self, features: Sequence[Feature]) -> list[torch.Tensor]:
+        """One input per bag, in order; the pooled output of each bag, in order."""
+        if len(features) != len(self.bags):
+            raise ValueError(f"{len(self.bags)} bags but {len(features)} features")
+        bags: list[EmbeddingBag] = list(self.bags)  # type: ignore[arg-type]
+        plans: list[Lookup] = [
+            bag._plan(*_feature_args(feature)) for bag, feature in zip(bags, features, strict=True)
+        ]
+        if torch.is_grad_enabled():
+            lookups = tuple(
+                TableLookup(bag.table_name, plan.keys, plan.unique, bag.padding_idx, not bag.frozen)
+                for bag, plan in zip(bags, plans, strict=True)
+            )
+            rows = RecStoreRowsMany.apply(self._anchor, self.client, lookups)
+        else:
+            rows = self.client._pull_rows_many(
+                [
+                    (bag.table_name, plan.keys, plan.unique)
+                    for bag, plan in zip(bags, plans, strict=True)
+                ]
+            )
+        return [plan.finish(r) for plan, r in zip(plans, rows, strict=True)]
+
+    def extra_repr(self) -> str:
+        return f"tables={self.table_names}"

@@ -1,0 +1,235 @@
+"""EmbeddingBagCollection: torch's numerics, one request per node and step, pending semantics."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+
+from recstore import nn as rnn
+from recstore.client import BackendError
+from recstore.client.backends.node_calls import NodeCalls
+from recstore.client.pending import FAILED_NOTE
+from recstore.core import SlotMap, SlotRange
+
+from .conftest import unique_name
+
+NUM, DIM, STEPS = 60, 6, 5
+OPTIMIZERS = {
+    "sgd": (lambda params: torch.optim.SGD(params, lr=0.1), {"kind": "sgd", "lr": 0.1}),
+    "adagrad": (lambda params: torch.optim.Adagrad(params, lr=0.1), {"kind": "adagrad", "lr": 0.1}),
+}
+#: (mode, options) of each bag: the fixed-size fast path and torch's general one
+BAGS = [("sum", {}), ("mean", {"padding_idx": 5}), ("max", {}), ("sum", {}), ("mean", {})]
+
+
+def _weights(index: int) -> torch.Tensor:
+    return torch.randn(NUM, DIM, generator=torch.Generator().manual_seed(index))
+
+
+def _features(step: int) -> list[Any]:
+    g = torch.Generator().manual_seed(500 + step)
+    ids = torch.randint(0, NUM, (17,), generator=g)
+    ids[3] = ids[4]  # a duplicate inside a bag
+    general = (ids, torch.tensor([0, 3, 3, 9, 12]))  # one empty bag
+    fixed = (torch.randint(0, NUM, (20,), generator=g), torch.arange(0, 20, 4))
+    weighted = (*fixed, torch.rand(20, generator=g))
+    return [weighted, general, general, torch.randint(0, NUM, (5, 3), generator=g), fixed]
+
+
+def _models(client: Any, server_optimizer: Any) -> tuple[list[torch.nn.EmbeddingBag], Any]:
+    reference = [
+        torch.nn.EmbeddingBag(NUM, DIM, mode=mode, _weight=_weights(i), **options)
+        for i, (mode, options) in enumerate(BAGS)
+    ]
+    bags = [
+        rnn.EmbeddingBag(
+            NUM, DIM, mode=mode, _weight=_weights(i), **options, name=unique_name("ebc"),
+            client=client, optimizer=server_optimizer,
+        )
+        for i, (mode, options) in enumerate(BAGS)
+    ]  # fmt: skip
+    return reference, rnn.EmbeddingBagCollection(bags)
+
+
+def _torch_outputs(reference: list[torch.nn.EmbeddingBag], features: list[Any]) -> list[Any]:
+    return [
+        bag(*f) if isinstance(f, tuple) else bag(f)
+        for bag, f in zip(reference, features, strict=True)
+    ]
+
+
+def _loss(outputs: list[torch.Tensor], used: int) -> torch.Tensor:
+    # the last bag's output is left out of the loss: it gets no gradient and no update
+    return sum(((out - 0.3 * i) ** 2).sum() for i, out in enumerate(outputs[:used]))  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
+def test_training_matches_torch(any_client, optimizer_name) -> None:
+    make_optimizer, server_optimizer = OPTIMIZERS[optimizer_name]
+    reference, collection = _models(any_client, server_optimizer)
+    optimizer = make_optimizer([p for bag in reference for p in bag.parameters()])
+    assert list(collection.parameters()) == []  # a dense optimizer never sees the tables
+    for step in range(STEPS):
+        features = _features(step)
+        expected = _torch_outputs(reference, features)
+        got = collection(features)
+        for index, (a, b) in enumerate(zip(got, expected, strict=True)):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=f"bag {index}, step {step}")
+        optimizer.zero_grad()
+        _loss(expected, len(BAGS) - 1).backward()
+        optimizer.step()
+        _loss(got, len(BAGS) - 1).backward()
+    for index, (bag, ref) in enumerate(zip(collection.bags, reference, strict=True)):
+        torch.testing.assert_close(
+            bag.read_weights(), ref.weight.detach(), atol=1e-5, rtol=0, msg=f"bag {index}"
+        )
+    torch.testing.assert_close(collection.bags[-1].read_weights(), _weights(len(BAGS) - 1))
+
+
+@pytest.fixture
+def calls(monkeypatch) -> Counter:
+    """Data-path requests the SDK sends, by method."""
+    seen: Counter = Counter()
+    start = NodeCalls.start
+
+    def counting(self, method, *args, **kwargs):
+        seen[method] += 1
+        return start(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(NodeCalls, "start", counting)
+    return seen
+
+
+def test_one_request_per_node_for_pulls_and_for_updates(grpc_client, calls) -> None:
+    reference, collection = _models(grpc_client, {"kind": "sgd", "lr": 0.1})
+    for step in range(3):
+        calls.clear()
+        outputs = collection(_features(step))
+        assert calls == {"MultiPull": 2}  # every table, both shards: one request per node
+        _loss(outputs, len(BAGS)).backward()
+        assert calls == {"MultiPull": 2, "MultiUpdate": 2}
+    # read-your-writes: the updates still in flight are applied before any read
+    optimizer = torch.optim.SGD([p for bag in reference for p in bag.parameters()], lr=0.1)
+    for step in range(3):
+        optimizer.zero_grad()
+        features = _features(step)
+        _loss(_torch_outputs(reference, features), len(BAGS)).backward()
+        optimizer.step()
+    ids = torch.arange(NUM)
+    for bag, ref in zip(collection.bags, reference, strict=True):
+        torch.testing.assert_close(
+            grpc_client.pull(bag.table_name, ids), ref.weight.detach(), atol=1e-5, rtol=0
+        )
+
+
+def test_stale_slot_maps_are_refreshed_and_the_refused_items_resent(grpc_client) -> None:
+    reference, collection = _models(grpc_client, {"kind": "sgd", "lr": 0.1})
+    swapped = SlotMap(epoch=0, ranges=tuple(
+        SlotRange(r.start, r.end, 1 - r.shard) for r in SlotMap.initial(2).ranges
+    ))  # fmt: skip
+    for name in collection.table_names[:2]:  # every key of two tables goes to the wrong node
+        grpc_client.ops._locate(name).router._slot_map = swapped
+    features = _features(0)
+    got = collection(features)
+    expected = _torch_outputs(reference, features)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    for name in collection.table_names[2:4]:
+        grpc_client.ops._locate(name).router._slot_map = swapped
+    _loss(got, len(BAGS)).backward()
+    grpc_client.flush()
+    optimizer = torch.optim.SGD([p for bag in reference for p in bag.parameters()], lr=0.1)
+    _loss(expected, len(BAGS)).backward()
+    optimizer.step()
+    for bag, ref in zip(collection.bags, reference, strict=True):
+        assert grpc_client.ops._locate(bag.table_name).router.slot_map.epoch == 1
+        torch.testing.assert_close(bag.read_weights(), ref.weight.detach(), atol=1e-5, rtol=0)
+
+
+def test_a_failed_background_update_is_raised_once_per_table(grpc_client, ps_endpoints) -> None:
+    _, collection = _models(grpc_client, {"kind": "sgd", "lr": 0.1})
+    outputs = collection(_features(0))
+    before = [bag.read_weights() for bag in collection.bags]
+    dropped = collection.table_names[0]
+    from recstore.client import RecStoreClient
+
+    other = RecStoreClient(role=unique_name("other"))
+    try:
+        other.set_ps_endpoints(ps_endpoints)
+        other.init_data(dropped, (NUM, DIM), torch.float32)  # adopts the existing table
+        other.delete_data(dropped)  # gone behind the first client's back
+    finally:
+        other.close()
+    _loss(outputs, len(BAGS)).backward()  # sent in the background: both nodes refuse it whole
+    for name in collection.table_names[1:]:
+        with pytest.raises(BackendError) as info:
+            grpc_client.pull(name, torch.tensor([1]))
+        assert FAILED_NOTE in info.value.__notes__
+        assert info.value.code == "NOT_FOUND"
+    # reported once; nothing of the refused request was applied to the other tables
+    for bag, rows in zip(collection.bags[1:], before[1:], strict=True):
+        torch.testing.assert_close(bag.read_weights(), rows)
+
+
+def test_frozen_bags_and_no_grad_lookups_do_not_update(any_client) -> None:
+    weights = _weights(0)
+    frozen = rnn.EmbeddingBag(
+        NUM, DIM, mode="sum", _weight=weights.clone(), _freeze=True, client=any_client,
+        name=unique_name(),
+    )  # fmt: skip
+    trainable = rnn.EmbeddingBag(
+        NUM, DIM, mode="sum", _weight=weights.clone(), client=any_client, name=unique_name(),
+        optimizer={"kind": "sgd", "lr": 0.1},
+    )  # fmt: skip
+    collection = rnn.EmbeddingBagCollection([frozen, trainable])
+    ids = torch.tensor([[1, 2], [3, 3]])
+    with torch.no_grad():
+        outputs = collection([ids, ids])
+    assert not any(out.requires_grad for out in outputs)
+    outputs = collection([ids, ids])
+    assert not outputs[0].requires_grad and outputs[1].requires_grad
+    outputs[1].sum().backward()
+    torch.testing.assert_close(frozen.weight, weights)
+    expected = weights.clone()
+    expected[[1, 2]] -= 0.1
+    expected[3] -= 0.2
+    torch.testing.assert_close(trainable.weight, expected)
+
+
+def test_configs_build_bags_on_the_given_client(any_client) -> None:
+    configs = [
+        rnn.EmbeddingBagConfig(NUM, DIM, name=unique_name(), mode="sum", seed=1),
+        rnn.EmbeddingBagConfig(
+            NUM, 4, name=unique_name(), optimizer={"kind": "adagrad", "lr": 0.1}
+        ),
+    ]
+    collection = rnn.EmbeddingBagCollection(configs, client=any_client)
+    assert collection.table_names == [c.name for c in configs]
+    outputs = collection([torch.tensor([[1, 2]]), (torch.tensor([3, 4, 5]), torch.tensor([0, 1]))])
+    assert [tuple(o.shape) for o in outputs] == [(1, DIM), (2, 4)]
+
+
+def test_bad_collections_and_inputs_are_refused(local_client, any_client) -> None:
+    bag = rnn.EmbeddingBag(NUM, DIM, client=local_client, name=unique_name())
+    with pytest.raises(ValueError, match="at least one"):
+        rnn.EmbeddingBagCollection([])
+    with pytest.raises(ValueError, match="only once"):
+        rnn.EmbeddingBagCollection([bag, bag])
+    with pytest.raises(TypeError, match="EmbeddingBagConfig"):
+        rnn.EmbeddingBagCollection([torch.nn.EmbeddingBag(NUM, DIM)])
+    if any_client is not local_client:
+        elsewhere = rnn.EmbeddingBag(NUM, DIM, client=any_client, name=unique_name())
+        with pytest.raises(ValueError, match="same RecStoreClient"):
+            rnn.EmbeddingBagCollection([bag, elsewhere])
+    collection = rnn.EmbeddingBagCollection([bag])
+    with pytest.raises(ValueError, match="1 bags but 2 features"):
+        collection([torch.tensor([[1]]), torch.tensor([[1]])])
+    with pytest.raises(TypeError, match="each feature"):
+        collection([[1, 2, 3, 4]])
+    before = bag.weight
+    with pytest.raises(ValueError, match="out of range"):
+        collection([torch.tensor([[1, NUM]])])
+    torch.testing.assert_close(bag.weight, before)

@@ -1,0 +1,230 @@
+# ruff: noqa: E501  (one bad item per line reads best as a table)
+"""MultiPull / MultiUpdate: several tables per call, each item as its single call, all or nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from recstore.core import SlotMap, slot_of, wire
+from recstore.core.wire import WireClient
+from recstore.ps.server import ServerHandle, start_in_thread
+from recstore.store import Table
+from recstore.v1 import ps_pb2
+
+from .conftest import Client, spec
+
+TABLES = {
+    "sgd": spec("sgd", optimizer={"kind": "sgd", "lr": 0.5}),
+    "ada": spec("ada", embedding_dim=4, optimizer={"kind": "adagrad", "lr": 0.1}),
+    "adam": spec("adam", optimizer={"kind": "adam", "lr": 0.05}),
+    "half": spec("half", dtype="float16", optimizer={"kind": "sgd", "lr": 0.25}),
+    "hashed": spec("hashed", keys={"mode": "hashed", "capacity": 6}, initializer={"kind": "zeros"}),
+}
+KEYS = np.arange(1000, dtype=np.int64)
+
+
+@pytest.fixture
+def tables(client: Client) -> dict[str, Table]:
+    """Every table on the node, and an in-process oracle of each."""
+    for table in TABLES.values():
+        client.create(table)
+    return {name: Table(table) for name, table in TABLES.items()}
+
+
+@pytest.fixture
+def fast(node: ServerHandle) -> Iterator[WireClient]:
+    with grpc.insecure_channel(node.address) as channel:
+        yield WireClient(channel, timeout=60)
+
+
+def grads_for(name: str, keys: np.ndarray, seed: int) -> np.ndarray:
+    dim = TABLES[name].embedding_dim
+    return np.random.default_rng(seed).standard_normal((len(keys), dim)).astype(np.float32)
+
+
+def test_multi_pull_matches_the_engine_and_single_pulls(
+    client: Client, fast: WireClient, tables: dict[str, Table]
+) -> None:
+    keys = {"sgd": np.array([5, 1, 5, 999]), "ada": np.array([7]), "half": np.array([], np.int64),
+            "adam": np.arange(300)}  # fmt: skip
+    items = [(name, k) for name, k in keys.items()] + [("sgd", np.array([2, 3]))]
+    got = fast.multi_pull(items)
+    for (name, k), (values, found) in zip(items, got, strict=True):
+        assert found is None
+        assert values.dtype == wire.WIRE_DTYPES[TABLES[name].dtype]
+        np.testing.assert_array_equal(values, tables[name].pull(k))
+        np.testing.assert_array_equal(values, fast.pull(name, k)[0])
+    client.push("hashed", [11], np.full((1, 8), 3.0, np.float32))
+    ((values, found), (_, others)) = fast.multi_pull(
+        [("hashed", [11, 12]), ("ada", [7, 8])], read_only=True
+    )
+    assert found is not None and found.tolist() == [True, False]
+    assert others is not None and others.tolist() == [True, False]  # 7 was pulled above
+    np.testing.assert_array_equal(values, [[3.0] * 8, [0.0] * 8])
+
+
+def test_multi_update_applies_each_item_in_order_like_single_updates(
+    fast: WireClient, tables: dict[str, Table]
+) -> None:
+    for step in range(4):
+        items = []
+        for i, name in enumerate(["sgd", "ada", "adam", "half", "sgd"]):  # sgd twice: in order
+            k = np.random.default_rng(step * 10 + i).integers(0, 1000, 50)
+            items.append((name, k, grads_for(name, k, step * 10 + i)))
+        rows = fast.multi_update(items, lr=0.2 if step % 2 else None)
+        assert rows == [50] * 5
+        for name, k, g in items:
+            tables[name].update(k, g, 0.2 if step % 2 else None)
+    for name in ["sgd", "ada", "adam", "half"]:
+        np.testing.assert_allclose(fast.pull(name, KEYS)[0], tables[name].pull(KEYS), rtol=1e-6)
+
+
+def test_generated_stub_speaks_multi_calls(client: Client, tables: dict[str, Table]) -> None:
+    keys = np.array([4, 2], "<i8").tobytes()
+    grads = np.ones((2, 8), "<f4").tobytes()
+    request = ps_pb2.MultiUpdateRequest(
+        items=[ps_pb2.UpdateRequest(table="sgd", keys=keys, grads=grads),
+               ps_pb2.UpdateRequest(table="adam", keys=keys[:8], grads=grads[:32], lr=0.5)]
+    )  # fmt: skip
+    reply = client.call("MultiUpdate", request)
+    assert [item.rows for item in reply.items] == [2, 1]
+    tables["sgd"].update(np.array([4, 2]), np.ones((2, 8), np.float32))
+    tables["adam"].update(np.array([4]), np.ones((1, 8), np.float32), 0.5)
+    pulled = client.call(
+        "MultiPull",
+        ps_pb2.MultiPullRequest(
+            items=[
+                ps_pb2.PullRequest(table="sgd", keys=keys),
+                ps_pb2.PullRequest(table="adam", keys=keys),
+            ]
+        ),
+    )
+    for item, name in zip(pulled.items, ["sgd", "adam"], strict=True):
+        assert (item.dim, item.dtype) == (8, "float32")
+        np.testing.assert_array_equal(
+            np.frombuffer(item.values, "<f4").reshape(2, 8), tables[name].pull(np.array([4, 2]))
+        )
+
+
+def snapshot(client: Client) -> dict[str, Any]:
+    out = {}
+    for name in TABLES:
+        values, found = client.find(name, KEYS)
+        stats = client.call("GetTableStats", ps_pb2.GetTableStatsRequest(table=name))
+        out[name] = (stats.size, values.tobytes(), found.tobytes())
+    return out
+
+
+def _item(table: str, keys: Any, rows_dim: int = 8, **fields: Any) -> ps_pb2.UpdateRequest:
+    k = np.asarray(keys, "<i8")
+    fields.setdefault("grads", np.ones((len(k), rows_dim), "<f4").tobytes())
+    return ps_pb2.UpdateRequest(table=table, keys=k.tobytes(), **fields)
+
+
+GOOD = [_item("sgd", [1, 2]), _item("adam", [3]), _item("ada", [4], rows_dim=4)]
+INVALID, NOT_FOUND = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
+BAD_ITEMS: list[tuple[str, Any, grpc.StatusCode]] = [
+    ("unknown table", _item("nope", [1]), NOT_FOUND),
+    ("grads too short", _item("sgd", [1, 2], grads=bytes(60)), INVALID),
+    ("keys not int64-sized", ps_pb2.UpdateRequest(table="sgd", keys=bytes(7), grads=bytes(32)), INVALID),
+    ("declared dim", _item("sgd", [1], dim=4), INVALID),
+    ("grad dtype", _item("sgd", [1], grad_dtype="bfloat16"), INVALID),
+    ("lr zero", _item("ada", [1], rows_dim=4, lr=0.0), INVALID),
+    ("dense id too big", _item("adam", [5, 1000]), INVALID),
+    ("negative dense id", _item("sgd", [-1]), INVALID),
+    ("hashed table full", _item("hashed", [1, 2, 3, 4, 5, 6, 7]), grpc.StatusCode.RESOURCE_EXHAUSTED),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("position", [0, 1, 3])
+@pytest.mark.parametrize(("case", "bad", "code"), BAD_ITEMS, ids=[c[0] for c in BAD_ITEMS])
+def test_one_bad_item_leaves_every_table_unchanged(
+    client: Client, tables: dict[str, Table], case: str, bad: Any, code: Any, position: int
+) -> None:
+    client.update("adam", [9], np.ones((1, 8), np.float32))  # adam has state and a step count
+    tables["adam"].update(np.array([9]), np.ones((1, 8), np.float32))
+    before = snapshot(client)
+    items = [*GOOD[:position], bad, *GOOD[position:]]
+    with pytest.raises(grpc.RpcError) as info:
+        client.call("MultiUpdate", ps_pb2.MultiUpdateRequest(items=items))
+    assert info.value.code() == code, info.value.details()
+    details = info.value.details()
+    assert f"item {position}" in details or "table 'hashed' holds" in details  # names the culprit
+    assert snapshot(client) == before
+    pulls = ps_pb2.MultiPullRequest(
+        items=[ps_pb2.PullRequest(table=i.table, keys=i.keys) for i in items]
+    )
+    if code != INVALID or "id" in case or "int64" in case:  # a pull of the same keys fails too
+        with pytest.raises(grpc.RpcError) as info:
+            client.call("MultiPull", pulls)
+        assert info.value.code() == code
+        assert snapshot(client) == before  # nothing inserted either
+    # the adam step count did not move: the next update agrees with the oracle
+    client.update("adam", [9], np.ones((1, 8), np.float32))
+    tables["adam"].update(np.array([9]), np.ones((1, 8), np.float32))
+    np.testing.assert_allclose(
+        client.pull("adam", [9]), tables["adam"].pull(np.array([9])), rtol=1e-6
+    )
+
+
+def test_foreign_slots_refuse_the_whole_request_with_the_epoch(tmp_path: Path) -> None:
+    with start_in_thread(data_dir=tmp_path, shard_index=0, num_shards=2) as handle:
+        c = Client(handle.address)
+        c.create(spec("a", shards=2))
+        c.create(spec("b", shards=2))
+        owned = SlotMap.initial(2).owner_table()[slot_of(KEYS)] == 0
+        mine, foreign = KEYS[owned][:3], KEYS[~owned][:1]
+        before = {t: c.find(t, KEYS[owned]) for t in "ab"}
+        items = [_item("a", mine), _item("b", np.concatenate([mine, foreign]))]
+        for method, request in [
+            ("MultiUpdate", ps_pb2.MultiUpdateRequest(items=items)),
+            ("MultiPull", ps_pb2.MultiPullRequest(items=[ps_pb2.PullRequest(table=i.table, keys=i.keys) for i in items])),
+        ]:  # fmt: skip
+            with pytest.raises(grpc.RpcError) as info:
+                c.call(method, request)
+            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert ("x-recstore-epoch", "1") in info.value.trailing_metadata()
+            for t in "ab":
+                values, found = c.find(t, KEYS[owned])
+                assert not found.any()
+                np.testing.assert_array_equal(values, before[t][0])
+
+
+def test_multi_calls_need_the_token(tmp_path: Path) -> None:
+    with start_in_thread(data_dir=tmp_path, auth_token="s3") as handle:
+        Client(handle.address, token="s3").create(spec("a"))
+        with grpc.insecure_channel(handle.address) as channel:
+            with pytest.raises(grpc.RpcError) as info:
+                WireClient(channel).multi_pull([("a", [1])])
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            authed = WireClient(channel, metadata=[("authorization", "Bearer s3")])
+            assert authed.multi_update([("a", [1], np.ones((1, 8), np.float32))]) == [1]
+
+
+def test_wal_records_every_item_before_the_reply(tmp_path: Path) -> None:
+    from recstore.ps import wal
+
+    with start_in_thread(data_dir=tmp_path, durability="wal") as handle:
+        c = Client(handle.address)
+        c.create(spec("a"))
+        c.create(spec("b", embedding_dim=4))
+        with grpc.insecure_channel(handle.address) as channel:
+            rows = WireClient(channel, timeout=60).multi_update(
+                [("a", [1, 2], np.ones((2, 8), np.float32)), ("b", [3], np.ones((1, 4), np.float32)),
+                 ("a", [4], np.ones((1, 8), np.float32))]
+            )  # fmt: skip
+        assert rows == [2, 1, 1]
+        # acknowledged: the records are on disk already (no flush, no checkpoint)
+        logged: dict[str, list[list[int]]] = {}
+        for directory in (tmp_path / "wal").iterdir():
+            records: list[Any] = []
+            wal.replay(directory, 0, records.append)
+            logged[directory.name.rsplit("-", 1)[0]] = [r.keys.tolist() for r in records]
+        assert logged == {"a": [[1, 2], [4]], "b": [[3]]}
+        handle.stop(final_checkpoint=False)
