@@ -27,6 +27,11 @@ MAX_MESSAGE_BYTES = 256 << 20
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # A supervised node comes back within seconds of a crash: retry the
+    # connection quickly rather than after gRPC's default 1 s .. 120 s backoff.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 Waiter = Callable[[], bytes]
 
@@ -52,7 +57,14 @@ class NodeCalls:
             "MultiPull": self.channel.unary_unary(wire.MULTI_PULL),
             "MultiUpdate": self.channel.unary_unary(wire.MULTI_UPDATE),
         }
-        self._options: dict[str, Any] = {"metadata": metadata, "timeout": timeout}
+        # wait_for_ready: a call to a node that is restarting waits for it (up to
+        # the timeout) instead of failing at once; a call already on the wire when
+        # the node dies still fails (UNAVAILABLE), so nothing is sent twice.
+        self._options: dict[str, Any] = {
+            "metadata": metadata,
+            "timeout": timeout,
+            "wait_for_ready": True,
+        }
 
     def control(self, method: str, request: Any, table: str) -> Any:
         """A control-plane call (CreateTable, GetTableStats, ...) with the generated classes."""
