@@ -57,14 +57,12 @@ class NodeCalls:
             "MultiPull": self.channel.unary_unary(wire.MULTI_PULL),
             "MultiUpdate": self.channel.unary_unary(wire.MULTI_UPDATE),
         }
-        # wait_for_ready: a call to a node that is restarting waits for it (up to
-        # the timeout) instead of failing at once; a call already on the wire when
-        # the node dies still fails (UNAVAILABLE), so nothing is sent twice.
-        self._options: dict[str, Any] = {
-            "metadata": metadata,
-            "timeout": timeout,
-            "wait_for_ready": True,
-        }
+        # Control calls (CreateTable, stats) fail fast, so a wrong endpoint is
+        # reported at once. Data calls wait for a node that is restarting (up to
+        # the timeout) instead of failing; a call already on the wire when the
+        # node dies still fails (UNAVAILABLE), so nothing is sent twice.
+        self._options: dict[str, Any] = {"metadata": metadata, "timeout": timeout}
+        self._data_options: dict[str, Any] = {**self._options, "wait_for_ready": True}
 
     def control(self, method: str, request: Any, table: str) -> Any:
         """A control-plane call (CreateTable, GetTableStats, ...) with the generated classes."""
@@ -78,7 +76,7 @@ class NodeCalls:
         callable_ = self._methods[method]
         if blocking:
             try:
-                reply = callable_(request, **self._options)
+                reply = callable_(request, **self._data_options)
             except grpc.RpcError as error:
                 failure = self._error(error, method, table)
                 failure.__cause__ = error
@@ -88,7 +86,7 @@ class NodeCalls:
 
                 return fail
             return lambda: reply
-        future = self._senders.submit(callable_, request, **self._options)
+        future = self._senders.submit(callable_, request, **self._data_options)
 
         def wait() -> bytes:
             try:
