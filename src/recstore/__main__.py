@@ -1,4 +1,4 @@
-"""`python -m recstore` runs the `recstore` command (the local provisioner starts nodes this way)."""
+"""`python -m recstore` runs the `recstore` command (how the local provisioner starts nodes)."""
 
 from recstore.cli import main
 

@@ -1,0 +1,100 @@
+// The worker pool behind parallel_for: helper threads are created once and
+// wait on a condition variable, so a call's helpers are already running on
+// the other cores instead of being spawned (and placed) per call.
+#include "parallel.h"
+
+#include <unistd.h>
+
+#include <condition_variable>
+#include <mutex>
+
+namespace recstore {
+
+namespace {
+
+int default_threads() {
+  unsigned n = std::thread::hardware_concurrency();
+  return n == 0 ? 1 : static_cast<int>(n);
+}
+std::atomic<int> g_threads{default_threads()};
+
+class Pool {
+ public:
+  explicit Pool(int helpers) : pid_(getpid()) {
+    for (int i = 0; i < helpers; ++i) workers_.emplace_back([this, i] { loop(i); });
+  }
+
+  int helpers() const { return static_cast<int>(workers_.size()); }
+  pid_t pid() const { return pid_; }
+
+  // Runs job on the caller and on `helpers` workers; returns when all are done.
+  // One job at a time: a caller that finds the pool busy runs alone.
+  bool try_run(int helpers, const std::function<void()>& job) {
+    std::unique_lock<std::mutex> submit(submit_, std::try_to_lock);
+    if (!submit.owns_lock()) return false;
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      job_ = &job;
+      active_ = helpers;
+      pending_ = helpers;
+      ++generation_;
+    }
+    wake_.notify_all();
+    job();
+    std::unique_lock<std::mutex> lk(m_);
+    done_.wait(lk, [&] { return pending_ == 0; });
+    job_ = nullptr;
+    return true;
+  }
+
+ private:
+  void loop(int index) {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void()>* job;
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        wake_.wait(lk, [&] { return generation_ != seen; });
+        seen = generation_;
+        if (index >= active_) continue;
+        job = job_;
+      }
+      (*job)();
+      std::lock_guard<std::mutex> lk(m_);
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  const pid_t pid_;
+  std::vector<std::thread> workers_;
+  std::mutex submit_;
+  std::mutex m_;
+  std::condition_variable wake_, done_;
+  const std::function<void()>* job_ = nullptr;
+  uint64_t generation_ = 0;
+  int active_ = 0;
+  int pending_ = 0;
+};
+
+std::mutex g_pool_mutex;
+Pool* g_pool = nullptr;  // never destroyed: workers may outlive static destructors
+
+Pool* pool_for(int helpers) {
+  std::lock_guard<std::mutex> lk(g_pool_mutex);
+  // A forked child inherits the pointer but not the threads: start a new pool.
+  if (g_pool == nullptr || g_pool->pid() != getpid() || g_pool->helpers() < helpers)
+    g_pool = new Pool(std::max(helpers, default_threads() - 1));
+  return g_pool;
+}
+
+}  // namespace
+
+int num_threads() { return g_threads.load(std::memory_order_relaxed); }
+
+void set_num_threads(int n) { g_threads.store(n <= 0 ? default_threads() : n); }
+
+void run_on_pool(int helpers, const std::function<void()>& job) {
+  if (helpers <= 0 || !pool_for(helpers)->try_run(helpers, job)) job();
+}
+
+}  // namespace recstore

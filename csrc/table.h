@@ -1,0 +1,175 @@
+// The CPU store engine: one shard of one embedding table.
+//
+// Rows live in a value arena (capacity x dim, in the table dtype) plus an fp32
+// optimizer-state arena (capacity x state_width). Dense tables address rows
+// directly by id; hashed tables (and dense shards of a multi-shard table) map
+// keys to rows through an open-addressing HashIndex. Every batched method
+// takes raw host pointers and a row count; the Python facade has validated
+// dtypes, shapes and contiguity, and the engine validates ids and capacity
+// before changing anything, so a rejected call leaves the table as it was.
+//
+// Concurrency: one reader-writer lock per table. Lookups, gathers and exports
+// share it; inserts, assignments, updates and erasures hold it exclusively.
+// Batch work inside one call is spread over the cores with parallel_for.
+// The CUDA twin (recstore._native.CudaTable) mirrors these method names and
+// argument orders with device pointers.
+#pragma once
+
+#include <stdint.h>
+
+#include <atomic>
+#include <memory>
+#include <shared_mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "hash_index.h"
+#include "initializer.h"
+#include "optimizer.h"
+
+namespace recstore {
+
+enum EvictionKind : int { kEvictNone = 0, kEvictLRU = 1, kEvictLFU = 2 };
+
+struct TableOptions {
+  int64_t dim = 1;
+  int dtype = kFloat32;            // DTypeCode
+  bool direct = true;              // dense addressing: row == id (single-shard dense tables)
+  int64_t id_limit = 0;            // > 0: keys must lie in [0, id_limit) (dense tables)
+  int64_t capacity = 1;            // rows this shard holds (== id_limit when direct)
+  int eviction = kEvictNone;       // EvictionKind, hashed only
+  double ttl_seconds = 0.0;        // > 0: rows untouched this long expire (hashed only)
+  InitParams init;
+  OptimizerParams opt;
+};
+
+// A hashed table without eviction has no free row for a new key.
+class CapacityError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct TableStats {
+  int64_t size = 0;
+  int64_t capacity = 0;
+  int64_t memory_bytes = 0;
+  int64_t index_bytes = 0;        // the key -> row index (hashed addressing)
+  int64_t bookkeeping_bytes = 0;  // per-row eviction/TTL/residency bookkeeping
+  int64_t inserts = 0;
+  int64_t evictions = 0;
+  int64_t expirations = 0;
+  int64_t erasures = 0;
+  int64_t step = 0;
+};
+
+class Table {
+ public:
+  explicit Table(const TableOptions& options);
+  ~Table();
+  Table(const Table&) = delete;
+  Table& operator=(const Table&) = delete;
+
+  const TableOptions& options() const { return opt_; }
+  int64_t dim() const { return opt_.dim; }
+  int64_t state_width() const { return state_w_; }
+
+  // Find-or-insert (missing rows from the initializer), then gather into out [n, dim].
+  void pull(int64_t n, const int64_t* keys, void* out);
+  // Gather without insert: missing rows come back as zeros and found[i] = 0.
+  void find(int64_t n, const int64_t* keys, void* out, uint8_t* found);
+  // Assign rows (table dtype); missing keys are inserted; a repeated key keeps its last row.
+  void assign(int64_t n, const int64_t* keys, const void* values);
+  // Sum duplicate keys' gradients (grad_dtype: DTypeCode), then apply the optimizer
+  // with learning rate lr; missing rows are inserted from the initializer first.
+  void update(int64_t n, const int64_t* keys, const void* grads, int grad_dtype, float lr);
+  // Remove rows; returns how many live rows were removed.
+  int64_t erase(int64_t n, const int64_t* keys);
+  // Remove every row whose last touch is older than ttl_seconds; returns the count.
+  int64_t expire();
+
+  // Keys of every resident row (dense: ascending; hashed: index order).
+  std::vector<int64_t> keys() const;
+  // Copy the rows of those `keys` that are resident: keys_out[k], values_out[k, dim] (table
+  // dtype) and state_out[k, state_width]; returns k. Touches no bookkeeping.
+  int64_t export_rows(int64_t n, const int64_t* keys, int64_t* keys_out, void* values_out,
+                      float* state_out) const;
+  // Insert or overwrite rows with their values (table dtype) and optimizer state.
+  void import_rows(int64_t n, const int64_t* keys, const void* values, const float* state);
+
+  int64_t step() const { return step_.load(); }  // update() calls so far (Adam's t)
+  void set_step(int64_t step) { step_.store(step); }
+
+  // Injectable clock for TTL (seconds); clear_now() returns to the steady clock.
+  void set_now(double seconds);
+  void clear_now();
+
+  int64_t size() const;
+  int64_t capacity() const { return opt_.capacity; }
+  int64_t memory_bytes() const;
+  TableStats stats() const;
+
+ private:
+  size_t values_bytes() const { return static_cast<size_t>(opt_.capacity * row_bytes_); }
+  size_t state_bytes() const { return static_cast<size_t>(opt_.capacity * state_w_) * sizeof(float); }
+  char* row_values(int64_t row) const { return values_ + row * row_bytes_; }
+  float* row_state(int64_t row) const { return state_ + row * state_w_; }
+  double now() const;
+  void release();  // frees the arenas (destructor, failed constructor)
+  bool tracks_rows() const { return !opt_.direct && (opt_.eviction != kEvictNone || opt_.ttl_seconds > 0); }
+  bool expired(int64_t row, double now) const;
+
+  void validate_ids(int64_t n, const int64_t* keys) const;
+  // Row of key, or -1 (expired rows count as resident here).
+  int64_t lookup(int64_t key) const;
+  void lookup_all(int64_t n, const int64_t* keys, int64_t* rows) const;
+  // Exclusive lock held: give every key a row, inserting missing keys (initialised when
+  // `initialise`), re-initialising expired ones, evicting when needed; then touch all.
+  // Throws CapacityError before any change when the rows do not fit.
+  void resolve_for_write(int64_t n, const int64_t* keys, int64_t* rows, bool initialise);
+  void touch(int64_t n, const int64_t* rows, double now);
+  // Evicts `shortfall` rows not referenced by this call (expired first) or throws
+  // CapacityError before changing anything.
+  int64_t make_room(int64_t n, const int64_t* rows, int64_t shortfall, int64_t new_keys, double t);
+  // Hashed: a free row for a new key, entered in the index.
+  int64_t insert_key(int64_t key);
+  void init_row(int64_t row, int64_t key, bool values);
+  void remove_row(int64_t key, int64_t row);
+  void gather(int64_t n, const int64_t* rows, void* out) const;
+  void lookup_range(const int64_t* keys, int64_t* rows, int64_t b, int64_t e) const;
+  void gather_range(const int64_t* rows, void* out, int64_t b, int64_t e) const;
+  // Groups the positions of a call by row (see table_write.cc); returns the group count.
+  int64_t group_by_row(int64_t n, const int64_t* rows, uint64_t** order, int64_t** starts) const;
+  // Copies values (and state when given) of the last position of every row.
+  void write_rows(int64_t n, const int64_t* rows, const void* values, const float* state);
+  // Lock held: rows of all keys, gathered into out when every key is resident;
+  // false (out partly written) when some key is missing.
+  bool gather_resident(int64_t n, const int64_t* keys, int64_t* rows, void* out) const;
+  // Every id of a direct table is resident: rows are the ids themselves.
+  bool all_resident() const { return opt_.direct && size_ == opt_.capacity; }
+  int row_bits() const;
+
+  TableOptions opt_;
+  int64_t row_bytes_;
+  int64_t state_w_;
+  char* values_ = nullptr;
+  float* state_ = nullptr;
+  std::unique_ptr<HashIndex> index_;   // hashed addressing
+  uint8_t* present_ = nullptr;         // direct addressing: row resident (capacity bytes)
+  std::vector<uint32_t> free_rows_;    // hashed: released rows
+  int64_t next_row_ = 0;               // hashed: rows handed out so far
+  int64_t size_ = 0;
+  // Per-row bookkeeping of hashed tables with eviction or TTL.
+  std::unique_ptr<uint64_t[]> last_tick_;   // logical time of the last touch (LRU)
+  std::unique_ptr<uint32_t[]> touches_;     // calls that touched the row (LFU)
+  std::unique_ptr<double[]> touched_at_;    // clock seconds of the last touch (TTL)
+  std::atomic<uint64_t> tick_{1};
+  std::atomic<int64_t> step_{0};
+  std::atomic<bool> clock_fixed_{false};
+  std::atomic<double> fixed_now_{0.0};
+  double clock_origin_;
+  mutable std::shared_mutex mutex_;
+  std::atomic<int64_t> inserts_{0}, evictions_{0}, expirations_{0}, erasures_{0};
+};
+
+}  // namespace recstore

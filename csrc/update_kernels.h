@@ -1,0 +1,38 @@
+// The CPU optimizer step over merged gradient groups, specialised at compile
+// time on optimizer kind, table dtype and gradient dtype so the per-element
+// loops carry no branches and vectorise. The arithmetic is the one in
+// optimizer.h, in the same operation order.
+#pragma once
+
+#include <stdint.h>
+
+#include "optimizer.h"
+
+namespace recstore {
+
+// One update call's inputs: rows grouped by row id (order[k] = row << 32 | position,
+// group g spanning order[starts[g]] .. order[starts[g + 1]]).
+struct UpdateBatch {
+  const uint64_t* order;
+  const int64_t* starts;
+  int64_t groups;
+  const void* grads;
+  int grad_dtype;
+  char* values;
+  int64_t row_bytes;
+  float* state;
+  int64_t state_width;
+  int64_t dim;
+  int dtype;
+  OptimizerParams params;
+  float lr;
+  float step_size;
+};
+
+// Applies the optimizer to groups [begin, end) of the batch.
+void apply_update_groups(const UpdateBatch& batch, int64_t begin, int64_t end);
+
+// Stable LSD radix sort of `a` by bits [32, 32 + key_bits) (the row id); tmp is scratch.
+void sort_by_row(uint64_t* a, uint64_t* tmp, int64_t n, int key_bits);
+
+}  // namespace recstore

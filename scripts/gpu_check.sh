@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# GPU check, run from anywhere on a machine with an NVIDIA GPU and nvcc (no
+# network needed): builds recstore._native with the CUDA kernels, runs the CUDA
+# tests against the CPU engine (tests marked gpu), then the GPU benchmark.
+# Logs, the JUnit report and the benchmark JSON go to $OUT when set, else to
+# bench/results/. Wheels under .whl/ (scripts/gpu_wheels.sh fetches them) are
+# installed into a private folder first, for what the machine's Python lacks
+# (pydantic for recstore.core). Takes about 4-6 minutes on an H200 machine.
+# Exit status: 0 when the build, the tests and the benchmark all succeeded.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+PY=${PYTHON:-python3}
+RESULTS=${OUT:-$ROOT/bench/results}
+mkdir -p "$RESULTS"
+export PYTHONUNBUFFERED=1
+
+stage() { echo; echo "== $* ($(date -u +%T))"; }
+
+WORK=$(mktemp -d /tmp/recstore-gpu-check.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+
+main() {
+  local work=$WORK status=0
+  echo "== gpu_check $(date -u +%FT%TZ) in $ROOT, results in $RESULTS"
+
+  stage "machine"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+  "$PY" -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())"
+  # The build needs Python.h (FindPython Development.Module) and nanobind.
+  "$PY" -c "import os, sysconfig, nanobind; h = sysconfig.get_paths()['include']; print('Python.h:', h, os.path.exists(os.path.join(h, 'Python.h')), '| nanobind', nanobind.__version__)"
+
+  local site="$work/site"
+  if compgen -G ".whl/*.whl" >/dev/null; then
+    stage "installing .whl/ into $site"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$site" .whl/*.whl
+  fi
+
+  stage "building recstore._native with CUDA"
+  local nvcc
+  nvcc=$(command -v nvcc || true)
+  if [ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ]; then nvcc=/usr/local/cuda/bin/nvcc; fi
+  if [ -z "$nvcc" ]; then echo "gpu_check: no nvcc on PATH or in /usr/local/cuda/bin"; return 1; fi
+  "$nvcc" --version | tail -2
+  local generator=()
+  if command -v ninja >/dev/null; then generator=(-G Ninja); fi
+  timeout 120 cmake -S "$ROOT" -B "$work/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DRECSTORE_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" -DPython_EXECUTABLE="$(command -v "$PY")"
+  timeout 420 cmake --build "$work/build" -j "$(nproc)"
+
+  # The package as the tests import it: src/recstore with the component links
+  # resolved and the fresh module beside its Python files.
+  "$PY" -c "import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2], symlinks=False,
+    ignore_dangling_symlinks=True, ignore=shutil.ignore_patterns('__pycache__', '*.so'))" \
+    src/recstore "$work/pkg/recstore"
+  cp "$work"/build/_native*.so "$work/pkg/recstore/"
+  export PYTHONPATH="$work/pkg:$site${PYTHONPATH:+:$PYTHONPATH}"
+  RECSTORE_PKG="$work/pkg" "$PY" - <<'PYCHECK'
+import os
+from recstore import _native
+print("module:", _native.__file__)
+assert _native.__file__.startswith(os.environ["RECSTORE_PKG"]), (
+    "an installed recstore shadows the fresh build: run in a Python without recstore installed"
+)
+print("built_with_cuda:", _native.built_with_cuda(), "devices:", _native.cuda_device_count())
+assert _native.built_with_cuda(), "the module was built without CUDA"
+assert _native.cuda_available(), "the module sees no CUDA device"
+print("device 0:", _native.cuda_device_name(0))
+PYCHECK
+
+  stage "CUDA tests against the CPU engine"
+  timeout 300 "$PY" -m pytest -m gpu tests/store -p no:cacheprovider -q -rfE \
+    --continue-on-collection-errors \
+    --junitxml "$RESULTS/gpu_tests.xml" || status=$?
+  timeout 60 "$PY" -m pytest tests/store/test_cuda_build.py -p no:cacheprovider -q || status=$?
+
+  stage "GPU benchmark"
+  # shellcheck disable=SC2086  # GPU_BENCH_ARGS holds several flags
+  timeout 300 "$PY" bench/gpu_store_bench.py --out "$RESULTS/gpu_store_bench.json" \
+    ${GPU_BENCH_ARGS:-} || status=$?
+
+  stage "done: exit status $status"
+  return "$status"
+}
+
+main 2>&1 | tee "$RESULTS/gpu_check.log"
+exit "${PIPESTATUS[0]}"

@@ -1,0 +1,73 @@
+"""Translate a TableSpec (plus the shard it is) into native engine options.
+
+Kept apart from the Table class so the sizing rules (how many rows a shard
+holds, when dense ids need a hash index) are plain functions tests can pin.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from recstore.core import DType, Eviction, KeyMode, TableSpec
+
+DTYPE_CODES = {DType.float32: 0, DType.float16: 1, DType.bfloat16: 2}
+OPTIMIZER_CODES = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 2, "adam": 3}
+INITIALIZER_CODES = {"zeros": 0, "normal": 1, "uniform": 2}
+EVICTION_CODES = {Eviction.none: 0, Eviction.lru: 1, Eviction.lfu: 2}
+
+#: Headroom of a dense shard's hash index over its fair share of ids: routing
+#: by hash spreads ids unevenly over shards.
+DENSE_SHARD_HEADROOM = 1.3
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one shard addresses its rows."""
+
+    direct: bool  # row == id
+    id_limit: int  # > 0: ids must lie in [0, id_limit)
+    capacity: int  # rows the shard holds
+
+
+def shard_layout(spec: TableSpec, shard_index: int, num_shards: int) -> Layout:
+    if num_shards < 1 or not 0 <= shard_index < num_shards:
+        raise ValueError(f"shard_index {shard_index} is not in [0, num_shards={num_shards})")
+    if spec.key_mode == KeyMode.dense:
+        n = spec.num_embeddings
+        if num_shards == 1:
+            return Layout(direct=True, id_limit=n, capacity=n)
+        rows = min(n, math.ceil(DENSE_SHARD_HEADROOM * n / num_shards) + 64)
+        return Layout(direct=False, id_limit=n, capacity=rows)
+    return Layout(direct=False, id_limit=0, capacity=math.ceil(spec.capacity / num_shards))
+
+
+def native_options(spec: TableSpec, shard_index: int, num_shards: int, native: Any) -> Any:
+    """A ``_native.TableOptions`` for this shard of ``spec``."""
+    layout = shard_layout(spec, shard_index, num_shards)
+    opts = native.TableOptions()
+    opts.dim = spec.embedding_dim
+    opts.dtype = DTYPE_CODES[DType(spec.dtype)]
+    opts.direct = layout.direct
+    opts.id_limit = layout.id_limit
+    opts.capacity = layout.capacity
+    keys = spec.keys
+    opts.eviction = EVICTION_CODES[Eviction(keys.eviction)]
+    opts.ttl_seconds = float(keys.ttl_seconds or 0.0)
+    init = spec.initializer
+    opts.init.kind = INITIALIZER_CODES[init.kind]
+    opts.init.mean = init.mean
+    opts.init.std = init.std
+    opts.init.low = init.low
+    opts.init.high = init.high
+    opts.init.seed = init.seed
+    o = spec.optimizer
+    opts.opt.kind = OPTIMIZER_CODES[o.kind]
+    opts.opt.lr = o.lr
+    opts.opt.weight_decay = o.weight_decay
+    opts.opt.eps = o.eps
+    opts.opt.initial_accumulator_value = o.initial_accumulator_value
+    opts.opt.beta1 = o.beta1
+    opts.opt.beta2 = o.beta2
+    return opts

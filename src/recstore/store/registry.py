@@ -1,0 +1,58 @@
+"""Store: the thread-safe registry of the tables one process holds."""
+
+from __future__ import annotations
+
+import threading
+
+from recstore.core import TableExists, TableNotFound, TableSpec
+from recstore.store.table import Table
+
+
+class Store:
+    def __init__(self) -> None:
+        self._tables: dict[str, Table] = {}
+        self._lock = threading.Lock()
+
+    def create(
+        self, spec: TableSpec, *, shard_index: int = 0, num_shards: int = 1, device: str = "cpu"
+    ) -> Table:
+        """Create a table; the same spec (and shard) again returns the existing table."""
+        with self._lock:
+            existing = self._tables.get(spec.name)
+            if existing is not None:
+                same = (
+                    existing.spec == spec
+                    and existing.shard_index == shard_index
+                    and existing.num_shards == num_shards
+                    and existing.device == device
+                )
+                if not same:
+                    raise TableExists(f"table {spec.name!r} exists with another spec or shard")
+                return existing
+            table = Table(spec, shard_index=shard_index, num_shards=num_shards, device=device)
+            self._tables[spec.name] = table
+            return table
+
+    def get(self, name: str) -> Table:
+        with self._lock:
+            try:
+                return self._tables[name]
+            except KeyError:
+                raise TableNotFound(f"no table named {name!r}") from None
+
+    def drop(self, name: str) -> None:
+        with self._lock:
+            if self._tables.pop(name, None) is None:
+                raise TableNotFound(f"no table named {name!r}")
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._tables)
+
+    def __contains__(self, name: object) -> bool:
+        with self._lock:
+            return name in self._tables
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._tables)
