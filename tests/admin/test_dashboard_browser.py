@@ -5,6 +5,7 @@ Pages must render without console errors; screenshots go to artifacts/screenshot
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -80,6 +81,9 @@ def test_dashboard_flow(
     ps_metrics: tuple[str, Counter],
 ) -> None:
     if not CHROMIUM.exists():
+        # `make test` installs it (scripts/install_system_deps.sh); CI must not skip.
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (apt-get install -y chromium)")
         pytest.skip("chromium is not installed (apt-get install -y chromium)")
     from playwright.sync_api import sync_playwright
 

@@ -206,10 +206,7 @@ def _cli_options(module_name: str, command: str) -> set[str]:
     import typer
     from typer.main import get_command
 
-    try:
-        module = importlib.import_module(f"recstore.cli.{module_name}")
-    except ModuleNotFoundError as err:
-        pytest.skip(f"recstore.cli.{module_name} is not available yet: {err}")
+    module = importlib.import_module(f"recstore.cli.{module_name}")
     app = typer.Typer()
     module.register(app)
     group: Any = get_command(app)
