@@ -13,8 +13,9 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, model_validator
+
+from recstore.core.spec import WireModel
 
 #: A Kubernetes resource quantity: a plain or decimal number with an optional
 #: binary (Ki, Mi, ...), decimal (k, M, ...) or milli suffix.
@@ -30,16 +31,6 @@ MAX_GPUS_PER_SHARD = 16
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=32)]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-        use_enum_values=True,
-    )
-
-
 class Spread(str, Enum):
     """How hard shards of one table are kept off the same node."""
 
@@ -48,7 +39,7 @@ class Spread(str, Enum):
     none = "none"
 
 
-class Resources(_Model):
+class Resources(WireModel):
     """CPU and memory of one shard's PS container (requests; limits optional)."""
 
     cpu: Quantity = "1"
@@ -59,7 +50,7 @@ class Resources(_Model):
     memory_limit: Quantity | None = None
 
 
-class Toleration(_Model):
+class Toleration(WireModel):
     key: Annotated[str, Field(max_length=253)] | None = None
     operator: Literal["Exists", "Equal"] = "Equal"
     value: Annotated[str, Field(max_length=63)] | None = None
@@ -77,7 +68,7 @@ class Toleration(_Model):
         return self
 
 
-class Storage(_Model):
+class Storage(WireModel):
     """The persistent volume each shard keeps its data dir (checkpoints, WAL) on."""
 
     size: Quantity = "10Gi"
@@ -87,7 +78,7 @@ class Storage(_Model):
     retain_on_delete: bool = True
 
 
-class Placement(_Model):
+class Placement(WireModel):
     """Image, resources and node constraints shared by every shard of a table."""
 
     #: PS node image; unset means the operator's default (RECSTORE_PS_IMAGE).

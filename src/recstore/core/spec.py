@@ -22,7 +22,9 @@ MAX_EMBEDDING_DIM = 8192
 MAX_SHARDS = 1024
 
 
-class _Model(BaseModel):
+class WireModel(BaseModel):
+    """Frozen, strict, camelCase on the wire: the base of every declared model."""
+
     model_config = ConfigDict(
         alias_generator=to_camel,
         populate_by_name=True,
@@ -64,7 +66,7 @@ class Durability(str, Enum):
     wal = "wal"  # every acknowledged write is logged and fsynced before the reply
 
 
-class Keys(_Model):
+class Keys(WireModel):
     mode: KeyMode = KeyMode.dense
     #: hashed mode: rows the whole table may hold (split over the shards);
     #: defaults to num_embeddings.
@@ -82,7 +84,7 @@ class Keys(_Model):
         return self
 
 
-class Initializer(_Model):
+class Initializer(WireModel):
     kind: Literal["zeros", "normal", "uniform"] = "normal"
     mean: float = 0.0
     std: Annotated[float, Field(ge=0)] = 0.01
@@ -99,7 +101,7 @@ class Initializer(_Model):
         return self
 
 
-class Optimizer(_Model):
+class Optimizer(WireModel):
     kind: Literal["sgd", "adagrad", "rowwise_adagrad", "adam"] = "sgd"
     lr: Annotated[float, Field(gt=0)] = 0.01
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
@@ -119,7 +121,7 @@ class Optimizer(_Model):
         return 2 * dim  # adam: exp_avg, exp_avg_sq (the step count is per table, as SparseAdam)
 
 
-class Checkpoint(_Model):
+class Checkpoint(WireModel):
     #: seconds between periodic checkpoints; 0 disables them.
     interval_seconds: Annotated[int, Field(ge=0)] = 0
     #: how many complete checkpoints to keep on disk.
@@ -127,7 +129,7 @@ class Checkpoint(_Model):
     durability: Durability = Durability.checkpoint
 
 
-class TableSpec(_Model):
+class TableSpec(WireModel):
     """One embedding table, as a user declares it."""
 
     name: Annotated[str, Field(pattern=TABLE_NAME_PATTERN)]
