@@ -2,12 +2,12 @@
 # `make demo`: the platform on this machine, a 2-shard table, a DLRM-style model
 # trained against it, a checkpoint, then a clean shutdown.
 # DEMO_STEPS=N changes the training length; DEMO_KEEP=1 leaves the platform up
-# (dashboard and metrics) until Ctrl-C.
+# (dashboard and metrics) until Ctrl-C; DEMO_STATE=DIR puts its state there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 RECSTORE=("$PY" -m recstore)
-STATE=$(mktemp -d -t recstore-demo-XXXXXX)
+STATE=${DEMO_STATE:-$(mktemp -d -t recstore-demo-XXXXXX)}
 PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 URL="http://127.0.0.1:$PORT"
 export RECSTORE_ADMIN_URL=$URL
