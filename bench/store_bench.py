@@ -44,6 +44,7 @@ TARGETS = {
     "update_adam": 2.0,
 }
 LR, EPS, BETAS = 0.01, 1e-8, (0.9, 0.999)
+SETTLE_S = 0.05  # idle gap before each timed call (see paired_seconds)
 
 
 def paired_seconds(
@@ -53,18 +54,25 @@ def paired_seconds(
 
     The two run alternately, so both see the same background load; on a shared
     machine the paired ratio is far steadier than a ratio of separate medians.
+    A short idle gap follows every timed call: torch's OpenMP workers keep
+    spinning for milliseconds after a parallel op returns, and without the gap
+    they would share a core with the next call's threads, charging the
+    baseline's leftover spinning to whichever side runs after it.
     """
     ours()  # warm-up: page faults, allocator, first touches
     base()
     a, b = [], []
     for _ in range(repeats):
+        time.sleep(SETTLE_S)
         start = time.perf_counter()
         ours()
         middle = time.perf_counter()
+        time.sleep(SETTLE_S)
+        resumed = time.perf_counter()
         base()
         end = time.perf_counter()
         a.append(middle - start)
-        b.append(end - middle)
+        b.append(end - resumed)
     ratio = statistics.median(y / x for x, y in zip(a, b, strict=True))
     return statistics.median(a), statistics.median(b), ratio
 
@@ -220,14 +228,22 @@ def bench_updates(
 
 
 def main() -> None:
+    global SETTLE_S
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--batch", type=int, default=1_000_000)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=0.05,
+        help="idle seconds before each timed call (0: back to back, torch's spinning included)",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/store_bench.json")
     args = ap.parse_args()
+    SETTLE_S = args.settle
     threads = [int(t) for t in args.threads.split(",")]
     rng = np.random.default_rng(0)
     batches = id_batches(args.rows, args.batch, rng)

@@ -2,9 +2,7 @@
 //
 // Large blocks are mapped anonymously, so untouched pages cost nothing; when
 // `huge` is set they are also advised onto transparent huge pages, which
-// removes most TLB misses from random row and index accesses. Dense tables
-// whose ids arrive scattered keep 4 KiB pages (a huge page per touched id
-// would inflate their resident size); hashed tables fill rows in order.
+// removes most TLB misses from random row and index accesses.
 #pragma once
 
 #include <stddef.h>

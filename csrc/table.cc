@@ -11,6 +11,7 @@
 
 #include "memory.h"
 #include "parallel.h"
+#include "row_copy.h"
 #include "scratch.h"
 
 namespace recstore {
@@ -19,6 +20,7 @@ namespace {
 constexpr int64_t kLookupChunk = 4096;
 constexpr int64_t kGatherChunk = 2048;
 constexpr int64_t kGatherAhead = 16;  // rows prefetched ahead of the copy
+constexpr int64_t kProbeAhead = 32;   // hashed: index slots prefetched ahead of the probe
 constexpr int64_t kResidentBlock = 1024;  // keys looked up, then gathered, at a time
 
 double wall_seconds() {
@@ -46,9 +48,11 @@ Table::Table(const TableOptions& options) : opt_(options) {
   }
   row_bytes_ = opt_.dim * dtype_size(opt_.dtype);
   state_w_ = recstore::state_width(opt_.opt.kind, opt_.dim);
-  // Untouched pages stay unmapped, so a large sparse table costs what it holds;
-  // hashed tables hand out rows in order and get huge pages.
-  const bool huge = !opt_.direct;
+  // Untouched pages stay unmapped, so a large sparse table costs what it holds.
+  // Both kinds get huge pages from the start (random row accesses otherwise pay
+  // a page walk each): hashed tables hand out rows in order, and a dense table's
+  // ids fill its whole range in practice, so the 2 MiB granularity costs little.
+  const bool huge = true;
   try {
     values_ = static_cast<char*>(alloc_zeroed(values_bytes(), huge));
     if (state_w_ > 0) state_ = static_cast<float*>(alloc_zeroed(state_bytes(), huge));
@@ -162,40 +166,81 @@ void Table::lookup_all(int64_t n, const int64_t* keys, int64_t* rows) const {
   parallel_for(n, kLookupChunk, [&](int64_t b, int64_t e) { lookup_range(keys, rows, b, e); });
 }
 
-void Table::gather_range(const int64_t* rows, void* out, int64_t b, int64_t e) const {
+void Table::gather_range(const int64_t* rows, void* out, int64_t b, int64_t e, bool stream) const {
   char* dst = static_cast<char*>(out);
   const int64_t rb = row_bytes_;
   for (int64_t i = b; i < e; ++i) {
-    if (i + kGatherAhead < e && rows[i + kGatherAhead] >= 0) {
-      const char* ahead = row_values(rows[i + kGatherAhead]);
-      for (int64_t off = 0; off < rb; off += 64) __builtin_prefetch(ahead + off);
-    }
+    if (i + kGatherAhead < e && rows[i + kGatherAhead] >= 0)
+      prefetch_row(row_values(rows[i + kGatherAhead]), rb);
     if (rows[i] >= 0) {
-      std::memcpy(dst + i * rb, row_values(rows[i]), static_cast<size_t>(rb));
+      copy_row(dst + i * rb, row_values(rows[i]), rb, stream);
     } else {
-      std::memset(dst + i * rb, 0, static_cast<size_t>(rb));
+      zero_row(dst + i * rb, rb, stream);
     }
   }
+  stream_fence(stream);
 }
 
 void Table::gather(int64_t n, const int64_t* rows, void* out) const {
-  parallel_for(n, kGatherChunk, [&](int64_t b, int64_t e) { gather_range(rows, out, b, e); });
+  const bool stream = can_stream(out, row_bytes_, n);
+  parallel_for(n, kGatherChunk,
+               [&](int64_t b, int64_t e) { gather_range(rows, out, b, e, stream); });
+}
+
+bool Table::probe_gather_range(const int64_t* keys, int64_t* rows, void* out, int64_t b, int64_t e,
+                               bool stream) const {
+  // One software pipeline over the keys: a key's index slot (two lines) is
+  // prefetched kProbeAhead keys before its probe, its row kGatherAhead keys
+  // before its copy, so both dependent misses of a hashed lookup are in flight
+  // well before they are needed and no phase has to drain before the next.
+  constexpr int64_t kRing = 64;  // > kProbeAhead
+  static_assert(kProbeAhead > kGatherAhead && kProbeAhead < kRing && (kRing & (kRing - 1)) == 0,
+                "a ring of home slots covers the probe distance");
+  uint64_t homes[kRing];
+  char* dst = static_cast<char*>(out);
+  const int64_t rb = row_bytes_;
+  const HashIndex& index = *index_;
+  auto stage = [&](int64_t i) {
+    homes[i & (kRing - 1)] = index.home(keys[i]);
+    index.prefetch_slot(homes[i & (kRing - 1)]);
+  };
+  auto probe = [&](int64_t i) {
+    const int64_t row = index.find_from(homes[i & (kRing - 1)], keys[i]);
+    rows[i] = row;
+    if (row >= 0) prefetch_row(row_values(row), rb);
+    return row >= 0;
+  };
+  bool complete = true;
+  for (int64_t i = b; i < std::min(e, b + kProbeAhead); ++i) stage(i);
+  for (int64_t i = b; i < std::min(e, b + kGatherAhead); ++i) complete &= probe(i);
+  for (int64_t i = b; i < e && complete; ++i) {
+    if (i + kProbeAhead < e) stage(i + kProbeAhead);
+    if (i + kGatherAhead < e) complete &= probe(i + kGatherAhead);
+    copy_row(dst + i * rb, row_values(rows[i]), rb, stream);
+  }
+  stream_fence(stream);
+  return complete;
 }
 
 bool Table::gather_resident(int64_t n, const int64_t* keys, int64_t* rows, void* out) const {
-  // One parallel pass: each block of keys is looked up (group-prefetched
-  // probes), then its rows gathered (prefetched copies) while its row ids are
-  // still in cache. Direct tables holding every id skip the lookup and check
-  // ids in the same pass.
+  // One parallel pass. Direct tables holding every id copy rows by id; hashed
+  // tables probe and copy in one pipelined loop; other direct tables look up
+  // a block of ids, then gather it while its row ids are still in cache.
   std::atomic<bool> complete{true};
   const bool ids_are_rows = all_resident();
+  const bool stream = can_stream(out, row_bytes_, n);
   parallel_for(n, kGatherChunk, [&](int64_t b, int64_t e) {
+    if (ids_are_rows) {
+      gather_range(keys, out, b, e, stream);
+      return;
+    }
+    if (!opt_.direct) {
+      if (!probe_gather_range(keys, rows, out, b, e, stream))
+        complete.store(false, std::memory_order_relaxed);
+      return;
+    }
     for (int64_t sb = b; sb < e; sb += kResidentBlock) {
       const int64_t se = std::min(e, sb + kResidentBlock);
-      if (ids_are_rows) {
-        gather_range(keys, out, sb, se);
-        continue;
-      }
       lookup_range(keys, rows, sb, se);
       for (int64_t i = sb; i < se; ++i) {
         if (rows[i] < 0) {
@@ -203,7 +248,7 @@ bool Table::gather_resident(int64_t n, const int64_t* keys, int64_t* rows, void*
           return;
         }
       }
-      gather_range(rows, out, sb, se);
+      gather_range(rows, out, sb, se, stream);
     }
   });
   return complete.load();

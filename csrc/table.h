@@ -137,7 +137,12 @@ class Table {
   void remove_row(int64_t key, int64_t row);
   void gather(int64_t n, const int64_t* rows, void* out) const;
   void lookup_range(const int64_t* keys, int64_t* rows, int64_t b, int64_t e) const;
-  void gather_range(const int64_t* rows, void* out, int64_t b, int64_t e) const;
+  // Copies rows [b, e) (zeros for row -1); `stream`: non-temporal stores (row_copy.h).
+  void gather_range(const int64_t* rows, void* out, int64_t b, int64_t e, bool stream) const;
+  // Hashed: probes keys [b, e) and copies their rows in one pipelined loop;
+  // false (stopping early) at the first missing key.
+  bool probe_gather_range(const int64_t* keys, int64_t* rows, void* out, int64_t b, int64_t e,
+                          bool stream) const;
   // Groups the positions of a call by row (see table_write.cc); returns the group count.
   int64_t group_by_row(int64_t n, const int64_t* rows, uint64_t** order, int64_t** starts) const;
   // Copies values (and state when given) of the last position of every row.
