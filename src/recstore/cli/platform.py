@@ -17,6 +17,7 @@ BENCHES = {
     "store": "bench/store_bench.py",
     "ps": "bench/ps_bench.py",
     "train": "bench/train_bench.py",
+    "soak": "bench/soak.py",
 }
 
 
@@ -59,7 +60,7 @@ def up(
 
 
 def bench(
-    which: Annotated[str, typer.Argument(help="store | ps | train")],
+    which: Annotated[str, typer.Argument(help="store | ps | train | soak")],
     args: Annotated[list[str] | None, typer.Argument(help="Passed to the benchmark.")] = None,
 ) -> None:
     """Run a benchmark from bench/ (prints a table, writes JSON under bench/results/)."""
