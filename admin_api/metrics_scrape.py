@@ -1,14 +1,17 @@
 """Read a PS node's Prometheus /metrics for the dashboard's per-shard charts.
 
-The node exports (names as the PS node publishes them; the ``recstore_ps_``
-spelling is accepted too):
+The names are the ones ``recstore.ps.metrics`` publishes:
 
-- ``recstore_table_rows{table}``            gauge: rows held
-- ``recstore_table_memory_bytes{table}``    gauge: bytes used by rows and state
-- ``recstore_requests_total{table,...}``    counter: data requests served
-- ``recstore_request_latency_seconds{...}`` histogram: request latency
+- ``recstore_ps_table_rows{table}``           gauge: rows held
+- ``recstore_ps_table_memory_bytes{table}``   gauge: bytes of rows and optimizer state
+- ``recstore_ps_requests_total{method,code}`` counter: RPCs served
+- ``recstore_ps_request_seconds{method}``     histogram: RPC latency
 
-Counters come back raw; the browser turns two samples into QPS and mean latency.
+Requests and latency are per node, not per table; only the data-path methods
+count (Pull, Push, Update and their multi-table forms), so control calls such
+as the provisioner's stats polling do not inflate QPS. Both provisioners run
+one node per shard of one table, so per node is per table there. Counters come
+back raw; the browser turns two samples into QPS and mean latency.
 """
 
 from __future__ import annotations
@@ -20,14 +23,12 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-ROWS = ("recstore_table_rows", "recstore_ps_table_rows")
-MEMORY = ("recstore_table_memory_bytes", "recstore_ps_table_memory_bytes")
-REQUESTS = ("recstore_requests_total", "recstore_ps_requests_total")
-LATENCY_SUM = ("recstore_request_latency_seconds_sum", "recstore_ps_request_latency_seconds_sum")
-LATENCY_COUNT = (
-    "recstore_request_latency_seconds_count",
-    "recstore_ps_request_latency_seconds_count",
-)
+ROWS = "recstore_ps_table_rows"
+MEMORY = "recstore_ps_table_memory_bytes"
+REQUESTS = "recstore_ps_requests_total"
+LATENCY_SUM = "recstore_ps_request_seconds_sum"
+LATENCY_COUNT = "recstore_ps_request_seconds_count"
+DATA_METHODS = frozenset({"Pull", "Push", "Update", "MultiPull", "MultiUpdate"})
 
 
 @dataclass
@@ -61,15 +62,17 @@ def parse_node_metrics(text: str, table: str) -> NodeSample:
         for s in family.samples:
             if s.labels.get("table", table) != table:
                 continue
-            if s.name in ROWS:
+            if s.name == ROWS:
                 sample.rows = _add(sample.rows, s.value)
-            elif s.name in MEMORY:
+            elif s.name == MEMORY:
                 sample.memory_bytes = _add(sample.memory_bytes, s.value)
-            elif s.name in REQUESTS:
+            elif s.labels.get("method") not in DATA_METHODS:
+                continue
+            elif s.name == REQUESTS:
                 sample.requests_total = _add(sample.requests_total, s.value)
-            elif s.name in LATENCY_SUM:
+            elif s.name == LATENCY_SUM:
                 sample.latency_sum = _add(sample.latency_sum, s.value)
-            elif s.name in LATENCY_COUNT:
+            elif s.name == LATENCY_COUNT:
                 sample.latency_count = _add(sample.latency_count, s.value)
     return sample
 

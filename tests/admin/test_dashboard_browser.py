@@ -15,8 +15,10 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import Gauge
 from prometheus_client.exposition import start_http_server
+
+from recstore.ps.metrics import Metrics
 
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
@@ -57,19 +59,19 @@ def base_url(app: FastAPI) -> Iterator[str]:
 
 
 @pytest.fixture
-def ps_metrics() -> Iterator[tuple[str, Counter]]:
-    """A stand-in PS node's /metrics that grows while the page polls it."""
-    registry = CollectorRegistry()
-    Gauge("recstore_table_rows", "rows", ["table"], registry=registry).labels("ui_table").set(900)
-    Gauge("recstore_table_memory_bytes", "b", ["table"], registry=registry).labels("ui_table").set(
-        900 * 64
+def ps_metrics() -> Iterator[tuple[str, Metrics]]:
+    """A PS node's own metrics (recstore.ps.metrics), served over HTTP while the page polls."""
+    metrics = Metrics()
+    registry = metrics.registry
+    Gauge("recstore_ps_table_rows", "rows", ["table"], registry=registry).labels("ui_table").set(
+        900
     )
-    requests = Counter("recstore_requests", "requests", ["table"], registry=registry)
-    Histogram("recstore_request_latency_seconds", "latency", ["table"], registry=registry).labels(
+    Gauge("recstore_ps_table_memory_bytes", "b", ["table"], registry=registry).labels(
         "ui_table"
-    ).observe(0.002)
+    ).set(900 * 64)
+    metrics.observe("Pull", "OK", 0.002)
     server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
-    yield f"127.0.0.1:{server.server_port}", requests
+    yield f"127.0.0.1:{server.server_port}", metrics
     server.shutdown()
     thread.join(timeout=10)
 
@@ -78,7 +80,7 @@ def test_dashboard_flow(
     app: FastAPI,
     base_url: str,
     admin_headers: dict[str, str],
-    ps_metrics: tuple[str, Counter],
+    ps_metrics: tuple[str, Metrics],
 ) -> None:
     if not CHROMIUM.exists():
         # `make test` installs it (scripts/install_system_deps.sh); CI must not skip.
@@ -149,7 +151,8 @@ def test_dashboard_flow(
             page.wait_for_selector("#shards")
             assert "127.0.0.1:50051" in page.inner_text("#shards")
             page.wait_for_selector("svg[data-series=rows] circle", timeout=15000)
-            ps_metrics[1].labels("ui_table").inc(500)  # traffic between two polls -> QPS
+            for _ in range(500):  # traffic between two polls -> QPS
+                ps_metrics[1].observe("Pull", "OK", 0.002)
             page.wait_for_selector("svg[data-series=qps] circle", timeout=15000)
             page.click("#checkpoint-now")
             page.wait_for_selector("table.checkpoints td:has-text('Requested')")

@@ -7,30 +7,30 @@ from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import start_http_server
 
 from recstore.admin.metrics_scrape import metrics_url, parse_node_metrics, scrape_nodes
+from recstore.ps.metrics import Metrics
 
 
 def node_registry(
     table: str, rows: int, requests: int, latencies: list[float]
 ) -> CollectorRegistry:
-    """What a PS node exports, built with the same client library the node uses."""
-    registry = CollectorRegistry()
-    Gauge("recstore_table_rows", "rows", ["table"], registry=registry).labels(table).set(rows)
-    Gauge("recstore_table_memory_bytes", "bytes", ["table"], registry=registry).labels(table).set(
-        rows * 64
-    )
-    counter = Counter("recstore_requests", "requests", ["table", "method"], registry=registry)
-    counter.labels(table, "Pull").inc(requests - 1)
-    counter.labels(table, "Update").inc(1)
-    counter.labels("someone_else", "Pull").inc(1000)  # another table on the same node
-    histogram = Histogram(
-        "recstore_request_latency_seconds", "latency", ["table"], registry=registry
-    )
-    for value in latencies:
-        histogram.labels(table).observe(value)
+    """What a PS node exports: its own Metrics class, plus the per-table gauges it publishes."""
+    metrics = Metrics()
+    registry = metrics.registry
+    rows_gauge = Gauge("recstore_ps_table_rows", "rows", ["table"], registry=registry)
+    rows_gauge.labels(table).set(rows)
+    rows_gauge.labels("someone_else").set(1000)  # another table on the same node
+    Gauge("recstore_ps_table_memory_bytes", "bytes", ["table"], registry=registry).labels(
+        table
+    ).set(rows * 64)
+    for i in range(requests):
+        method = "Update" if i == 0 else "Pull"
+        metrics.observe(method, "OK", latencies[i] if i < len(latencies) else 0.0)
+    metrics.observe("GetTableStats", "OK", 100.0)  # control calls are not data QPS
+    metrics.observe("ListTables", "OK", 100.0)
     return registry
 
 
@@ -51,7 +51,7 @@ def test_parse_sums_the_tables_samples() -> None:
     sample = parse_node_metrics(text.decode(), "emb")
     assert sample.rows == 300 and sample.memory_bytes == 300 * 64
     assert sample.requests_total == 20
-    assert sample.latency_sum == pytest.approx(2.0) and sample.latency_count == 2
+    assert sample.latency_sum == pytest.approx(2.0) and sample.latency_count == 20
     assert sample.error is None
     assert parse_node_metrics(text.decode(), "absent").rows is None
 
