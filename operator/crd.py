@@ -42,7 +42,7 @@ _DESCRIPTIONS = {
     "keys": "Key mode: dense ids, or hashed int64 keys with a capacity and eviction.",
     "initializer": "How missing rows are initialised (deterministic from key and seed).",
     "optimizer": "Optimizer the PS applies to pushed gradients.",
-    "storage": "Where rows live: GPU memory, host memory, or a GPU cache over host memory.",
+    "storage": "Where rows live: host memory (default) or GPU memory (needs placement.gpus).",
     "checkpoint": "Periodic checkpoints and write durability.",
     "placement": "Image, resources, GPUs and node constraints of the shard pods.",
 }

@@ -46,7 +46,7 @@ def load_native() -> None:
 
 
 def _device_for(spec: TableSpec) -> str:
-    wants_gpu = StorageTier(spec.storage) in (StorageTier.gpu, StorageTier.gpu_cache)
+    wants_gpu = StorageTier(spec.storage) == StorageTier.gpu
     return "cuda" if wants_gpu and torch.cuda.is_available() else "cpu"
 
 

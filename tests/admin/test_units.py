@@ -38,7 +38,7 @@ BASE = TableSpec(name="t", num_embeddings=100, embedding_dim=8, shards=2)
             {"checkpoint": {"interval_seconds": 30, "keep": 5}},
             lambda s: (s.checkpoint.interval_seconds, s.checkpoint.keep) == (30, 5),
         ),
-        ({"storage": "gpu_cache"}, lambda s: s.storage == "gpu_cache"),
+        ({"storage": "gpu"}, lambda s: s.storage == "gpu"),
         ({"optimizer": None}, lambda s: s.optimizer == TableSpec.model_fields["optimizer"].default),
         ({}, lambda s: s == BASE),
     ],

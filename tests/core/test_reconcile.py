@@ -50,20 +50,62 @@ def test_invalid_declarations_name_the_field(fields, fragment):
 def test_declaration_defaults_and_name():
     d = decl()
     assert d.spec.name == "t" and d.spec.shards == 1
-    assert d.placement.device == "cpu" and d.placement.storage.size == "10Gi"
+    assert d.placement.gpus == 0 and d.placement.storage.size == "10Gi"
     assert parse_declaration({**BASE, "name": "my_table"}, default_name="t").spec.name == "my_table"
     gpu = decl(storage="gpu", placement={"gpus": 2})
-    assert gpu.placement.device == "cuda"
+    assert gpu.placement.gpus == 2
 
 
 @pytest.mark.parametrize(
     ("fields", "options", "expected_tail"),
     [
-        ({}, {}, ["--device", "cpu", "--durability", "checkpoint"]),
         (
-            {"storage": "gpu", "placement": {"gpus": 1}, "checkpoint": {"durability": "wal"}},
+            {},
+            {},
+            [
+                "--device",
+                "cpu",
+                "--durability",
+                "checkpoint",
+                "--checkpoint-interval",
+                "0",
+                "--keep-checkpoints",
+                "3",
+            ],
+        ),
+        (
+            {
+                "storage": "gpu",
+                "placement": {"gpus": 1},
+                "checkpoint": {"durability": "wal", "intervalSeconds": 600, "keep": 5},
+            },
             {"auth_token_file": "/t/token"},
-            ["--device", "cuda", "--durability", "wal", "--auth-token-file", "/t/token"],
+            [
+                "--device",
+                "cuda",
+                "--durability",
+                "wal",
+                "--checkpoint-interval",
+                "600",
+                "--keep-checkpoints",
+                "5",
+                "--auth-token-file",
+                "/t/token",
+            ],
+        ),
+        (  # GPUs in the placement do not move a host-memory table onto them
+            {"placement": {"gpus": 1}},
+            {},
+            [
+                "--device",
+                "cpu",
+                "--durability",
+                "checkpoint",
+                "--checkpoint-interval",
+                "0",
+                "--keep-checkpoints",
+                "3",
+            ],
         ),
     ],
 )

@@ -96,11 +96,6 @@ class Placement(WireModel):
     #: seconds a shard gets to write its checkpoint when stopped.
     termination_grace_seconds: Annotated[int, Field(ge=0, le=3600)] = 60
 
-    @property
-    def device(self) -> str:
-        """Device the PS node stores rows on: ``cuda`` with a GPU, else ``cpu``."""
-        return "cuda" if self.gpus > 0 else "cpu"
-
     def to_wire(self) -> dict[str, object]:
         """JSON-ready camelCase form (the CR's ``spec.placement``)."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)

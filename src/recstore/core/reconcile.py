@@ -102,8 +102,10 @@ def ps_node_args(
         "--data-dir", data_dir,
         "--shard-index", str(shard_index),
         "--num-shards", str(decl.spec.shards),
-        "--device", decl.placement.device,
+        "--device", "cuda" if StorageTier(decl.spec.storage) == StorageTier.gpu else "cpu",
         "--durability", Durability(decl.spec.checkpoint.durability).value,
+        "--checkpoint-interval", str(decl.spec.checkpoint.interval_seconds),
+        "--keep-checkpoints", str(decl.spec.checkpoint.keep),
     ]  # fmt: skip
     if auth_token_file:
         args += ["--auth-token-file", auth_token_file]

@@ -58,7 +58,6 @@ class Eviction(str, Enum):
 class StorageTier(str, Enum):
     gpu = "gpu"
     host = "host"
-    gpu_cache = "gpu_cache"  # GPU cache over host memory
 
 
 class Durability(str, Enum):
