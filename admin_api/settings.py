@@ -27,8 +27,6 @@ class Settings(BaseSettings):
     metrics_scrape_timeout: float = Field(default=2.0, gt=0)
     #: Mark the login cookie Secure (set behind TLS).
     secure_cookies: bool = False
-    host: str = "127.0.0.1"
-    port: int = 8080
 
     def resolved_bootstrap_token(self) -> str | None:
         """The bootstrap token from the variable, else from the file, else None."""

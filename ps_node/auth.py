@@ -29,7 +29,10 @@ def is_authorized(metadata: Any, token: str) -> bool:
     for key, value in metadata or ():
         if key == "authorization":
             scheme, _, given = str(value).partition(" ")
-            return scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), token)
+            # bytes, so a non-ASCII header is a wrong token rather than a TypeError
+            return scheme.lower() == "bearer" and hmac.compare_digest(
+                given.strip().encode(), token.encode()
+            )
     return False
 
 

@@ -94,6 +94,10 @@ def test_installed_native_library_path_loads() -> None:
     import recstore._native as native
 
     client = RecStoreClient(library_path=native.__file__, role=unique_name("role"))
+    name = unique_name()
+    client.init_data(name, (4, 2), torch.float32, init_func=lambda s, d: torch.ones(s, dtype=d))
+    assert torch.equal(client.pull(name, torch.tensor([0, 3])), torch.ones(2, 2))
+    client.delete_data(name)
     client.close()
 
 

@@ -31,6 +31,7 @@ from recstore.ps.status import status_of, trailing_metadata_of
         ((("authorization", "s3cret"),), False),
         ((("authorization", "Basic s3cret"),), False),
         ((("x-other", "Bearer s3cret"),), False),
+        ((("authorization", "Bearer s3crét"),), False),  # non-ASCII: refused, not an error
         ((), False),
         (None, False),
     ],

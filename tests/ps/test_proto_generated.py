@@ -24,4 +24,6 @@ def test_generated_package_imports() -> None:
 
     assert ps_pb2.DESCRIPTOR.package == "recstore.v1"
     assert hasattr(ps_pb2_grpc, "ParameterServerStub")
-    assert ps_pb2.PullRequest(keys=b"\x01" * 8).keys == b"\x01" * 8
+    # field numbers are the wire contract: the codec in recstore.core.wire relies on them
+    fields = {f.name: f.number for f in ps_pb2.PullRequest.DESCRIPTOR.fields}
+    assert fields == {"table": 1, "epoch": 2, "keys": 3, "read_only": 4}

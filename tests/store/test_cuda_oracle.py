@@ -16,12 +16,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from recstore import _native
 from recstore.core import CapacityExhausted, DType, InvalidArgument, TableSpec
 from recstore.store import Table
-
-torch = pytest.importorskip("torch")
 
 
 def _cuda_ready() -> bool:

@@ -70,8 +70,6 @@ class LocalPlatform:
         settings = Settings(
             database_url=f"sqlite:///{self.state_dir / 'admin.db'}",
             bootstrap_token_file=self.state_dir / TOKEN_FILE,
-            host=host,
-            port=self.port,
         )
         app = create_app(settings, provisioner=self.provisioner)
         config = uvicorn.Config(app, log_level="warning", lifespan="on")

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from recstore.admin.errors import ProvisioningError
 from recstore.core.placement import Placement
 from recstore.core.reconcile import (
@@ -230,9 +232,18 @@ class LocalProvisioner:
         for table in tables:
             try:
                 self._report(table)
-            except Exception as error:  # a failing admin API must not stop the provisioner
-                # (a table the admin has not committed yet answers 404 for a moment)
-                log.debug("status report for %s failed: %s", table.spec.name, error)
+            except httpx.HTTPStatusError as error:
+                if error.response.status_code == 404:
+                    # the admin API has not committed this table yet: next round
+                    log.debug(
+                        "status report for %s: table not in the catalogue yet", table.spec.name
+                    )
+                else:
+                    log.warning("status report for %s refused: %s", table.spec.name, error)
+            except httpx.TransportError as error:
+                log.warning("status report for %s failed: %s", table.spec.name, error)
+            except Exception:  # a bug must show, but must not stop the provisioner
+                log.exception("status report for %s failed", table.spec.name)
 
     def _poll(self) -> None:
         while not self._closed.wait(self._poll_interval):

@@ -137,7 +137,3 @@ def new_rows(rows: int, width: int, dtype: DType, like_torch: bool, device: str)
 
         return torch.empty((rows, width), dtype=torch_dtype(dtype), device=device)
     return np.empty((rows, width), dtype=NUMPY_DTYPES[dtype])
-
-
-def address_of(x: Any) -> int:
-    return int(x.data_ptr()) if is_torch(x) else int(x.ctypes.data)
