@@ -12,6 +12,7 @@
 
 #include "hash.h"
 #include "parallel.h"
+#include "stats_dict.h"
 #include "table.h"
 #include "version.h"
 
@@ -30,21 +31,6 @@ namespace {
 template <class T>
 T* ptr(uintptr_t address) {
   return reinterpret_cast<T*>(address);
-}
-
-nb::dict stats_dict(const recstore::TableStats& s) {
-  nb::dict d;
-  d["size"] = s.size;
-  d["capacity"] = s.capacity;
-  d["memory_bytes"] = s.memory_bytes;
-  d["index_bytes"] = s.index_bytes;
-  d["bookkeeping_bytes"] = s.bookkeeping_bytes;
-  d["inserts"] = s.inserts;
-  d["evictions"] = s.evictions;
-  d["expirations"] = s.expirations;
-  d["erasures"] = s.erasures;
-  d["step"] = s.step;
-  return d;
 }
 
 }  // namespace

@@ -29,23 +29,27 @@ double wall_seconds() {
 }
 }  // namespace
 
-Table::Table(const TableOptions& options) : opt_(options) {
-  if (opt_.dim < 1) throw std::invalid_argument("dim must be >= 1");
-  if (opt_.dtype != kFloat32 && opt_.dtype != kFloat16 && opt_.dtype != kBFloat16)
+void validate_options(const TableOptions& o) {
+  if (o.dim < 1) throw std::invalid_argument("dim must be >= 1");
+  if (o.dtype != kFloat32 && o.dtype != kFloat16 && o.dtype != kBFloat16)
     throw std::invalid_argument("dtype must be float32, float16 or bfloat16");
-  if (opt_.opt.kind < kSGD || opt_.opt.kind > kAdam)
+  if (o.opt.kind < kSGD || o.opt.kind > kAdam)
     throw std::invalid_argument("unknown optimizer kind");
-  if (opt_.init.kind < kInitZeros || opt_.init.kind > kInitUniform)
+  if (o.init.kind < kInitZeros || o.init.kind > kInitUniform)
     throw std::invalid_argument("unknown initializer kind");
-  if (opt_.capacity < 1) throw std::invalid_argument("capacity must be >= 1");
-  if (opt_.direct) {
-    if (opt_.id_limit != opt_.capacity)
+  if (o.capacity < 1) throw std::invalid_argument("capacity must be >= 1");
+  if (o.direct) {
+    if (o.id_limit != o.capacity)
       throw std::invalid_argument("direct addressing needs capacity == id_limit");
-    if (opt_.eviction != kEvictNone || opt_.ttl_seconds > 0)
+    if (o.eviction != kEvictNone || o.ttl_seconds > 0)
       throw std::invalid_argument("eviction and TTL apply to hashed tables only");
-  } else if (opt_.capacity >= static_cast<int64_t>(HashIndex::kEmpty)) {
+  } else if (o.capacity >= static_cast<int64_t>(HashIndex::kEmpty)) {
     throw std::invalid_argument("a hashed shard holds at most 2^32 - 2 rows");
   }
+}
+
+Table::Table(const TableOptions& options) : opt_(options) {
+  validate_options(opt_);
   row_bytes_ = opt_.dim * dtype_size(opt_.dtype);
   state_w_ = recstore::state_width(opt_.opt.kind, opt_.dim);
   // Untouched pages stay unmapped, so a large sparse table costs what it holds.

@@ -63,6 +63,9 @@ struct TableStats {
   int64_t step = 0;
 };
 
+// Throws std::invalid_argument for options no table (CPU or CUDA) accepts.
+void validate_options(const TableOptions& options);
+
 class Table {
  public:
   explicit Table(const TableOptions& options);

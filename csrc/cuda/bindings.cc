@@ -14,6 +14,7 @@
 
 #include "cuda/device.h"
 #include "cuda/table_cuda.h"
+#include "stats_dict.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -41,21 +42,6 @@ uintptr_t caller_stream(const nb::handle& stream, int device) {
     return nb::cast<uintptr_t>(torch_c.attr("_cuda_getCurrentRawStream")(device));
   nb::object torch_cuda = nb::module_::import_("torch.cuda");
   return nb::cast<uintptr_t>(torch_cuda.attr("current_stream")(device).attr("cuda_stream"));
-}
-
-nb::dict stats_dict(const recstore::TableStats& s) {
-  nb::dict d;
-  d["size"] = s.size;
-  d["capacity"] = s.capacity;
-  d["memory_bytes"] = s.memory_bytes;
-  d["index_bytes"] = s.index_bytes;
-  d["bookkeeping_bytes"] = s.bookkeeping_bytes;
-  d["inserts"] = s.inserts;
-  d["evictions"] = s.evictions;
-  d["expirations"] = s.expirations;
-  d["erasures"] = s.erasures;
-  d["step"] = s.step;
-  return d;
 }
 
 }  // namespace

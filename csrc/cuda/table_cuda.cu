@@ -29,22 +29,7 @@ void zero(DeviceArray<T>& a, cudaStream_t s) {
 
 CudaTable::CudaTable(const TableOptions& options, int device)
     : opt_(options), st_(std::make_unique<CudaTableState>()) {
-  if (opt_.dim < 1) throw std::invalid_argument("dim must be >= 1");
-  if (opt_.dtype != kFloat32 && opt_.dtype != kFloat16 && opt_.dtype != kBFloat16)
-    throw std::invalid_argument("dtype must be float32, float16 or bfloat16");
-  if (opt_.opt.kind < kSGD || opt_.opt.kind > kAdam)
-    throw std::invalid_argument("unknown optimizer kind");
-  if (opt_.init.kind < kInitZeros || opt_.init.kind > kInitUniform)
-    throw std::invalid_argument("unknown initializer kind");
-  if (opt_.capacity < 1) throw std::invalid_argument("capacity must be >= 1");
-  if (opt_.direct) {
-    if (opt_.id_limit != opt_.capacity)
-      throw std::invalid_argument("direct addressing needs capacity == id_limit");
-    if (opt_.eviction != kEvictNone || opt_.ttl_seconds > 0)
-      throw std::invalid_argument("eviction and TTL apply to hashed tables only");
-  } else if (opt_.capacity >= (int64_t{1} << 32) - 1) {
-    throw std::invalid_argument("a hashed shard holds at most 2^32 - 2 rows");
-  }
+  validate_options(opt_);  // the CPU table's rules, so both accept the same options
   const int count = device_count();
   if (count == 0) throw std::runtime_error("no CUDA device is available");
   if (device < 0) RS_CUDA_CHECK(cudaGetDevice(&device));
