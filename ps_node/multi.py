@@ -25,6 +25,7 @@ from recstore.core import (
     Eviction,
     InvalidArgument,
     KeyMode,
+    RecStoreError,
     TableNotFound,
     WrongShard,
 )
@@ -32,6 +33,10 @@ from recstore.core.wire import Buffer
 from recstore.ps import codec
 from recstore.ps.node import HostedTable, Node, WriteAck, check_lr, check_owned
 from recstore.ps.wal import OP_UPDATE
+
+
+class CarriedUpdatesApplied(RecStoreError):
+    """A MultiPull failed after the updates it carried were applied: do not resend them."""
 
 
 @dataclass(frozen=True)
@@ -107,14 +112,36 @@ def _check_all_room(checked: Sequence[_Checked]) -> None:
         check_room(hosted, keys)
 
 
-def _check_pull(node: Node, item: PullItem) -> _Checked:
-    hosted = node.get(item.table)
-    keys = codec.decode_keys(item.keys)
-    if item.values_out.shape != (len(keys), hosted.dim):
-        raise InvalidArgument(f"reply room for {item.values_out.shape} rows, {len(keys)} keys")
+def _check_pull_keys(node: Node, table: str, keys_buffer: Buffer) -> _Checked:
+    hosted = node.get(table)
+    keys = codec.decode_keys(keys_buffer)
     check_owned(hosted, keys)
     check_key_range(hosted, keys)
     return _Checked(hosted, keys)
+
+
+def _check_pull(node: Node, item: PullItem) -> _Checked:
+    checked = _check_pull_keys(node, item.table, item.keys)
+    if item.values_out.shape != (len(checked.keys), checked.hosted.dim):
+        raise InvalidArgument(
+            f"reply room for {item.values_out.shape} rows, {len(checked.keys)} keys"
+        )
+    return checked
+
+
+def check_pulls(node: Node, pulls: Sequence[tuple[str, Buffer, bool]]) -> None:
+    """The checks ``multi_pull`` makes before its first insert, for (table, keys, read_only).
+
+    A MultiPull that carries updates runs these first, so a pull it would refuse
+    refuses the request before any carried update is applied.
+    """
+    checked = []
+    for index, (table, keys, _) in enumerate(pulls):
+        try:
+            checked.append(_check_pull_keys(node, table, keys))
+        except (InvalidArgument, TableNotFound, WrongShard) as error:
+            raise item_error(index, table, error) from None
+    _check_all_room([c for c, pull in zip(checked, pulls, strict=True) if not pull[2]])
 
 
 def _check_update(node: Node, item: UpdateItem) -> _Checked:

@@ -182,7 +182,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
     # Several tables in one call, all or nothing (recstore.ps.multi).
     @rpc
     async def MultiPull(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        reqs = wire.decode_multi_pull_request(request)
+        reqs, carried = wire.decode_multi_pull_carrying(request)
         shapes = []
         for index, req in enumerate(reqs):
             try:
@@ -191,22 +191,42 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
             except (TableNotFound, InvalidArgument) as error:
                 raise multi.item_error(index, req.table, error) from None
             shapes.append((rows, hosted.dim, hosted.dtype, req.read_only))
-        message, outs = wire.multi_pull_response_frame(shapes)
+        carried_rows: list[int] = []
+        if carried:
+            # Refuse a pull before the carried updates apply: then a refused request
+            # changes nothing, and the client may resend all of it.
+            pulls = [(req.table, req.keys, req.read_only) for req in reqs]
+            await self.offload.run_multi(
+                sum(s[0] * s[1] for s in shapes), multi.check_pulls, self.node, pulls
+            )
+            carried_rows = await self._multi_update(carried)
+        message, outs = wire.multi_pull_response_frame(shapes, carried_rows=carried_rows)
         items = [
             multi.PullItem(req.table, req.keys, values, found)
             for req, (values, found) in zip(reqs, outs, strict=True)
         ]
         values = sum(shape[0] * shape[1] for shape in shapes)
-        await self.offload.run_multi(values, multi.multi_pull, self.node, items)
+        try:
+            await self.offload.run_multi(values, multi.multi_pull, self.node, items)
+        except Exception as error:
+            if carried:  # rare (a table dropped meanwhile): say the updates are in
+                raise multi.CarriedUpdatesApplied(
+                    f"the {len(carried)} carried updates were applied, the pulls failed: {error}"
+                ) from error
+            raise
         for req, shape in zip(reqs, shapes, strict=True):
             self.metrics.rows(req.table, "MultiPull", shape[0])
         return wire.finish(message)
 
     @rpc
     async def MultiUpdate(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        rows = await self._multi_update(wire.decode_multi_update_request(request))
+        return wire.encode_multi_rows_response(rows)
+
+    async def _multi_update(self, requests: list[wire.UpdateRequest]) -> list[int]:
+        """Apply a MultiUpdate's items (all or nothing); rows applied per item once durable."""
         items = [
-            multi.UpdateItem(r.table, r.keys, r.grads, r.grad_dtype, r.dim, r.lr)
-            for r in wire.decode_multi_update_request(request)
+            multi.UpdateItem(r.table, r.keys, r.grads, r.grad_dtype, r.dim, r.lr) for r in requests
         ]
         values = sum(len(item.grads) // 4 for item in items)  # float32 (or smaller) values
         acks = await self.offload.run_multi(values, multi.multi_update, self.node, items)
@@ -214,7 +234,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
             await self._acknowledge(ack)
         for item, ack in zip(items, acks, strict=True):
             self.metrics.rows(item.table, "MultiUpdate", ack.rows)
-        return wire.encode_multi_rows_response(ack.rows for ack in acks)
+        return [ack.rows for ack in acks]
 
     @rpc
     async def Save(self, request, context):

@@ -13,12 +13,14 @@ from recstore.core import (
     WrongShard,
 )
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointNotFound
+from recstore.ps.multi import CarriedUpdatesApplied
 
 EPOCH_METADATA_KEY = "x-recstore-epoch"
 
 #: checked in order: the first matching class wins (subclasses before bases).
 STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (WrongShard, grpc.StatusCode.FAILED_PRECONDITION),
+    (CarriedUpdatesApplied, grpc.StatusCode.ABORTED),
     (TableNotFound, grpc.StatusCode.NOT_FOUND),
     (CheckpointNotFound, grpc.StatusCode.NOT_FOUND),
     (TableExists, grpc.StatusCode.ALREADY_EXISTS),

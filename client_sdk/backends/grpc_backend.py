@@ -26,13 +26,14 @@ import torch
 
 from recstore.client.backends import wire
 from recstore.client.backends.base import CreateResult, PullRequest, UpdateRequest
-from recstore.client.backends.multi_rows import MultiCall, TableCall
+from recstore.client.backends.multi_rows import MultiCall, TableCall, plan_carrying
 from recstore.client.backends.node_calls import NodeCalls
 from recstore.client.backends.remote_rows import pull_issue, push_issue, update_issue
+from recstore.client.carry import CARRY_ENV, DEFAULT_MAX_DELAY, CarriedUpdates
 from recstore.client.discovery import Discovery, discover
 from recstore.client.errors import BackendError, TableNotInitialized
 from recstore.client.fanout import ShardRouter
-from recstore.client.pending import DEFAULT_MAX_IN_FLIGHT, PendingUpdates
+from recstore.client.pending import DEFAULT_MAX_IN_FLIGHT, FAILED_NOTE, PendingUpdates
 from recstore.client.specs import same_layout
 from recstore.core import DType, SlotMap, SlotRange, TableSpec
 from recstore.v1 import ps_pb2
@@ -86,6 +87,7 @@ class GrpcBackend:
         rpc_timeout: float | None = None,
         max_batch_bytes: int = DEFAULT_BATCH_BYTES,
         max_pending_updates: int | None = None,
+        carry_delay: float | None = None,
     ) -> None:
         if not endpoints and not admin_url:
             raise ValueError("the grpc backend needs PS endpoints or an admin API URL")
@@ -104,6 +106,13 @@ class GrpcBackend:
         if max_pending_updates is None:
             max_pending_updates = int(os.environ.get(MAX_PENDING_ENV, DEFAULT_MAX_IN_FLIGHT))
         self._pending = PendingUpdates(max_pending_updates)
+        # Multi-table updates left in flight ride on the next MultiPull (carry.py);
+        # a delay of 0 sends them at once instead.
+        if carry_delay is None:
+            carry_delay = float(os.environ.get(CARRY_ENV, DEFAULT_MAX_DELAY * 1e3)) / 1e3
+        self._carried: CarriedUpdates[TableCall] | None = (
+            CarriedUpdates(self._send_updates, carry_delay) if carry_delay > 0 else None
+        )
 
     @property
     def endpoints(self) -> tuple[str, ...]:
@@ -228,7 +237,28 @@ class GrpcBackend:
         except TableNotInitialized:
             return None
 
+    def _settle(self, name: str) -> None:
+        """Wait for ``name``'s update in flight (sending held ones first); raise its failure."""
+        if self._carried is not None:
+            self._carried.release()
+        self._pending.settle(name)
+
+    def _send_updates(self, calls: list[TableCall]) -> None:
+        """Send a multi-table update now and track it per table as in flight."""
+        try:
+            call = MultiCall(
+                "MultiUpdate", calls, self._node, self._max_batch_bytes, blocking=False
+            )
+        except Exception as error:  # e.g. closed meanwhile: each table reports it
+            for table_call in calls:
+                self._pending.add(table_call.name, _Failed(error))
+            return
+        for index, table_call in enumerate(calls):
+            self._pending.add(table_call.name, call.share(index))
+
     def drop_table(self, name: str) -> None:
+        if self._carried is not None:
+            self._carried.release()
         self._pending.wait_all()  # nothing of ours still in flight when the table goes
         self._pending.discard(name)  # a failed update of a dropped table no longer matters
         table = self._locate(name)
@@ -241,7 +271,7 @@ class GrpcBackend:
         return lambda shard: self._node(table.endpoints[shard])
 
     def pull(self, name: str, keys: torch.Tensor, *, unique: bool = False) -> torch.Tensor:
-        self._pending.settle(name)  # read-your-writes: this table's updates land first
+        self._settle(name)  # read-your-writes: this table's updates land first
         table = self._locate(name)
         distinct, inverse = (keys, None) if unique else torch.unique(keys, return_inverse=True)
         keys_np = wire.keys_to_numpy(distinct)
@@ -253,7 +283,7 @@ class GrpcBackend:
         return rows if inverse is None else rows[inverse]
 
     def push(self, name: str, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self._pending.settle(name)
+        self._settle(name)
         table = self._locate(name)
         keys_np, values_np = wire.keys_to_numpy(keys), wire.rows_to_numpy(values)
         issue = push_issue(table.spec, keys_np, values_np, self._node_of(table))
@@ -269,7 +299,7 @@ class GrpcBackend:
         wait: bool = True,
     ) -> None:
         """Apply gradients; ``wait=False`` returns once every request is sent."""
-        self._pending.settle(name)  # one update in flight per table: applied in order
+        self._settle(name)  # one update in flight per table: applied in order
         table = self._locate(name)
         keys_np, grads_np = wire.keys_to_numpy(keys), wire.rows_to_numpy(grads)
         issue = update_issue(table.spec, keys_np, grads_np, lr, self._node_of(table))
@@ -281,9 +311,20 @@ class GrpcBackend:
             self._pending.add(name, call)
 
     def pull_many(self, requests: Sequence[PullRequest]) -> list[torch.Tensor]:
-        """Several tables' pulls with one MultiPull per node (each table as ``pull``)."""
+        """Several tables' pulls with one MultiPull per node (each table as ``pull``).
+
+        Updates held for carrying ride along: each node applies its share first.
+        """
+        if self._carried is None:
+            return self._pull_many(requests, [])
+        with self._carried.lock:  # the held updates are ours until their reply is in
+            return self._pull_many(requests, self._carried.take())
+
+    def _pull_many(
+        self, requests: Sequence[PullRequest], carried: list[TableCall]
+    ) -> list[torch.Tensor]:
         for name, _, _ in requests:
-            self._pending.settle(name)
+            self._pending.settle(name)  # updates sent earlier (held ones are in ``carried``)
         calls, inverses = [], []
         for name, keys, unique in requests:
             table = self._locate(name)
@@ -293,21 +334,44 @@ class GrpcBackend:
             out = np.empty((len(keys_np), table.spec.embedding_dim), dtype=dtype)
             calls.append(TableCall(table, keys_np, out))
             inverses.append(inverse)
-        MultiCall("MultiPull", calls, self._node, self._max_batch_bytes, blocking=True).wait()
+        plan = plan_carrying(calls, carried, self._max_batch_bytes) if carried else None
+        if carried and plan is None:  # too big to ride: send them first, on their own
+            self._send_updates(carried)
+            carried = []
+            for name, _, _ in requests:
+                self._pending.settle(name)
+        call = MultiCall(
+            "MultiPull", calls, self._node, self._max_batch_bytes, blocking=True,
+            carried=carried, plan=plan,
+        )  # fmt: skip
+        pulled = {name for name, _, _ in requests}
+        try:
+            call.wait()
+        finally:
+            for index, update in enumerate(carried):
+                if update.name not in pulled:  # reported by the next call on its table
+                    self._pending.add(update.name, call.carried_share(index))
+        for index, update in enumerate(carried):
+            failure = call.carried_failures.get(index)
+            if failure is not None and update.name in pulled:  # this is its next call
+                if FAILED_NOTE not in getattr(failure, "__notes__", ()):
+                    failure.add_note(FAILED_NOTE)
+                raise failure
         results = []
-        for call, inverse in zip(calls, inverses, strict=True):
-            rows = wire.rows_from_numpy(call.rows, DType(call.table.spec.dtype))
+        for table_call, inverse in zip(calls, inverses, strict=True):
+            rows = wire.rows_from_numpy(table_call.rows, DType(table_call.table.spec.dtype))
             results.append(rows if inverse is None else rows[inverse])
         return results
 
     def update_many(self, updates: Sequence[UpdateRequest], *, wait: bool = True) -> None:
         """Several tables' updates with one MultiUpdate per node (each table as ``update``).
 
-        ``wait=False`` leaves them in flight; each table then has this call as its
-        update in flight, and reports only a failure of its own rows.
+        ``wait=False`` leaves them in flight (or held, to ride on the next
+        ``pull_many``); each table then has this call as its update in flight,
+        and reports only a failure of its own rows.
         """
         for name, _, _, _ in updates:
-            self._pending.settle(name)
+            self._settle(name)
         calls = []
         for name, keys, grads, lr in updates:
             table = self._locate(name)
@@ -317,23 +381,27 @@ class GrpcBackend:
                     table, wire.keys_to_numpy(keys), wire.rows_to_numpy(grads), lr, every_shard
                 )
             )
-        call = MultiCall("MultiUpdate", calls, self._node, self._max_batch_bytes, blocking=wait)
         if wait:
-            call.wait()
-            return
-        for index, table_call in enumerate(calls):
-            self._pending.add(table_call.name, call.share(index))
+            MultiCall("MultiUpdate", calls, self._node, self._max_batch_bytes, blocking=True).wait()
+        elif self._carried is not None:
+            self._carried.hold(calls)
+        else:
+            self._send_updates(calls)
 
     @property
     def updates_in_flight(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + (len(self._carried) if self._carried is not None else 0)
 
     def flush(self) -> None:
         """Wait for every update in flight; raise the first failure not yet reported."""
+        if self._carried is not None:
+            self._carried.release()
         self._pending.settle_all()
 
     def close(self) -> None:
         try:
+            if self._carried is not None:
+                self._carried.close()
             self._pending.settle_all()
         finally:
             self._pool.shutdown(wait=True)
@@ -342,3 +410,13 @@ class GrpcBackend:
                     node.close()
                 self._nodes.clear()
             self._tables.clear()
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """An update that could not even be sent: its table reports ``error``."""
+
+    error: BaseException
+
+    def wait(self) -> object:
+        raise self.error

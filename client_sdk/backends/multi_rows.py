@@ -107,14 +107,49 @@ def plan_batches(calls: Sequence[TableCall], max_bytes: int) -> list[_Batch]:
     return batches
 
 
-def _encode_pull(calls: Sequence[TableCall], parts: list[Part]) -> bytes:
-    return wire.encode_multi_pull_request(
+@dataclass
+class CarryPlan:
+    """Pull requests per node, each carrying that node's share of some updates."""
+
+    batches: list[_Batch]  # the pulls; a node with only updates gets an empty batch
+    carried: dict[str, _Batch]  # endpoint -> update parts it carries
+
+
+def plan_carrying(
+    pulls: Sequence[TableCall], updates: Sequence[TableCall], max_bytes: int
+) -> CarryPlan | None:
+    """Each node's updates riding on its one pull request; None when they do not fit.
+
+    Updates may only ride on a node's single request (two requests to a node run
+    in no particular order) and within the byte bound; otherwise the caller sends
+    them first, on their own.
+    """
+    batches = plan_batches(pulls, max_bytes)
+    carried: dict[str, _Batch] = {}
+    for batch in plan_batches(updates, max_bytes):
+        if batch.endpoint in carried:
+            return None
+        carried[batch.endpoint] = batch
+    pull_requests: dict[str, int] = {}
+    for batch in batches:
+        pull_requests[batch.endpoint] = pull_requests.get(batch.endpoint, 0) + 1
+        extra = carried.get(batch.endpoint)
+        if extra is not None and batch.size + extra.size > max_bytes:
+            return None
+    if any(pull_requests.get(endpoint, 0) > 1 for endpoint in carried):
+        return None
+    batches += [_Batch(endpoint) for endpoint in carried if endpoint not in pull_requests]
+    return CarryPlan(batches, carried)
+
+
+def _pull_items(calls: Sequence[TableCall], parts: list[Part]) -> list[wire.PullRequest]:
+    return [
         wire.PullRequest(calls[p.index].name, p.epoch, calls[p.index].keys[p.positions].data)
         for p in parts
-    )
+    ]
 
 
-def _encode_update(calls: Sequence[TableCall], parts: list[Part]) -> bytes:
+def _update_items(calls: Sequence[TableCall], parts: list[Part]) -> list[wire.UpdateRequest]:
     items = []
     for p in parts:
         call = calls[p.index]
@@ -125,7 +160,7 @@ def _encode_update(calls: Sequence[TableCall], parts: list[Part]) -> bytes:
                 wire.dtype_name(grads), call.lr, call.table.spec.embedding_dim,
             )
         )  # fmt: skip
-    return wire.encode_multi_update_request(items)
+    return items
 
 
 class MultiCall:
@@ -134,28 +169,43 @@ class MultiCall:
     Thread-safe and idempotent like the single-table ``RoutedCall``: whoever
     waits first collects every reply (and resends refused items); a failure is
     kept per table, so each table reports only what happened to its own rows.
+    A MultiPull may carry updates (``carried``, planned by ``plan_carrying``):
+    the node applies them before it pulls, and their failures are kept apart.
     """
 
     def __init__(
         self, method: str, calls: Sequence[TableCall], node: NodeOf, max_bytes: int, *,
-        blocking: bool,
+        blocking: bool, carried: Sequence[TableCall] = (), plan: CarryPlan | None = None,
     ) -> None:  # fmt: skip
         if method not in ("MultiPull", "MultiUpdate"):
             raise ValueError(f"not a multi-table method: {method!r}")
+        if carried and (method != "MultiPull" or plan is None):
+            raise ValueError("only a MultiPull carries updates, with its plan_carrying plan")
         self.method, self.calls, self._node = method, list(calls), node
+        self.carried = list(carried)
         self._lock = threading.Lock()
         self._collected = False
         self.failures: dict[int, BaseException] = {}
-        encode = _encode_pull if method == "MultiPull" else _encode_update
-        batches = plan_batches(self.calls, max_bytes)
-        self._sent: list[tuple[_Batch, Callable[[], bytes]]] = []
+        self.carried_failures: dict[int, BaseException] = {}
+        batches = plan.batches if plan is not None else plan_batches(self.calls, max_bytes)
+        riding = plan.carried if plan is not None else {}
+        self._sent: list[tuple[_Batch, _Batch | None, Callable[[], bytes]]] = []
         for number, batch in enumerate(batches):
-            label = ", ".join(dict.fromkeys(self.calls[p.index].name for p in batch.parts))
+            extra = riding.get(batch.endpoint)
+            if method == "MultiPull":
+                request = wire.encode_multi_pull_request(
+                    _pull_items(self.calls, batch.parts),
+                    _update_items(self.carried, extra.parts) if extra else (),
+                )
+            else:
+                request = wire.encode_multi_update_request(_update_items(self.calls, batch.parts))
+            names = [self.calls[p.index].name for p in batch.parts]
+            names += [self.carried[p.index].name for p in extra.parts] if extra else []
             waiter = node(batch.endpoint).start(
-                method, encode(self.calls, batch.parts), label,
+                method, request, ", ".join(dict.fromkeys(names)),
                 blocking=blocking and number == len(batches) - 1,
             )  # fmt: skip
-            self._sent.append((batch, waiter))
+            self._sent.append((batch, extra, waiter))
 
     def wait(self) -> None:
         """Every reply in; raises the first failure of any table."""
@@ -170,39 +220,66 @@ class MultiCall:
         if failure is not None:
             raise failure
 
+    def wait_carried(self, index: int) -> None:
+        """Every reply in; raises the failure of carried update ``index`` only."""
+        self._collect()
+        failure = self.carried_failures.get(index)
+        if failure is not None:
+            raise failure
+
     def share(self, index: int) -> TableShare:
         return TableShare(self, index)
+
+    def carried_share(self, index: int) -> CarriedShare:
+        return CarriedShare(self, index)
 
     def _collect(self) -> None:
         with self._lock:
             if self._collected:
                 return
-            for batch, waiter in self._sent:  # wait for all: nothing runs behind the caller
+            for batch, extra, waiter in self._sent:  # wait for all: nothing runs behind the caller
+                carried_parts = extra.parts if extra else []
                 try:
-                    self._finish(batch, waiter())
-                except WrongShard:
+                    self._finish(batch, len(carried_parts), waiter())
+                except WrongShard:  # refused whole, nothing applied: updates first, then pulls
+                    for part in carried_parts:
+                        self._guarded(
+                            part, self.carried_failures,
+                            functools.partial(self._resend, part, self.carried, "MultiUpdate"),
+                        )  # fmt: skip
                     for part in batch.parts:
-                        self._guarded(part, functools.partial(self._resend, part))
+                        self._guarded(
+                            part, self.failures,
+                            functools.partial(self._resend, part, self.calls, self.method),
+                        )  # fmt: skip
                 except BaseException as error:
                     for part in batch.parts:
                         self.failures.setdefault(part.index, error)
+                    if not (isinstance(error, BackendError) and error.code == "ABORTED"):
+                        for part in carried_parts:  # ABORTED: the node applied them
+                            self.carried_failures.setdefault(part.index, error)
             self._sent = []
             self._collected = True
 
-    def _guarded(self, part: Part, run: Callable[[], None]) -> None:
+    @staticmethod
+    def _guarded(part: Part, failures: dict[int, BaseException], run: Callable[[], None]) -> None:
         try:
             run()
         except BaseException as error:
-            self.failures.setdefault(part.index, error)
+            failures.setdefault(part.index, error)
 
-    def _finish(self, batch: _Batch, raw: bytes) -> None:
+    def _finish(self, batch: _Batch, carried: int, raw: bytes) -> None:
         try:
             if self.method == "MultiUpdate":
                 replies: list[Any] = wire.decode_multi_rows_response(raw)
+                applied: list[int] = []
             else:
-                replies = wire.decode_multi_pull_response(raw)
-            if len(replies) != len(batch.parts):
-                raise InvalidArgument(f"{len(replies)} items for {len(batch.parts)} asked")
+                replies, applied = wire.decode_multi_pull_reply(raw)
+            if len(replies) != len(batch.parts) or len(applied) != carried:
+                raise InvalidArgument(
+                    f"{len(replies)} items and {len(applied)} carried updates answered, "
+                    f"{len(batch.parts)} and {carried} sent"
+                )
             if self.method == "MultiPull":
                 for part, reply in zip(batch.parts, replies, strict=True):
                     self._store_rows(part, reply)
@@ -224,15 +301,15 @@ class MultiCall:
             reply.values, count, dim, reply.dtype or "float32"
         )
 
-    def _resend(self, part: Part) -> None:
+    def _resend(self, part: Part, calls: Sequence[TableCall], method: str) -> None:
         """One refused item through its table's router (refresh, then the new owners)."""
-        call = self.calls[part.index]
+        call = calls[part.index]
         table, keys = call.table, np.ascontiguousarray(call.keys[part.positions])
 
         def node_of(shard: int) -> NodeCalls:
             return self._node(table.endpoints[shard])
 
-        if self.method == "MultiPull":
+        if method == "MultiPull":
             out = np.empty((len(keys), table.spec.embedding_dim), dtype=call.rows.dtype)
             table.router.start(keys, pull_issue(table.spec, keys, out, node_of)).wait()
             call.rows[part.positions] = out
@@ -251,4 +328,16 @@ class TableShare:
 
     def wait(self) -> object:
         self.call.wait_table(self.index)
+        return None
+
+
+@dataclass(frozen=True)
+class CarriedShare:
+    """One carried update's completion, for ``PendingUpdates``."""
+
+    call: MultiCall
+    index: int
+
+    def wait(self) -> object:
+        self.call.wait_carried(self.index)
         return None

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 
 from recstore import nn as rnn
-from recstore.client import BackendError
+from recstore.client import BackendError, RecStoreClient
 from recstore.client.backends.node_calls import NodeCalls
+from recstore.client.carry import CARRY_ENV
 from recstore.client.pending import FAILED_NOTE
 from recstore.core import SlotMap, SlotRange
 
-from .conftest import unique_name
+from .conftest import _client, unique_name
 
 NUM, DIM, STEPS = 60, 6, 5
 OPTIMIZERS = {
@@ -103,14 +106,41 @@ def calls(monkeypatch) -> Counter:
     return seen
 
 
-def test_one_request_per_node_for_pulls_and_for_updates(grpc_client, calls) -> None:
+@pytest.fixture
+def uncarried_client(ps_endpoints, monkeypatch) -> Iterator[RecStoreClient]:
+    """A gRPC client that sends every update at once (carrying switched off)."""
+    monkeypatch.setenv(CARRY_ENV, "0")
+    client = _client("grpc", ps_endpoints)
+    yield client
+    for name in client.data_name_list():
+        client.delete_data(name)
+    client.close()
+
+
+def test_one_request_per_node_and_step_updates_ride_on_the_next_pull(grpc_client, calls) -> None:
     reference, collection = _models(grpc_client, {"kind": "sgd", "lr": 0.1})
     for step in range(3):
         calls.clear()
         outputs = collection(_features(step))
-        assert calls == {"MultiPull": 2}  # every table, both shards: one request per node
+        assert calls == {"MultiPull": 2}  # every table, both shards (and last step's updates)
+        _loss(outputs, len(BAGS)).backward()
+        assert calls == {"MultiPull": 2}  # held for the next pull
+        assert grpc_client.ops.updates_in_flight == len(BAGS)
+    _check_read_your_writes(grpc_client, reference, collection)
+
+
+def test_without_carrying_updates_go_at_once(uncarried_client, calls) -> None:
+    reference, collection = _models(uncarried_client, {"kind": "sgd", "lr": 0.1})
+    for step in range(3):
+        calls.clear()
+        outputs = collection(_features(step))
+        assert calls == {"MultiPull": 2}
         _loss(outputs, len(BAGS)).backward()
         assert calls == {"MultiPull": 2, "MultiUpdate": 2}
+    _check_read_your_writes(uncarried_client, reference, collection)
+
+
+def _check_read_your_writes(client: Any, reference: Any, collection: Any) -> None:
     # read-your-writes: the updates still in flight are applied before any read
     optimizer = torch.optim.SGD([p for bag in reference for p in bag.parameters()], lr=0.1)
     for step in range(3):
@@ -121,8 +151,63 @@ def test_one_request_per_node_for_pulls_and_for_updates(grpc_client, calls) -> N
     ids = torch.arange(NUM)
     for bag, ref in zip(collection.bags, reference, strict=True):
         torch.testing.assert_close(
-            grpc_client.pull(bag.table_name, ids), ref.weight.detach(), atol=1e-5, rtol=0
+            client.pull(bag.table_name, ids), ref.weight.detach(), atol=1e-5, rtol=0
         )
+
+
+def test_held_updates_go_on_their_own_when_no_pull_comes(ps_endpoints, monkeypatch) -> None:
+    monkeypatch.setenv(CARRY_ENV, "5")
+    client = _client("grpc", ps_endpoints)
+    try:
+        reference, collection = _models(client, {"kind": "sgd", "lr": 0.1})
+        sent_alone = threading.Event()
+        carried = client.ops._carried
+        send = carried._send
+
+        def sending(calls: Any) -> None:
+            send(calls)
+            sent_alone.set()
+
+        monkeypatch.setattr(carried, "_send", sending)
+        features = _features(0)
+        _loss(collection(features), len(BAGS)).backward()
+        assert sent_alone.wait(timeout=30)  # by the timer: nothing else was called
+        assert len(carried) == 0
+        optimizer = torch.optim.SGD([p for bag in reference for p in bag.parameters()], lr=0.1)
+        _loss(_torch_outputs(reference, features), len(BAGS)).backward()
+        optimizer.step()
+        for bag, ref in zip(collection.bags, reference, strict=True):
+            torch.testing.assert_close(bag.read_weights(), ref.weight.detach(), atol=1e-5, rtol=0)
+    finally:
+        for name in client.data_name_list():
+            client.delete_data(name)
+        client.close()
+
+
+def test_a_carried_update_of_a_dropped_table_fails_the_next_step(grpc_client, ps_endpoints) -> None:
+    _, collection = _models(grpc_client, {"kind": "sgd", "lr": 0.1})
+    outputs = collection(_features(0))
+    before = [bag.read_weights() for bag in collection.bags[1:]]
+    _loss(outputs, len(BAGS)).backward()  # held: nothing sent yet
+    _drop_behind_the_clients_back(ps_endpoints, collection.table_names[0])
+    with pytest.raises(BackendError) as info:
+        collection(_features(1))  # carries the update of the dropped table: refused whole
+    assert info.value.code == "NOT_FOUND"
+    assert grpc_client.ops.updates_in_flight == 0
+    for bag, rows in zip(collection.bags[1:], before, strict=True):  # nothing applied
+        torch.testing.assert_close(bag.read_weights(), rows)
+
+
+def _drop_behind_the_clients_back(ps_endpoints: list[str], name: str) -> None:
+    from recstore.client import RecStoreClient
+
+    other = RecStoreClient(role=unique_name("other"))
+    try:
+        other.set_ps_endpoints(ps_endpoints)
+        other.init_data(name, (NUM, DIM), torch.float32)  # adopts the existing table
+        other.delete_data(name)
+    finally:
+        other.close()
 
 
 def test_stale_slot_maps_are_refreshed_and_the_refused_items_resent(grpc_client) -> None:
@@ -153,16 +238,7 @@ def test_a_failed_background_update_is_raised_once_per_table(grpc_client, ps_end
     _, collection = _models(grpc_client, {"kind": "sgd", "lr": 0.1})
     outputs = collection(_features(0))
     before = [bag.read_weights() for bag in collection.bags]
-    dropped = collection.table_names[0]
-    from recstore.client import RecStoreClient
-
-    other = RecStoreClient(role=unique_name("other"))
-    try:
-        other.set_ps_endpoints(ps_endpoints)
-        other.init_data(dropped, (NUM, DIM), torch.float32)  # adopts the existing table
-        other.delete_data(dropped)  # gone behind the first client's back
-    finally:
-        other.close()
+    _drop_behind_the_clients_back(ps_endpoints, collection.table_names[0])
     _loss(outputs, len(BAGS)).backward()  # sent in the background: both nodes refuse it whole
     for name in collection.table_names[1:]:
         with pytest.raises(BackendError) as info:

@@ -494,3 +494,49 @@ def test_a_malformed_item_is_refused_and_unknown_outer_fields_skipped() -> None:
         wire.decode_multi_update_request(broken)
     with pytest.raises(InvalidArgument, match="end-group"):
         wire.decode_multi_pull_request(tag(3, wire.EGROUP))
+
+
+@pytest.mark.parametrize("sizes", MULTI_SIZES)
+def test_a_multi_pull_carrying_updates_round_trips_and_parses_with_generated_classes(
+    sizes: list[int],
+) -> None:
+    items = _multi_items(sizes)
+    pulls = [wire.PullRequest(name, 3, keys) for name, keys, _ in items]
+    updates = [
+        wire.UpdateRequest(name, 3, keys, rows, "float32", 0.5 if i % 2 else None, 3)
+        for i, (name, keys, rows) in enumerate(items)
+    ]
+    request = wire.encode_multi_pull_request(pulls, updates)
+    parsed = ps_pb2.MultiPullRequest.FromString(request)
+    assert (
+        [p.table for p in parsed.items]
+        == [u.table for u in parsed.updates]
+        == [name for name, _, _ in items]
+    )
+    assert [u.grads for u in parsed.updates] == [rows.tobytes() for _, _, rows in items]
+    assert [u.HasField("lr") for u in parsed.updates] == [bool(i % 2) for i in range(len(items))]
+    got_pulls, got_updates = wire.decode_multi_pull_carrying(request)
+    assert [bytes(p.keys) for p in got_pulls] == [keys.tobytes() for _, keys, _ in items]
+    assert [(u.table, bytes(u.grads), u.lr, u.dim) for u in got_updates] == [
+        (u.table, bytes(u.grads), u.lr, u.dim) for u in updates
+    ]
+    assert wire.decode_multi_pull_request(request) == got_pulls  # old readers skip updates
+
+
+def test_a_multi_pull_reply_says_what_each_carried_update_applied() -> None:
+    message, holes = wire.multi_pull_response_frame(
+        [(2, 3, "float32", False)], carried_rows=[4, 0, 7]
+    )
+    holes[0][0][:] = np.arange(6, dtype=np.float32).reshape(2, 3)
+    sent = wire.finish(message)
+    parsed = ps_pb2.MultiPullResponse.FromString(sent)
+    assert [u.rows for u in parsed.updates] == [4, 0, 7]
+    replies, applied = wire.decode_multi_pull_reply(sent)
+    assert applied == [4, 0, 7]
+    np.testing.assert_array_equal(
+        wire.rows_view(replies[0].values, 2, 3, "float32"), np.arange(6).reshape(2, 3)
+    )
+    assert wire.decode_multi_pull_reply(wire.finish(wire.multi_pull_response_frame([])[0])) == (
+        [],
+        [],
+    )

@@ -228,3 +228,87 @@ def test_wal_records_every_item_before_the_reply(tmp_path: Path) -> None:
             logged[directory.name.rsplit("-", 1)[0]] = [r.keys.tolist() for r in records]
         assert logged == {"a": [[1, 2], [4]], "b": [[3]]}
         handle.stop(final_checkpoint=False)
+
+
+def test_a_multi_pull_applies_the_updates_it_carries_before_it_pulls(
+    client: Client, tables: dict[str, Table]
+) -> None:
+    keys = np.array([3, 1, 3, 8], "<i8")
+    for step in range(3):  # adam: the step count moves once per carried update
+        carried = [
+            _item(name, keys, rows_dim=TABLES[name].embedding_dim,
+                  grads=grads_for(name, keys, step * 7 + i).tobytes())
+            for i, name in enumerate(["sgd", "ada", "adam"])
+        ]  # fmt: skip
+        reply = client.call(
+            "MultiPull",
+            ps_pb2.MultiPullRequest(
+                items=[ps_pb2.PullRequest(table=n, keys=keys.tobytes()) for n in ("adam", "sgd")],
+                updates=carried,
+            ),
+        )
+        for i, name in enumerate(["sgd", "ada", "adam"]):
+            tables[name].update(keys, grads_for(name, keys, step * 7 + i))
+        assert [u.rows for u in reply.updates] == [4, 4, 4]
+        for item, name in zip(reply.items, ["adam", "sgd"], strict=True):  # they read the updates
+            np.testing.assert_allclose(
+                np.frombuffer(item.values, "<f4").reshape(4, 8), tables[name].pull(keys), rtol=1e-6
+            )
+
+
+@pytest.mark.parametrize(
+    ("pull", "code"),
+    [
+        (ps_pb2.PullRequest(table="nope", keys=np.array([1], "<i8").tobytes()), NOT_FOUND),
+        (ps_pb2.PullRequest(table="adam", keys=np.array([1000], "<i8").tobytes()), INVALID),
+        (ps_pb2.PullRequest(table="sgd", keys=bytes(5)), INVALID),
+    ],
+    ids=["unknown table", "dense id too big", "keys not int64-sized"],
+)
+def test_a_refused_pull_leaves_the_carried_updates_unapplied(
+    client: Client, tables: dict[str, Table], pull: Any, code: Any
+) -> None:
+    before = snapshot(client)
+    request = ps_pb2.MultiPullRequest(
+        items=[ps_pb2.PullRequest(table="sgd", keys=np.array([2], "<i8").tobytes()), pull],
+        updates=GOOD,
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        client.call("MultiPull", request)
+    assert info.value.code() == code, info.value.details()
+    assert snapshot(client) == before
+
+
+def test_a_refused_carried_update_refuses_the_pulls_too(
+    client: Client, tables: dict[str, Table]
+) -> None:
+    before = snapshot(client)
+    request = ps_pb2.MultiPullRequest(
+        items=[ps_pb2.PullRequest(table="hashed", keys=np.array([77], "<i8").tobytes())],
+        updates=[*GOOD, _item("sgd", [1], dim=4)],
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        client.call("MultiPull", request)
+    assert info.value.code() == INVALID and "item 3" in info.value.details()
+    assert snapshot(client) == before  # no update applied, no row inserted by the pull
+
+
+def test_pulls_failing_after_the_carried_updates_say_those_are_applied(
+    client: Client, tables: dict[str, Table], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from recstore.ps import multi
+
+    def dropped_meanwhile(node: Any, items: Any) -> int:
+        raise multi.TableNotFound("table 'sgd' is not hosted on this node")
+
+    monkeypatch.setattr(multi, "multi_pull", dropped_meanwhile)
+    request = ps_pb2.MultiPullRequest(
+        items=[ps_pb2.PullRequest(table="sgd", keys=np.array([1], "<i8").tobytes())],
+        updates=[GOOD[0]],
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        client.call("MultiPull", request)
+    assert info.value.code() == grpc.StatusCode.ABORTED
+    assert "carried updates were applied" in info.value.details()
+    tables["sgd"].update(np.array([1, 2]), np.ones((2, 8), np.float32))
+    np.testing.assert_array_equal(client.pull("sgd", [1, 2]), tables["sgd"].pull(np.array([1, 2])))

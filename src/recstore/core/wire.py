@@ -238,20 +238,42 @@ def decode_rows_response(data: Buffer) -> int:
     return decode_message(RowsResponse, ROWS_RESPONSE, data).rows
 
 
-def decode_items(data: Buffer, decode_item: Callable[[memoryview], M]) -> list[M]:
-    """The ``repeated <message> items = 1`` of a Multi* message, each decoded in place."""
-    view, pos, items = _byte_view(data), 0, []
+def decode_repeated(
+    data: Buffer, decoders: dict[int, Callable[[memoryview], Any]]
+) -> dict[int, list[Any]]:
+    """Repeated message fields (number -> decoder) of one message, in one pass, in place."""
+    view, pos = _byte_view(data), 0
+    found: dict[int, list[Any]] = {number: [] for number in decoders}
     while pos < len(view):
         number, wire_type, raw, pos = _next_field(view, pos)
         if wire_type == EGROUP:
             raise InvalidArgument(f"end-group tag {number} without a start")
-        if number == 1 and wire_type == LEN:
-            items.append(decode_item(raw))
+        decode = decoders.get(number)
+        if decode is not None and wire_type == LEN:
+            found[number].append(decode(raw))
+    return found
+
+
+def decode_items(data: Buffer, decode_item: Callable[[memoryview], M]) -> list[M]:
+    """The ``repeated <message> items = 1`` of a Multi* message, each decoded in place."""
+    items: list[M] = decode_repeated(data, {1: decode_item})[1]
     return items
 
 
 def decode_multi_pull_request(data: Buffer) -> list[PullRequest]:
     return decode_items(data, decode_pull_request)
+
+
+def decode_multi_pull_carrying(data: Buffer) -> tuple[list[PullRequest], list[UpdateRequest]]:
+    """A MultiPullRequest whole: (pull items, the updates it carries)."""
+    fields = decode_repeated(data, {1: decode_pull_request, 2: decode_update_request})
+    return fields[1], fields[2]
+
+
+def decode_multi_pull_reply(data: Buffer) -> tuple[list[PullResponse], list[int]]:
+    """A MultiPullResponse whole: (pull replies, rows applied per carried update)."""
+    fields = decode_repeated(data, {1: decode_pull_response, 2: decode_rows_response})
+    return fields[1], fields[2]
 
 
 def decode_multi_update_request(data: Buffer) -> list[UpdateRequest]:
@@ -404,9 +426,16 @@ def encode_pull_request(table: str, keys: Any, *, epoch: int = 0, read_only: boo
     return w.tobytes()
 
 
-def encode_multi_pull_request(items: Iterable[PullRequest]) -> bytes:
-    """MultiPullRequest; each item's ``keys`` any contiguous int64 buffer, copied once."""
+def encode_multi_pull_request(
+    items: Iterable[PullRequest], updates: Iterable[UpdateRequest] = ()
+) -> bytes:
+    """MultiPullRequest; each item's ``keys`` any contiguous int64 buffer, copied once.
+
+    ``updates`` are carried: the node applies them before it pulls the items.
+    """
     w = MessageWriter()
+    for update in updates:
+        w.message(2, functools.partial(_write_update_request, item=update))
     for item in items:
         w.message(
             1,
@@ -502,16 +531,19 @@ def _write_pull_response(w: MessageWriter, shape: PullShape) -> None:
 
 
 def multi_pull_response_frame(
-    shapes: Sequence[PullShape], embedded: bool = True
+    shapes: Sequence[PullShape], embedded: bool = True, carried_rows: Sequence[int] = ()
 ) -> tuple[bytes, list[tuple[np.ndarray, np.ndarray | None]]]:
     """A MultiPullResponse (or, not ``embedded``, one PullResponse) with room for its rows.
 
     One (values [rows, dim], found or None) per shape, to fill in place before
     ``finish(message)``: every item's rows are written once, straight into the reply.
+    ``carried_rows``: the rows applied by each update the request carried.
     """
     for _, _, dtype, _ in shapes:
         wire_dtype(dtype)  # refuse an unknown dtype before anything is allocated
     w = MessageWriter()
+    for count in carried_rows:
+        w.message(2, functools.partial(_write_rows_response, rows=count))
     for shape in shapes:
         if embedded:
             w.message(1, functools.partial(_write_pull_response, shape=shape))

@@ -172,16 +172,20 @@ class UpdateResponse(_message.Message):
     def __init__(self, rows: _Optional[int] = ...) -> None: ...
 
 class MultiPullRequest(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "updates")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[PullRequest]
-    def __init__(self, items: _Optional[_Iterable[_Union[PullRequest, _Mapping]]] = ...) -> None: ...
+    updates: _containers.RepeatedCompositeFieldContainer[UpdateRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[PullRequest, _Mapping]]] = ..., updates: _Optional[_Iterable[_Union[UpdateRequest, _Mapping]]] = ...) -> None: ...
 
 class MultiPullResponse(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "updates")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[PullResponse]
-    def __init__(self, items: _Optional[_Iterable[_Union[PullResponse, _Mapping]]] = ...) -> None: ...
+    updates: _containers.RepeatedCompositeFieldContainer[UpdateResponse]
+    def __init__(self, items: _Optional[_Iterable[_Union[PullResponse, _Mapping]]] = ..., updates: _Optional[_Iterable[_Union[UpdateResponse, _Mapping]]] = ...) -> None: ...
 
 class MultiUpdateRequest(_message.Message):
     __slots__ = ("items",)
