@@ -5,8 +5,13 @@ The same model and data (examples/dlrm_synthetic.py) train with
 ``recstore.nn.EmbeddingBag`` on the local backend, and over gRPC to two PS node
 processes on loopback twice: one module per bag (one Pull and one Update per
 table and node: 32 RPCs a step) and the bags as one
-``recstore.nn.EmbeddingBagCollection`` (one MultiPull and one MultiUpdate per
-node: 4 RPCs a step). The variants run interleaved, a few steps each per
+``recstore.nn.EmbeddingBagCollection`` (one MultiPull per node, carrying the
+previous step's updates: 2 RPCs a step). A last variant, ``transport-floor``,
+is torch's step plus, per node, one gRPC request of the bytes the collection
+variant sends per node and step, echoed back with the bytes it receives (echo
+servers on loopback, no work behind them): the step time a remote variant
+would have if the SDK and the nodes cost nothing beyond moving those bytes
+through gRPC on this machine. The variants run interleaved, a few steps each per
 round, so load on a shared machine hits them alike; the figure of merit is the
 ratio of median step times to the baseline's (targets: local <= 1.2x, remote
 <= 2x). By default an untimed pass over the batches first makes
@@ -21,19 +26,25 @@ Prints a table, writes bench/results/train_bench.json.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import torch
+from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -49,7 +60,12 @@ from dlrm_synthetic import (  # noqa: E402
 )
 
 from recstore.client import RecStoreClient  # noqa: E402
+from recstore.client.backends.node_calls import CHANNEL_OPTIONS, NodeCalls  # noqa: E402
 from recstore.v1 import ps_pb2, ps_pb2_grpc  # noqa: E402
+
+#: reply size (little-endian uint64) at the head of an echo request
+ECHO_HEADER = struct.Struct("<Q")
+ECHO_METHOD = "/bench.Echo/Echo"
 
 TARGETS = {
     "recstore-local": 1.2,
@@ -103,6 +119,111 @@ def ps_nodes(count: int) -> Iterator[list[str]]:
                 proc.wait(30)
 
 
+# -- the transport floor: the same bytes through gRPC, no work behind them ------------
+async def _echo_server(port_file: Path) -> None:
+    """A node that answers each request with as many zero bytes as its header asks for."""
+    replies: dict[int, bytes] = {}
+
+    async def echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        (size,) = ECHO_HEADER.unpack_from(request)
+        if size not in replies:
+            replies[size] = bytes(size)
+        return replies[size]
+
+    handler = grpc.unary_unary_rpc_method_handler(echo)
+    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("bench.Echo", {"Echo": handler}),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    port_file.write_text(str(port))
+    await server.wait_for_termination()
+
+
+@contextlib.contextmanager
+def echo_nodes(count: int) -> Iterator[list[str]]:
+    with tempfile.TemporaryDirectory() as work:
+        files = [Path(work) / f"echo{i}.port" for i in range(count)]
+        procs = [
+            subprocess.Popen([sys.executable, __file__, "--echo-server", str(f)]) for f in files
+        ]
+        try:
+            deadline = time.monotonic() + 60
+            while not all(f.exists() and f.read_text() for f in files):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("echo servers did not start")
+                time.sleep(0.05)
+            yield [f"127.0.0.1:{f.read_text()}" for f in files]
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                proc.wait(30)
+
+
+class TrafficMeter:
+    """Bytes and data-path requests a client sends and receives (NodeCalls.start wrapped)."""
+
+    def __init__(self) -> None:
+        self.requests = self.sent = self.received = 0
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        original = NodeCalls.start
+
+        def start(calls: NodeCalls, method: str, request: bytes, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
+            waiter = original(calls, method, request, *args, **kwargs)
+
+            def wait() -> bytes:
+                reply = waiter()
+                with self._lock:
+                    self.requests += 1
+                    self.sent += len(request)
+                    self.received += len(reply)
+                return reply
+
+            return wait
+
+        setattr(NodeCalls, "start", start)  # noqa: B010 (a method swapped for the measurement)
+        try:
+            yield
+        finally:
+            setattr(NodeCalls, "start", original)  # noqa: B010
+
+
+class TransportFloor(nn.Module):
+    """torch's model, plus per step the remote variant's bytes echoed by each node.
+
+    Before each forward every echo node gets one request of the measured mean
+    size and answers with the measured mean reply size (both nodes at once, one
+    call in a sender thread): what a remote step would cost if neither the SDK
+    nor the nodes did any work beyond moving the same bytes through gRPC.
+    """
+
+    def __init__(self, model: DLRM, endpoints: list[str], sent: int, received: int) -> None:
+        super().__init__()
+        self.model = model
+        self.bags = model.bags
+        self._channels = [grpc.insecure_channel(e, options=CHANNEL_OPTIONS) for e in endpoints]
+        self._calls = [c.unary_unary(ECHO_METHOD) for c in self._channels]
+        self._request = ECHO_HEADER.pack(received) + bytes(max(0, sent - ECHO_HEADER.size))
+        self._sender = ThreadPoolExecutor(max_workers=len(endpoints))
+
+    def forward(self, *inputs: Any) -> torch.Tensor:
+        others = [self._sender.submit(call, self._request) for call in self._calls[1:]]
+        self._calls[0](self._request)
+        for other in others:
+            other.result()
+        return self.model(*inputs)
+
+    def close(self) -> None:
+        self._sender.shutdown()
+        for channel in self._channels:
+            channel.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=8)
@@ -120,7 +241,11 @@ def main() -> None:
         help="time first touches too: skip the untimed pass that makes the rows resident",
     )
     parser.add_argument("--json", type=Path, default=ROOT / "bench/results/train_bench.json")
+    parser.add_argument("--echo-server", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.echo_server:
+        asyncio.run(_echo_server(args.echo_server))
+        return
     # One intra-op thread: on a shared machine, spinning thread pools measure the neighbours.
     torch.set_num_threads(args.threads)
 
@@ -165,6 +290,32 @@ def main() -> None:
                 train_step(model, optimizers, batch)
             if client is not None:
                 client.flush()
+        traffic: dict[str, float] = {}
+        if not args.no_grpc:
+            # The floor: what the collection variant moves per node and step, echoed.
+            meter = TrafficMeter()
+            model, optimizers, client = variants["recstore-grpc-2-shards-collection"]
+            with meter.watching():
+                for batch in warm_up:
+                    train_step(model, optimizers, batch)
+                assert client is not None
+                client.flush()
+            node_steps = 2 * len(warm_up)
+            traffic = {
+                "requests_per_node_and_step": meter.requests / node_steps,
+                "bytes_sent_per_node_and_step": meter.sent / node_steps,
+                "bytes_received_per_node_and_step": meter.received / node_steps,
+            }
+            torch.manual_seed(0)
+            floor = TransportFloor(
+                DLRM(config, args.embedding_dim, torch_bags), stack.enter_context(echo_nodes(2)),
+                round(traffic["bytes_sent_per_node_and_step"]),
+                round(traffic["bytes_received_per_node_and_step"]),
+            )  # fmt: skip
+            stack.callback(floor.close)
+            variants["transport-floor"] = (floor, dense_optimizer(floor.model, args.lr), None)
+            for batch in warm_up:
+                train_step(floor, variants["transport-floor"][1], batch)
         times: dict[str, list[float]] = {name: [] for name in variants}
         losses: dict[str, list[float]] = {name: [] for name in variants}
         for round_index in range(args.rounds):
@@ -205,10 +356,18 @@ def main() -> None:
             f"{name:<36}{median * 1e3:>16.2f}{spread:>14}{1 / median:>10.1f}{ratio:>9.2f}x"
             f"{target_text:>8}"
         )
+    if traffic:
+        print(
+            f"collection traffic per node and step: {traffic['requests_per_node_and_step']:.2f} "
+            f"requests, {traffic['bytes_sent_per_node_and_step'] / 1e3:.0f} kB sent, "
+            f"{traffic['bytes_received_per_node_and_step'] / 1e3:.0f} kB received "
+            "(transport-floor: torch's step plus those bytes echoed by 2 gRPC nodes)"
+        )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "config": {k: str(v) for k, v in vars(args).items()},
         "steps": steps,
+        "collection_traffic": traffic,
         "results": results,
     }
     args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -315,10 +315,12 @@ class GrpcBackend:
 
         Updates held for carrying ride along: each node applies its share first.
         """
-        if self._carried is None:
-            return self._pull_many(requests, [])
-        with self._carried.lock:  # the held updates are ours until their reply is in
-            return self._pull_many(requests, self._carried.take())
+        if self._carried is not None:
+            with self._carried.lock:  # held updates are ours (and block others) until sent
+                carried = self._carried.take()
+                if carried:
+                    return self._pull_many(requests, carried)
+        return self._pull_many(requests, [])
 
     def _pull_many(
         self, requests: Sequence[PullRequest], carried: list[TableCall]
