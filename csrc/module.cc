@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "hash.h"
+#include "multi_codec_bindings.h"
 #include "parallel.h"
 #include "stats_dict.h"
 #include "table.h"
@@ -157,6 +158,8 @@ NB_MODULE(_native, m) {
       .def_prop_ro("capacity", &Table::capacity)
       .def_prop_ro("memory_bytes", &Table::memory_bytes)
       .def("stats", [](Table& t) { return stats_dict(t.stats()); });
+
+  recstore::codec::bindings::bind(m);
 
 #ifdef RECSTORE_BIND_CUDA
   bind_cuda(m);

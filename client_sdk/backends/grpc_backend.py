@@ -26,7 +26,8 @@ import torch
 
 from recstore.client.backends import wire
 from recstore.client.backends.base import CreateResult, PullRequest, UpdateRequest
-from recstore.client.backends.multi_rows import MultiCall, TableCall, plan_carrying
+from recstore.client.backends.multi_requests import TableCall, build_requests
+from recstore.client.backends.multi_rows import MultiCall
 from recstore.client.backends.node_calls import NodeCalls
 from recstore.client.backends.remote_rows import pull_issue, push_issue, update_issue
 from recstore.client.carry import CARRY_ENV, DEFAULT_MAX_DELAY, CarriedUpdates
@@ -243,12 +244,16 @@ class GrpcBackend:
             self._carried.release()
         self._pending.settle(name)
 
+    def _multi_call(self, method: str, calls: list[TableCall], *, blocking: bool) -> MultiCall:
+        """A multi-table call (nothing carried) sent now."""
+        built = build_requests(method, calls, self._max_batch_bytes)
+        assert built is not None  # only carried updates can fail to fit
+        return MultiCall(method, calls, self._node, built, blocking=blocking)
+
     def _send_updates(self, calls: list[TableCall]) -> None:
         """Send a multi-table update now and track it per table as in flight."""
         try:
-            call = MultiCall(
-                "MultiUpdate", calls, self._node, self._max_batch_bytes, blocking=False
-            )
+            call = self._multi_call("MultiUpdate", calls, blocking=False)
         except Exception as error:  # e.g. closed meanwhile: each table reports it
             for table_call in calls:
                 self._pending.add(table_call.name, _Failed(error))
@@ -336,16 +341,15 @@ class GrpcBackend:
             out = np.empty((len(keys_np), table.spec.embedding_dim), dtype=dtype)
             calls.append(TableCall(table, keys_np, out))
             inverses.append(inverse)
-        plan = plan_carrying(calls, carried, self._max_batch_bytes) if carried else None
-        if carried and plan is None:  # too big to ride: send them first, on their own
+        built = build_requests("MultiPull", calls, self._max_batch_bytes, carried)
+        if built is None:  # too big to ride: send them first, on their own
             self._send_updates(carried)
             carried = []
             for name, _, _ in requests:
                 self._pending.settle(name)
-        call = MultiCall(
-            "MultiPull", calls, self._node, self._max_batch_bytes, blocking=True,
-            carried=carried, plan=plan,
-        )  # fmt: skip
+            built = build_requests("MultiPull", calls, self._max_batch_bytes)
+        assert built is not None
+        call = MultiCall("MultiPull", calls, self._node, built, blocking=True, carried=carried)
         pulled = {name for name, _, _ in requests}
         try:
             call.wait()
@@ -384,7 +388,7 @@ class GrpcBackend:
                 )
             )
         if wait:
-            MultiCall("MultiUpdate", calls, self._node, self._max_batch_bytes, blocking=True).wait()
+            self._multi_call("MultiUpdate", calls, blocking=True).wait()
         elif self._carried is not None:
             self._carried.hold(calls)
         else:

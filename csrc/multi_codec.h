@@ -1,0 +1,96 @@
+// The SDK's side of MultiPull / MultiUpdate in one native pass per step.
+//
+// A trainer with many tables routes every table's keys to their nodes, groups
+// them per node and encodes one request per node on every step; in Python
+// that is a few numpy calls and message parts per table and node, which cost
+// more than the step's compute. Here each table's keys are routed (fmix64
+// slot -> node) with a counting sort, and each node's request is written in
+// two passes (size, then bytes) straight into the Python bytes object that
+// goes on the wire. The bytes are exactly those of recstore.core.wire's
+// encoder, payloads 8-byte aligned by widening the varint before them, so a
+// node reads keys and gradients in place. Replies are scattered back into the
+// callers' output rows the same way. Pure functions over plain buffers: the
+// bindings in module.cc check the Python side.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace recstore::codec {
+
+// One table's keys for the nodes: node_of_slot maps each of the 16384 slots to
+// a node index (the table's slot map composed with its shard endpoints).
+struct Keys {
+  std::string table;
+  uint64_t epoch = 0;
+  const int64_t* keys = nullptr;
+  int64_t n = 0;
+  const int32_t* node_of_slot = nullptr;
+};
+
+struct PullItem {
+  Keys keys;
+};
+
+struct UpdateItem {
+  Keys keys;
+  const uint8_t* grads = nullptr;  // n rows of row_bytes
+  int64_t row_bytes = 0;
+  std::string grad_dtype;
+  bool has_lr = false;
+  float lr = 0;
+  uint32_t dim = 0;
+  // Nodes that get this item even with no keys of theirs (adam: every shard
+  // counts every step); empty: only nodes that own some of the keys.
+  std::vector<int32_t> every_node;
+};
+
+// Positions of one table's keys grouped by node: node j's keys are
+// keys[order[offset[j] .. offset[j] + counts[j])], ascending within a node.
+struct Route {
+  std::vector<int64_t> order;
+  std::vector<int64_t> counts;
+  std::vector<int64_t> offsets;
+};
+
+Route route(const Keys& keys, int num_nodes);
+
+// Does `node` get `item` (a pull with keys there; an update with keys there or
+// listed in every_node)?
+bool pull_goes_to(const Route& route, int node);
+bool update_goes_to(const UpdateItem& item, const Route& route, int node);
+
+enum class Method { kMultiPull, kMultiUpdate };
+
+// Writes node `node`'s request and returns its size; with out == nullptr only
+// the size. kMultiPull: the updates are carried (field 2), the pulls are the
+// items (field 1); kMultiUpdate: the updates are the items, pulls must be empty.
+size_t encode_request(Method method, int node, const std::vector<PullItem>& pulls,
+                      const std::vector<Route>& pull_routes,
+                      const std::vector<UpdateItem>& updates,
+                      const std::vector<Route>& update_routes, uint8_t* out);
+
+// Where one pulled item's rows go: out rows indexed by order[offset + r].
+struct PullTarget {
+  uint8_t* out = nullptr;
+  int64_t row_bytes = 0;
+  uint32_t dim = 0;
+  std::string dtype;  // the wire dtype name the rows must have
+  const int64_t* order = nullptr;
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+
+// Parses a MultiPullResponse, checks it answers `targets` (in order) and
+// `carried` updates, copies every item's rows into its target; returns the
+// rows each carried update applied. Throws std::invalid_argument when the
+// reply is malformed or does not match what was asked (nothing is trusted).
+std::vector<uint64_t> scatter_pull_reply(const uint8_t* data, size_t size,
+                                         const std::vector<PullTarget>& targets, size_t carried);
+
+// The rows applied per item of a MultiUpdateResponse (`expected` items).
+std::vector<uint64_t> parse_rows_reply(const uint8_t* data, size_t size, size_t expected);
+
+}  // namespace recstore::codec

@@ -1,0 +1,164 @@
+"""The native multi-table encoder: the Python planner's requests byte for byte; replies."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from recstore import _native as native_module
+from recstore.client.backends.multi_requests import (
+    TableCall,
+    native_requests,
+    python_requests,
+)
+from recstore.core import SlotMap, wire
+
+native: Any = native_module
+NODES = ("10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1")
+BIG = 1 << 30
+
+
+def _table(name: str, dim: int, endpoints: tuple[str, ...], epoch: int = 0) -> Any:
+    initial = SlotMap.initial(len(endpoints))
+    slot_map = SlotMap(epoch=epoch, ranges=initial.ranges)
+    spec = SimpleNamespace(name=name, embedding_dim=dim, row_bytes=dim * 4)
+    return SimpleNamespace(
+        spec=spec, endpoints=endpoints, router=SimpleNamespace(slot_map=slot_map)
+    )
+
+
+def _call(table: Any, keys: np.ndarray, rows: np.ndarray, **kwargs: Any) -> TableCall:
+    return TableCall(table, np.ascontiguousarray(keys, np.int64), rows, **kwargs)
+
+
+def _cases() -> list[tuple[str, list[TableCall], list[TableCall]]]:
+    rng = np.random.default_rng(7)
+    keys = [rng.integers(-(2**62), 2**62, n) for n in (50, 1, 0, 300, 17)]
+    two, three = NODES[:2], NODES
+    tables = [
+        _table("a", 16, two), _table("b", 3, two, epoch=2**40), _table("c", 8, three, epoch=5),
+        _table("d", 64, three), _table("e", 5, (NODES[2], NODES[0])),
+    ]  # fmt: skip
+    pulls = [
+        _call(t, k, np.empty((len(k), t.spec.embedding_dim), np.float32))
+        for t, k in zip(tables, keys, strict=True)
+    ]
+    updates = [
+        _call(tables[0], keys[0], rng.standard_normal((50, 16)).astype(np.float32)),
+        _call(tables[1], keys[1], rng.standard_normal((1, 3)).astype(np.float16), lr=0.25),
+        _call(
+            tables[2], keys[3][:4], rng.standard_normal((4, 8)).astype(np.float32), every_shard=True
+        ),
+        _call(tables[3], keys[2], np.empty((0, 64), np.uint16), every_shard=True),
+        _call(tables[4], keys[4], rng.standard_normal((17, 5)).astype(np.float32), lr=1e-3),
+    ]
+    return [
+        ("pulls", pulls, []),
+        ("pulls carrying updates", pulls, updates),
+        ("updates only ride where they go", pulls[:1], updates[2:]),
+        ("updates", updates, []),
+    ]
+
+
+def _by_endpoint(requests: Any) -> dict[str, Any]:
+    return {
+        r.endpoint: (
+            r.body,
+            [(p.index, p.positions.tolist(), p.epoch) for p in r.parts],
+            [(p.index, p.positions.tolist(), p.epoch) for p in r.carried],
+        )
+        for r in requests
+    }
+
+
+@pytest.mark.parametrize(("case", "calls", "carried"), _cases(), ids=[c[0] for c in _cases()])
+def test_native_requests_are_the_python_planners_byte_for_byte(
+    case: str, calls: list[TableCall], carried: list[TableCall]
+) -> None:
+    method = "MultiUpdate" if case == "updates" else "MultiPull"
+    got = native_requests(method, calls, carried, BIG)
+    expected = python_requests(method, calls, carried, BIG)
+    assert got is not None and expected is not None
+    assert _by_endpoint(got) == _by_endpoint(expected)
+    for request in got:  # and the generated classes read them
+        if method == "MultiPull":
+            message = wire.decode_multi_pull_carrying(request.body)
+            assert len(message[0]) == len(request.parts)
+            assert len(message[1]) == len(request.carried)
+
+
+def test_a_request_past_the_byte_bound_is_left_to_the_python_planner() -> None:
+    _, calls, carried = _cases()[1]
+    assert native_requests("MultiPull", calls, carried, 1000) is None
+
+
+def _answer(body: bytes, calls: list[TableCall], applied: int = 3) -> bytes:
+    """A node's reply: each pulled row is key * 10 + column, in the table's dim."""
+    pulls, updates = wire.decode_multi_pull_carrying(body)
+    dims = {c.name: c.table.spec.embedding_dim for c in calls}
+    shapes = [(len(p.keys) // 8, dims[p.table], "float32", False) for p in pulls]
+    message, outs = wire.multi_pull_response_frame(shapes, carried_rows=[applied] * len(updates))
+    for pull, (values, _) in zip(pulls, outs, strict=True):
+        keys = np.frombuffer(pull.keys, np.int64)
+        values[:] = keys[:, None] * 10.0 + np.arange(values.shape[1])
+    return wire.finish(message)
+
+
+def test_replies_are_scattered_back_to_each_tables_rows() -> None:
+    _, calls, carried = _cases()[1]
+    requests = native_requests("MultiPull", calls, carried, BIG)
+    assert requests is not None
+    for request in requests:
+        assert request.targets is not None
+        applied = native.scatter_pull_reply(
+            _answer(request.body, calls), request.targets, len(request.carried)
+        )
+        assert applied == [3] * len(request.carried)
+    for call in calls:
+        expected = call.keys[:, None] * 10.0 + np.arange(call.table.spec.embedding_dim)
+        np.testing.assert_array_equal(call.rows, expected.astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda reply: reply[:-3], "truncated"),
+        (lambda reply: reply + b"\x0a\x00", "items"),  # one more (empty) item
+        (lambda reply: b"", "items"),
+    ],
+    ids=["truncated", "an extra item", "empty"],
+)
+def test_a_malformed_reply_is_refused(damage: Any, message: str) -> None:
+    _, calls, carried = _cases()[1]
+    requests = native_requests("MultiPull", calls, carried, BIG)
+    assert requests is not None
+    request = requests[0]
+    with pytest.raises(ValueError, match=message):
+        native.scatter_pull_reply(
+            damage(_answer(request.body, calls)), request.targets, len(request.carried)
+        )
+
+
+def test_a_reply_of_another_dim_is_refused() -> None:
+    table = _table("a", 4, NODES[:1])
+    call = _call(table, np.arange(5), np.zeros((5, 4), np.float32))
+    (request,) = native_requests("MultiPull", [call], [], BIG) or []
+    table.spec.embedding_dim = 2  # the node answers rows of dim 2
+    with pytest.raises(ValueError, match="dim 2"):
+        native.scatter_pull_reply(_answer(request.body, [call]), request.targets, 0)
+    np.testing.assert_array_equal(call.rows, 0)  # nothing copied
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="not a multi-table method"):
+        native.encode_multi("Pull", [], [], 1)
+    with pytest.raises(ValueError, match="num_nodes"):
+        native.encode_multi("MultiPull", [], [], 0)
+    table = _table("a", 4, NODES[:1])
+    bad = _call(table, np.arange(3), np.zeros((3, 4), np.float32))
+    bad.keys = bad.keys.astype(np.int32)
+    with pytest.raises(ValueError, match="int64"):
+        native_requests("MultiPull", [bad], [], BIG)
