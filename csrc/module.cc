@@ -12,6 +12,7 @@
 
 #include "hash.h"
 #include "multi_codec_bindings.h"
+#include "node_serve_bindings.h"
 #include "parallel.h"
 #include "stats_dict.h"
 #include "table.h"
@@ -160,6 +161,7 @@ NB_MODULE(_native, m) {
       .def("stats", [](Table& t) { return stats_dict(t.stats()); });
 
   recstore::codec::bindings::bind(m);
+  recstore::serve::bindings::bind(m);
 
 #ifdef RECSTORE_BIND_CUDA
   bind_cuda(m);

@@ -122,6 +122,16 @@ class Table:
         )
 
     # -- data path ---------------------------------------------------------
+    @property
+    def host_engine(self) -> Any:
+        """The native CPU engine, for callers that drive it directly (the PS node's fast path).
+
+        None on a GPU, or with an injected clock (every call must tick it first).
+        """
+        if self.device != "cpu" or self._clock is not None:
+            return None
+        return self._engine
+
     def _tick(self) -> None:
         if self._clock is not None:
             self._engine.set_now(float(self._clock()))

@@ -1,0 +1,266 @@
+#include "node_serve.h"
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "hash.h"
+#include "optimizer.h"
+#include "protowire.h"
+
+namespace recstore::serve {
+namespace {
+
+using namespace recstore::protowire;
+
+// One PullRequest / UpdateRequest as it lies in the request.
+struct RawItem {
+  std::string_view table, keys, grads, grad_dtype;
+  uint64_t dim = 0;
+  bool read_only = false;
+  bool has_lr = false;
+  float lr = 0;
+};
+
+RawItem parse_item(std::string_view message) {
+  RawItem item;
+  Reader r(reinterpret_cast<const uint8_t*>(message.data()), message.size());
+  uint32_t number;
+  int wire_type;
+  std::string_view bytes;
+  uint64_t value = 0;
+  while (r.next(number, wire_type, bytes, value)) {
+    if (wire_type == kLen) {
+      if (number == 1) item.table = bytes;
+      if (number == 3) item.keys = bytes;
+      if (number == 4) item.grads = bytes;
+      if (number == 5) item.grad_dtype = bytes;
+    } else if (wire_type == kVarint) {
+      if (number == 4) item.read_only = value != 0;  // PullRequest.read_only
+      if (number == 7) item.dim = value & 0xFFFFFFFFULL;
+    } else if (wire_type == kI32 && number == 6) {
+      item.has_lr = true;
+      std::memcpy(&item.lr, r.last_fixed(), sizeof item.lr);
+    }
+  }
+  return item;
+}
+
+// (pull items, update items) of a MultiPull (updates carried) or a MultiUpdate.
+void parse_request(std::string_view request, Method method, std::vector<RawItem>& pulls,
+                   std::vector<RawItem>& updates) {
+  Reader r(reinterpret_cast<const uint8_t*>(request.data()), request.size());
+  uint32_t number;
+  int wire_type;
+  std::string_view bytes;
+  uint64_t value = 0;
+  while (r.next(number, wire_type, bytes, value)) {
+    if (wire_type != kLen) continue;
+    if (method == Method::kMultiPull) {
+      if (number == 1) pulls.push_back(parse_item(bytes));
+      if (number == 2) updates.push_back(parse_item(bytes));
+    } else if (number == 1) {
+      updates.push_back(parse_item(bytes));
+    }
+  }
+}
+
+int dtype_code(std::string_view name) {
+  if (name == "float32") return kFloat32;
+  if (name == "float16") return kFloat16;
+  if (name == "bfloat16") return kBFloat16;
+  return -1;
+}
+
+class Checker {
+ public:
+  Checker(Plan& plan, const std::vector<Hosted>& hosted) : plan_(plan), hosted_(hosted) {}
+
+  bool decline(std::string why) {
+    if (!plan_.declined) {
+      plan_.declined = true;
+      plan_.why = std::move(why);
+    }
+    return false;
+  }
+
+  bool find(std::string_view name, size_t& index) {
+    for (size_t i = 0; i < hosted_.size(); ++i) {
+      if (hosted_[i].name == name) {
+        index = i;
+        return true;
+      }
+    }
+    return decline("table not hosted here: " + std::string(name));
+  }
+
+  // Keys as int64s, 8-byte aligned (copied when the request did not align them).
+  bool keys(std::string_view raw, const int64_t*& keys, int64_t& n) {
+    if (raw.size() % sizeof(int64_t) != 0) return decline("keys not whole int64s");
+    n = static_cast<int64_t>(raw.size() / sizeof(int64_t));
+    if (reinterpret_cast<uintptr_t>(raw.data()) % alignof(int64_t) == 0) {
+      keys = reinterpret_cast<const int64_t*>(raw.data());
+    } else {
+      plan_.aligned.emplace_back(static_cast<size_t>(n));
+      std::memcpy(plan_.aligned.back().data(), raw.data(), raw.size());
+      keys = plan_.aligned.back().data();
+    }
+    return true;
+  }
+
+  // Owned slots and dense id range, as recstore.ps.multi checks them.
+  bool keys_allowed(const Hosted& h, const int64_t* keys, int64_t n) {
+    const int64_t limit = h.table->options().id_limit;
+    for (int64_t i = 0; i < n; ++i) {
+      if (h.owned != nullptr && h.owned[slot_of(keys[i])] == 0) {
+        return decline("a key of a slot this node does not own");
+      }
+      if (limit > 0 && (keys[i] < 0 || keys[i] >= limit)) return decline("dense id out of range");
+    }
+    return true;
+  }
+
+  // A table that cannot evict must have room even if every key were new (the
+  // cheap bound of recstore.ps.multi.check_room; the exact count is Python's).
+  bool room(const std::vector<int64_t>& inserts) {
+    for (size_t t = 0; t < hosted_.size(); ++t) {
+      const Table& table = *hosted_[t].table;
+      const TableOptions& o = table.options();
+      if (inserts[t] == 0 || o.direct || o.eviction != kEvictNone) continue;
+      if (table.size() + inserts[t] > table.capacity()) return decline("maybe no room");
+    }
+    return true;
+  }
+
+ private:
+  Plan& plan_;
+  const std::vector<Hosted>& hosted_;
+};
+
+Method method_of(const Plan& plan) { return plan.method; }
+
+}  // namespace
+
+void item_tables(std::string_view request, Method method, std::vector<std::string>& pulls,
+                 std::vector<std::string>& updates) {
+  std::vector<RawItem> pull_items, update_items;
+  parse_request(request, method, pull_items, update_items);
+  for (const RawItem& item : pull_items) pulls.emplace_back(item.table);
+  for (const RawItem& item : update_items) updates.emplace_back(item.table);
+}
+
+Plan plan(std::string_view request, Method method, const std::vector<Hosted>& hosted) {
+  Plan plan;
+  plan.method = method;
+  Checker check(plan, hosted);
+  std::vector<RawItem> pulls, updates;
+  try {
+    parse_request(request, method, pulls, updates);
+  } catch (const std::invalid_argument& e) {
+    check.decline(std::string("malformed: ") + e.what());
+    return plan;
+  }
+  for (const Hosted& h : hosted) {
+    if (h.table == nullptr || dtype_code(h.dtype) != h.table->options().dtype) {
+      check.decline("table view out of date");
+      return plan;
+    }
+  }
+  std::vector<int64_t> inserts(hosted.size(), 0);
+  for (const RawItem& item : updates) {
+    Update u{};
+    if (!check.find(item.table, u.table) || !check.keys(item.keys, u.keys, u.n)) return plan;
+    const Hosted& h = hosted[u.table];
+    const Table& table = *h.table;
+    if (item.dim != 0 && static_cast<int64_t>(item.dim) != table.dim()) {
+      check.decline("declared dim");
+      return plan;
+    }
+    if (item.grad_dtype.empty() || item.grad_dtype == "float32") {
+      u.grad_dtype = kFloat32;
+    } else if (item.grad_dtype == h.dtype) {
+      u.grad_dtype = table.options().dtype;
+    } else {
+      check.decline("grad dtype");
+      return plan;
+    }
+    const size_t expected =
+        static_cast<size_t>(u.n * table.dim() * static_cast<int64_t>(dtype_size(u.grad_dtype)));
+    if (item.grads.size() != expected) {
+      check.decline("grads length");
+      return plan;
+    }
+    if (reinterpret_cast<uintptr_t>(item.grads.data()) % dtype_size(u.grad_dtype) != 0) {
+      check.decline("grads not aligned");
+      return plan;
+    }
+    u.grads = item.grads.data();
+    u.lr = item.has_lr ? item.lr : h.default_lr;
+    if (item.has_lr && !(std::isfinite(item.lr) && item.lr > 0)) {
+      check.decline("lr");
+      return plan;
+    }
+    if (!check.keys_allowed(h, u.keys, u.n)) return plan;
+    inserts[u.table] += u.n;
+    plan.updates.push_back(u);
+  }
+  for (const RawItem& item : pulls) {
+    Pull p{};
+    if (item.read_only) {
+      check.decline("read-only pull");
+      return plan;
+    }
+    if (!check.find(item.table, p.table) || !check.keys(item.keys, p.keys, p.n)) return plan;
+    if (!check.keys_allowed(hosted[p.table], p.keys, p.n)) return plan;
+    inserts[p.table] += p.n;
+    plan.pulls.push_back(p);
+  }
+  if (!check.room(inserts)) return plan;
+  // The reply's layout (what recstore.core.wire frames): counting writer.
+  Writer w(nullptr);
+  if (method == Method::kMultiPull) {
+    for (const Update& u : plan.updates) w.message(2, [&] { w.varint_field(1, u.n); });
+    for (Pull& p : plan.pulls) {
+      const Hosted& h = hosted[p.table];
+      w.message(1, [&] {
+        w.string_field(3, h.dtype);
+        const size_t bytes = static_cast<size_t>(p.n * h.table->dim()) *
+                             dtype_size(h.table->options().dtype);
+        p.value_at = w.aligned_hole(1, bytes, 2, static_cast<uint64_t>(h.table->dim()));
+      });
+    }
+  } else {
+    for (const Update& u : plan.updates) w.message(1, [&] { w.varint_field(1, u.n); });
+  }
+  plan.reply_size = w.pos();
+  return plan;
+}
+
+void apply(Plan& plan, const std::vector<Hosted>& hosted, uint8_t* reply, bool& updates_applied) {
+  updates_applied = false;
+  for (const Update& u : plan.updates) {
+    if (u.n > 0) hosted[u.table].table->update(u.n, u.keys, u.grads, u.grad_dtype, u.lr);
+  }
+  updates_applied = true;
+  // Frame first (the holes stay), then fill each pull's rows in place.
+  Writer w(reply);
+  if (method_of(plan) == Method::kMultiPull) {
+    for (const Update& u : plan.updates) w.message(2, [&] { w.varint_field(1, u.n); });
+    for (const Pull& p : plan.pulls) {
+      const Hosted& h = hosted[p.table];
+      w.message(1, [&] {
+        w.string_field(3, h.dtype);
+        const size_t bytes = static_cast<size_t>(p.n * h.table->dim()) *
+                             dtype_size(h.table->options().dtype);
+        w.aligned_hole(1, bytes, 2, static_cast<uint64_t>(h.table->dim()));
+      });
+    }
+    for (const Pull& p : plan.pulls) {
+      if (p.n > 0) hosted[p.table].table->pull(p.n, p.keys, reply + p.value_at);
+    }
+  } else {
+    for (const Update& u : plan.updates) w.message(1, [&] { w.varint_field(1, u.n); });
+  }
+}
+
+}  // namespace recstore::serve
