@@ -94,17 +94,19 @@ class Checker {
     return decline("table not hosted here: " + std::string(name));
   }
 
-  // Keys as int64s, 8-byte aligned (copied when the request did not align them).
+  // A payload 8-byte aligned: in place, or copied when the request did not align it.
+  const void* aligned(std::string_view raw) {
+    if (reinterpret_cast<uintptr_t>(raw.data()) % alignof(int64_t) == 0) return raw.data();
+    plan_.aligned.emplace_back((raw.size() + sizeof(int64_t) - 1) / sizeof(int64_t));
+    std::memcpy(plan_.aligned.back().data(), raw.data(), raw.size());
+    return plan_.aligned.back().data();
+  }
+
+  // Keys as int64s.
   bool keys(std::string_view raw, const int64_t*& keys, int64_t& n) {
     if (raw.size() % sizeof(int64_t) != 0) return decline("keys not whole int64s");
     n = static_cast<int64_t>(raw.size() / sizeof(int64_t));
-    if (reinterpret_cast<uintptr_t>(raw.data()) % alignof(int64_t) == 0) {
-      keys = reinterpret_cast<const int64_t*>(raw.data());
-    } else {
-      plan_.aligned.emplace_back(static_cast<size_t>(n));
-      std::memcpy(plan_.aligned.back().data(), raw.data(), raw.size());
-      keys = plan_.aligned.back().data();
-    }
+    keys = static_cast<const int64_t*>(aligned(raw));
     return true;
   }
 
@@ -190,11 +192,7 @@ Plan plan(std::string_view request, Method method, const std::vector<Hosted>& ho
       check.decline("grads length");
       return plan;
     }
-    if (reinterpret_cast<uintptr_t>(item.grads.data()) % dtype_size(u.grad_dtype) != 0) {
-      check.decline("grads not aligned");
-      return plan;
-    }
-    u.grads = item.grads.data();
+    u.grads = check.aligned(item.grads);
     u.lr = item.has_lr ? item.lr : h.default_lr;
     if (item.has_lr && !(std::isfinite(item.lr) && item.lr > 0)) {
       check.decline("lr");

@@ -74,13 +74,28 @@ class Metrics:
         )
         if tables is not None:
             self.registry.register(_TableCollector(tables))
+        # Children by label values: ``labels()`` costs a lock and a few dict lookups
+        # per call, several times per request on the data path. Children are never
+        # removed, so a cached one stays the registered one.
+        self._requests: dict[tuple[str, str], Any] = {}
+        self._latency: dict[str, Any] = {}
+        self._rows: dict[tuple[str, str], Any] = {}
 
     def observe(self, method: str, code: str, seconds: float) -> None:
-        self.requests.labels(method, code).inc()
-        self.latency.labels(method).observe(seconds)
+        requests = self._requests.get((method, code))
+        if requests is None:
+            requests = self._requests[method, code] = self.requests.labels(method, code)
+        latency = self._latency.get(method)
+        if latency is None:
+            latency = self._latency[method] = self.latency.labels(method)
+        requests.inc()
+        latency.observe(seconds)
 
     def rows(self, table: str, method: str, count: int) -> None:
-        self.rows_moved.labels(method, table).inc(count)
+        child = self._rows.get((method, table))
+        if child is None:
+            child = self._rows[method, table] = self.rows_moved.labels(method, table)
+        child.inc(count)
 
     def checkpointed(self, info: CheckpointInfo) -> None:
         self.last_checkpoint.set(info.created_unix)

@@ -8,6 +8,7 @@ applied. Persistence (save, load, recovery) lives in ``recstore.ps.persistence``
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import uuid
@@ -18,7 +19,9 @@ import numpy as np
 
 from recstore.core import (
     DType,
+    Eviction,
     InvalidArgument,
+    KeyMode,
     SlotMap,
     TableExists,
     TableNotFound,
@@ -41,13 +44,26 @@ class HostedTable:
     lock: threading.Lock
     wal: TableWal | None
 
-    @property
+    # The entry never changes while a table is hosted (a reload hosts a new
+    # HostedTable), so what the data path derives from its spec is computed once.
+    @functools.cached_property
     def dtype(self) -> str:
         return DType(self.entry.spec.dtype).value
 
     @property
     def dim(self) -> int:
         return self.entry.spec.embedding_dim
+
+    @functools.cached_property
+    def id_limit(self) -> int | None:
+        """num_embeddings of a dense table (ids must lie below it); None when hashed."""
+        spec = self.entry.spec
+        return spec.num_embeddings if spec.key_mode == KeyMode.dense else None
+
+    @functools.cached_property
+    def evicts(self) -> bool:
+        """Whether the table makes room by evicting rows (else inserts can fill it)."""
+        return self.entry.spec.keys.eviction != Eviction.none
 
 
 @dataclass(frozen=True)
@@ -59,9 +75,15 @@ class WriteAck:
     seq: int = 0
 
 
+@functools.lru_cache(maxsize=64)
 def owned_slots(slot_map: SlotMap, shard_index: int) -> np.ndarray | None:
+    """Read-only and shared by the tables of one slot map, so a multi-table request
+    whose tables share a map checks all its keys against one array."""
     owned = slot_map.owner_table() == shard_index
-    return None if owned.all() else owned
+    if owned.all():
+        return None
+    owned.flags.writeable = False
+    return owned
 
 
 def check_owned(hosted: HostedTable, keys: np.ndarray) -> None:

@@ -11,8 +11,10 @@ import grpc
 import numpy as np
 import pytest
 
-from recstore.core import SlotMap, slot_of, wire
+from recstore.core import InvalidArgument, SlotMap, slot_of, wire
 from recstore.core.wire import WireClient
+from recstore.ps import codec, multi, native_path
+from recstore.ps.node import Node, check_lr, check_owned
 from recstore.ps.server import ServerHandle, start_in_thread
 from recstore.store import Table
 from recstore.v1 import ps_pb2
@@ -27,6 +29,14 @@ TABLES = {
     "hashed": spec("hashed", keys={"mode": "hashed", "capacity": 6}, initializer={"kind": "zeros"}),
 }
 KEYS = np.arange(1000, dtype=np.int64)
+
+
+@pytest.fixture(autouse=True, params=["native path", "python path"])
+def multi_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test against both ways a node serves multi-table calls."""
+    if request.param == "python path":
+        monkeypatch.setattr(native_path, "serve", lambda *args: None)  # always declined
+    return str(request.param)
 
 
 @pytest.fixture
@@ -298,6 +308,8 @@ def test_pulls_failing_after_the_carried_updates_say_those_are_applied(
 ) -> None:
     from recstore.ps import multi
 
+    monkeypatch.setattr(native_path, "serve", lambda *args: None)  # the Python path's case
+
     def dropped_meanwhile(node: Any, items: Any) -> int:
         raise multi.TableNotFound("table 'sgd' is not hosted on this node")
 
@@ -312,3 +324,144 @@ def test_pulls_failing_after_the_carried_updates_say_those_are_applied(
     assert "carried updates were applied" in info.value.details()
     tables["sgd"].update(np.array([1, 2]), np.ones((2, 8), np.float32))
     np.testing.assert_array_equal(client.pull("sgd", [1, 2]), tables["sgd"].pull(np.array([1, 2])))
+
+
+@pytest.mark.parametrize("method", [wire.MULTI_PULL, wire.MULTI_UPDATE])
+@pytest.mark.parametrize("request_bytes", [b"\x0f", b"\x0a\x03em", b"\x0a\x05\x0a\x03\xff\xfe\xfd"])
+def test_malformed_multi_requests_are_invalid(
+    node: ServerHandle, request_bytes: bytes, method: str
+) -> None:
+    with grpc.insecure_channel(node.address) as channel, pytest.raises(grpc.RpcError) as info:
+        channel.unary_unary(method)(request_bytes, timeout=60)
+    assert info.value.code() == INVALID and "malformed" in (info.value.details() or "")
+
+
+def _item_wise_refusal(node: Node, items: list[multi.UpdateItem]) -> Exception | None:
+    """The first refusal of the checks of each update item in turn (the reference order)."""
+    for index, item in enumerate(items):
+        try:
+            hosted = node.get(item.table)
+            codec.check_declared("", item.dim, hosted.dtype, hosted.dim)
+            grad_dtype = codec.grad_dtype_for(item.grad_dtype, hosted.dtype)
+            keys = codec.decode_keys(item.keys)
+            codec.decode_rows(item.grads, len(keys), hosted.dim, grad_dtype, "grads")
+            check_lr(item.lr)
+            check_owned(hosted, keys)
+            multi.check_key_range(hosted, keys)
+        except Exception as error:
+            return multi.item_error(index, item.table, error)
+    return None
+
+
+def _check_pulls(node: Node, pulls: list[tuple[str, bytes]]) -> None:
+    multi.check_pulls(node, multi.resolve_pulls(node, pulls), [True] * len(pulls))
+
+
+def test_checks_over_all_items_refuse_as_the_item_wise_checks(tmp_path: Path) -> None:
+    """Keys are checked for every item at once: the refusal is still the first item-wise one."""
+    node = Node(tmp_path, shard_index=0, num_shards=2)
+    other_map = {"epoch": 2, "ranges": [[0, 5000, 0], [5000, 16384, 1]]}
+    node.create_table(spec("a", shards=2), None)
+    node.create_table(spec("b", shards=2, embedding_dim=4), None)  # a's slot map
+    node.create_table(spec("c", shards=2), SlotMap.from_dict(other_map))
+    node.create_table(spec("h", shards=2, keys={"mode": "hashed", "capacity": 10**4}), None)
+    node.create_table(spec("whole"), SlotMap.initial(1))  # owns every slot
+    dims = {"a": 8, "b": 4, "c": 8, "h": 8, "whole": 8}
+    owned = {t: node.get(t).owned_slots for t in dims}
+    assert owned["a"] is owned["b"] and owned["whole"] is None
+
+    def keys_for(rng: np.random.Generator, table: str) -> np.ndarray:
+        keys = rng.integers(0, 1000, int(rng.integers(0, 6)))
+        mask = owned[table]
+        mine = keys if mask is None else keys[mask[slot_of(keys)]]
+        roll = rng.random()
+        if roll < 0.1 and len(keys):
+            return keys  # maybe foreign
+        if roll < 0.2:
+            return np.append(mine, rng.choice([-1, 1000, 2**62]))  # out of range when dense
+        return mine
+
+    rng = np.random.default_rng(0)
+    refused = 0
+    for _ in range(400):
+        items = []
+        for _ in range(int(rng.integers(1, 5))):
+            table = str(rng.choice([*dims, "nope"] if rng.random() < 0.15 else list(dims)))
+            keys = keys_for(rng, table if table != "nope" else "a")
+            grads = np.ones((len(keys), dims.get(table, 8)), "<f4").tobytes()
+            items.append(multi.UpdateItem(table, keys.astype("<i8").tobytes(), grads))
+        expected = _item_wise_refusal(node, items)
+        # pulls resolve every table before checking any keys (as they always have)
+        missing = next((i for i, item in enumerate(items) if item.table == "nope"), None)
+        expected_pull = expected
+        if missing is not None:
+            expected_pull = multi.TableNotFound(
+                f"item {missing} (table 'nope'): table 'nope' is not hosted on this node"
+            )
+        pulls = [(item.table, item.keys) for item in items]
+        for want, check, args in (
+            (expected, multi.multi_update, items),
+            (expected_pull, _check_pulls, pulls),
+        ):
+            if want is None:
+                check(node, args)
+                continue
+            with pytest.raises(type(want)) as info:
+                check(node, args)
+            assert str(info.value) == str(want)
+        refused += expected is not None
+    assert 100 < refused < 300  # both kinds of request were tried
+
+
+def _plain(pulls: list[Any], updates: list[multi.UpdateItem]) -> list[Any]:
+    return [(t, bytes(k), ro) for t, k, ro in pulls] + [
+        (u.table, bytes(u.keys), bytes(u.grads), u.grad_dtype, u.dim, u.lr) for u in updates
+    ]
+
+
+@pytest.mark.parametrize("upb_max", [0, 1 << 30], ids=["wire", "upb"])
+def test_both_readers_of_multi_requests_agree(
+    monkeypatch: pytest.MonkeyPatch, upb_max: int
+) -> None:
+    """Small requests are read by the generated classes, big ones by wire: same items."""
+    from recstore.ps import servicer
+
+    monkeypatch.setattr(servicer, "UPB_MAX_REQUEST_BYTES", upb_max)
+    keys = np.arange(5, dtype="<i8").tobytes()
+    updates = [wire.UpdateRequest("a", 3, keys, bytes(160), "float32", 0.5, 8),
+               wire.UpdateRequest("b", 0, b"", b"", "", None, 0)]  # fmt: skip
+    pulls = [wire.PullRequest("a", 1, keys, True), wire.PullRequest("", 0, b"", False)]
+    read = [("a", keys, True), ("", b"", False)]
+    carried = [("a", keys, bytes(160), "float32", 8, 0.5), ("b", b"", b"", "", 0, None)]
+    for encoded in (
+        wire.encode_multi_pull_request(pulls, updates),
+        ps_pb2.MultiPullRequest(
+            items=[ps_pb2.PullRequest(table="a", keys=keys, read_only=True), ps_pb2.PullRequest()],
+            updates=[ps_pb2.UpdateRequest(table="a", keys=keys, grads=bytes(160), grad_dtype="float32", lr=0.5, dim=8),
+                     ps_pb2.UpdateRequest(table="b")],
+        ).SerializeToString(),
+    ):  # fmt: skip
+        assert _plain(*servicer.decode_multi_pull(encoded)) == read + carried
+    encoded = wire.encode_multi_update_request(updates)
+    assert _plain([], servicer.decode_multi_update(encoded)) == carried
+    for malformed in (b"\x0f", b"\x0a\x03em", b"\x0a\x05\x0a\x03\xff\xfe\xfd"):
+        with pytest.raises(InvalidArgument):
+            servicer.decode_multi_pull(malformed)
+        with pytest.raises(InvalidArgument):
+            servicer.decode_multi_update(malformed)
+
+
+def test_big_requests_are_served_alike(
+    fast: WireClient, tables: dict[str, Table], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from recstore.ps import servicer
+
+    monkeypatch.setattr(servicer, "UPB_MAX_REQUEST_BYTES", 0)  # every request counts as big
+    keys = np.arange(40, dtype=np.int64)
+    items = [(name, keys, grads_for(name, keys, i)) for i, name in enumerate(["sgd", "ada"])]
+    assert fast.multi_update(items, lr=0.3) == [40, 40]
+    for name, k, g in items:
+        tables[name].update(k, g, 0.3)
+    pulled = fast.multi_pull([(name, keys) for name, *_ in items])
+    for (name, *_), (values, _) in zip(items, pulled, strict=True):
+        np.testing.assert_allclose(values, tables[name].pull(keys), rtol=1e-6)

@@ -1,0 +1,197 @@
+"""The node's native multi-table path: the oracle's results and the Python framing, or declined."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from recstore.core import DType, SlotMap, slot_of, wire
+from recstore.ps import native_path
+from recstore.ps.node import Node
+from recstore.store import Table
+from recstore.v1 import ps_pb2
+
+from .conftest import spec
+
+SPECS = [
+    spec("sgd", optimizer={"kind": "sgd", "lr": 0.5}),
+    spec("ada", embedding_dim=4, optimizer={"kind": "adagrad", "lr": 0.1}),
+    spec("adam", optimizer={"kind": "adam", "lr": 0.05}),
+    spec("half", dtype="float16", optimizer={"kind": "sgd", "lr": 0.25}),
+    spec("bf", dtype="bfloat16", embedding_dim=3, optimizer={"kind": "adagrad", "lr": 0.2}),
+    spec("lru", keys={"mode": "hashed", "capacity": 4096, "eviction": "lru"}),
+    spec("full", keys={"mode": "hashed", "capacity": 8}, initializer={"kind": "zeros"}),
+]
+OWNED = SlotMap.initial(2).owner_table()[slot_of(np.arange(1000))] == 0
+MINE = np.arange(1000)[OWNED]
+FOREIGN = np.arange(1000)[~OWNED]
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    node = Node(tmp_path, shard_index=0, num_shards=2)
+    for s in SPECS:
+        node.create_table(s.model_copy(update={"shards": 2}), None)
+    return node
+
+
+@pytest.fixture
+def oracle() -> dict[str, Table]:
+    """Each table as the engine facade holds it, for expected results."""
+    return {s.name: Table(s.model_copy(update={"shards": 2}), num_shards=2) for s in SPECS}
+
+
+def _grads(name: str, keys: np.ndarray, seed: int, dtype: Any = np.float32) -> np.ndarray:
+    dim = next(s.embedding_dim for s in SPECS if s.name == name)
+    return np.random.default_rng(seed).standard_normal((len(keys), dim)).astype(dtype)
+
+
+def _keys(seed: int, n: int) -> np.ndarray:
+    return np.random.default_rng(seed).choice(MINE, n)  # repeats included
+
+
+def _snapshot(node: Node) -> dict[str, Any]:
+    return {
+        name: (h.table.size, h.table.find(MINE)[0].tobytes(), h.table.find(MINE)[1].tobytes())
+        for name, h in node.tables.items()
+    }
+
+
+def _expected_reply(
+    oracle: dict[str, Table], pulls: list[tuple[str, np.ndarray]], carried_rows: list[int]
+) -> bytes:
+    shapes = [
+        (len(k), oracle[n].dim, DType(oracle[n].spec.dtype).value, False) for n, k in pulls
+    ]  # fmt: skip
+    message, outs = wire.multi_pull_response_frame(shapes, carried_rows=carried_rows)
+    for (name, keys), (values, _) in zip(pulls, outs, strict=True):
+        oracle[name].pull(keys, out=values)
+    return wire.finish(message)
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "generated encoding"])
+def test_carried_updates_then_pulls_match_the_oracle_and_the_python_framing(
+    node: Node, oracle: dict[str, Table], aligned: bool
+) -> None:
+    for step in range(3):
+        updates = [
+            ("sgd", _keys(step, 40), None, np.float32),
+            ("ada", _keys(step + 10, 7), 0.3, np.float32),
+            ("adam", _keys(step + 20, 12), None, np.float32),
+            ("half", _keys(step + 30, 5), None, np.float16),  # grads in the table dtype
+            ("bf", _keys(step + 40, 9), None, np.float32),
+            ("sgd", _keys(step + 50, 3), 0.125, np.float32),  # a table twice: in order
+            ("lru", np.array([], np.int64), None, np.float32),
+        ]
+        pulls = [
+            ("adam", _keys(step + 60, 30)), ("sgd", _keys(step + 70, 50)), ("half", MINE[:4]),
+            ("bf", _keys(step + 80, 6)), ("lru", _keys(step, 10)),
+        ]  # fmt: skip
+        items = []
+        for i, (name, keys, lr, dtype) in enumerate(updates):
+            grads = _grads(name, keys, step * 100 + i, dtype)
+            oracle[name].update(keys, grads, lr)
+            items.append((name, keys, grads, lr))
+        if aligned:
+            request = wire.encode_multi_pull_request(
+                [wire.PullRequest(n, 0, k) for n, k in pulls],
+                [
+                    wire.UpdateRequest(n, 0, k, g, wire.dtype_name(g), lr, g.shape[1])
+                    for n, k, g, lr in items
+                ],
+            )
+        else:
+            request = ps_pb2.MultiPullRequest(
+                items=[ps_pb2.PullRequest(table=n, keys=k.tobytes()) for n, k in pulls],
+                updates=[
+                    ps_pb2.UpdateRequest(
+                        table=n, keys=k.tobytes(), grads=g.tobytes(),
+                        grad_dtype=wire.dtype_name(g), **({} if lr is None else {"lr": lr}),
+                    )
+                    for n, k, g, lr in items
+                ],
+            ).SerializeToString()  # fmt: skip
+        served = native_path.serve(node, "MultiPull", request)
+        assert served is not None
+        assert served.updated == [(n, len(k)) for n, k, _, _ in updates]
+        assert served.pulled == [(n, len(k)) for n, k in pulls]
+        assert served.reply == _expected_reply(oracle, pulls, [len(k) for _, k, _, _ in updates])
+
+
+def test_a_multi_update_matches_the_oracle(node: Node, oracle: dict[str, Table]) -> None:
+    items = [("adam", _keys(1, 20)), ("ada", _keys(2, 3)), ("adam", _keys(3, 2))]
+    grads = [_grads(n, k, i) for i, (n, k) in enumerate(items)]
+    request = wire.encode_multi_update_request(
+        wire.UpdateRequest(n, 0, k, g, "float32", None, g.shape[1])
+        for (n, k), g in zip(items, grads, strict=True)
+    )
+    served = native_path.serve(node, "MultiUpdate", request)
+    assert served is not None
+    assert served.reply == wire.encode_multi_rows_response(len(k) for _, k in items)
+    for (name, keys), g in zip(items, grads, strict=True):
+        oracle[name].update(keys, g)
+    for name in ("adam", "ada"):
+        np.testing.assert_array_equal(
+            node.tables[name].table.find(MINE)[0], oracle[name].find(MINE)[0]
+        )
+
+
+def _update(table: str, keys: Any, **fields: Any) -> ps_pb2.UpdateRequest:
+    k = np.asarray(keys, "<i8")
+    dim = next(s.embedding_dim for s in SPECS if s.name == table) if table in node_names() else 8
+    fields.setdefault("grads", np.ones((len(k), dim), "<f4").tobytes())
+    return ps_pb2.UpdateRequest(table=table, keys=k.tobytes(), **fields)
+
+
+def node_names() -> set[str]:
+    return {s.name for s in SPECS}
+
+
+def _pull(table: str, keys: Any, **fields: Any) -> ps_pb2.PullRequest:
+    return ps_pb2.PullRequest(table=table, keys=np.asarray(keys, "<i8").tobytes(), **fields)
+
+
+DECLINED = [
+    ("unknown table", [_pull("nope", MINE[:1])], []),
+    ("a foreign key", [_pull("sgd", [MINE[0], FOREIGN[0]])], []),
+    ("a foreign key in an update", [_pull("sgd", MINE[:2])], [_update("sgd", FOREIGN[:1])]),
+    ("dense id out of range", [_pull("adam", [1000])], []),
+    ("keys not whole int64s", [ps_pb2.PullRequest(table="sgd", keys=bytes(12))], []),
+    ("read-only pull", [_pull("sgd", MINE[:2], read_only=True)], []),
+    ("grads too short", [], [_update("sgd", MINE[:2], grads=bytes(60))]),
+    ("grad dtype", [], [_update("sgd", MINE[:1], grad_dtype="bfloat16")]),
+    ("declared dim", [], [_update("sgd", MINE[:1], dim=4)]),
+    ("lr zero", [], [_update("ada", MINE[:1], lr=0.0)]),
+    ("a full table might overflow", [_pull("full", MINE[:9])], []),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "pulls", "updates"), DECLINED, ids=[c[0] for c in DECLINED])
+def test_what_the_python_path_must_answer_is_declined_untouched(
+    node: Node, case: str, pulls: list[Any], updates: list[Any]
+) -> None:
+    good = [_update("adam", MINE[:3]), _update("sgd", MINE[5:7])]
+    request = ps_pb2.MultiPullRequest(
+        items=[_pull("sgd", MINE[:3]), *pulls], updates=[*good, *updates]
+    )
+    before = _snapshot(node)
+    assert native_path.serve(node, "MultiPull", request.SerializeToString()) is None
+    assert _snapshot(node) == before
+    assert node.tables["adam"].table.optimizer_state() == {"step": 0}  # no step counted
+
+
+def test_malformed_requests_wal_nodes_and_gpu_tables_are_declined(tmp_path: Path) -> None:
+    node = Node(tmp_path / "wal", wal_enabled=True)
+    node.create_table(spec("sgd"), None)
+    request = wire.encode_multi_update_request(
+        [
+            wire.UpdateRequest(
+                "sgd", 0, np.arange(3), np.ones((3, 8), np.float32), "float32", None, 8
+            )
+        ]
+    )
+    assert native_path.serve(node, "MultiUpdate", request) is None  # the log is Python's
+    assert native_path.serve(node, "MultiUpdate", b"\x0a\xff") is None  # truncated
