@@ -29,6 +29,7 @@ from torch import nn
 
 from recstore.client.client import RecStoreClient
 from recstore.client.lookup import RecStoreRows, renormalise_
+from recstore.client.tensors import unique_keys
 from recstore.core import Optimizer
 
 _ID_DTYPES = (torch.int64, torch.int32)
@@ -153,7 +154,7 @@ class _RecStoreEmbeddingBase(nn.Module):
         """Rows of 1-D ``ids`` in order ([len(ids), dim]), for the plain cases."""
         keys = ids.to("cpu", torch.int64)
         if self.client._dedup_on_wire:
-            unique, inverse = torch.unique(keys, return_inverse=True)
+            unique, inverse = unique_keys(keys)
             rows = self._pulled(unique, unique=True).index_select(0, inverse)
         else:
             rows = self._pulled(keys.contiguous(), unique=False)
@@ -314,7 +315,7 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
             dedup = self.client._dedup_on_wire
             inverse: torch.Tensor | None = None
             if dedup:
-                keys, inverse = torch.unique(keys, return_inverse=True)
+                keys, inverse = unique_keys(keys)
 
             def pooled(rows: torch.Tensor) -> torch.Tensor:
                 if inverse is not None:

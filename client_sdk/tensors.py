@@ -13,7 +13,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from recstore import _native as _native_module
 from recstore.core import DType
+
+#: the compiled engine (no type stubs: it takes raw buffer addresses)
+_native: Any = _native_module
 
 _TORCH_OF_DTYPE = {
     DType.float32: torch.float32,
@@ -83,6 +87,19 @@ def check_id_range(ids: torch.Tensor, low: int, high: int | None, name: str) -> 
         raise ValueError(
             f"id {bad} is out of range for table {name!r}: valid ids are {low}..{high - 1}"
         )
+
+
+def unique_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.unique(keys, return_inverse=True)`` of CPU int64 keys, without the sort.
+
+    The distinct keys come in first-occurrence order (nothing downstream needs
+    them sorted); a hash pass in the engine costs a fraction of torch's sort.
+    """
+    flat = keys.to("cpu", torch.int64).contiguous().view(-1)
+    unique = torch.empty_like(flat)
+    inverse = torch.empty_like(flat)
+    count = _native.unique_keys(len(flat), flat.data_ptr(), unique.data_ptr(), inverse.data_ptr())
+    return unique[:count], inverse.view(keys.shape)
 
 
 def coalesce(ids: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

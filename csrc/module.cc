@@ -16,6 +16,7 @@
 #include "parallel.h"
 #include "stats_dict.h"
 #include "table.h"
+#include "unique_keys.h"
 #include "version.h"
 
 #if defined(RECSTORE_WITH_CUDA) && __has_include("cuda/bindings.h")
@@ -54,6 +55,15 @@ NB_MODULE(_native, m) {
   m.def("num_threads", &recstore::num_threads);
   m.def("fmix64", [](int64_t key) { return recstore::fmix64(static_cast<uint64_t>(key)); },
         "key"_a, "The routing hash of one key (as recstore.core.routing.hash_keys)");
+
+  m.def(
+      "unique_keys",
+      [](int64_t n, uintptr_t keys, uintptr_t unique_out, uintptr_t inverse_out) {
+        return recstore::unique_keys(n, ptr<const int64_t>(keys), ptr<int64_t>(unique_out),
+                                     ptr<int64_t>(inverse_out));
+      },
+      "n"_a, "keys"_a, "unique_out"_a, "inverse_out"_a, nb::call_guard<nb::gil_scoped_release>(),
+      "Distinct keys in first-occurrence order and each key's position among them");
 
   nb::exception<recstore::CapacityError>(m, "CapacityError");
 
