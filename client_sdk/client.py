@@ -367,6 +367,12 @@ class RecStoreClient:
             self._check_module_keys(name, keys)
         return self._backend().pull_many(requests)
 
+    def _lookahead_rows_many(self, requests: list[tuple[str, torch.Tensor, bool]]) -> None:
+        """Name the next ``_pull_rows_many`` (``EmbeddingBagCollection.prefetch``)."""
+        for name, keys, _ in requests:
+            self._check_module_keys(name, keys)
+        self._backend().lookahead_many(requests)
+
     def _apply_gradients(
         self, name: str, keys: torch.Tensor, grads: torch.Tensor, *, unique: bool = False
     ) -> None:

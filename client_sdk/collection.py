@@ -64,6 +64,27 @@ def _feature_args(feature: Feature) -> tuple[Any, ...]:
     )
 
 
+def _same_features(a: Sequence[Feature], b: Sequence[Feature]) -> bool:
+    if len(a) != len(b):
+        return False
+    for left, right in zip(a, b, strict=True):
+        if left is right:
+            continue
+        lefts, rights = _feature_args(left), _feature_args(right)
+        if len(lefts) != len(rights):
+            return False
+        for x, y in zip(lefts, rights, strict=True):
+            if x is not y and (
+                not isinstance(x, torch.Tensor)
+                or not isinstance(y, torch.Tensor)
+                or x.shape != y.shape
+                or x.dtype != y.dtype
+                or not torch.equal(x, y)
+            ):
+                return False
+    return True
+
+
 class EmbeddingBagCollection(nn.Module):
     """Several ``recstore.nn.EmbeddingBag`` modules with one request per PS node and step."""
 
@@ -95,19 +116,55 @@ class EmbeddingBagCollection(nn.Module):
         self.client: RecStoreClient = bags[0].client
         # The autograd anchor: not a Parameter, so dense torch optimizers never see it.
         self._anchor = torch.empty(0, requires_grad=True)
+        self._ahead: tuple[list[Feature], list[Lookup]] | None = None  # prefetch()'s plans
 
     @property
     def table_names(self) -> list[str]:
         return [str(bag.table_name) for bag in self.bags]
+
+    def prefetch(self, features: Sequence[Feature]) -> None:
+        """Start fetching the rows the next ``forward(features)`` will need.
+
+        Call it with the next batch before this step's ``loss.backward()`` (or
+        after it): over gRPC the next batch's pulls then leave with this step's
+        gradients, and the round trip overlaps the rest of the step. The next
+        forward with equal features uses those rows; results are exactly those
+        of not prefetching (anything else done with the client in between makes
+        them stale and the forward pulls afresh). With the local backend, or
+        bags that renormalise rows (``max_norm``), it only plans ahead.
+        """
+        if len(features) != len(self.bags):
+            raise ValueError(f"{len(self.bags)} bags but {len(features)} features")
+        bags: list[EmbeddingBag] = list(self.bags)  # type: ignore[arg-type]
+        if any(bag.max_norm is not None for bag in bags):
+            self._ahead = None  # planning renormalises (writes) rows: not ahead of backward
+            return
+        plans = [self._plan(bag, feature) for bag, feature in zip(bags, features, strict=True)]
+        self._ahead = (list(features), plans)
+        self.client._lookahead_rows_many(
+            [
+                (bag.table_name, plan.keys, plan.unique)
+                for bag, plan in zip(bags, plans, strict=True)
+            ]
+        )
+
+    @staticmethod
+    def _plan(bag: EmbeddingBag, feature: Feature) -> Lookup:
+        return bag._plan(*_feature_args(feature))
+
+    def _plans(self, bags: list[EmbeddingBag], features: Sequence[Feature]) -> list[Lookup]:
+        """The plans ``prefetch`` made for these features, else new ones."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and _same_features(ahead[0], features):
+            return ahead[1]
+        return [self._plan(bag, feature) for bag, feature in zip(bags, features, strict=True)]
 
     def forward(self, features: Sequence[Feature]) -> list[torch.Tensor]:
         """One input per bag, in order; the pooled output of each bag, in order."""
         if len(features) != len(self.bags):
             raise ValueError(f"{len(self.bags)} bags but {len(features)} features")
         bags: list[EmbeddingBag] = list(self.bags)  # type: ignore[arg-type]
-        plans: list[Lookup] = [
-            bag._plan(*_feature_args(feature)) for bag, feature in zip(bags, features, strict=True)
-        ]
+        plans = self._plans(bags, features)
         if torch.is_grad_enabled():
             lookups = tuple(
                 TableLookup(bag.table_name, plan.keys, plan.unique, bag.padding_idx, not bag.frozen)

@@ -148,6 +148,11 @@ class DLRM(nn.Module):
         rows, cols = torch.triu_indices(len(vectors), len(vectors), offset=1)
         return self.top(torch.cat([x, dots[:, rows, cols]], dim=1)).squeeze(1)
 
+    def prefetch(self, sparse: list[torch.Tensor], offsets: torch.Tensor) -> None:
+        """Start fetching the next batch's rows (a collection over gRPC: with this step's grads)."""
+        if self.collection is not None:
+            self.collection.prefetch([(ids, offsets) for ids in sparse])
+
 
 def dense_optimizer(model: DLRM, lr: float) -> list[torch.optim.Optimizer]:
     """SGD for the MLPs; torch bags (sparse grads) get their own SGD, RecStore bags none."""
@@ -160,11 +165,19 @@ def dense_optimizer(model: DLRM, lr: float) -> list[torch.optim.Optimizer]:
     return optimizers
 
 
-def train_step(model: DLRM, optimizers: list[torch.optim.Optimizer], batch: tuple) -> float:
+def train_step(
+    model: DLRM,
+    optimizers: list[torch.optim.Optimizer],
+    batch: tuple,
+    next_batch: tuple | None = None,
+) -> float:
+    """One step; given ``next_batch``, its rows are fetched while this step finishes."""
     dense, sparse, offsets, labels = batch
     for optimizer in optimizers:
         optimizer.zero_grad(set_to_none=True)
     loss = nn.functional.binary_cross_entropy_with_logits(model(dense, sparse, offsets), labels)
+    if next_batch is not None:
+        model.prefetch(next_batch[1], next_batch[2])
     loss.backward()  # RecStore bags apply their update here
     for optimizer in optimizers:
         optimizer.step()
@@ -177,8 +190,11 @@ def train(
     optimizers = dense_optimizer(model, lr)
     losses: list[float] = []
     bar = tqdm(range(steps), desc="train", disable=not progress, unit="step")
+    batch = data.batch(0)
     for step in bar:
-        losses.append(train_step(model, optimizers, data.batch(step)))
+        next_batch = data.batch(step + 1) if step + 1 < steps else None
+        losses.append(train_step(model, optimizers, batch, next_batch))
+        batch = next_batch
         if step % 10 == 0 or step == steps - 1:
             recent = losses[-20:]
             bar.set_postfix(loss=f"{sum(recent) / len(recent):.4f}")

@@ -72,6 +72,15 @@ class Backend(Protocol):
         """``pull`` of several tables at once (remote: one request per node)."""
         ...
 
+    def lookahead_many(self, requests: Sequence[PullRequest]) -> None:
+        """Name the next ``pull_many`` so a remote backend can send it early.
+
+        Remote: it goes out with the next updates left in flight, and the next
+        ``pull_many`` of the same keys uses its rows unless anything else
+        happened meanwhile. Local: nothing to gain, nothing done.
+        """
+        ...
+
     def update_many(self, updates: Sequence[UpdateRequest], *, wait: bool = True) -> None:
         """``update`` of several tables at once (remote: one request per node).
 

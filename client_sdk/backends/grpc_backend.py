@@ -30,11 +30,12 @@ from recstore.client.backends.multi_requests import TableCall, build_requests
 from recstore.client.backends.multi_rows import MultiCall
 from recstore.client.backends.node_calls import NodeCalls
 from recstore.client.backends.remote_rows import pull_issue, push_issue, update_issue
+from recstore.client.backends.step_pulls import StepPulls
 from recstore.client.carry import CARRY_ENV, DEFAULT_MAX_DELAY, CarriedUpdates
 from recstore.client.discovery import Discovery, discover
 from recstore.client.errors import BackendError, TableNotInitialized
 from recstore.client.fanout import ShardRouter
-from recstore.client.pending import DEFAULT_MAX_IN_FLIGHT, FAILED_NOTE, PendingUpdates
+from recstore.client.pending import DEFAULT_MAX_IN_FLIGHT, PendingUpdates
 from recstore.client.specs import same_layout
 from recstore.core import DType, SlotMap, SlotRange, TableSpec
 from recstore.v1 import ps_pb2
@@ -114,6 +115,10 @@ class GrpcBackend:
         self._carried: CarriedUpdates[TableCall] | None = (
             CarriedUpdates(self._send_updates, carry_delay) if carry_delay > 0 else None
         )
+        self._steps = StepPulls(
+            locate=self._locate, node=self._node, max_bytes=lambda: self._max_batch_bytes,
+            pending=self._pending, carried=self._carried, send_updates=self._send_updates,
+        )  # fmt: skip
 
     @property
     def endpoints(self) -> tuple[str, ...]:
@@ -239,7 +244,12 @@ class GrpcBackend:
             return None
 
     def _settle(self, name: str) -> None:
-        """Wait for ``name``'s update in flight (sending held ones first); raise its failure."""
+        """Wait for ``name``'s update in flight (sending held ones first); raise its failure.
+
+        Every call but a step's own pulls and updates comes here first, so it also
+        makes rows prefetched for the next step stale.
+        """
+        self._steps.cancel()
         if self._carried is not None:
             self._carried.release()
         self._pending.settle(name)
@@ -262,6 +272,7 @@ class GrpcBackend:
             self._pending.add(table_call.name, call.share(index))
 
     def drop_table(self, name: str) -> None:
+        self._steps.cancel()
         if self._carried is not None:
             self._carried.release()
         self._pending.wait_all()  # nothing of ours still in flight when the table goes
@@ -318,56 +329,14 @@ class GrpcBackend:
     def pull_many(self, requests: Sequence[PullRequest]) -> list[torch.Tensor]:
         """Several tables' pulls with one MultiPull per node (each table as ``pull``).
 
-        Updates held for carrying ride along: each node applies its share first.
+        Updates held for carrying ride along (each node applies its share
+        first); rows prefetched by ``lookahead_many`` are used when still current.
         """
-        if self._carried is not None:
-            with self._carried.lock:  # held updates are ours (and block others) until sent
-                carried = self._carried.take()
-                if carried:
-                    return self._pull_many(requests, carried)
-        return self._pull_many(requests, [])
+        return self._steps.pull_many(requests)
 
-    def _pull_many(
-        self, requests: Sequence[PullRequest], carried: list[TableCall]
-    ) -> list[torch.Tensor]:
-        for name, _, _ in requests:
-            self._pending.settle(name)  # updates sent earlier (held ones are in ``carried``)
-        calls, inverses = [], []
-        for name, keys, unique in requests:
-            table = self._locate(name)
-            distinct, inverse = (keys, None) if unique else torch.unique(keys, return_inverse=True)
-            keys_np = wire.keys_to_numpy(distinct)
-            dtype = wire.wire_dtype(DType(table.spec.dtype))
-            out = np.empty((len(keys_np), table.spec.embedding_dim), dtype=dtype)
-            calls.append(TableCall(table, keys_np, out))
-            inverses.append(inverse)
-        built = build_requests("MultiPull", calls, self._max_batch_bytes, carried)
-        if built is None:  # too big to ride: send them first, on their own
-            self._send_updates(carried)
-            carried = []
-            for name, _, _ in requests:
-                self._pending.settle(name)
-            built = build_requests("MultiPull", calls, self._max_batch_bytes)
-        assert built is not None
-        call = MultiCall("MultiPull", calls, self._node, built, blocking=True, carried=carried)
-        pulled = {name for name, _, _ in requests}
-        try:
-            call.wait()
-        finally:
-            for index, update in enumerate(carried):
-                if update.name not in pulled:  # reported by the next call on its table
-                    self._pending.add(update.name, call.carried_share(index))
-        for index, update in enumerate(carried):
-            failure = call.carried_failures.get(index)
-            if failure is not None and update.name in pulled:  # this is its next call
-                if FAILED_NOTE not in getattr(failure, "__notes__", ()):
-                    failure.add_note(FAILED_NOTE)
-                raise failure
-        results = []
-        for table_call, inverse in zip(calls, inverses, strict=True):
-            rows = wire.rows_from_numpy(table_call.rows, DType(table_call.table.spec.dtype))
-            results.append(rows if inverse is None else rows[inverse])
-        return results
+    def lookahead_many(self, requests: Sequence[PullRequest]) -> None:
+        """Name the next ``pull_many``: it goes out with the next updates (step_pulls.py)."""
+        self._steps.lookahead(requests)
 
     def update_many(self, updates: Sequence[UpdateRequest], *, wait: bool = True) -> None:
         """Several tables' updates with one MultiUpdate per node (each table as ``update``).
@@ -376,8 +345,12 @@ class GrpcBackend:
         ``pull_many``); each table then has this call as its update in flight,
         and reports only a failure of its own rows.
         """
+        if wait:
+            self._steps.cancel()
         for name, _, _, _ in updates:
-            self._settle(name)
+            if self._carried is not None:
+                self._carried.release()
+            self._pending.settle(name)
         calls = []
         for name, keys, grads, lr in updates:
             table = self._locate(name)
@@ -389,10 +362,8 @@ class GrpcBackend:
             )
         if wait:
             self._multi_call("MultiUpdate", calls, blocking=True).wait()
-        elif self._carried is not None:
-            self._carried.hold(calls)
         else:
-            self._send_updates(calls)
+            self._steps.updates_ready(calls)
 
     @property
     def updates_in_flight(self) -> int:

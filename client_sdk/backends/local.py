@@ -134,6 +134,9 @@ class LocalBackend:
         """Direct store calls, table by table (no request to save locally)."""
         return [self.pull(name, keys, unique=unique) for name, keys, unique in requests]
 
+    def lookahead_many(self, requests: Sequence[PullRequest]) -> None:
+        """Nothing: a local pull costs no round trip to hide."""
+
     def update_many(self, updates: Sequence[UpdateRequest], *, wait: bool = True) -> None:
         """Table by table, once every table is found (an unknown one changes nothing)."""
         for name, _, _, _ in updates:

@@ -92,6 +92,67 @@ def test_training_matches_torch(any_client, optimizer_name) -> None:
     torch.testing.assert_close(collection.bags[-1].read_weights(), _weights(len(BAGS) - 1))
 
 
+@pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
+def test_training_with_prefetch_matches_torch(any_client, optimizer_name, calls) -> None:
+    """The next batch named before backward: its rows leave with the step's gradients."""
+    make_optimizer, server_optimizer = OPTIMIZERS[optimizer_name]
+    reference, collection = _models(any_client, server_optimizer)
+    optimizer = make_optimizer([p for bag in reference for p in bag.parameters()])
+    got = collection(_features(0))
+    for step in range(STEPS):
+        expected = _torch_outputs(reference, _features(step))
+        for index, (a, b) in enumerate(zip(got, expected, strict=True)):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=f"bag {index}, step {step}")
+        optimizer.zero_grad()
+        _loss(expected, len(BAGS) - 1).backward()
+        optimizer.step()
+        collection.prefetch(_features(step + 1))  # equal features, other tensor objects
+        calls.clear()
+        _loss(got, len(BAGS) - 1).backward()
+        got = collection(_features(step + 1))
+        if any_client.backend == "grpc":  # one request per node, sent by backward
+            assert calls == {"MultiPull": 2}
+    for index, (bag, ref) in enumerate(zip(collection.bags, reference, strict=True)):
+        torch.testing.assert_close(
+            bag.read_weights(), ref.weight.detach(), atol=1e-5, rtol=0, msg=f"bag {index}"
+        )
+
+
+@pytest.mark.parametrize(
+    "meanwhile", ["update", "push", "pull", "other features", "prefetch after backward"]
+)
+def test_prefetched_rows_are_used_only_while_current(grpc_client, meanwhile) -> None:
+    reference, collection = _models(grpc_client, {"kind": "sgd", "lr": 0.1})
+    optimizer = torch.optim.SGD([p for bag in reference for p in bag.parameters()], lr=0.1)
+    features = _features(0)
+    got = collection(features)
+    optimizer.zero_grad()
+    _loss(_torch_outputs(reference, features), len(BAGS)).backward()
+    optimizer.step()
+    following = _features(1)
+    if meanwhile != "prefetch after backward":
+        collection.prefetch(following)
+    _loss(got, len(BAGS)).backward()  # sends the prefetch with the gradients
+    table, ids = collection.table_names[1], torch.unique(following[1][0])[:3]  # looked up next
+    if meanwhile == "update":
+        grpc_client.update(table, ids, torch.ones(3, DIM))
+        with torch.no_grad():
+            reference[1].weight[ids] -= 0.1 * torch.ones(3, DIM)  # the table's sgd, lr 0.1
+    elif meanwhile == "push":
+        grpc_client.push(table, ids, torch.full((3, DIM), 2.5))
+        with torch.no_grad():
+            reference[1].weight[ids] = 2.5
+    elif meanwhile == "pull":
+        grpc_client.pull(table, ids)
+    elif meanwhile == "other features":
+        following = _features(2)
+    else:
+        collection.prefetch(following)  # held updates leave now, with these pulls
+    got = collection(following)
+    for index, (a, b) in enumerate(zip(got, _torch_outputs(reference, following), strict=True)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=f"bag {index}")
+
+
 @pytest.fixture
 def calls(monkeypatch) -> Counter:
     """Data-path requests the SDK sends, by method."""
