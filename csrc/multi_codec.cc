@@ -54,29 +54,24 @@ struct PullReply {
 
 PullReply parse_pull_reply(std::string_view message) {
   PullReply reply;
-  Reader r(reinterpret_cast<const uint8_t*>(message.data()), message.size());
-  uint32_t number;
-  int wire_type;
-  std::string_view bytes;
-  uint64_t value = 0;
-  while (r.next(number, wire_type, bytes, value)) {
-    if (number == 1 && wire_type == kLen) reply.values = bytes;
-    if (number == 2 && wire_type == kVarint) reply.dim = value & 0xFFFFFFFFULL;
-    if (number == 3 && wire_type == kLen) reply.dtype = bytes;
-  }
+  for_each_field(message, [&](const Field& f) {
+    if (f.number == 1 && f.wire_type == kLen) reply.values = f.bytes;
+    if (f.number == 2 && f.wire_type == kVarint) reply.dim = f.value & 0xFFFFFFFFULL;
+    if (f.number == 3 && f.wire_type == kLen) reply.dtype = f.bytes;
+  });
   return reply;
 }
 
 uint64_t parse_rows(std::string_view message) {
-  Reader r(reinterpret_cast<const uint8_t*>(message.data()), message.size());
-  uint32_t number;
-  int wire_type;
-  std::string_view bytes;
-  uint64_t value = 0, rows = 0;
-  while (r.next(number, wire_type, bytes, value)) {
-    if (number == 1 && wire_type == kVarint) rows = value;
-  }
+  uint64_t rows = 0;
+  for_each_field(message, [&](const Field& f) {
+    if (f.number == 1 && f.wire_type == kVarint) rows = f.value;
+  });
   return rows;
+}
+
+std::string_view view(const uint8_t* data, size_t size) {
+  return {reinterpret_cast<const char*>(data), size};
 }
 
 }  // namespace
@@ -135,18 +130,13 @@ size_t encode_request(Method method, int node, const std::vector<PullItem>& pull
 
 std::vector<uint64_t> scatter_pull_reply(const uint8_t* data, size_t size,
                                          const std::vector<PullTarget>& targets, size_t carried) {
-  Reader r(data, size);
-  uint32_t number;
-  int wire_type;
-  std::string_view bytes;
-  uint64_t value = 0;
   std::vector<PullReply> items;
   std::vector<uint64_t> applied;
-  while (r.next(number, wire_type, bytes, value)) {
-    if (wire_type != kLen) continue;
-    if (number == 1) items.push_back(parse_pull_reply(bytes));
-    if (number == 2) applied.push_back(parse_rows(bytes));
-  }
+  for_each_field(view(data, size), [&](const Field& f) {
+    if (f.wire_type != kLen) return;
+    if (f.number == 1) items.push_back(parse_pull_reply(f.bytes));
+    if (f.number == 2) applied.push_back(parse_rows(f.bytes));
+  });
   if (items.size() != targets.size() || applied.size() != carried) {
     throw std::invalid_argument(std::to_string(items.size()) + " items and " +
                                 std::to_string(applied.size()) + " carried updates answered, " +
@@ -179,15 +169,10 @@ std::vector<uint64_t> scatter_pull_reply(const uint8_t* data, size_t size,
 }
 
 std::vector<uint64_t> parse_rows_reply(const uint8_t* data, size_t size, size_t expected) {
-  Reader r(data, size);
-  uint32_t number;
-  int wire_type;
-  std::string_view bytes;
-  uint64_t value = 0;
   std::vector<uint64_t> rows;
-  while (r.next(number, wire_type, bytes, value)) {
-    if (number == 1 && wire_type == kLen) rows.push_back(parse_rows(bytes));
-  }
+  for_each_field(view(data, size), [&](const Field& f) {
+    if (f.number == 1 && f.wire_type == kLen) rows.push_back(parse_rows(f.bytes));
+  });
   if (rows.size() != expected) {
     throw std::invalid_argument(std::to_string(rows.size()) + " items answered, " +
                                 std::to_string(expected) + " sent");

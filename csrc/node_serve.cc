@@ -24,45 +24,35 @@ struct RawItem {
 
 RawItem parse_item(std::string_view message) {
   RawItem item;
-  Reader r(reinterpret_cast<const uint8_t*>(message.data()), message.size());
-  uint32_t number;
-  int wire_type;
-  std::string_view bytes;
-  uint64_t value = 0;
-  while (r.next(number, wire_type, bytes, value)) {
-    if (wire_type == kLen) {
-      if (number == 1) item.table = bytes;
-      if (number == 3) item.keys = bytes;
-      if (number == 4) item.grads = bytes;
-      if (number == 5) item.grad_dtype = bytes;
-    } else if (wire_type == kVarint) {
-      if (number == 4) item.read_only = value != 0;  // PullRequest.read_only
-      if (number == 7) item.dim = value & 0xFFFFFFFFULL;
-    } else if (wire_type == kI32 && number == 6) {
+  for_each_field(message, [&](const Field& f) {
+    if (f.wire_type == kLen) {
+      if (f.number == 1) item.table = f.bytes;
+      if (f.number == 3) item.keys = f.bytes;
+      if (f.number == 4) item.grads = f.bytes;
+      if (f.number == 5) item.grad_dtype = f.bytes;
+    } else if (f.wire_type == kVarint) {
+      if (f.number == 4) item.read_only = f.value != 0;  // PullRequest.read_only
+      if (f.number == 7) item.dim = f.value & 0xFFFFFFFFULL;
+    } else if (f.wire_type == kI32 && f.number == 6) {
       item.has_lr = true;
-      std::memcpy(&item.lr, r.last_fixed(), sizeof item.lr);
+      std::memcpy(&item.lr, f.fixed, sizeof item.lr);
     }
-  }
+  });
   return item;
 }
 
 // (pull items, update items) of a MultiPull (updates carried) or a MultiUpdate.
 void parse_request(std::string_view request, Method method, std::vector<RawItem>& pulls,
                    std::vector<RawItem>& updates) {
-  Reader r(reinterpret_cast<const uint8_t*>(request.data()), request.size());
-  uint32_t number;
-  int wire_type;
-  std::string_view bytes;
-  uint64_t value = 0;
-  while (r.next(number, wire_type, bytes, value)) {
-    if (wire_type != kLen) continue;
+  for_each_field(request, [&](const Field& f) {
+    if (f.wire_type != kLen) return;
     if (method == Method::kMultiPull) {
-      if (number == 1) pulls.push_back(parse_item(bytes));
-      if (number == 2) updates.push_back(parse_item(bytes));
-    } else if (number == 1) {
-      updates.push_back(parse_item(bytes));
+      if (f.number == 1) pulls.push_back(parse_item(f.bytes));
+      if (f.number == 2) updates.push_back(parse_item(f.bytes));
+    } else if (f.number == 1) {
+      updates.push_back(parse_item(f.bytes));
     }
-  }
+  });
 }
 
 int dtype_code(std::string_view name) {
@@ -139,7 +129,24 @@ class Checker {
   const std::vector<Hosted>& hosted_;
 };
 
-Method method_of(const Plan& plan) { return plan.method; }
+// The reply's frame (what recstore.core.wire frames), each pull's rows left as
+// a hole whose offset lands in Pull::value_at; with a counting writer, the size.
+void frame_reply(Writer& w, Plan& plan, const std::vector<Hosted>& hosted) {
+  if (plan.method == Method::kMultiUpdate) {
+    for (const Update& u : plan.updates) w.message(1, [&] { w.varint_field(1, u.n); });
+    return;
+  }
+  for (const Update& u : plan.updates) w.message(2, [&] { w.varint_field(1, u.n); });
+  for (Pull& p : plan.pulls) {
+    const Hosted& h = hosted[p.table];
+    w.message(1, [&] {
+      w.string_field(3, h.dtype);
+      const size_t bytes =
+          static_cast<size_t>(p.n * h.table->dim()) * dtype_size(h.table->options().dtype);
+      p.value_at = w.aligned_hole(1, bytes, 2, static_cast<uint64_t>(h.table->dim()));
+    });
+  }
+}
 
 }  // namespace
 
@@ -214,22 +221,8 @@ Plan plan(std::string_view request, Method method, const std::vector<Hosted>& ho
     plan.pulls.push_back(p);
   }
   if (!check.room(inserts)) return plan;
-  // The reply's layout (what recstore.core.wire frames): counting writer.
-  Writer w(nullptr);
-  if (method == Method::kMultiPull) {
-    for (const Update& u : plan.updates) w.message(2, [&] { w.varint_field(1, u.n); });
-    for (Pull& p : plan.pulls) {
-      const Hosted& h = hosted[p.table];
-      w.message(1, [&] {
-        w.string_field(3, h.dtype);
-        const size_t bytes = static_cast<size_t>(p.n * h.table->dim()) *
-                             dtype_size(h.table->options().dtype);
-        p.value_at = w.aligned_hole(1, bytes, 2, static_cast<uint64_t>(h.table->dim()));
-      });
-    }
-  } else {
-    for (const Update& u : plan.updates) w.message(1, [&] { w.varint_field(1, u.n); });
-  }
+  Writer w(nullptr);  // counting
+  frame_reply(w, plan, hosted);
   plan.reply_size = w.pos();
   return plan;
 }
@@ -240,24 +233,10 @@ void apply(Plan& plan, const std::vector<Hosted>& hosted, uint8_t* reply, bool& 
     if (u.n > 0) hosted[u.table].table->update(u.n, u.keys, u.grads, u.grad_dtype, u.lr);
   }
   updates_applied = true;
-  // Frame first (the holes stay), then fill each pull's rows in place.
-  Writer w(reply);
-  if (method_of(plan) == Method::kMultiPull) {
-    for (const Update& u : plan.updates) w.message(2, [&] { w.varint_field(1, u.n); });
-    for (const Pull& p : plan.pulls) {
-      const Hosted& h = hosted[p.table];
-      w.message(1, [&] {
-        w.string_field(3, h.dtype);
-        const size_t bytes = static_cast<size_t>(p.n * h.table->dim()) *
-                             dtype_size(h.table->options().dtype);
-        w.aligned_hole(1, bytes, 2, static_cast<uint64_t>(h.table->dim()));
-      });
-    }
-    for (const Pull& p : plan.pulls) {
-      if (p.n > 0) hosted[p.table].table->pull(p.n, p.keys, reply + p.value_at);
-    }
-  } else {
-    for (const Update& u : plan.updates) w.message(1, [&] { w.varint_field(1, u.n); });
+  Writer w(reply);  // frame first (the holes stay), then fill each pull's rows in place
+  frame_reply(w, plan, hosted);
+  for (const Pull& p : plan.pulls) {
+    if (p.n > 0) hosted[p.table].table->pull(p.n, p.keys, reply + p.value_at);
   }
 }
 

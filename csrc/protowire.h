@@ -178,4 +178,24 @@ class Reader {
   const uint8_t* fixed_ = nullptr;
 };
 
+// One field as Reader::next reads it.
+struct Field {
+  uint32_t number = 0;
+  int wire_type = 0;
+  std::string_view bytes;  // LEN
+  uint64_t value = 0;      // VARINT
+  const uint8_t* fixed = nullptr;  // I32 / I64
+};
+
+// Calls fn(field) for every field of `message`, in order.
+template <class Fn>
+void for_each_field(std::string_view message, Fn&& fn) {
+  Reader r(reinterpret_cast<const uint8_t*>(message.data()), message.size());
+  Field f;
+  while (r.next(f.number, f.wire_type, f.bytes, f.value)) {
+    f.fixed = r.last_fixed();
+    fn(f);
+  }
+}
+
 }  // namespace recstore::protowire
