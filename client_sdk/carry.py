@@ -42,6 +42,7 @@ class CarriedUpdates(Generic[T]):
         self._since = 0.0
         self._wake = threading.Condition(self.lock)
         self._timer: threading.Thread | None = None
+        self._idle = False  # the timer waits for something to be held (else it times out)
         self._closed = False
 
     def __len__(self) -> int:
@@ -60,7 +61,8 @@ class CarriedUpdates(Generic[T]):
             if self._timer is None:
                 self._timer = threading.Thread(target=self._run, name="recstore-carry", daemon=True)
                 self._timer.start()
-            self._wake.notify()
+            if self._idle:  # a timer counting down wakes by itself: no thread switch per step
+                self._wake.notify()
 
     def take(self) -> list[T]:
         """The held updates, now the caller's to send (call with ``lock`` held)."""
@@ -87,7 +89,9 @@ class CarriedUpdates(Generic[T]):
         with self.lock:
             while not self._closed:
                 if not self._held:
+                    self._idle = True
                     self._wake.wait()
+                    self._idle = False
                     continue
                 remaining = self._since + self.max_delay - time.monotonic()
                 if remaining > 0:
