@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recstore.client import pooling
 from recstore.client.client import RecStoreClient
 from recstore.client.lookup import RecStoreRows, renormalise_
 from recstore.client.tensors import unique_keys
@@ -318,6 +319,14 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
                 keys, inverse = unique_keys(keys)
 
             def pooled(rows: torch.Tensor) -> torch.Tensor:
+                if (
+                    inverse is not None
+                    and input.device.type == "cpu"
+                    and pooling.applies(rows.device, per_sample_weights)
+                ):
+                    return pooling.pool_fixed_bags(
+                        rows, inverse, bag_size, per_sample_weights, self.mode == "mean"
+                    )
                 if inverse is not None:
                     rows = rows.index_select(0, inverse)
                 rows = rows.to(input.device).view(-1, bag_size, self.embedding_dim)

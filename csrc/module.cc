@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "bag_pool.h"
 #include "hash.h"
 #include "multi_codec_bindings.h"
 #include "node_serve_bindings.h"
@@ -64,6 +65,29 @@ NB_MODULE(_native, m) {
       },
       "n"_a, "keys"_a, "unique_out"_a, "inverse_out"_a, nb::call_guard<nb::gil_scoped_release>(),
       "Distinct keys in first-occurrence order and each key's position among them");
+
+  m.def(
+      "bag_pool_forward",
+      [](int64_t bags, int64_t bag_size, int64_t dim, uintptr_t rows, uintptr_t inverse,
+         uintptr_t weights, bool mean, uintptr_t out) {
+        recstore::bag_pool_forward(bags, bag_size, dim, ptr<const float>(rows),
+                                   ptr<const int64_t>(inverse), ptr<const float>(weights), mean,
+                                   ptr<float>(out));
+      },
+      "bags"_a, "bag_size"_a, "dim"_a, "rows"_a, "inverse"_a, "weights"_a, "mean"_a, "out"_a,
+      nb::call_guard<nb::gil_scoped_release>(),
+      "Pool fixed-size bags of distinct rows (weights 0: none)");
+  m.def(
+      "bag_pool_backward",
+      [](int64_t bags, int64_t bag_size, int64_t dim, uintptr_t grad_out, uintptr_t inverse,
+         uintptr_t weights, bool mean, uintptr_t grad_rows) {
+        recstore::bag_pool_backward(bags, bag_size, dim, ptr<const float>(grad_out),
+                                    ptr<const int64_t>(inverse), ptr<const float>(weights), mean,
+                                    ptr<float>(grad_rows));
+      },
+      "bags"_a, "bag_size"_a, "dim"_a, "grad_out"_a, "inverse"_a, "weights"_a, "mean"_a,
+      "grad_rows"_a, nb::call_guard<nb::gil_scoped_release>(),
+      "Gradient of bag_pool_forward with respect to the distinct rows (added in place)");
 
   nb::exception<recstore::CapacityError>(m, "CapacityError");
 
