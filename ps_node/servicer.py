@@ -261,7 +261,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
             read_only = [read_only for _, _, read_only in requested]
             await self.offload.run_multi(values, multi.check_pulls, self.node, pulls, read_only)
             carried_rows = await self._multi_update(carried)
-        message, outs = codec.multi_pull_response_frame(shapes, carried_rows)
+        message, outs = wire.multi_pull_response_frame(shapes, carried_rows=carried_rows)
         items = [
             multi.PullItem(table, keys, values_out, found_out, pull, checked=bool(carried))
             for (table, keys, _), pull, (values_out, found_out) in zip(
@@ -286,7 +286,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         if reply is not None:
             return reply
         rows = await self._multi_update(decode_multi_update(request))
-        return codec.encode_multi_rows_response(rows)
+        return wire.encode_multi_rows_response(rows)
 
     async def _multi_update(self, items: list[multi.UpdateItem]) -> list[int]:
         """Apply a MultiUpdate's items (all or nothing); rows applied per item once durable."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from recstore.core import InvalidArgument, wire
+from recstore.core import InvalidArgument
 from recstore.ps import codec
 from recstore.v1 import ps_pb2
 
@@ -97,39 +97,6 @@ def test_misaligned_buffers_are_copied_aligned() -> None:
     rows = codec.decode_rows(memoryview(raw)[1:], 2, 4, "float32")
     assert keys.ctypes.data % 8 == 0 and rows.ctypes.data % 4 == 0
     assert keys.tolist() == [0] * 4 and rows.shape == (2, 4)
-
-
-# (rows, dim, dtype, read_only): sizes and dims that move the payloads about
-SHAPES = [(0, 8, "float32", False), (3, 4, "float32", True), (1, 127, "float16", False),
-          (5, 128, "bfloat16", True), (17, 300, "float32", False), (0, 1, "float16", True),
-          (1000, 16, "float32", False)]  # fmt: skip
-
-
-@pytest.mark.parametrize("carried", [[], [0], [3, 128, 2**40]])
-@pytest.mark.parametrize("count", [0, 1, 3, len(SHAPES)])
-def test_multi_pull_frame_lays_out_what_wire_does(carried: list[int], count: int) -> None:
-    for start in range(len(SHAPES)):
-        shapes = (SHAPES[start:] + SHAPES[:start])[:count]
-        expected, expected_out = wire.multi_pull_response_frame(shapes, carried_rows=carried)
-        message, out = codec.multi_pull_response_frame(shapes, carried)
-        for (values, found), (want, want_found), (rows, dim, _, read_only) in zip(
-            out, expected_out, shapes, strict=True
-        ):
-            assert values.shape == want.shape == (rows, dim)
-            assert values.dtype == want.dtype and values.flags.writeable
-            assert values.ctypes.data % 8 == 0 or not values.size
-            values[...] = want[...] = np.arange(values.size).reshape(values.shape) % 7
-            assert (found is None) == (want_found is None) == (not read_only)
-            if found is not None and want_found is not None:
-                found[:] = want_found[:] = np.arange(rows) % 2 == 0
-        assert wire.finish(message) == wire.finish(expected)
-    with pytest.raises(InvalidArgument, match="unknown dtype"):
-        codec.multi_pull_response_frame([(1, 4, "int8", False)], carried)
-
-
-@pytest.mark.parametrize("rows", [[], [0], [1, 127, 128, 2**21, 2**40]])
-def test_multi_rows_response_is_wire_s(rows: list[int]) -> None:
-    assert codec.encode_multi_rows_response(rows) == wire.encode_multi_rows_response(rows)
 
 
 @pytest.mark.parametrize("data", [b"\x0f", b"\x0a\x03em", b"\x0a\x05\x0a\x03\xff\xfe\xfd"])
