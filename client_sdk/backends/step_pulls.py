@@ -139,18 +139,12 @@ class StepPulls:
     def _start(
         self, requests: list[PullRequest], carried: list[TableCall], *, blocking: bool
     ) -> _Pull:
-        for name, _, _ in requests:
-            self._pending.settle(name)  # updates sent earlier (held ones are in ``carried``)
-        calls, inverses = [], []
-        for name, keys, unique in requests:
-            table = self._locate(name)
-            distinct, inverse = (keys, None) if unique else torch.unique(keys, return_inverse=True)
-            keys_np = wire.keys_to_numpy(distinct)
-            dtype = wire.wire_dtype(DType(table.spec.dtype))
-            out = np.empty((len(keys_np), table.spec.embedding_dim), dtype=dtype)
-            calls.append(TableCall(table, keys_np, out))
-            inverses.append(inverse)
-        built = build_requests("MultiPull", calls, self._max_bytes(), carried)
+        try:
+            calls, inverses, built = self._prepare(requests, carried)
+        except BaseException:
+            if carried:  # this pull cannot go out: its passengers still must
+                self._send_updates(carried)
+            raise
         if built is None:  # too big to ride: send them first, on their own
             self._send_updates(carried)
             carried = []
@@ -162,6 +156,23 @@ class StepPulls:
         for index, update in enumerate(carried):  # in flight until the reply is in
             self._pending.add(update.name, call.carried_share(index))
         return _Pull(requests, call, calls, inverses, carried)
+
+    def _prepare(
+        self, requests: list[PullRequest], carried: list[TableCall]
+    ) -> tuple[list[TableCall], list[torch.Tensor | None], Any]:
+        """Each table's call and inverse, and the requests (None: the updates cannot ride)."""
+        for name, _, _ in requests:
+            self._pending.settle(name)  # updates sent earlier (held ones are in ``carried``)
+        calls, inverses = [], []
+        for name, keys, unique in requests:
+            table = self._locate(name)
+            distinct, inverse = (keys, None) if unique else torch.unique(keys, return_inverse=True)
+            keys_np = wire.keys_to_numpy(distinct)
+            dtype = wire.wire_dtype(DType(table.spec.dtype))
+            out = np.empty((len(keys_np), table.spec.embedding_dim), dtype=dtype)
+            calls.append(TableCall(table, keys_np, out))
+            inverses.append(inverse)
+        return calls, inverses, build_requests("MultiPull", calls, self._max_bytes(), carried)
 
     def _finish(self, pull: _Pull) -> list[torch.Tensor]:
         try:

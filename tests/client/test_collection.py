@@ -370,3 +370,24 @@ def test_bad_collections_and_inputs_are_refused(local_client, any_client) -> Non
     with pytest.raises(ValueError, match="out of range"):
         collection([torch.tensor([[1, NUM]])])
     torch.testing.assert_close(bag.weight, before)
+
+
+def test_held_updates_still_go_when_the_pull_they_ride_cannot(grpc_client, monkeypatch) -> None:
+    reference, collection = _models(grpc_client, {"kind": "sgd", "lr": 0.1})
+    features = _features(0)
+    _loss(collection(features), len(BAGS)).backward()  # held, to ride on the next pull
+    steps = grpc_client.ops._steps
+    locate = steps._locate
+
+    def lost(name: str) -> Any:
+        raise BackendError(f"cannot find {name}", code="UNAVAILABLE")
+
+    monkeypatch.setattr(steps, "_locate", lost)
+    with pytest.raises(BackendError, match="cannot find"):
+        collection(_features(1))
+    monkeypatch.setattr(steps, "_locate", locate)
+    optimizer = torch.optim.SGD([p for bag in reference for p in bag.parameters()], lr=0.1)
+    _loss(_torch_outputs(reference, features), len(BAGS)).backward()
+    optimizer.step()
+    for bag, ref in zip(collection.bags, reference, strict=True):  # the updates landed
+        torch.testing.assert_close(bag.read_weights(), ref.weight.detach(), atol=1e-5, rtol=0)
