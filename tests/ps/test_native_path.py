@@ -195,3 +195,33 @@ def test_malformed_requests_wal_nodes_and_gpu_tables_are_declined(tmp_path: Path
     )
     assert native_path.serve(node, "MultiUpdate", request) is None  # the log is Python's
     assert native_path.serve(node, "MultiUpdate", b"\x0a\xff") is None  # truncated
+
+
+@pytest.mark.parametrize(
+    ("method", "capacity", "applied", "error"),
+    [
+        ("MultiPull", False, True, "CarriedUpdatesApplied"),  # the pulls failed after the updates
+        ("MultiPull", True, False, "CapacityExhausted"),
+        ("MultiUpdate", False, False, "InvalidArgument"),
+    ],
+)
+def test_an_engine_failure_becomes_the_error_that_says_what_was_applied(
+    node: Node, monkeypatch: pytest.MonkeyPatch, method: str, capacity: bool, applied: bool,
+    error: str,
+) -> None:  # fmt: skip
+    from types import SimpleNamespace
+
+    real = native_path._native
+    failing = SimpleNamespace(
+        multi_item_tables=real.multi_item_tables,
+        serve_multi=lambda *args: (None, "engine said no", capacity, applied),
+    )
+    monkeypatch.setattr(native_path, "_native", failing)
+    update = wire.UpdateRequest("sgd", 0, MINE[:2], np.ones((2, 8), np.float32), "", None, 8)
+    if method == "MultiPull":
+        request = wire.encode_multi_pull_request([wire.PullRequest("sgd", 0, MINE[:2])], [update])
+    else:
+        request = wire.encode_multi_update_request([update])
+    with pytest.raises(Exception, match="engine said no") as info:
+        native_path.serve(node, method, request)
+    assert type(info.value).__name__ == error
