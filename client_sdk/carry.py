@@ -50,14 +50,14 @@ class CarriedUpdates(Generic[T]):
             return len(self._held)
 
     def hold(self, updates: Sequence[T]) -> None:
-        """Keep ``updates`` for the next pull (sending any still held first)."""
+        """Keep ``updates`` for the next pull, after any held before (they go in order)."""
         with self.lock:
             if self._closed:
                 self._send(list(updates))
                 return
-            self.release()
-            self._held = list(updates)
-            self._since = time.monotonic()
+            if not self._held:
+                self._since = time.monotonic()  # the delay counts from the oldest held
+            self._held.extend(updates)
             if self._timer is None:
                 self._timer = threading.Thread(target=self._run, name="recstore-carry", daemon=True)
                 self._timer.start()

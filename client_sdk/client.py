@@ -359,7 +359,9 @@ class RecStoreClient:
     def _pull_rows(self, name: str, keys: torch.Tensor, *, unique: bool) -> torch.Tensor:
         """``pull`` for the torch modules: ``keys`` are CPU int64 (``unique``: no repeats)."""
         self._check_module_keys(name, keys)
-        return self._backend().pull(name, keys, unique=unique)
+        # As one table's share of a step: updates held from backward ride along.
+        (rows,) = self._backend().pull_many([(name, keys, unique)])
+        return rows
 
     def _pull_rows_many(self, requests: list[tuple[str, torch.Tensor, bool]]) -> list[torch.Tensor]:
         """``_pull_rows`` of several tables; every table's ids checked before anything is sent."""
@@ -388,7 +390,7 @@ class RecStoreClient:
         if backend.kind != "local" and not unique:
             keys, rows = coalesce(keys, rows)
         lr = self._learning_rate if self._learning_rate_set else None
-        backend.update(name, keys, rows, lr, wait=False)
+        backend.update_many([(name, keys, rows, lr)], wait=False)  # held to ride on a pull
 
     def _apply_gradients_many(
         self, updates: list[tuple[str, torch.Tensor, torch.Tensor, bool]]

@@ -345,12 +345,12 @@ class GrpcBackend:
         ``pull_many``); each table then has this call as its update in flight,
         and reports only a failure of its own rows.
         """
-        if wait:
+        if wait:  # a call of its own: held updates go first, prefetched rows go stale
             self._steps.cancel()
-        for name, _, _, _ in updates:
             if self._carried is not None:
                 self._carried.release()
-            self._pending.settle(name)
+        for name, _, _, _ in updates:
+            self._pending.settle(name)  # one sent update in flight per table
         calls = []
         for name, keys, grads, lr in updates:
             table = self._locate(name)

@@ -103,11 +103,11 @@ class StepPulls:
         with self._carried.lock:
             if self._prefetched is not None:
                 self._prefetched.stale = True  # its rows predate these updates
-            self._carried.release()  # anything still held goes first
             if self._lookahead is not None:
                 requests, self._lookahead = self._lookahead, None
-                if self._prefetched is None:
-                    self._prefetched = self._start(requests, calls, blocking=False)
+                if self._prefetched is None:  # held ones first: a table's updates stay in order
+                    carried = self._carried.take() + calls
+                    self._prefetched = self._start(requests, carried, blocking=False)
                     return
             self._carried.hold(calls)
 

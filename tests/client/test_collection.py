@@ -391,3 +391,26 @@ def test_held_updates_still_go_when_the_pull_they_ride_cannot(grpc_client, monke
     optimizer.step()
     for bag, ref in zip(collection.bags, reference, strict=True):  # the updates landed
         torch.testing.assert_close(bag.read_weights(), ref.weight.detach(), atol=1e-5, rtol=0)
+
+
+def test_single_bags_send_their_updates_with_the_next_pull(grpc_client, calls) -> None:
+    """Bags used one by one (no collection): one MultiPull per bag and node, nothing else."""
+    reference, collection = _models(grpc_client, {"kind": "sgd", "lr": 0.1})
+    bags = list(collection.bags)
+    optimizer = torch.optim.SGD([p for bag in reference for p in bag.parameters()], lr=0.1)
+    for step in range(3):
+        features = _features(step)
+        calls.clear()
+        got = _torch_outputs(bags, features)  # each bag's own forward
+        assert calls == {"MultiPull": 2 * len(bags)}  # the last step's updates rode along
+        expected = _torch_outputs(reference, features)
+        for index, (a, b) in enumerate(zip(got, expected, strict=True)):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=f"bag {index}, step {step}")
+        optimizer.zero_grad()
+        _loss(expected, len(BAGS)).backward()
+        optimizer.step()
+        calls.clear()
+        _loss(got, len(BAGS)).backward()
+        assert calls == {}  # held
+    for bag, ref in zip(bags, reference, strict=True):
+        torch.testing.assert_close(bag.read_weights(), ref.weight.detach(), atol=1e-5, rtol=0)
