@@ -1,13 +1,14 @@
 """Updates held back to ride on the next pull: one round trip per node and training step.
 
-A collection's backward hands its gradients here instead of sending them; the
-next multi-table pull takes them and gives each node its share inside that
-node's MultiPull, which applies them before it pulls, so every read still sees
-every earlier write. Sent on their own, the updates of step n and the pulls of
-step n+1 cost two round trips per node, and the pull has to wait for the
-update's reply; carried, one. Anything else that touches the tables sends them
-first (``release``), and when no pull comes within ``max_delay`` a timer
-thread sends them, so a trainer that stops pulling never leaves its gradients
+The torch modules' backward (a collection's, or each bag's) hands its
+gradients here instead of sending them, in order; the next module pull takes
+them and gives each node its share inside that node's MultiPull, which
+applies them before it pulls, so every read still sees every earlier write.
+Sent on their own, the updates of step n and the pulls of step n+1 cost two
+round trips per node, and the pull has to wait for the update's reply;
+carried, one. Anything else that touches the tables sends them first
+(``release``), and when no pull comes within ``max_delay`` a timer thread
+sends them, so a trainer that stops pulling never leaves its gradients
 unapplied for longer than that.
 """
 

@@ -7,7 +7,8 @@ flight before any reply is awaited (gRPC futures, the last request in the
 caller's thread), and results come back in input order. Updates of an adam
 table reach every shard on every step (an empty update where a shard owns
 none of the keys) because adam's step count is per table. Updates may be
-left in flight (``wait=False``, what the torch modules' backward does):
+left in flight (``wait=False``, what the torch modules' backward does): they
+are held and ride on the next module pull (``step_pulls``, ``carry``), and
 ``recstore.client.pending`` keeps every later read of the table consistent.
 """
 
