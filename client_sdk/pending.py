@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Protocol
 
 DEFAULT_MAX_IN_FLIGHT = 16
@@ -52,26 +53,29 @@ class PendingUpdates:
 
     def settle(self, table: str) -> None:
         """Wait for ``table``'s update in flight; raise a failure of it not yet reported."""
+        self.settle_tables((table,))
+
+    def settle_tables(self, tables: Iterable[str]) -> None:
+        """Wait for the update in flight of each of ``tables``; raise their first failure.
+
+        Every one is waited for and every failure among them counts as reported
+        by this call, so one refused step leaves nothing of its tables behind.
+        """
+        tables = list(dict.fromkeys(tables))
         with self._lock:
-            completion = self._in_flight.get(table)
-        if completion is not None:
-            self._finish(table, completion)
+            waiting = [(name, self._in_flight[name]) for name in tables if name in self._in_flight]
+        for name, completion in waiting:
+            self._finish(name, completion)
         with self._lock:
-            failure = self._failures.pop(table, None)
-        if failure is not None:
-            raise failure
+            failures = [self._failures.pop(name) for name in tables if name in self._failures]
+        _raise_first(failures)
 
     def settle_all(self) -> None:
         """Wait for every update in flight; raise the first failure not yet reported."""
         self.wait_all()
         with self._lock:
             failures, self._failures = list(self._failures.values()), {}
-        failures = list({id(f): f for f in failures}.values())  # a multi update: one error
-        if failures:
-            first = failures[0]
-            if len(failures) > 1:
-                first.add_note(f"{len(failures) - 1} more background update(s) failed as well")
-            raise first
+        _raise_first(failures)
 
     def wait_all(self) -> None:
         """Wait for every update in flight; failures stay recorded for their tables."""
@@ -98,3 +102,13 @@ class PendingUpdates:
             with self._lock:
                 if self._in_flight.get(table) is completion:
                     del self._in_flight[table]
+
+
+def _raise_first(failures: list[BaseException]) -> None:
+    """Raise the first of ``failures`` (one error shared by several tables counts once)."""
+    failures = list({id(f): f for f in failures}.values())  # a multi update: one error
+    if failures:
+        first = failures[0]
+        if len(failures) > 1:
+            first.add_note(f"{len(failures) - 1} more background update(s) failed as well")
+        raise first

@@ -350,8 +350,7 @@ class GrpcBackend:
             self._steps.cancel()
             if self._carried is not None:
                 self._carried.release()
-        for name, _, _, _ in updates:
-            self._pending.settle(name)  # one sent update in flight per table
+        self._pending.settle_tables(name for name, _, _, _ in updates)  # one in flight each
         calls = []
         for name, keys, grads, lr in updates:
             table = self._locate(name)
@@ -368,7 +367,11 @@ class GrpcBackend:
 
     @property
     def updates_in_flight(self) -> int:
-        return len(self._pending) + (len(self._carried) if self._carried is not None else 0)
+        """Updates held or sent whose outcome nobody has collected yet."""
+        if self._carried is None:
+            return len(self._pending)
+        with self._carried.lock:  # held ones move to pending under this lock: count both at once
+            return len(self._pending) + len(self._carried)
 
     def flush(self) -> None:
         """Wait for every update in flight; raise the first failure not yet reported."""

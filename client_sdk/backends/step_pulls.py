@@ -148,8 +148,7 @@ class StepPulls:
         if built is None:  # too big to ride: send them first, on their own
             self._send_updates(carried)
             carried = []
-            for name, _, _ in requests:
-                self._pending.settle(name)
+            self._pending.settle_tables(name for name, _, _ in requests)
             built = build_requests("MultiPull", calls, self._max_bytes())
         assert built is not None
         call = MultiCall("MultiPull", calls, self._node, built, blocking=blocking, carried=carried)
@@ -161,8 +160,8 @@ class StepPulls:
         self, requests: list[PullRequest], carried: list[TableCall]
     ) -> tuple[list[TableCall], list[torch.Tensor | None], Any]:
         """Each table's call and inverse, and the requests (None: the updates cannot ride)."""
-        for name, _, _ in requests:
-            self._pending.settle(name)  # updates sent earlier (held ones are in ``carried``)
+        # updates sent earlier (held ones are in ``carried``)
+        self._pending.settle_tables(name for name, _, _ in requests)
         calls, inverses = [], []
         for name, keys, unique in requests:
             table = self._locate(name)

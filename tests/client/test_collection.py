@@ -17,7 +17,7 @@ from recstore.client.carry import CARRY_ENV
 from recstore.client.pending import FAILED_NOTE
 from recstore.core import SlotMap, SlotRange
 
-from .conftest import _client, unique_name
+from .conftest import HELD_UNTIL_TAKEN_MS, _client, unique_name
 
 NUM, DIM, STEPS = 60, 6, 5
 OPTIMIZERS = {
@@ -245,18 +245,43 @@ def test_held_updates_go_on_their_own_when_no_pull_comes(ps_endpoints, monkeypat
         client.close()
 
 
-def test_a_carried_update_of_a_dropped_table_fails_the_next_step(grpc_client, ps_endpoints) -> None:
-    _, collection = _models(grpc_client, {"kind": "sgd", "lr": 0.1})
-    outputs = collection(_features(0))
-    before = [bag.read_weights() for bag in collection.bags[1:]]
-    _loss(outputs, len(BAGS)).backward()  # held: nothing sent yet
-    _drop_behind_the_clients_back(ps_endpoints, collection.table_names[0])
-    with pytest.raises(BackendError) as info:
-        collection(_features(1))  # carries the update of the dropped table: refused whole
-    assert info.value.code == "NOT_FOUND"
-    assert grpc_client.ops.updates_in_flight == 0
-    for bag, rows in zip(collection.bags[1:], before, strict=True):  # nothing applied
-        torch.testing.assert_close(bag.read_weights(), rows)
+CARRY_DELAYS = {  # RECSTORE_UPDATE_CARRY_MS for each way a backward's update can leave
+    "rides on the pull": HELD_UNTIL_TAKEN_MS,
+    "sent by the timer": "1",
+    "sent at once": "0",
+}
+
+
+@pytest.mark.parametrize("carry", list(CARRY_DELAYS))
+def test_an_update_of_a_dropped_table_fails_the_next_step(ps_endpoints, monkeypatch, carry) -> None:
+    monkeypatch.setenv(CARRY_ENV, CARRY_DELAYS[carry])
+    client = _client("grpc", ps_endpoints)
+    try:
+        _, collection = _models(client, {"kind": "sgd", "lr": 0.1})
+        outputs = collection(_features(0))
+        before = [bag.read_weights() for bag in collection.bags[1:]]
+        _drop_behind_the_clients_back(ps_endpoints, collection.table_names[0])
+        timer_sent = threading.Event()
+        if carry == "sent by the timer":
+            send = client.ops._carried._send
+            monkeypatch.setattr(
+                client.ops._carried, "_send", lambda calls: (send(calls), timer_sent.set())
+            )
+        _loss(outputs, len(BAGS)).backward()
+        assert client.ops.updates_in_flight == len(BAGS)  # held, or sent and not collected
+        if carry == "sent by the timer":
+            assert timer_sent.wait(timeout=60)
+        with pytest.raises(BackendError) as info:
+            collection(_features(1))  # the update was refused whole, at every node
+        assert info.value.code == "NOT_FOUND"
+        assert client.ops.updates_in_flight == 0  # every table's failure reported by this step
+        for bag, rows in zip(collection.bags[1:], before, strict=True):  # nothing applied
+            torch.testing.assert_close(bag.read_weights(), rows)
+        client.flush()  # and nothing left to report
+    finally:
+        for name in client.data_name_list():
+            client.delete_data(name)
+        client.close()
 
 
 def _drop_behind_the_clients_back(ps_endpoints: list[str], name: str) -> None:
