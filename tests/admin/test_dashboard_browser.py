@@ -6,8 +6,8 @@ Pages must render without console errors; screenshots go to artifacts/screenshot
 from __future__ import annotations
 
 import os
+import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,18 +44,16 @@ def db_url(tmp_path: Path) -> str:
 
 @pytest.fixture
 def base_url(app: FastAPI) -> Iterator[str]:
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    # The socket listens before the server thread starts: the kernel queues the
+    # browser's first connection, so nothing waits for uvicorn's start-up.
+    listening = socket.create_server(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listening]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        assert thread.is_alive(), "uvicorn exited"
-        time.sleep(0.02)  # polling the started flag, bounded by the deadline above
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
+    yield f"http://127.0.0.1:{listening.getsockname()[1]}"
     server.should_exit = True
     thread.join(timeout=10)
+    listening.close()
 
 
 @pytest.fixture

@@ -6,8 +6,6 @@ not a crash; any other 5xx fails the run.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import schemathesis
 from fastapi import FastAPI
@@ -30,7 +28,6 @@ def test_no_server_errors(app: FastAPI, admin_headers: dict[str, str]) -> None:
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     failures: list[str] = []
     calls = 0
-    started = time.monotonic()
     for result in schema.get_all_operations():
         assert isinstance(result, Ok), f"the OpenAPI schema has an invalid operation: {result!r}"
         operation = result.ok()
@@ -57,4 +54,3 @@ def test_no_server_errors(app: FastAPI, admin_headers: dict[str, str]) -> None:
     assert not failures, "\n".join(failures[:20])
     print(f"schemathesis: {calls} calls")
     assert calls >= MAX_EXAMPLES  # the run really exercised the API
-    assert time.monotonic() - started < 240

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
@@ -18,22 +17,17 @@ class Gate:
 
     def __init__(self, error: Exception | None = None) -> None:
         self.opened = threading.Event()
+        self.entered = threading.Event()  # somebody waits on it
         self.error = error
         self.waits = 0
 
     def wait(self) -> object:
         self.waits += 1
+        self.entered.set()
         assert self.opened.wait(10), "gate never opened"
         if self.error is not None:
             raise self.error
         return None
-
-
-def _until(predicate, seconds: float = 5.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached before the deadline"
-        time.sleep(0.001)
 
 
 def test_settle_waits_for_that_tables_update_only() -> None:
@@ -97,7 +91,8 @@ def test_in_flight_updates_are_bounded() -> None:
 
     thread = threading.Thread(target=add_third)
     thread.start()
-    _until(lambda: gates[0].waits == 1)  # the third waits for the oldest
+    assert gates[0].entered.wait(60)  # the third waits for the oldest
+    assert gates[0].waits == 1
     assert not added.is_set()
     gates[0].opened.set()
     thread.join(5)

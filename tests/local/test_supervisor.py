@@ -3,7 +3,7 @@
 import os
 import signal
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,14 +11,6 @@ import pytest
 from recstore.local.supervisor import ProcessSpec, Supervisor
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
-
-
-def _wait_for(predicate, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
 
 
 def _alive(pid: int) -> bool:
@@ -31,11 +23,18 @@ def _alive(pid: int) -> bool:
 
 def test_killed_process_is_restarted_with_same_argv(tmp_path: Path) -> None:
     restarted: list[tuple[str, int]] = []
-    supervisor = Supervisor(poll_interval=0.02, on_restart=lambda n, k: restarted.append((n, k)))
+    restarted_once = threading.Event()
+
+    def on_restart(name: str, count: int) -> None:
+        restarted.append((name, count))
+        restarted_once.set()
+
+    supervisor = Supervisor(poll_interval=0.02, on_restart=on_restart)
     try:
         first = supervisor.start(ProcessSpec("node-0", SLEEPER, tmp_path / "node-0.log"))
         os.kill(first, signal.SIGKILL)
-        _wait_for(lambda: supervisor.pid("node-0") != first)
+        assert restarted_once.wait(60)
+        assert supervisor.pid("node-0") != first
         assert _alive(supervisor.pid("node-0"))
         assert supervisor.restarts("node-0") == 1
         assert restarted == [("node-0", 1)]
