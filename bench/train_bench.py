@@ -60,7 +60,7 @@ from dlrm_synthetic import (  # noqa: E402
 )
 
 from recstore.client import RecStoreClient  # noqa: E402
-from recstore.client.backends.node_calls import CHANNEL_OPTIONS, NodeCalls  # noqa: E402
+from recstore.client.remote.nodes import CHANNEL_OPTIONS, NodeCalls  # noqa: E402
 from recstore.v1 import ps_pb2, ps_pb2_grpc  # noqa: E402
 
 #: reply size (little-endian uint64) at the head of an echo request

@@ -55,7 +55,7 @@ def _make_backend(connection: conn.Connection) -> Backend | None:
         return LocalBackend()
     if not connection.configured:
         return None  # set_ps_backend("grpc") before set_ps_config: wait for the endpoints
-    from recstore.client.backends.grpc_backend import GrpcBackend
+    from recstore.client.remote.backend import GrpcBackend
 
     return GrpcBackend(
         endpoints=connection.endpoints,

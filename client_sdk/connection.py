@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from recstore.client.discovery import ADMIN_URL_ENV, ENDPOINTS_ENV, TOKEN_ENV, parse_endpoints
+from recstore.client.remote.tables import ADMIN_URL_ENV, ENDPOINTS_ENV, TOKEN_ENV, parse_endpoints
 
 BACKENDS = ("local", "grpc")
 

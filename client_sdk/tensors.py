@@ -124,3 +124,24 @@ def last_write_wins(ids: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tens
     last = torch.full((unique.numel(),), -1, dtype=torch.int64)
     last.scatter_reduce_(0, inverse, torch.arange(ids.numel()), reduce="amax")
     return unique, values.index_select(0, last)
+
+
+# -- the wire's buffers (``proto/recstore/v1``): int64 keys, rows in the table dtype, bfloat16 as
+# its raw uint16 bits (``recstore.core.wire.WIRE_DTYPES``) -------------------------------------
+def keys_to_numpy(keys: torch.Tensor) -> np.ndarray:
+    """CPU int64 keys as the little-endian array whose bytes go on the wire (no copy)."""
+    return keys.numpy().astype("<i8", copy=False)
+
+
+def rows_to_numpy(rows: torch.Tensor) -> np.ndarray:
+    """A CPU tensor of rows as the numpy array whose bytes go on the wire (no copy)."""
+    if rows.dtype == torch.bfloat16:
+        return rows.view(torch.int16).numpy().view(np.uint16)
+    return rows.numpy()
+
+
+def rows_from_numpy(rows: np.ndarray, dtype: DType | str) -> torch.Tensor:
+    """The wire array of a table of ``dtype`` as a torch tensor of that dtype (no copy)."""
+    if DType(dtype) == DType.bfloat16:
+        return torch.from_numpy(rows.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(rows)

@@ -12,10 +12,9 @@ from recstore.core import (
     Unauthenticated,
     WrongShard,
 )
+from recstore.core.routing import EPOCH_METADATA_KEY
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointNotFound
 from recstore.ps.multi import CarriedUpdatesApplied
-
-EPOCH_METADATA_KEY = "x-recstore-epoch"
 
 #: checked in order: the first matching class wins (subclasses before bases).
 STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (

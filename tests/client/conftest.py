@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from recstore.client import RecStoreClient
-from recstore.client.carry import CARRY_ENV
+from recstore.client.remote.updates import CARRY_ENV
 
 
 def unique_name(prefix: str = "t") -> str:

@@ -1,4 +1,4 @@
-"""CarriedUpdates: held until taken, released, or the delay runs out; sent exactly once."""
+"""HeldUpdates: held until taken, released, or the delay runs out; sent exactly once."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from recstore.client.carry import CarriedUpdates
+from recstore.client.remote.updates import HeldUpdates
 
 
 class Sends:
@@ -21,7 +21,7 @@ class Sends:
 
 def test_held_updates_are_taken_by_the_next_pull_and_never_sent() -> None:
     sends = Sends()
-    carried = CarriedUpdates(sends, max_delay=3600)
+    carried = HeldUpdates(sends, max_delay=3600, lock=threading.RLock())
     carried.hold(["a", "b"])
     assert len(carried) == 2
     with carried.lock:
@@ -41,7 +41,7 @@ def test_held_updates_are_taken_by_the_next_pull_and_never_sent() -> None:
 )
 def test_anything_but_a_pull_sends_what_is_held(action: str, expected: list[list[str]]) -> None:
     sends = Sends()
-    carried = CarriedUpdates(sends, max_delay=3600)
+    carried = HeldUpdates(sends, max_delay=3600, lock=threading.RLock())
     carried.hold(["a"])
     if action == "hold again":
         carried.hold(["b"])
@@ -60,7 +60,7 @@ def test_anything_but_a_pull_sends_what_is_held(action: str, expected: list[list
 
 def test_the_timer_sends_updates_no_pull_took() -> None:
     sends = Sends()
-    carried = CarriedUpdates(sends, max_delay=0.001)
+    carried = HeldUpdates(sends, max_delay=0.001, lock=threading.RLock())
     carried.hold(["a"])
     assert sends.event.wait(timeout=30)
     assert sends.batches == [["a"]] and len(carried) == 0
@@ -70,4 +70,4 @@ def test_the_timer_sends_updates_no_pull_took() -> None:
 
 def test_a_delay_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_delay"):
-        CarriedUpdates(Sends(), max_delay=0)
+        HeldUpdates(Sends(), max_delay=0, lock=threading.RLock())

@@ -12,9 +12,8 @@ import torch
 
 from recstore import nn as rnn
 from recstore.client import BackendError, RecStoreClient
-from recstore.client.backends.node_calls import NodeCalls
-from recstore.client.carry import CARRY_ENV
-from recstore.client.pending import FAILED_NOTE
+from recstore.client.remote.nodes import NodeCalls
+from recstore.client.remote.updates import CARRY_ENV, FAILED_NOTE
 from recstore.core import SlotMap, SlotRange
 
 from .conftest import HELD_UNTIL_TAKEN_MS, _client, unique_name
@@ -222,7 +221,7 @@ def test_held_updates_go_on_their_own_when_no_pull_comes(ps_endpoints, monkeypat
     try:
         reference, collection = _models(client, {"kind": "sgd", "lr": 0.1})
         sent_alone = threading.Event()
-        carried = client.ops._carried
+        carried = client.ops._step._carried
         send = carried._send
 
         def sending(calls: Any) -> None:
@@ -263,9 +262,9 @@ def test_an_update_of_a_dropped_table_fails_the_next_step(ps_endpoints, monkeypa
         _drop_behind_the_clients_back(ps_endpoints, collection.table_names[0])
         timer_sent = threading.Event()
         if carry == "sent by the timer":
-            send = client.ops._carried._send
+            send = client.ops._step._carried._send
             monkeypatch.setattr(
-                client.ops._carried, "_send", lambda calls: (send(calls), timer_sent.set())
+                client.ops._step._carried, "_send", lambda calls: (send(calls), timer_sent.set())
             )
         _loss(outputs, len(BAGS)).backward()
         assert client.ops.updates_in_flight == len(BAGS)  # held, or sent and not collected
@@ -401,7 +400,7 @@ def test_held_updates_still_go_when_the_pull_they_ride_cannot(grpc_client, monke
     reference, collection = _models(grpc_client, {"kind": "sgd", "lr": 0.1})
     features = _features(0)
     _loss(collection(features), len(BAGS)).backward()  # held, to ride on the next pull
-    steps = grpc_client.ops._steps
+    steps = grpc_client.ops._step
     locate = steps._locate
 
     def lost(name: str) -> Any:

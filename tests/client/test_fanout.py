@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from recstore.client.fanout import ShardRouter, plan_requests
+from recstore.client.remote.routing import ShardRouter, plan_requests
 from recstore.core import SlotMap, SlotRange, WrongShard
 
 

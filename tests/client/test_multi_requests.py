@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from recstore import _native as native_module
-from recstore.client.backends.multi_requests import (
+from recstore.client.remote.requests import (
     TableCall,
     native_requests,
     python_requests,

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from recstore.client.pending import FAILED_NOTE, PendingUpdates
+from recstore.client.remote.updates import FAILED_NOTE, UpdatesInFlight
 
 from .conftest import unique_name
 
@@ -31,7 +31,7 @@ class Gate:
 
 
 def test_settle_waits_for_that_tables_update_only() -> None:
-    pending = PendingUpdates(max_in_flight=8)
+    pending = UpdatesInFlight(threading.RLock(), max_in_flight=8)
     first, other = Gate(), Gate()
     pending.add("a", first)
     pending.add("b", other)
@@ -54,7 +54,7 @@ def test_settle_waits_for_that_tables_update_only() -> None:
 
 
 def test_failure_is_raised_once_by_the_next_call_on_that_table() -> None:
-    pending = PendingUpdates()
+    pending = UpdatesInFlight(threading.RLock())
     failing = Gate(RuntimeError("node refused the gradients"))
     failing.opened.set()
     pending.add("a", failing)
@@ -67,7 +67,7 @@ def test_failure_is_raised_once_by_the_next_call_on_that_table() -> None:
 
 
 def test_settle_all_reports_every_failed_table() -> None:
-    pending = PendingUpdates()
+    pending = UpdatesInFlight(threading.RLock())
     for name in ("a", "b"):
         gate = Gate(RuntimeError(f"{name} failed"))
         gate.opened.set()
@@ -79,7 +79,7 @@ def test_settle_all_reports_every_failed_table() -> None:
 
 
 def test_in_flight_updates_are_bounded() -> None:
-    pending = PendingUpdates(max_in_flight=2)
+    pending = UpdatesInFlight(threading.RLock(), max_in_flight=2)
     gates = [Gate() for _ in range(3)]
     pending.add("t0", gates[0])
     pending.add("t1", gates[1])
@@ -104,7 +104,7 @@ def test_in_flight_updates_are_bounded() -> None:
 
 def test_bound_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_in_flight"):
-        PendingUpdates(max_in_flight=0)
+        UpdatesInFlight(threading.RLock(), max_in_flight=0)
 
 
 # -- against two real PS nodes -------------------------------------------------------------

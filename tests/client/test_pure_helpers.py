@@ -7,13 +7,21 @@ import pytest
 import torch
 
 from recstore.client import connection as conn
-from recstore.client.backends import wire
-from recstore.client.discovery import parse_discovery, parse_endpoints
 from recstore.client.errors import BackendError, TableNotInitialized
 from recstore.client.initial_data import chunk_bounds
+from recstore.client.remote.nodes import map_rpc_error
+from recstore.client.remote.tables import parse_discovery, parse_endpoints
 from recstore.client.specs import build_spec, check_learning_rate, optimizer_spec, same_layout
-from recstore.client.tensors import as_id_tensor, check_id_range, coalesce, last_write_wins
-from recstore.core import DType, SlotMap, TableSpec, WrongShard
+from recstore.client.tensors import (
+    as_id_tensor,
+    check_id_range,
+    coalesce,
+    last_write_wins,
+    rows_from_numpy,
+    rows_to_numpy,
+)
+from recstore.core import DType, InvalidArgument, SlotMap, TableSpec, WrongShard
+from recstore.core import wire as core_wire
 
 
 @pytest.mark.parametrize(
@@ -197,12 +205,12 @@ def test_discovery_document() -> None:
 def test_rows_roundtrip_through_wire_bytes(dtype) -> None:
     rows = torch.randn(5, 3).to({"float32": torch.float32, "float16": torch.float16,
                                  "bfloat16": torch.bfloat16}[dtype.value])  # fmt: skip
-    buffer = wire.rows_to_numpy(rows).tobytes()
+    buffer = rows_to_numpy(rows).tobytes()
     assert len(buffer) == 5 * 3 * dtype.itemsize
-    back = wire.rows_from_numpy(wire.decode_rows(buffer, 5, 3, dtype).copy(), dtype)
+    back = rows_from_numpy(core_wire.rows_view(buffer, 5, 3, dtype).copy(), dtype)
     assert torch.equal(back, rows)
-    with pytest.raises(BackendError):
-        wire.decode_rows(buffer[:-1], 5, 3, dtype)
+    with pytest.raises(InvalidArgument):
+        core_wire.rows_view(buffer[:-1], 5, 3, dtype)
 
 
 @pytest.mark.parametrize(
@@ -216,7 +224,7 @@ def test_rows_roundtrip_through_wire_bytes(dtype) -> None:
     ],
 )
 def test_rpc_errors_map_to_sdk_errors(code, metadata, expected) -> None:
-    error = wire.map_rpc_error(code, "why", metadata, method="Pull", table="t", endpoint="h:1")
+    error = map_rpc_error(code, "why", metadata, method="Pull", table="t", endpoint="h:1")
     assert type(error) is expected
     if isinstance(error, WrongShard):
         assert error.epoch == 7

@@ -81,8 +81,8 @@ def test_documented_manifests_validate_strictly(chart) -> None:
 
 
 def test_training_job_uses_the_variables_the_sdk_reads(chart) -> None:
-    discovery = importlib.import_module("recstore.client.discovery")
-    grpc_backend = importlib.import_module("recstore.client.backends.grpc_backend")
+    discovery = importlib.import_module("recstore.client.remote.tables")
+    grpc_backend = importlib.import_module("recstore.client.remote.backend")
     wanted = {discovery.ADMIN_URL_ENV, discovery.TOKEN_ENV, grpc_backend.PS_TOKEN_ENV}
     (job,) = (
         doc

@@ -19,6 +19,8 @@ import numpy as np
 import numpy.typing as npt
 
 NUM_SLOTS = 16384
+#: trailing metadata of a wrong-owner refusal: the refusing node's slot-map epoch
+EPOCH_METADATA_KEY = "x-recstore-epoch"
 _SLOT_MASK = np.uint64(NUM_SLOTS - 1)
 _C1 = np.uint64(0xFF51AFD7ED558CCD)
 _C2 = np.uint64(0xC4CEB9FE1A85EC53)

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from recstore import _native as _native_module
-from recstore.client.fanout import Positions, ShardRequest, plan_requests
+from recstore.client.remote.routing import Positions, ShardRequest, plan_requests
+from recstore.client.remote.tables import RemoteTable
 from recstore.core import SlotMap, slot_of, wire
 
 #: the compiled codec (no type stubs: it takes raw buffer addresses)
@@ -31,7 +32,7 @@ _native: Any = _native_module
 class TableCall:
     """One table's share of a multi call: ``rows`` is the pull's output or the update's grads."""
 
-    table: Any  # the backend's record of the table: .spec, .endpoints, .router
+    table: RemoteTable
     keys: np.ndarray
     rows: np.ndarray
     lr: float | None = None
@@ -68,7 +69,7 @@ MASK_SPLIT_MAX_SHARDS = 8
 def table_requests(
     keys: np.ndarray, slot_map: SlotMap, max_rows: int, every_shard: bool
 ) -> list[ShardRequest]:
-    """``fanout.plan_requests`` with a faster split for the usual few shards (same result)."""
+    """``routing.plan_requests`` with a faster split for the usual few shards (same result)."""
     shards = slot_map.num_shards
     if shards == 1 or shards > MASK_SPLIT_MAX_SHARDS:
         return plan_requests(keys, slot_map, max_rows, every_shard=every_shard)

@@ -1,4 +1,6 @@
-"""One PS node's data-path calls on raw message bytes, started without a thread of their own.
+"""Calls to one PS node, and what their failures mean to the SDK.
+
+Data-path calls go on raw message bytes, started without a thread of their own.
 
 Pull, Push and Update go through ``recstore.core.wire`` (the hand-written,
 zero-copy protobuf codec the nodes also speak) on multi-callables without
@@ -19,8 +21,9 @@ from typing import Any
 
 import grpc
 
-from recstore.client.backends.wire import map_rpc_error
-from recstore.core import wire
+from recstore.client.errors import BackendError, TableNotInitialized
+from recstore.core import WrongShard, wire
+from recstore.core.routing import EPOCH_METADATA_KEY
 from recstore.v1 import ps_pb2_grpc
 
 MAX_MESSAGE_BYTES = 256 << 20
@@ -109,3 +112,34 @@ class NodeCalls:
 
     def close(self) -> None:
         self.channel.close()
+
+
+def node_epoch(trailing_metadata: object) -> int | None:
+    """The node's slot-map epoch from trailing metadata, None when absent."""
+    for key, value in trailing_metadata or ():  # type: ignore[attr-defined]
+        if key == EPOCH_METADATA_KEY:
+            try:
+                return int(value)
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def map_rpc_error(
+    code_name: str,
+    details: str,
+    trailing_metadata: object,
+    *,
+    method: str,
+    table: str,
+    endpoint: str,
+) -> Exception:
+    """One gRPC failure as the exception the SDK raises (or WrongShard for the router)."""
+    where = f"{method} on table {table!r} at PS node {endpoint}"
+    if code_name == "NOT_FOUND":
+        return TableNotInitialized(f"{where}: table not found ({details})", reason=details)
+    if code_name == "FAILED_PRECONDITION":
+        epoch = node_epoch(trailing_metadata)
+        if epoch is not None:
+            return WrongShard(f"{where}: {details}", epoch)
+    return BackendError(f"{where} failed: {code_name}: {details}", code=code_name, reason=details)

@@ -1,4 +1,9 @@
-"""Where a table's shards are: the admin API's discovery document, or explicit endpoints.
+"""A remote table as the SDK knows it, and where its shards are.
+
+``RemoteTable`` is the one record of a table the remote path passes around:
+its spec, its nodes in shard order and the router holding its slot map.
+Where the shards are comes from the admin API's discovery document or from
+explicit endpoints.
 
 ``GET {admin}/api/v1/tables/{name}/discovery`` (``Authorization: Bearer
 <token>``) answers the table's spec, its slot map and one endpoint per shard in
@@ -17,12 +22,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from recstore.client.errors import BackendError, TableNotInitialized
+from recstore.client.remote.routing import ShardRouter
 from recstore.core import SlotMap, TableSpec
 
 ENDPOINTS_ENV = "RECSTORE_PS_ENDPOINTS"
 ADMIN_URL_ENV = "RECSTORE_ADMIN_URL"
 TOKEN_ENV = "RECSTORE_TOKEN"
 DISCOVERY_TIMEOUT_S = 10.0
+
+
+@dataclass
+class RemoteTable:
+    spec: TableSpec
+    endpoints: tuple[str, ...]  # shard order (refreshed with the slot map)
+    router: ShardRouter
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
 
 @dataclass(frozen=True)
@@ -92,3 +109,13 @@ def discover(admin_url: str, name: str, token: str | None) -> Discovery:
         return parse_discovery(document)
     except ValueError as error:
         raise BackendError(str(error), code="BAD_DISCOVERY") from error
+
+
+def check_shard_order(endpoints: tuple[str, ...], index: int, shard: int, shards: int) -> None:
+    """The node listed ``index``-th must be shard ``index`` of ``len(endpoints)``."""
+    if shards and (shard, shards) != (index, len(endpoints)):
+        raise BackendError(
+            f"PS node {endpoints[index]} is shard {shard} of {shards}, but it is listed as "
+            f"shard {index} of {len(endpoints)}: endpoints must be given in shard order",
+            code="FAILED_PRECONDITION",
+        )

@@ -4,7 +4,7 @@ A training step over many tables would otherwise send one Pull and one Update
 per table and shard, and on a Python node each RPC costs far more than the
 rows it moves. Every table's keys are routed by that table's own slot map,
 the (table, shard) parts are grouped by node, and each node gets one request
-(``multi_requests``; cut into several only past the batch byte bound). Pulled
+(``requests``; cut into several only past the batch byte bound). Pulled
 rows are checked and copied straight into each table's output array, as
 single pulls do. A node refuses a request whole, applying nothing, when it no longer owns
 some slots (FAILED_PRECONDITION): the items of that request are then resent
@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from recstore import _native as _native_module
-from recstore.client.backends.multi_requests import Part, Request, TableCall
-from recstore.client.backends.node_calls import NodeCalls
-from recstore.client.backends.remote_rows import pull_issue, update_issue
 from recstore.client.errors import BackendError
+from recstore.client.remote.nodes import NodeCalls
+from recstore.client.remote.requests import Part, Request, TableCall
+from recstore.client.remote.single_table import pull_issue, update_issue
 from recstore.core import InvalidArgument, WrongShard, wire
 
 #: the compiled codec (no type stubs: it takes raw buffer addresses)
@@ -178,7 +178,7 @@ class MultiCall:
 
 @dataclass(frozen=True)
 class TableShare:
-    """One table's completion of a multi update, for ``PendingUpdates``."""
+    """One table's completion of a multi update, for ``UpdatesInFlight``."""
 
     call: MultiCall
     index: int
@@ -190,7 +190,7 @@ class TableShare:
 
 @dataclass(frozen=True)
 class CarriedShare:
-    """One carried update's completion, for ``PendingUpdates``."""
+    """One carried update's completion, for ``UpdatesInFlight``."""
 
     call: MultiCall
     index: int

@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from recstore.client.backends.node_calls import NodeCalls
 from recstore.client.errors import BackendError
-from recstore.client.fanout import Positions, Waiter
+from recstore.client.remote.nodes import NodeCalls
+from recstore.client.remote.routing import Positions, Waiter
 from recstore.core import InvalidArgument, TableSpec, wire
 
 NodeOf = Callable[[int], NodeCalls]  # shard -> its node

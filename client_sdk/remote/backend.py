@@ -1,15 +1,14 @@
 """The gRPC backend: a table's shards on PS nodes, called in parallel.
 
 Shard endpoints come from the admin API's discovery document or from an
-explicit ``host:port`` list in shard order. Pulls send each distinct key once,
-to its owner shard, in batches of bounded size; every shard's request is in
-flight before any reply is awaited (gRPC futures, the last request in the
-caller's thread), and results come back in input order. Updates of an adam
-table reach every shard on every step (an empty update where a shard owns
-none of the keys) because adam's step count is per table. Updates may be
-left in flight (``wait=False``, what the torch modules' backward does): they
-are held and ride on the next module pull (``step_pulls``, ``carry``), and
-``recstore.client.pending`` keeps every later read of the table consistent.
+explicit ``host:port`` list in shard order (``tables``). Pulls send each
+distinct key once, to its owner shard (``routing``), in batches of bounded
+size; every shard's request is in flight before any reply is awaited, and
+results come back in input order. Updates of an adam table reach every shard
+on every step (an empty update where a shard owns none of the keys) because
+adam's step count is per table. Updates may be left in flight (``wait=False``,
+what the torch modules' backward does): the ``Step`` holds them to ride on the
+next module pull and keeps every later read of the table consistent.
 """
 
 from __future__ import annotations
@@ -17,42 +16,36 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from recstore.client.backends import wire
 from recstore.client.backends.base import CreateResult, PullRequest, UpdateRequest
-from recstore.client.backends.multi_requests import TableCall, build_requests
-from recstore.client.backends.multi_rows import MultiCall
-from recstore.client.backends.node_calls import NodeCalls
-from recstore.client.backends.remote_rows import pull_issue, push_issue, update_issue
-from recstore.client.backends.step_pulls import StepPulls
-from recstore.client.carry import CARRY_ENV, DEFAULT_MAX_DELAY, CarriedUpdates
-from recstore.client.discovery import Discovery, discover
 from recstore.client.errors import BackendError, TableNotInitialized
-from recstore.client.fanout import ShardRouter
-from recstore.client.pending import DEFAULT_MAX_IN_FLIGHT, PendingUpdates
+from recstore.client.remote.nodes import NodeCalls
+from recstore.client.remote.requests import TableCall
+from recstore.client.remote.routing import ShardRouter
+from recstore.client.remote.single_table import pull_issue, push_issue, update_issue
+from recstore.client.remote.step import Step
+from recstore.client.remote.tables import Discovery, RemoteTable, check_shard_order, discover
+from recstore.client.remote.updates import (
+    CARRY_ENV,
+    DEFAULT_MAX_DELAY,
+    DEFAULT_MAX_IN_FLIGHT,
+    MAX_IN_FLIGHT_ENV,
+)
 from recstore.client.specs import same_layout
-from recstore.core import DType, SlotMap, SlotRange, TableSpec
+from recstore.client.tensors import keys_to_numpy, rows_from_numpy, rows_to_numpy
+from recstore.core import DType, SlotMap, SlotRange, TableSpec, wire
 from recstore.v1 import ps_pb2
 
 PS_TOKEN_ENV = "RECSTORE_PS_TOKEN"
 RPC_TIMEOUT_ENV = "RECSTORE_RPC_TIMEOUT"
-MAX_PENDING_ENV = "RECSTORE_MAX_PENDING_UPDATES"
 DEFAULT_BATCH_BYTES = 8 << 20
 SENDERS = 16
-
-
-@dataclass
-class _RemoteTable:
-    spec: TableSpec
-    endpoints: tuple[str, ...]
-    router: ShardRouter
 
 
 def _slot_map_from_proto(message: Any) -> SlotMap | None:
@@ -65,16 +58,6 @@ def _slot_map_from_proto(message: Any) -> SlotMap | None:
 def _slot_map_to_proto(slot_map: SlotMap) -> Any:
     ranges = [ps_pb2.SlotRange(start=r.start, end=r.end, shard=r.shard) for r in slot_map.ranges]
     return ps_pb2.SlotMap(epoch=slot_map.epoch, ranges=ranges)
-
-
-def check_shard_order(endpoints: tuple[str, ...], index: int, shard: int, shards: int) -> None:
-    """The node listed ``index``-th must be shard ``index`` of ``len(endpoints)``."""
-    if shards and (shard, shards) != (index, len(endpoints)):
-        raise BackendError(
-            f"PS node {endpoints[index]} is shard {shard} of {shards}, but it is listed as "
-            f"shard {index} of {len(endpoints)}: endpoints must be given in shard order",
-            code="FAILED_PRECONDITION",
-        )
 
 
 class GrpcBackend:
@@ -102,23 +85,18 @@ class GrpcBackend:
         self._timeout = rpc_timeout or float(os.environ.get(RPC_TIMEOUT_ENV, "60"))
         self._max_batch_bytes = max_batch_bytes
         self._nodes: dict[str, NodeCalls] = {}
-        self._tables: dict[str, _RemoteTable] = {}
+        self._tables: dict[str, RemoteTable] = {}
         self._lock = threading.Lock()
         # senders: every request but the one the caller's thread makes itself
         self._pool = ThreadPoolExecutor(max_workers=SENDERS, thread_name_prefix="recstore-rpc")
         if max_pending_updates is None:
-            max_pending_updates = int(os.environ.get(MAX_PENDING_ENV, DEFAULT_MAX_IN_FLIGHT))
-        self._pending = PendingUpdates(max_pending_updates)
-        # Multi-table updates left in flight ride on the next MultiPull (carry.py);
-        # a delay of 0 sends them at once instead.
+            max_pending_updates = int(os.environ.get(MAX_IN_FLIGHT_ENV, DEFAULT_MAX_IN_FLIGHT))
+        # Updates left in flight ride on the next MultiPull; a delay of 0 sends them at once.
         if carry_delay is None:
             carry_delay = float(os.environ.get(CARRY_ENV, DEFAULT_MAX_DELAY * 1e3)) / 1e3
-        self._carried: CarriedUpdates[TableCall] | None = (
-            CarriedUpdates(self._send_updates, carry_delay) if carry_delay > 0 else None
-        )
-        self._steps = StepPulls(
+        self._step = Step(
             locate=self._locate, node=self._node, max_bytes=lambda: self._max_batch_bytes,
-            pending=self._pending, carried=self._carried, send_updates=self._send_updates,
+            carry_delay=carry_delay, max_in_flight=max_pending_updates,
         )  # fmt: skip
 
     @property
@@ -179,12 +157,12 @@ class GrpcBackend:
         spec = TableSpec.model_validate(json.loads(stats[0].spec_json))
         return Discovery(spec, self._endpoints, slot_map)
 
-    def _locate(self, name: str) -> _RemoteTable:
+    def _locate(self, name: str) -> RemoteTable:
         table = self._tables.get(name)
         if table is None:
             found = self._discover(name)
             assert found.spec is not None
-            table = _RemoteTable(
+            table = RemoteTable(
                 found.spec, found.endpoints, self._router(name, found.slot_map, found.spec)
             )
             self._tables[name] = table
@@ -233,7 +211,7 @@ class GrpcBackend:
                 if m is not None
             ]
             slot_map = max(maps, key=lambda m: m.epoch) if maps else SlotMap.initial(len(endpoints))
-        self._tables[spec.name] = _RemoteTable(
+        self._tables[spec.name] = RemoteTable(
             spec, endpoints, self._router(spec.name, slot_map, spec)
         )
         return CreateResult(spec, created=any(reply.created for reply in replies))
@@ -244,65 +222,33 @@ class GrpcBackend:
         except TableNotInitialized:
             return None
 
-    def _settle(self, name: str) -> None:
-        """Wait for ``name``'s update in flight (sending held ones first); raise its failure.
-
-        Every call but a step's own pulls and updates comes here first, so it also
-        makes rows prefetched for the next step stale.
-        """
-        self._steps.cancel()
-        if self._carried is not None:
-            self._carried.release()
-        self._pending.settle(name)
-
-    def _multi_call(self, method: str, calls: list[TableCall], *, blocking: bool) -> MultiCall:
-        """A multi-table call (nothing carried) sent now."""
-        built = build_requests(method, calls, self._max_batch_bytes)
-        assert built is not None  # only carried updates can fail to fit
-        return MultiCall(method, calls, self._node, built, blocking=blocking)
-
-    def _send_updates(self, calls: list[TableCall]) -> None:
-        """Send a multi-table update now and track it per table as in flight."""
-        try:
-            call = self._multi_call("MultiUpdate", calls, blocking=False)
-        except Exception as error:  # e.g. closed meanwhile: each table reports it
-            for table_call in calls:
-                self._pending.add(table_call.name, _Failed(error))
-            return
-        for index, table_call in enumerate(calls):
-            self._pending.add(table_call.name, call.share(index))
-
     def drop_table(self, name: str) -> None:
-        self._steps.cancel()
-        if self._carried is not None:
-            self._carried.release()
-        self._pending.wait_all()  # nothing of ours still in flight when the table goes
-        self._pending.discard(name)  # a failed update of a dropped table no longer matters
+        self._step.forget(name)  # nothing of ours still in flight when the table goes
         table = self._locate(name)
         self._each_endpoint(
             table.endpoints, "DropTable", lambda _: ps_pb2.DropTableRequest(table=name), name
         )
         self._tables.pop(name, None)
 
-    def _node_of(self, table: _RemoteTable) -> Any:
+    def _node_of(self, table: RemoteTable) -> Callable[[int], NodeCalls]:
         return lambda shard: self._node(table.endpoints[shard])
 
     def pull(self, name: str, keys: torch.Tensor, *, unique: bool = False) -> torch.Tensor:
-        self._settle(name)  # read-your-writes: this table's updates land first
+        self._step.settle([name])  # read-your-writes: this table's updates land first
         table = self._locate(name)
         distinct, inverse = (keys, None) if unique else torch.unique(keys, return_inverse=True)
-        keys_np = wire.keys_to_numpy(distinct)
+        keys_np = keys_to_numpy(distinct)
         dtype = DType(table.spec.dtype)
         out = np.empty((len(keys_np), table.spec.embedding_dim), dtype=wire.wire_dtype(dtype))
         issue = pull_issue(table.spec, keys_np, out, self._node_of(table))
         table.router.start(keys_np, issue).wait()
-        rows = wire.rows_from_numpy(out, dtype)
+        rows = rows_from_numpy(out, dtype)
         return rows if inverse is None else rows[inverse]
 
     def push(self, name: str, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self._settle(name)
+        self._step.settle([name])
         table = self._locate(name)
-        keys_np, values_np = wire.keys_to_numpy(keys), wire.rows_to_numpy(values)
+        keys_np, values_np = keys_to_numpy(keys), rows_to_numpy(values)
         issue = push_issue(table.spec, keys_np, values_np, self._node_of(table))
         table.router.start(keys_np, issue).wait()
 
@@ -316,16 +262,16 @@ class GrpcBackend:
         wait: bool = True,
     ) -> None:
         """Apply gradients; ``wait=False`` returns once every request is sent."""
-        self._settle(name)  # one update in flight per table: applied in order
+        self._step.settle([name])  # one update in flight per table: applied in order
         table = self._locate(name)
-        keys_np, grads_np = wire.keys_to_numpy(keys), wire.rows_to_numpy(grads)
+        keys_np, grads_np = keys_to_numpy(keys), rows_to_numpy(grads)
         issue = update_issue(table.spec, keys_np, grads_np, lr, self._node_of(table))
         every_shard = table.spec.optimizer.kind == "adam"
         call = table.router.start(keys_np, issue, every_shard=every_shard, blocking=wait)
         if wait:
             call.wait()
         else:
-            self._pending.add(name, call)
+            self._step.track(name, call)
 
     def pull_many(self, requests: Sequence[PullRequest]) -> list[torch.Tensor]:
         """Several tables' pulls with one MultiPull per node (each table as ``pull``).
@@ -333,11 +279,11 @@ class GrpcBackend:
         Updates held for carrying ride along (each node applies its share
         first); rows prefetched by ``lookahead_many`` are used when still current.
         """
-        return self._steps.pull_many(requests)
+        return self._step.pull_many(requests)
 
     def lookahead_many(self, requests: Sequence[PullRequest]) -> None:
-        """Name the next ``pull_many``: it goes out with the next updates (step_pulls.py)."""
-        self._steps.lookahead(requests)
+        """Name the next ``pull_many``: it goes out with the next updates (``Step``)."""
+        self._step.lookahead(requests)
 
     def update_many(self, updates: Sequence[UpdateRequest], *, wait: bool = True) -> None:
         """Several tables' updates with one MultiUpdate per node (each table as ``update``).
@@ -346,44 +292,34 @@ class GrpcBackend:
         ``pull_many``); each table then has this call as its update in flight,
         and reports only a failure of its own rows.
         """
+        names = [name for name, _, _, _ in updates]
         if wait:  # a call of its own: held updates go first, prefetched rows go stale
-            self._steps.cancel()
-            if self._carried is not None:
-                self._carried.release()
-        self._pending.settle_tables(name for name, _, _, _ in updates)  # one in flight each
+            self._step.settle(names)
+        else:  # the step's own: one sent update in flight per table
+            self._step.settle_in_flight(names)
         calls = []
         for name, keys, grads, lr in updates:
             table = self._locate(name)
             every_shard = table.spec.optimizer.kind == "adam"
             calls.append(
-                TableCall(
-                    table, wire.keys_to_numpy(keys), wire.rows_to_numpy(grads), lr, every_shard
-                )
+                TableCall(table, keys_to_numpy(keys), rows_to_numpy(grads), lr, every_shard)
             )
         if wait:
-            self._multi_call("MultiUpdate", calls, blocking=True).wait()
+            self._step.multi_call("MultiUpdate", calls, blocking=True).wait()
         else:
-            self._steps.updates_ready(calls)
+            self._step.updates_ready(calls)
 
     @property
     def updates_in_flight(self) -> int:
-        """Updates held or sent whose outcome nobody has collected yet."""
-        if self._carried is None:
-            return len(self._pending)
-        with self._carried.lock:  # held ones move to pending under this lock: count both at once
-            return len(self._pending) + len(self._carried)
+        return self._step.updates_in_flight
 
     def flush(self) -> None:
         """Wait for every update in flight; raise the first failure not yet reported."""
-        if self._carried is not None:
-            self._carried.release()
-        self._pending.settle_all()
+        self._step.settle_all()
 
     def close(self) -> None:
         try:
-            if self._carried is not None:
-                self._carried.close()
-            self._pending.settle_all()
+            self._step.close()
         finally:
             self._pool.shutdown(wait=True)
             with self._lock:
@@ -391,13 +327,3 @@ class GrpcBackend:
                     node.close()
                 self._nodes.clear()
             self._tables.clear()
-
-
-@dataclass(frozen=True)
-class _Failed:
-    """An update that could not even be sent: its table reports ``error``."""
-
-    error: BaseException
-
-    def wait(self) -> object:
-        raise self.error

@@ -1,7 +1,13 @@
-"""A training step's multi-table traffic: its pulls, the updates riding on them, lookahead.
+"""A training step's traffic: its pulls, the updates riding on them, lookahead — one lock.
 
-Updates a backward hands over are held and ride on the next MultiPull
-(``recstore.client.carry``); the node applies them before it pulls. Lookahead
+``Step`` owns everything that orders a client's reads against its writes:
+the updates held to ride on the next pull, the updates in flight
+(``recstore.client.remote.updates``), the next step's pulls named early, and
+the one lock all of them share. The backend asks it to settle a table before
+any other call on it, and hands it every update it does not wait for.
+
+Updates a backward hands over are held and ride on the next MultiPull; the
+node applies them before it pulls. Lookahead
 goes one step further: when the trainer names the next batch's pulls before
 this step's backward (``EmbeddingBagCollection.prefetch``), they go out with
 this step's gradients the moment backward hands them over, so the round trip
@@ -15,20 +21,21 @@ client — makes the prefetched rows stale, so the next forward pulls afresh
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 
-from recstore.client.backends import wire
 from recstore.client.backends.base import PullRequest
-from recstore.client.backends.multi_requests import TableCall, build_requests
-from recstore.client.backends.multi_rows import MultiCall
-from recstore.client.carry import CarriedUpdates
-from recstore.client.pending import PendingUpdates
-from recstore.core import DType
+from recstore.client.remote.nodes import NodeCalls
+from recstore.client.remote.replies import MultiCall
+from recstore.client.remote.requests import Request, TableCall, build_requests
+from recstore.client.remote.tables import RemoteTable
+from recstore.client.remote.updates import Completion, HeldUpdates, UpdatesInFlight
+from recstore.client.tensors import keys_to_numpy, rows_from_numpy
+from recstore.core import DType, wire
 
 
 @dataclass
@@ -56,21 +63,93 @@ def _same(sent: Sequence[PullRequest], asked: Sequence[PullRequest]) -> bool:
     return True
 
 
-class StepPulls:
+class Step:
+    """A client's held and in-flight updates and its step pulls, under one lock.
+
+    ``carry_delay`` of 0 sends every update at once (nothing is held).
+    """
+
     def __init__(
         self,
         *,
-        locate: Callable[[str], Any],
-        node: Callable[[str], Any],
+        locate: Callable[[str], RemoteTable],
+        node: Callable[[str], NodeCalls],
         max_bytes: Callable[[], int],
-        pending: PendingUpdates,
-        carried: CarriedUpdates[TableCall] | None,
-        send_updates: Callable[[list[TableCall]], None],
+        carry_delay: float,
+        max_in_flight: int,
     ) -> None:
         self._locate, self._node, self._max_bytes = locate, node, max_bytes
-        self._pending, self._carried, self._send_updates = pending, carried, send_updates
+        self.lock = threading.RLock()
+        self._pending = UpdatesInFlight(self.lock, max_in_flight)
+        self._carried: HeldUpdates[TableCall] | None = (
+            HeldUpdates(self.send_updates, carry_delay, self.lock) if carry_delay > 0 else None
+        )
         self._lookahead: list[PullRequest] | None = None
         self._prefetched: _Pull | None = None
+
+    # -- what every other call does first ------------------------------------------------
+    def settle(self, names: Sequence[str]) -> None:
+        """Before any call of its own on ``names``: held updates go, prefetched rows go stale,
+        and each table's update in flight is waited for (its failure raised, once)."""
+        self.cancel()
+        self.release()
+        self._pending.settle_tables(names)
+
+    def settle_in_flight(self, names: Sequence[str]) -> None:
+        """Wait for each table's update in flight (the step's own calls: nothing else changes)."""
+        self._pending.settle_tables(names)
+
+    def release(self) -> None:
+        """Send the held updates now."""
+        if self._carried is not None:
+            self._carried.release()
+
+    def settle_all(self) -> None:
+        """Every update sent and collected; raise the first failure not yet reported."""
+        self.release()
+        self._pending.settle_all()
+
+    def forget(self, name: str) -> None:
+        """Before ``name`` is dropped: everything of ours is collected; its failure no longer
+        matters."""
+        self.cancel()
+        self.release()
+        self._pending.wait_all()
+        self._pending.discard(name)
+
+    @property
+    def updates_in_flight(self) -> int:
+        """Updates held or sent whose outcome nobody has collected yet."""
+        with self.lock:  # held ones move to in flight under this lock: count both at once
+            return len(self._pending) + (len(self._carried) if self._carried is not None else 0)
+
+    def close(self) -> None:
+        """Send what is held, stop the timer, collect everything."""
+        if self._carried is not None:
+            self._carried.close()
+        self._pending.settle_all()
+
+    # -- sending -------------------------------------------------------------------------
+    def multi_call(self, method: str, calls: list[TableCall], *, blocking: bool) -> MultiCall:
+        """A multi-table call (nothing carried) sent now."""
+        built = build_requests(method, calls, self._max_bytes())
+        assert built is not None  # only carried updates can fail to fit
+        return MultiCall(method, calls, self._node, built, blocking=blocking)
+
+    def send_updates(self, calls: list[TableCall]) -> None:
+        """Send a multi-table update now and track it per table as in flight."""
+        try:
+            call = self.multi_call("MultiUpdate", calls, blocking=False)
+        except Exception as error:  # e.g. closed meanwhile: each table reports it
+            for table_call in calls:
+                self._pending.add(table_call.name, _Failed(error))
+            return
+        for index, table_call in enumerate(calls):
+            self._pending.add(table_call.name, call.share(index))
+
+    def track(self, name: str, update: Completion) -> None:
+        """A single-table update sent without waiting (``GrpcBackend.update(wait=False)``)."""
+        self._pending.add(name, update)
 
     # -- the forward -------------------------------------------------------------------
     def pull_many(self, requests: Sequence[PullRequest]) -> list[torch.Tensor]:
@@ -78,7 +157,7 @@ class StepPulls:
         requests = list(requests)
         if self._carried is None:
             return self._finish(self._start(requests, [], blocking=True))
-        with self._carried.lock:
+        with self.lock:
             self._lookahead = None  # named but never sent: this forward asks itself
             prefetched, self._prefetched = self._prefetched, None
             if prefetched is not None and not prefetched.stale:
@@ -98,9 +177,9 @@ class StepPulls:
     def updates_ready(self, calls: list[TableCall]) -> None:
         """A backward's updates: sent now with the named next pulls, else held to ride."""
         if self._carried is None:
-            self._send_updates(calls)
+            self.send_updates(calls)
             return
-        with self._carried.lock:
+        with self.lock:
             if self._prefetched is not None:
                 self._prefetched.stale = True  # its rows predate these updates
             if self._lookahead is not None:
@@ -116,7 +195,7 @@ class StepPulls:
         """Name the next forward's pulls: sent with the next updates (or now, with held ones)."""
         if self._carried is None:
             return  # updates are not carried: nothing to ride on, the forward pulls
-        with self._carried.lock:
+        with self.lock:
             if self._prefetched is not None:
                 self._prefetched.stale = True
                 return  # one lookahead at a time: the next forward settles the last one
@@ -130,7 +209,7 @@ class StepPulls:
         """Another call on the client: named pulls are dropped, prefetched rows go stale."""
         if self._carried is None:
             return
-        with self._carried.lock:
+        with self.lock:
             self._lookahead = None
             if self._prefetched is not None:
                 self._prefetched.stale = True
@@ -143,10 +222,10 @@ class StepPulls:
             calls, inverses, built = self._prepare(requests, carried)
         except BaseException:
             if carried:  # this pull cannot go out: its passengers still must
-                self._send_updates(carried)
+                self.send_updates(carried)
             raise
         if built is None:  # too big to ride: send them first, on their own
-            self._send_updates(carried)
+            self.send_updates(carried)
             carried = []
             self._pending.settle_tables(name for name, _, _ in requests)
             built = build_requests("MultiPull", calls, self._max_bytes())
@@ -158,7 +237,7 @@ class StepPulls:
 
     def _prepare(
         self, requests: list[PullRequest], carried: list[TableCall]
-    ) -> tuple[list[TableCall], list[torch.Tensor | None], Any]:
+    ) -> tuple[list[TableCall], list[torch.Tensor | None], list[Request] | None]:
         """Each table's call and inverse, and the requests (None: the updates cannot ride)."""
         # updates sent earlier (held ones are in ``carried``)
         self._pending.settle_tables(name for name, _, _ in requests)
@@ -166,7 +245,7 @@ class StepPulls:
         for name, keys, unique in requests:
             table = self._locate(name)
             distinct, inverse = (keys, None) if unique else torch.unique(keys, return_inverse=True)
-            keys_np = wire.keys_to_numpy(distinct)
+            keys_np = keys_to_numpy(distinct)
             dtype = wire.wire_dtype(DType(table.spec.dtype))
             out = np.empty((len(keys_np), table.spec.embedding_dim), dtype=dtype)
             calls.append(TableCall(table, keys_np, out))
@@ -182,7 +261,7 @@ class StepPulls:
         self._settle_carried(pull, failed=False)
         results = []
         for table_call, inverse in zip(pull.calls, pull.inverses, strict=True):
-            rows = wire.rows_from_numpy(table_call.rows, DType(table_call.table.spec.dtype))
+            rows = rows_from_numpy(table_call.rows, DType(table_call.table.spec.dtype))
             results.append(rows if inverse is None else rows[inverse])
         return results
 
@@ -200,3 +279,13 @@ class StepPulls:
             except Exception:
                 if not failed:
                     raise
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """An update that could not even be sent: its table reports ``error``."""
+
+    error: BaseException
+
+    def wait(self) -> object:
+        raise self.error
