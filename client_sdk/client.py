@@ -24,6 +24,7 @@ from recstore.client import connection as conn
 from recstore.client.backends.base import Backend
 from recstore.client.errors import BackendError, TableNotInitialized, TableShapeMismatch
 from recstore.client.initial_data import RowSource, write_initial_rows
+from recstore.client.module_tables import ModuleTables
 from recstore.client.native import load_library
 from recstore.client.prefetch import PrefetchExecutor
 from recstore.client.specs import (
@@ -112,6 +113,8 @@ class RecStoreClient:
         self._prefetcher = PrefetchExecutor()
         self._connection = conn.from_environment()
         self.ops: Backend | None = _make_backend(self._connection)
+        # what recstore.nn's modules use, and nothing else does
+        self._for_modules = ModuleTables(self)
 
     # -- connection -----------------------------------------------------------------------
 
@@ -338,74 +341,6 @@ class RecStoreClient:
             backend.update(name, id_tensor, grad_tensor, lr)
         else:
             backend.update(name, *coalesce(id_tensor, grad_tensor), lr)
-
-    # -- the torch modules' path ------------------------------------------------------------
-
-    @property
-    def _dedup_on_wire(self) -> bool:
-        """Whether the modules should send each distinct id once (remote) or every id (local)."""
-        backend = self.ops
-        return backend is not None and backend.kind != "local"
-
-    def _check_module_keys(self, name: str, keys: torch.Tensor) -> None:
-        meta = self._meta(name)
-        low, high = meta.id_range
-        if high is not None and keys.numel():
-            smallest, largest = (int(x) for x in torch.aminmax(keys))
-            if smallest < low or largest >= high:
-                check_id_range(keys, low, high, name)  # the error message of ``pull``
-        self._last_table = name
-
-    def _pull_rows(self, name: str, keys: torch.Tensor, *, unique: bool) -> torch.Tensor:
-        """``pull`` for the torch modules: ``keys`` are CPU int64 (``unique``: no repeats)."""
-        self._check_module_keys(name, keys)
-        # As one table's share of a step: updates held from backward ride along.
-        (rows,) = self._backend().pull_many([(name, keys, unique)])
-        return rows
-
-    def _pull_rows_many(self, requests: list[tuple[str, torch.Tensor, bool]]) -> list[torch.Tensor]:
-        """``_pull_rows`` of several tables; every table's ids checked before anything is sent."""
-        for name, keys, _ in requests:
-            self._check_module_keys(name, keys)
-        return self._backend().pull_many(requests)
-
-    def _lookahead_rows_many(self, requests: list[tuple[str, torch.Tensor, bool]]) -> None:
-        """Name the next ``_pull_rows_many`` (``EmbeddingBagCollection.prefetch``)."""
-        for name, keys, _ in requests:
-            self._check_module_keys(name, keys)
-        self._backend().lookahead_many(requests)
-
-    def _apply_gradients(
-        self, name: str, keys: torch.Tensor, grads: torch.Tensor, *, unique: bool = False
-    ) -> None:
-        """``update`` for ids that came out of a pull (the torch modules' backward).
-
-        Skips the id checks and does not wait for a remote update to be applied
-        (every later call on the table still sees it). The local store sums
-        repeated ids natively; the gRPC backend gets them coalesced (fewer bytes).
-        """
-        backend = self._backend()
-        keys = keys.to("cpu", torch.int64)
-        rows = grads.detach().to("cpu", torch.float32).contiguous()
-        if backend.kind != "local" and not unique:
-            keys, rows = coalesce(keys, rows)
-        lr = self._learning_rate if self._learning_rate_set else None
-        backend.update_many([(name, keys, rows, lr)], wait=False)  # held to ride on a pull
-
-    def _apply_gradients_many(
-        self, updates: list[tuple[str, torch.Tensor, torch.Tensor, bool]]
-    ) -> None:
-        """``_apply_gradients`` of several tables: one MultiUpdate per node, not waited for."""
-        backend = self._backend()
-        lr = self._learning_rate if self._learning_rate_set else None
-        batch = []
-        for name, keys, grads, unique in updates:
-            keys = keys.to("cpu", torch.int64)
-            rows = grads.detach().to("cpu", torch.float32).contiguous()
-            if backend.kind != "local" and not unique:
-                keys, rows = coalesce(keys, rows)
-            batch.append((name, keys, rows, lr))
-        backend.update_many(batch, wait=False)
 
     def flush(self) -> None:
         """Wait until every update sent in the background is applied.

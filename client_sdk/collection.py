@@ -141,7 +141,7 @@ class EmbeddingBagCollection(nn.Module):
             return
         plans = [self._plan(bag, feature) for bag, feature in zip(bags, features, strict=True)]
         self._ahead = (list(features), plans)
-        self.client._lookahead_rows_many(
+        self.client._for_modules.lookahead_many(
             [
                 (bag.table_name, plan.keys, plan.unique)
                 for bag, plan in zip(bags, plans, strict=True)
@@ -172,7 +172,7 @@ class EmbeddingBagCollection(nn.Module):
             )
             rows = RecStoreRowsMany.apply(self._anchor, self.client, lookups)
         else:
-            rows = self.client._pull_rows_many(
+            rows = self.client._for_modules.pull_many(
                 [
                     (bag.table_name, plan.keys, plan.unique)
                     for bag, plan in zip(bags, plans, strict=True)

@@ -32,14 +32,14 @@ class RecStoreRows(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.client, ctx.name, ctx.unique, ctx.padding_idx = client, name, unique, padding_idx
         ctx.save_for_backward(keys)
-        return client._pull_rows(name, keys, unique=unique)
+        return client._for_modules.pull(name, keys, unique=unique)
 
     @staticmethod
     def backward(ctx: Any, grad_rows: torch.Tensor) -> tuple[None, ...]:
         (keys,) = ctx.saved_tensors
         keys, grads = gradient_rows(keys, grad_rows, ctx.padding_idx)
         if keys.numel():
-            ctx.client._apply_gradients(ctx.name, keys, grads, unique=ctx.unique)
+            ctx.client._for_modules.apply_gradients([(ctx.name, keys, grads, ctx.unique)])
         return None, None, None, None, None, None
 
 
@@ -63,7 +63,7 @@ class RecStoreRowsMany(torch.autograd.Function):
     ) -> tuple[torch.Tensor, ...]:
         ctx.client, ctx.lookups = client, lookups
         ctx.set_materialize_grads(False)  # an unused output gets no gradient, hence no update
-        rows = client._pull_rows_many([(t.name, t.keys, t.unique) for t in lookups])
+        rows = client._for_modules.pull_many([(t.name, t.keys, t.unique) for t in lookups])
         ctx.mark_non_differentiable(
             *(r for r, t in zip(rows, lookups, strict=True) if not t.trainable)
         )
@@ -79,7 +79,7 @@ class RecStoreRowsMany(torch.autograd.Function):
             if keys.numel():
                 updates.append((lookup.name, keys, grads, lookup.unique))
         if updates:
-            ctx.client._apply_gradients_many(updates)
+            ctx.client._for_modules.apply_gradients(updates)
         return None, None, None
 
 

@@ -107,7 +107,7 @@ class _RecStoreEmbeddingBase(nn.Module):
             **(initializer if initializer is not None else TORCH_INITIALIZER),
             "seed": seed if seed is not None else _random_seed(),
         }
-        created = self.client._create_table(
+        created = self.client._for_modules.create(
             self.table_name,
             shape,
             dtype,
@@ -144,7 +144,7 @@ class _RecStoreEmbeddingBase(nn.Module):
             return RecStoreRows.apply(
                 self._anchor, self.client, self.table_name, keys, unique, self.padding_idx
             )
-        return self.client._pull_rows(self.table_name, keys, unique=unique)
+        return self.client._for_modules.pull(self.table_name, keys, unique=unique)
 
     @property
     def _plain(self) -> bool:
@@ -154,7 +154,7 @@ class _RecStoreEmbeddingBase(nn.Module):
     def _gather(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of 1-D ``ids`` in order ([len(ids), dim]), for the plain cases."""
         keys = ids.to("cpu", torch.int64)
-        if self.client._dedup_on_wire:
+        if self.client._for_modules.dedup_on_wire:
             unique, inverse = unique_keys(keys)
             rows = self._pulled(unique, unique=True).index_select(0, inverse)
         else:
@@ -313,7 +313,7 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
         bag_size = self._fixed_bag_size(input, offsets, per_sample_weights)
         if bag_size:
             keys = input.reshape(-1).to("cpu", torch.int64)
-            dedup = self.client._dedup_on_wire
+            dedup = self.client._for_modules.dedup_on_wire
             inverse: torch.Tensor | None = None
             if dedup:
                 keys, inverse = unique_keys(keys)

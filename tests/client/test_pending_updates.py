@@ -124,7 +124,7 @@ def test_background_updates_are_seen_by_the_next_pull(grpc_client) -> None:
     for _ in range(6):
         ids = torch.unique(torch.randint(0, 400, (150,), generator=g))
         grads = torch.randn(len(ids), 4, generator=g)
-        grpc_client._apply_gradients(name, ids, grads, unique=True)  # not waited for
+        grpc_client._for_modules.apply_gradients([(name, ids, grads, True)])  # not waited for
         optimizer.zero_grad()
         reference.grad = torch.sparse_coo_tensor(
             ids.unsqueeze(0), grads, (400, 4), check_invariants=True
@@ -143,12 +143,12 @@ def test_failed_background_update_raises_at_the_next_call(grpc_client) -> None:
     grpc_client.init_data(name, (50, 4), torch.float32)
     before = grpc_client.pull(name, torch.arange(50))
     # rows of the wrong width: the nodes refuse them (the modules never send such a thing)
-    grpc_client._apply_gradients(name, torch.arange(10), torch.ones(10, 3), unique=True)
+    grpc_client._for_modules.apply_gradients([(name, torch.arange(10), torch.ones(10, 3), True)])
     with pytest.raises(RuntimeError, match="INVALID_ARGUMENT") as caught:
         grpc_client.pull(name, torch.arange(50))
     assert FAILED_NOTE in caught.value.__notes__
     torch.testing.assert_close(grpc_client.pull(name, torch.arange(50)), before)  # nothing applied
-    grpc_client._apply_gradients(name, torch.arange(10), torch.ones(10, 3), unique=True)
+    grpc_client._for_modules.apply_gradients([(name, torch.arange(10), torch.ones(10, 3), True)])
     with pytest.raises(RuntimeError, match="INVALID_ARGUMENT"):
         grpc_client.flush()
     grpc_client.flush()  # reported once
@@ -157,6 +157,8 @@ def test_failed_background_update_raises_at_the_next_call(grpc_client) -> None:
 def test_local_updates_are_applied_at_once(local_client) -> None:
     name = unique_name()
     local_client.init_data(name, (10, 2), torch.float32, init_func=lambda s, d: torch.ones(s))
-    local_client._apply_gradients(name, torch.tensor([1, 1]), torch.ones(2, 2))
+    local_client._for_modules.apply_gradients(
+        [(name, torch.tensor([1, 1]), torch.ones(2, 2), False)]
+    )
     local_client.flush()
     torch.testing.assert_close(local_client.pull(name, torch.tensor([1])), torch.full((1, 2), 0.98))

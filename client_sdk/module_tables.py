@@ -1,0 +1,96 @@
+"""What the torch modules need of a ``RecStoreClient``, as one small internal object.
+
+``recstore.nn``'s modules create their table, pull rows through autograd and
+hand their backward's gradients over; none of that is the documented KVClient
+API, so it lives here instead of in private methods of the client that the
+modules would call one by one. Ids reaching this object came out of the
+modules' own checks and dedup: CPU int64 keys (``unique``: no repeats).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from recstore.client.backends.base import PullRequest
+from recstore.client.initial_data import RowSource
+from recstore.client.tensors import check_id_range, coalesce
+
+if TYPE_CHECKING:
+    from recstore.client.client import RecStoreClient
+
+#: (table, keys, gradient rows, unique) of one table in ``apply_gradients``
+GradientRows = tuple[str, torch.Tensor, torch.Tensor, bool]
+
+
+class ModuleTables:
+    def __init__(self, client: RecStoreClient) -> None:
+        self._client = client
+
+    def create(
+        self,
+        name: str,
+        shape: tuple[int, int],
+        dtype: torch.dtype,
+        rows_of: RowSource | None,
+        *,
+        metadata: Mapping[str, Any] | None,
+        optimizer: Any,
+    ) -> bool:
+        """The module's table, with rows from ``rows_of`` (None: the server initialises them);
+        True if this call created it."""
+        return self._client._create_table(
+            name, shape, dtype, rows_of, metadata=metadata, optimizer=optimizer
+        )
+
+    @property
+    def dedup_on_wire(self) -> bool:
+        """Whether the modules should send each distinct id once (remote) or every id (local)."""
+        backend = self._client.ops
+        return backend is not None and backend.kind != "local"
+
+    def pull(self, name: str, keys: torch.Tensor, *, unique: bool) -> torch.Tensor:
+        """One table's rows, as one table's share of a step (held updates ride along)."""
+        (rows,) = self.pull_many([(name, keys, unique)])
+        return rows
+
+    def pull_many(self, requests: list[PullRequest]) -> list[torch.Tensor]:
+        """Several tables' rows; every table's ids checked before anything is sent."""
+        self._check_keys(requests)
+        return self._client._backend().pull_many(requests)
+
+    def lookahead_many(self, requests: list[PullRequest]) -> None:
+        """Name the next ``pull_many`` (``EmbeddingBagCollection.prefetch``)."""
+        self._check_keys(requests)
+        self._client._backend().lookahead_many(requests)
+
+    def apply_gradients(self, updates: list[GradientRows]) -> None:
+        """``update`` for ids that came out of a pull (the modules' backward), not waited for.
+
+        Skips the id checks; every later call on a table still sees its update.
+        The local store sums repeated ids natively; a remote backend gets them
+        coalesced (fewer bytes). One MultiUpdate per node, held to ride on a pull.
+        """
+        client = self._client
+        backend = client._backend()
+        lr = client.learning_rate if client._learning_rate_set else None
+        batch = []
+        for name, keys, grads, unique in updates:
+            keys = keys.to("cpu", torch.int64)
+            rows = grads.detach().to("cpu", torch.float32).contiguous()
+            if backend.kind != "local" and not unique:
+                keys, rows = coalesce(keys, rows)
+            batch.append((name, keys, rows, lr))
+        backend.update_many(batch, wait=False)
+
+    def _check_keys(self, requests: list[PullRequest]) -> None:
+        for name, keys, _ in requests:
+            meta = self._client._meta(name)
+            low, high = meta.id_range
+            if high is not None and keys.numel():
+                smallest, largest = (int(x) for x in torch.aminmax(keys))
+                if smallest < low or largest >= high:
+                    check_id_range(keys, low, high, name)  # the error message of ``pull``
+            self._client._last_table = name
