@@ -209,6 +209,7 @@ def main() -> int:
     import redis
 
     from recstore.core import TableSpec
+    from recstore.core.proto_convert import create_table_request
     from recstore.core.wire import WireClient
     from recstore.ps import malloc_tuning
     from recstore.store import Table
@@ -240,7 +241,7 @@ def main() -> int:
         channel = grpc.insecure_channel(address, options=OPTIONS)
         stub = ps_pb2_grpc.ParameterServerStub(channel)
         spec = TableSpec(name="bench", num_embeddings=largest, embedding_dim=DIM)
-        stub.CreateTable(ps_pb2.CreateTableRequest(spec_json=json.dumps(spec.to_wire())))
+        stub.CreateTable(create_table_request(spec))
         echo = grpc.insecure_channel(f"127.0.0.1:{port_file.read_text()}", options=OPTIONS)
 
         rng = np.random.default_rng(0)
@@ -256,11 +257,7 @@ def main() -> int:
             )
         pipe.execute()
 
-        stub.CreateTable(
-            ps_pb2.CreateTableRequest(
-                spec_json=json.dumps(spec.model_copy(update={"name": "upd"}).to_wire())
-            )
-        )
+        stub.CreateTable(create_table_request(spec.model_copy(update={"name": "upd"})))
         fast = WireClient(channel)
         engine = Table(spec.model_copy(update={"name": "engine"}))  # in this process
         inputs = []

@@ -10,14 +10,14 @@ never loses the writes since the last periodic checkpoint.
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
-import grpc
-
+from recstore.core.control import AsyncControlClient, ControlError, Rpc, create_table_rpc, save_rpc
 from recstore.core.spec import TableSpec
-from recstore.v1 import ps_pb2, ps_pb2_grpc
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -28,24 +28,24 @@ class ShardResult:
     detail: str  # checkpoint id, "created"/"exists", or the error
 
 
-def _metadata(token: str | None) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {token}"),) if token else ()
+async def _call_each(
+    shards: Sequence[tuple[int, str]],
+    rpc: Rpc[R],
+    detail: Callable[[R], str],
+    token: str | None,
+    timeout: float,
+) -> list[ShardResult]:
+    """``rpc`` on every (index, host:port) shard at once, each on a channel of its own."""
 
+    async def one(index: int, address: str) -> ShardResult:
+        try:
+            async with AsyncControlClient(address, token=token, timeout=timeout) as client:
+                reply = await client.call(rpc)
+        except ControlError as error:
+            return ShardResult(index, address, False, str(error))
+        return ShardResult(index, address, True, detail(reply))
 
-async def _save_one(
-    index: int, address: str, checkpoint_id: str, token: str | None, timeout: float
-) -> ShardResult:
-    try:
-        async with grpc.aio.insecure_channel(address) as channel:
-            stub = ps_pb2_grpc.ParameterServerStub(channel)
-            reply = await stub.Save(
-                ps_pb2.SaveRequest(checkpoint_id=checkpoint_id),
-                metadata=_metadata(token),
-                timeout=timeout,
-            )
-        return ShardResult(index, address, True, reply.checkpoint.checkpoint_id)
-    except grpc.aio.AioRpcError as exc:
-        return ShardResult(index, address, False, f"{exc.code().name}: {exc.details()}")
+    return list(await asyncio.gather(*(one(i, a) for i, a in shards)))
 
 
 async def save_all(
@@ -56,26 +56,15 @@ async def save_all(
     timeout: float = 300.0,
 ) -> list[ShardResult]:
     """Ask every (index, host:port) shard for checkpoint ``checkpoint_id``, all at once."""
-    calls = (_save_one(i, a, checkpoint_id, token, timeout) for i, a in shards)
-    return list(await asyncio.gather(*calls))
-
-
-async def _create_one(
-    index: int, address: str, spec: TableSpec, token: str | None, timeout: float
-) -> ShardResult:
-    request = ps_pb2.CreateTableRequest(spec_json=json.dumps(spec.to_wire()))
-    try:
-        async with grpc.aio.insecure_channel(address) as channel:
-            stub = ps_pb2_grpc.ParameterServerStub(channel)
-            reply = await stub.CreateTable(request, metadata=_metadata(token), timeout=timeout)
-        return ShardResult(index, address, True, "created" if reply.created else "exists")
-    except grpc.aio.AioRpcError as exc:
-        return ShardResult(index, address, False, f"{exc.code().name}: {exc.details()}")
+    rpc = save_rpc(checkpoint_id)
+    return await _call_each(shards, rpc, lambda saved: saved.checkpoint_id, token, timeout)
 
 
 async def create_table_on(
     shards: Sequence[tuple[int, str]], spec: TableSpec, *, token: str | None, timeout: float = 30.0
 ) -> list[ShardResult]:
     """Create ``spec`` on every (index, host:port) shard (a no-op where it exists)."""
-    calls = (_create_one(i, a, spec, token, timeout) for i, a in shards)
-    return list(await asyncio.gather(*calls))
+    rpc = create_table_rpc(spec)
+    return await _call_each(
+        shards, rpc, lambda reply: "created" if reply.created else "exists", token, timeout
+    )

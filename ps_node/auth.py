@@ -14,6 +14,8 @@ from typing import Any
 
 import grpc
 
+from recstore.core.proto_convert import bearer_token_of
+
 OPEN_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 
@@ -26,14 +28,9 @@ def read_token_file(path: Path) -> str:
 
 def is_authorized(metadata: Any, token: str) -> bool:
     """True when the metadata carries ``authorization: Bearer <token>``."""
-    for key, value in metadata or ():
-        if key == "authorization":
-            scheme, _, given = str(value).partition(" ")
-            # bytes, so a non-ASCII header is a wrong token rather than a TypeError
-            return scheme.lower() == "bearer" and hmac.compare_digest(
-                given.strip().encode(), token.encode()
-            )
-    return False
+    given = bearer_token_of(metadata)
+    # bytes, so a non-ASCII header is a wrong token rather than a TypeError
+    return given is not None and hmac.compare_digest(given.encode(), token.encode())
 
 
 async def _refuse(request: Any, context: grpc.aio.ServicerContext) -> None:

@@ -11,7 +11,6 @@ written straight into the reply; the rest use the generated classes.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -19,9 +18,15 @@ from typing import Any, TypeVar
 
 import grpc
 
-from recstore.core import SlotMap, SlotRange, TableSpec, wire
+from recstore.core import wire
+from recstore.core.proto_convert import (
+    TableStats,
+    checkpoint_to_proto,
+    read_create_table_request,
+    table_stats_to_proto,
+)
 from recstore.ps import codec, multi, native_path, persistence
-from recstore.ps.checkpoint import CheckpointInfo, list_checkpoints
+from recstore.ps.checkpoint import list_checkpoints
 from recstore.ps.metrics import Metrics
 from recstore.ps.node import HostedTable, Node, WriteAck
 from recstore.ps.offload import Offload
@@ -54,33 +59,22 @@ def rpc(method: Callable[..., Awaitable[Any]]) -> Handler:
     return handler
 
 
-def slot_map_to_proto(slot_map: SlotMap) -> ps_pb2.SlotMap:
-    ranges = [ps_pb2.SlotRange(start=r.start, end=r.end, shard=r.shard) for r in slot_map.ranges]
-    return ps_pb2.SlotMap(epoch=slot_map.epoch, ranges=ranges)
-
-
-def slot_map_from_proto(message: ps_pb2.SlotMap) -> SlotMap:
-    return SlotMap(
-        epoch=message.epoch,
-        ranges=tuple(SlotRange(r.start, r.end, r.shard) for r in message.ranges),
-    )
-
-
 def stats_of(node: Node, hosted: HostedTable) -> ps_pb2.TableStats:
     table, entry = hosted.table, hosted.entry
-    return ps_pb2.TableStats(
+    stats = TableStats(
         table=entry.spec.name,
         size=table.size,
         capacity=table.capacity,
         memory_bytes=table.memory_bytes,
         dtype=hosted.dtype,
         dim=hosted.dim,
-        spec_json=json.dumps(entry.spec.to_wire()),
+        spec=entry.spec,
         shard_index=node.shard_index,
         num_shards=node.num_shards,
-        slot_map=slot_map_to_proto(entry.slot_map),
-        engine={k: float(v) for k, v in table.stats().items()},
+        slot_map=entry.slot_map,
+        engine=table.stats(),
     )
+    return table_stats_to_proto(stats)
 
 
 #: Multi* requests up to this size are read through the generated (upb) classes,
@@ -125,18 +119,6 @@ def decode_multi_update(request: bytes) -> list[multi.UpdateItem]:
     return _wire_update_items(wire.decode_multi_update_request(request))
 
 
-def checkpoint_to_proto(info: CheckpointInfo) -> ps_pb2.CheckpointInfo:
-    return ps_pb2.CheckpointInfo(
-        checkpoint_id=info.checkpoint_id,
-        path=str(info.path),
-        sequence=info.sequence,
-        created_unix=info.created_unix,
-        tables=info.tables,
-        rows=info.rows,
-        bytes=info.bytes,
-    )
-
-
 class PsServicer(ps_pb2_grpc.ParameterServerServicer):
     def __init__(
         self, node: Node, offload: Offload, metrics: Metrics, keep: int = 3, *,
@@ -172,11 +154,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
 
     @rpc
     async def CreateTable(self, request, context):
-        try:
-            spec = TableSpec.model_validate(json.loads(request.spec_json))
-        except json.JSONDecodeError as error:
-            raise ValueError(f"spec_json is not JSON: {error}") from None
-        slot_map = slot_map_from_proto(request.slot_map) if request.HasField("slot_map") else None
+        spec, slot_map = read_create_table_request(request)
         hosted, created = await self._run(self.node.create_table, spec, slot_map)
         if created:
             log.info("table created", extra={"table": spec.name})

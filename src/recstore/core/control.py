@@ -1,0 +1,222 @@
+"""Control-plane calls to one PS node: create and drop a table, its stats, save and load.
+
+Each call is described once, as an ``Rpc`` (method, request, how the reply is
+read into core types; the conversions are ``recstore.core.proto_convert``'s).
+``ControlClient`` makes it on a blocking channel, ``AsyncControlClient`` on an
+asyncio one; both send the bearer token and a deadline with every call and
+raise ``ControlError`` (status code name, details) for every failure, so a
+caller decides in one ``except`` what a failure means to it. The data path
+(Pull, Push, Update) does not come here: it speaks ``recstore.core.wire``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+import grpc
+
+from recstore.core.errors import RecStoreError
+from recstore.core.proto_convert import (
+    SavedCheckpoint,
+    TableStats,
+    bearer_metadata,
+    checkpoint_from_proto,
+    create_table_request,
+    table_stats_from_proto,
+)
+from recstore.core.routing import SlotMap
+from recstore.core.spec import TableSpec
+from recstore.v1 import ps_pb2, ps_pb2_grpc
+
+R = TypeVar("R")
+DEFAULT_TIMEOUT = 30.0
+
+
+class ControlError(RecStoreError):
+    """A control call that failed: ``code`` is the gRPC status code's name."""
+
+    def __init__(self, code: str, details: str, *, method: str, endpoint: str) -> None:
+        super().__init__(f"{code}: {details}")
+        self.code = code
+        self.details = details
+        self.method = method
+        self.endpoint = endpoint
+
+
+@dataclass(frozen=True)
+class Rpc(Generic[R]):
+    """One control call: the stub method, its request, and how its reply is read."""
+
+    method: str
+    request: Any
+    read: Callable[[Any], R]
+
+
+@dataclass(frozen=True)
+class Created:
+    created: bool  # False: the node already had the table, with this spec
+    stats: TableStats
+
+
+def create_table_rpc(spec: TableSpec, slot_map: SlotMap | None = None) -> Rpc[Created]:
+    """CreateTable (a no-op where the node has the table with the same spec)."""
+    return Rpc(
+        "CreateTable",
+        create_table_request(spec, slot_map),
+        lambda reply: Created(bool(reply.created), table_stats_from_proto(reply.stats)),
+    )
+
+
+def drop_table_rpc(name: str) -> Rpc[None]:
+    return Rpc("DropTable", ps_pb2.DropTableRequest(table=name), lambda _: None)
+
+
+def stats_rpc(name: str) -> Rpc[TableStats]:
+    return Rpc("GetTableStats", ps_pb2.GetTableStatsRequest(table=name), table_stats_from_proto)
+
+
+def save_rpc(checkpoint_id: str = "") -> Rpc[SavedCheckpoint]:
+    """Save every table of the node; an empty id lets the node pick one."""
+    return Rpc(
+        "Save",
+        ps_pb2.SaveRequest(checkpoint_id=checkpoint_id),
+        lambda reply: checkpoint_from_proto(reply.checkpoint),
+    )
+
+
+def load_rpc(checkpoint_id: str = "") -> Rpc[SavedCheckpoint]:
+    """Load a checkpoint; an empty id means the newest valid one."""
+    return Rpc(
+        "Load",
+        ps_pb2.LoadRequest(checkpoint_id=checkpoint_id),
+        lambda reply: checkpoint_from_proto(reply.checkpoint),
+    )
+
+
+class _NodeStub:
+    """Channel, stub, metadata and deadline of one node (both clients' common part)."""
+
+    def __init__(
+        self, endpoint: str, channel: Any, owns_channel: bool, token: str | None, timeout: float
+    ) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self.metadata = bearer_metadata(token)
+        self._channel = channel
+        self._owns_channel = owns_channel
+        self._stub = ps_pb2_grpc.ParameterServerStub(channel)
+
+    def _start(self, rpc: Rpc[Any], timeout: float | None) -> Any:
+        method = getattr(self._stub, rpc.method)
+        return method(
+            rpc.request,
+            metadata=self.metadata,
+            timeout=self.timeout if timeout is None else timeout,
+        )
+
+    def _error(self, error: grpc.RpcError, rpc: Rpc[Any]) -> ControlError:
+        call: Any = error  # the raised errors are grpc.Call (sync) or AioRpcError
+        return ControlError(
+            call.code().name, call.details() or "", method=rpc.method, endpoint=self.endpoint
+        )
+
+
+class ControlClient(_NodeStub):
+    """Blocking control calls to the node at ``endpoint`` (``host:port``).
+
+    ``channel``: an open channel to use instead of a new one (not closed by ``close``).
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        channel: grpc.Channel | None = None,
+    ) -> None:
+        owned = channel is None
+        super().__init__(
+            endpoint, channel or grpc.insecure_channel(endpoint), owned, token, timeout
+        )
+
+    def call(self, rpc: Rpc[R], *, timeout: float | None = None) -> R:
+        try:
+            reply = self._start(rpc, timeout)
+        except grpc.RpcError as error:
+            raise self._error(error, rpc) from error
+        return rpc.read(reply)
+
+    def create_table(
+        self, spec: TableSpec, slot_map: SlotMap | None = None, *, timeout: float | None = None
+    ) -> Created:
+        return self.call(create_table_rpc(spec, slot_map), timeout=timeout)
+
+    def drop_table(self, name: str, *, timeout: float | None = None) -> None:
+        self.call(drop_table_rpc(name), timeout=timeout)
+
+    def stats(self, name: str, *, timeout: float | None = None) -> TableStats:
+        return self.call(stats_rpc(name), timeout=timeout)
+
+    def save(self, checkpoint_id: str = "", *, timeout: float | None = None) -> SavedCheckpoint:
+        return self.call(save_rpc(checkpoint_id), timeout=timeout)
+
+    def load(self, checkpoint_id: str = "", *, timeout: float | None = None) -> SavedCheckpoint:
+        return self.call(load_rpc(checkpoint_id), timeout=timeout)
+
+    def close(self) -> None:
+        if self._owns_channel:
+            self._channel.close()
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class AsyncControlClient(_NodeStub):
+    """``ControlClient`` on an asyncio channel: ``await client.call(save_rpc(...))``."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        channel: grpc.aio.Channel | None = None,
+    ) -> None:
+        owned = channel is None
+        super().__init__(
+            endpoint, channel or grpc.aio.insecure_channel(endpoint), owned, token, timeout
+        )
+
+    async def call(self, rpc: Rpc[R], *, timeout: float | None = None) -> R:
+        try:
+            reply = await self._start(rpc, timeout)
+        except grpc.RpcError as error:
+            raise self._error(error, rpc) from error
+        return rpc.read(reply)
+
+    async def close(self) -> None:
+        if self._owns_channel:
+            await self._channel.close()
+
+    async def __aenter__(self) -> AsyncControlClient:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

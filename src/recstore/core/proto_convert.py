@@ -1,0 +1,190 @@
+"""Conversions between the gRPC control-plane messages and the core types.
+
+The only place that turns a ``SlotMap``, a ``TableSpec``, table stats, a
+checkpoint or a token into ``recstore.v1.ps_pb2`` messages (or gRPC metadata)
+and back; the PS node, the provisioners and the SDK all call these. A field a
+reply leaves unset reads as None (an empty slot map, an empty ``spec_json``);
+a field that is set but malformed raises ``InvalidArgument`` (or the
+``ValueError`` of the core type's own validation). The data path (Pull, Push,
+Update) has its own zero-copy codec, ``recstore.core.wire``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from recstore.core.errors import InvalidArgument
+from recstore.core.routing import SlotMap, SlotRange
+from recstore.core.spec import TableSpec
+from recstore.v1 import ps_pb2
+
+#: gRPC metadata: (key, value) pairs.
+Metadata = tuple[tuple[str, str], ...]
+AUTHORIZATION = "authorization"
+BEARER = "Bearer"
+
+
+# -- tokens -----------------------------------------------------------------------
+def bearer_metadata(token: str | None) -> Metadata:
+    """The metadata that carries ``token`` (``authorization: Bearer <token>``); none without."""
+    return ((AUTHORIZATION, f"{BEARER} {token}"),) if token else ()
+
+
+def bearer_token_of(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
+    """The token of the first ``authorization`` entry when it is a bearer token, else None."""
+    for key, value in metadata or ():
+        if key == AUTHORIZATION:
+            scheme, _, given = str(value).partition(" ")
+            return given.strip() if scheme.lower() == BEARER.lower() else None
+    return None
+
+
+# -- slot maps --------------------------------------------------------------------
+def slot_map_to_proto(slot_map: SlotMap) -> ps_pb2.SlotMap:
+    ranges = [ps_pb2.SlotRange(start=r.start, end=r.end, shard=r.shard) for r in slot_map.ranges]
+    return ps_pb2.SlotMap(epoch=slot_map.epoch, ranges=ranges)
+
+
+def slot_map_from_proto(message: ps_pb2.SlotMap) -> SlotMap:
+    """The slot map of ``message``; ValueError unless its ranges tile every slot."""
+    ranges = tuple(SlotRange(int(r.start), int(r.end), int(r.shard)) for r in message.ranges)
+    return SlotMap(epoch=int(message.epoch), ranges=ranges)
+
+
+def slot_map_from_proto_or_none(message: ps_pb2.SlotMap) -> SlotMap | None:
+    """As ``slot_map_from_proto``; None for a message without ranges (an unset field)."""
+    return slot_map_from_proto(message) if message.ranges else None
+
+
+# -- table specs ------------------------------------------------------------------
+def spec_to_json(spec: TableSpec) -> str:
+    """The ``spec_json`` field of a spec (its wire form, ``TableSpec.to_wire()``)."""
+    return json.dumps(spec.to_wire())
+
+
+def spec_from_json(text: str) -> TableSpec:
+    """The spec of a ``spec_json`` field: InvalidArgument when it is not JSON, the
+    pydantic ValidationError (a ValueError) when it is not a valid spec."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InvalidArgument(f"spec_json is not JSON: {error}") from None
+    return TableSpec.model_validate(data)
+
+
+def create_table_request(
+    spec: TableSpec, slot_map: SlotMap | None = None
+) -> ps_pb2.CreateTableRequest:
+    """CreateTable of ``spec``; without ``slot_map`` the node starts the table's initial map."""
+    request = ps_pb2.CreateTableRequest(spec_json=spec_to_json(spec))
+    if slot_map is not None:
+        request.slot_map.CopyFrom(slot_map_to_proto(slot_map))
+    return request
+
+
+def read_create_table_request(
+    request: ps_pb2.CreateTableRequest,
+) -> tuple[TableSpec, SlotMap | None]:
+    """(spec, slot map or None when unset) of a CreateTable request."""
+    slot_map = slot_map_from_proto(request.slot_map) if request.HasField("slot_map") else None
+    return spec_from_json(request.spec_json), slot_map
+
+
+# -- table stats ------------------------------------------------------------------
+@dataclass(frozen=True)
+class TableStats:
+    """What one shard reports about a table (``GetTableStats``, ``CreateTable``)."""
+
+    table: str
+    size: int  # rows held by this shard
+    capacity: int  # rows this shard may hold
+    memory_bytes: int
+    dtype: str
+    dim: int
+    spec: TableSpec | None  # None when the reply carries no spec
+    shard_index: int
+    num_shards: int
+    slot_map: SlotMap | None  # None when the reply carries no slot map
+    engine: Mapping[str, float] = field(default_factory=dict)  # the engine's own counters
+
+
+#: TableStats fields the message carries as they are (the rest are converted)
+_PLAIN_STATS_FIELDS = (
+    "table", "size", "capacity", "memory_bytes", "dtype", "dim", "shard_index", "num_shards",
+)  # fmt: skip
+
+
+def table_stats_to_proto(stats: TableStats) -> ps_pb2.TableStats:
+    message = ps_pb2.TableStats(
+        **{name: getattr(stats, name) for name in _PLAIN_STATS_FIELDS},
+        spec_json=spec_to_json(stats.spec) if stats.spec is not None else "",
+        engine={k: float(v) for k, v in stats.engine.items()},
+    )
+    if stats.slot_map is not None:
+        message.slot_map.CopyFrom(slot_map_to_proto(stats.slot_map))
+    return message
+
+
+def table_stats_from_proto(message: ps_pb2.TableStats) -> TableStats:
+    return TableStats(
+        **{name: getattr(message, name) for name in _PLAIN_STATS_FIELDS},
+        spec=spec_from_json(message.spec_json) if message.spec_json else None,
+        slot_map=slot_map_from_proto_or_none(message.slot_map),
+        engine=dict(message.engine),
+    )
+
+
+# -- checkpoints ------------------------------------------------------------------
+class CheckpointFields(Protocol):
+    """What a checkpoint record carries on the wire (the node's CheckpointInfo has more)."""
+
+    @property
+    def checkpoint_id(self) -> str: ...
+    @property
+    def path(self) -> object: ...  # a str or a Path; sent as str
+    @property
+    def sequence(self) -> int: ...
+    @property
+    def created_unix(self) -> float: ...
+    @property
+    def tables(self) -> Sequence[str]: ...
+    @property
+    def rows(self) -> int: ...
+    @property
+    def bytes(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    """A checkpoint as a node reports it (Save, Load, ListCheckpoints)."""
+
+    checkpoint_id: str
+    path: str
+    sequence: int
+    created_unix: float
+    tables: tuple[str, ...]
+    rows: int
+    bytes: int
+
+
+#: checkpoint fields the message carries as they are (path and tables are converted)
+_PLAIN_CHECKPOINT_FIELDS = ("checkpoint_id", "sequence", "created_unix", "rows", "bytes")
+
+
+def checkpoint_to_proto(info: CheckpointFields) -> ps_pb2.CheckpointInfo:
+    return ps_pb2.CheckpointInfo(
+        **{name: getattr(info, name) for name in _PLAIN_CHECKPOINT_FIELDS},
+        path=str(info.path),
+        tables=list(info.tables),
+    )
+
+
+def checkpoint_from_proto(message: ps_pb2.CheckpointInfo) -> SavedCheckpoint:
+    return SavedCheckpoint(
+        **{name: getattr(message, name) for name in _PLAIN_CHECKPOINT_FIELDS},
+        path=message.path,
+        tables=tuple(message.tables),
+    )
