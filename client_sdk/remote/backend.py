@@ -13,12 +13,11 @@ next module pull and keeps every later read of the table consistent.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -39,25 +38,21 @@ from recstore.client.remote.updates import (
 )
 from recstore.client.specs import same_layout
 from recstore.client.tensors import keys_to_numpy, rows_from_numpy, rows_to_numpy
-from recstore.core import DType, SlotMap, SlotRange, TableSpec, wire
-from recstore.v1 import ps_pb2
+from recstore.core import DType, SlotMap, TableSpec, wire
+from recstore.core.control import Rpc, create_table_rpc, drop_table_rpc, stats_rpc
+from recstore.core.proto_convert import bearer_metadata
 
 PS_TOKEN_ENV = "RECSTORE_PS_TOKEN"
 RPC_TIMEOUT_ENV = "RECSTORE_RPC_TIMEOUT"
 DEFAULT_BATCH_BYTES = 8 << 20
 SENDERS = 16
+R = TypeVar("R")
 
 
-def _slot_map_from_proto(message: Any) -> SlotMap | None:
-    if not message.ranges:
-        return None
-    ranges = tuple(SlotRange(r.start, r.end, r.shard) for r in message.ranges)
-    return SlotMap(epoch=int(message.epoch), ranges=ranges)
-
-
-def _slot_map_to_proto(slot_map: SlotMap) -> Any:
-    ranges = [ps_pb2.SlotRange(start=r.start, end=r.end, shard=r.shard) for r in slot_map.ranges]
-    return ps_pb2.SlotMap(epoch=slot_map.epoch, ranges=ranges)
+def _newest(maps: Iterable[SlotMap | None]) -> SlotMap | None:
+    """The slot map of the highest epoch among the nodes' (None: no node has one)."""
+    known = [m for m in maps if m is not None]
+    return max(known, key=lambda m: m.epoch) if known else None
 
 
 class GrpcBackend:
@@ -81,7 +76,7 @@ class GrpcBackend:
         self._admin_url = admin_url
         self._admin_token = admin_token
         token = token or os.environ.get(PS_TOKEN_ENV) or admin_token
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._metadata = bearer_metadata(token)
         self._timeout = rpc_timeout or float(os.environ.get(RPC_TIMEOUT_ENV, "60"))
         self._max_batch_bytes = max_batch_bytes
         self._nodes: dict[str, NodeCalls] = {}
@@ -115,16 +110,12 @@ class GrpcBackend:
                     self._nodes[endpoint] = node
         return node
 
-    def _call(self, endpoint: str, method: str, request: Any, table: str) -> Any:
-        return self._node(endpoint).control(method, request, table)
+    def _call(self, endpoint: str, rpc: Rpc[R], table: str) -> R:
+        return rpc.read(self._node(endpoint).control(rpc.method, rpc.request, table))
 
-    def _each_endpoint(
-        self, endpoints: tuple[str, ...], method: str, make: Any, table: str
-    ) -> list[Any]:
-        futures = [
-            self._pool.submit(self._call, endpoint, method, make(index), table)
-            for index, endpoint in enumerate(endpoints)
-        ]
+    def _each_endpoint(self, endpoints: tuple[str, ...], rpc: Rpc[R], table: str) -> list[R]:
+        """``rpc`` on every node at once; raises the first failure once all are done."""
+        futures = [self._pool.submit(self._call, endpoint, rpc, table) for endpoint in endpoints]
         errors = [f.exception() for f in futures]
         failure = next((e for e in errors if e is not None), None)
         if failure is not None:
@@ -144,17 +135,14 @@ class GrpcBackend:
     def _discover(self, name: str) -> Discovery:
         if self._admin_url:
             return discover(self._admin_url, name, self._admin_token)
-        stats = self._each_endpoint(
-            self._endpoints,
-            "GetTableStats",
-            lambda _: ps_pb2.GetTableStatsRequest(table=name),
-            name,
-        )
-        maps = [m for m in (_slot_map_from_proto(s.slot_map) for s in stats) if m is not None]
-        slot_map = (
-            max(maps, key=lambda m: m.epoch) if maps else SlotMap.initial(len(self._endpoints))
-        )
-        spec = TableSpec.model_validate(json.loads(stats[0].spec_json))
+        stats = self._each_endpoint(self._endpoints, stats_rpc(name), name)
+        spec = stats[0].spec
+        if spec is None:
+            raise BackendError(
+                f"PS node {self._endpoints[0]} answered no spec for table {name!r}",
+                code="DATA_LOSS",
+            )
+        slot_map = _newest(s.slot_map for s in stats) or SlotMap.initial(len(self._endpoints))
         return Discovery(spec, self._endpoints, slot_map)
 
     def _locate(self, name: str) -> RemoteTable:
@@ -192,11 +180,8 @@ class GrpcBackend:
         else:
             endpoints = self._endpoints
             spec = spec.model_copy(update={"shards": len(endpoints)})
-        request = ps_pb2.CreateTableRequest(spec_json=json.dumps(spec.to_wire()))
-        if slot_map is not None:
-            request.slot_map.CopyFrom(_slot_map_to_proto(slot_map))
         try:
-            replies = self._each_endpoint(endpoints, "CreateTable", lambda _: request, spec.name)
+            replies = self._each_endpoint(endpoints, create_table_rpc(spec, slot_map), spec.name)
         except BackendError as error:
             existing = self.describe(spec.name) if error.code == "ALREADY_EXISTS" else None
             if existing is None:
@@ -205,12 +190,7 @@ class GrpcBackend:
         for index, reply in enumerate(replies):
             check_shard_order(endpoints, index, reply.stats.shard_index, reply.stats.num_shards)
         if slot_map is None:
-            maps = [
-                m
-                for m in (_slot_map_from_proto(r.stats.slot_map) for r in replies)
-                if m is not None
-            ]
-            slot_map = max(maps, key=lambda m: m.epoch) if maps else SlotMap.initial(len(endpoints))
+            slot_map = _newest(r.stats.slot_map for r in replies) or SlotMap.initial(len(endpoints))
         self._tables[spec.name] = RemoteTable(
             spec, endpoints, self._router(spec.name, slot_map, spec)
         )
@@ -225,9 +205,7 @@ class GrpcBackend:
     def drop_table(self, name: str) -> None:
         self._step.forget(name)  # nothing of ours still in flight when the table goes
         table = self._locate(name)
-        self._each_endpoint(
-            table.endpoints, "DropTable", lambda _: ps_pb2.DropTableRequest(table=name), name
-        )
+        self._each_endpoint(table.endpoints, drop_table_rpc(name), name)
         self._tables.pop(name, None)
 
     def _node_of(self, table: RemoteTable) -> Callable[[int], NodeCalls]:
