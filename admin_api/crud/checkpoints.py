@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from recstore.admin.crud.audit import record_event
+from recstore.admin.crud import audit
 from recstore.admin.crud.paging import page
 from recstore.admin.crud.writes import writes
 from recstore.admin.models import CheckpointRecord, TableRecord, utcnow
@@ -34,13 +34,12 @@ def request_checkpoint(
     )
     with writes(session):
         session.add(record)
-    record_event(
+    audit.record(
         session,
-        actor=actor,
-        action="checkpoint.request",
-        resource_type="checkpoint",
-        resource_name=f"{table.name}/{record.id}",
-        table_name=table.name,
+        actor,
+        "checkpoint.request",
+        table=table.name,
+        resource=record.id,
         after={"id": record.id, "state": record.state, "note": note},
     )
     return record

@@ -6,7 +6,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from recstore.admin import views
-from recstore.admin.crud.audit import record_event
+from recstore.admin.crud import audit
 from recstore.admin.crud.paging import page
 from recstore.admin.crud.tables import get_table
 from recstore.admin.crud.writes import writes
@@ -58,13 +58,12 @@ def register_node(session: Session, *, body: NodeRegister, actor: str) -> tuple[
         node.metrics_endpoint = body.metrics_endpoint
         node.ready = False
         node.registered_at = utcnow()
-    record_event(
+    audit.record(
         session,
-        actor=actor,
-        action="node.register",
-        resource_type="node",
-        resource_name=f"{table.name}/{body.shard_index}",
-        table_name=table.name,
+        actor,
+        "node.register",
+        table=table.name,
+        resource=body.shard_index,
         before=before,
         after=views.node_snapshot(node),
     )
@@ -80,13 +79,12 @@ def heartbeat(session: Session, *, node: NodeRecord, body: NodeHeartbeat, actor:
         node.memory_bytes = body.memory_bytes
         node.last_heartbeat = utcnow()
     if was_ready != body.ready:
-        record_event(
+        audit.record(
             session,
-            actor=actor,
-            action="node.ready" if body.ready else "node.unready",
-            resource_type="node",
-            resource_name=f"{node.table.name}/{node.shard_index}",
-            table_name=node.table.name,
+            actor,
+            "node.ready" if body.ready else "node.unready",
+            table=node.table.name,
+            resource=node.shard_index,
             before={"ready": was_ready},
             after={"ready": body.ready},
         )
@@ -94,16 +92,10 @@ def heartbeat(session: Session, *, node: NodeRecord, body: NodeHeartbeat, actor:
 
 
 def delete_node(session: Session, *, node: NodeRecord, actor: str) -> None:
-    name, table_name = f"{node.table.name}/{node.shard_index}", node.table.name
+    table_name, shard_index = node.table.name, node.shard_index  # read before the row is gone
     before = views.node_snapshot(node)
     with writes(session):
         session.delete(node)
-    record_event(
-        session,
-        actor=actor,
-        action="node.delete",
-        resource_type="node",
-        resource_name=name,
-        table_name=table_name,
-        before=before,
+    audit.record(
+        session, actor, "node.delete", table=table_name, resource=shard_index, before=before
     )

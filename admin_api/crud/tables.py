@@ -8,7 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from recstore.admin import views
-from recstore.admin.crud.audit import record_event
+from recstore.admin.crud import audit
 from recstore.admin.crud.checkpoints import complete_reported_checkpoint
 from recstore.admin.crud.paging import page
 from recstore.admin.crud.writes import writes
@@ -53,15 +53,7 @@ def create_table(session: Session, *, spec: TableSpec, actor: str) -> TableRecor
     )
     with writes(session, on_duplicate=TableExists(f"table {spec.name!r} already exists")):
         session.add(table)
-    record_event(
-        session,
-        actor=actor,
-        action="table.create",
-        resource_type="table",
-        resource_name=spec.name,
-        table_name=spec.name,
-        after=views.table_snapshot(table),
-    )
+    audit.record(session, actor, "table.create", table=spec.name, after=views.table_snapshot(table))
     return table
 
 
@@ -97,16 +89,7 @@ def patch_table(
             "from": views.slot_map_of(table).num_shards,
             "to": updated.shards,
         }
-    record_event(
-        session,
-        actor=actor,
-        action="table.update",
-        resource_type="table",
-        resource_name=table.name,
-        table_name=table.name,
-        before=before,
-        after=after,
-    )
+    audit.record(session, actor, "table.update", table=table.name, before=before, after=after)
     return table, previous
 
 
@@ -117,15 +100,7 @@ def delete_table(
     before = views.table_snapshot(table)
     with writes(session):
         session.delete(table)
-    record_event(
-        session,
-        actor=actor,
-        action="table.delete",
-        resource_type="table",
-        resource_name=table.name,
-        table_name=table.name,
-        before=before,
-    )
+    audit.record(session, actor, "table.delete", table=table.name, before=before)
 
 
 def set_status(
@@ -158,14 +133,5 @@ def set_status(
         complete_reported_checkpoint(session, table=table, last=status.last_checkpoint)
     after = views.table_snapshot(table)
     if after != before:
-        record_event(
-            session,
-            actor=actor,
-            action="table.status",
-            resource_type="table",
-            resource_name=table.name,
-            table_name=table.name,
-            before=before,
-            after=after,
-        )
+        audit.record(session, actor, "table.status", table=table.name, before=before, after=after)
     return table

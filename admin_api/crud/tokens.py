@@ -8,7 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from recstore.admin import views
-from recstore.admin.crud.audit import record_event
+from recstore.admin.crud import audit
 from recstore.admin.crud.paging import page
 from recstore.admin.crud.writes import writes
 from recstore.admin.errors import NotFound
@@ -31,14 +31,7 @@ def create_token(session: Session, *, name: str, role: Role, actor: str) -> tupl
     )
     with writes(session):
         session.add(token)
-    record_event(
-        session,
-        actor=actor,
-        action="token.create",
-        resource_type="token",
-        resource_name=name,
-        after=views.token_snapshot(token),
-    )
+    audit.record(session, actor, "token.create", resource=name, after=views.token_snapshot(token))
     return token, secret
 
 
@@ -60,12 +53,11 @@ def revoke_token(session: Session, *, token_id: int, actor: str) -> TokenRecord:
     before = views.token_snapshot(token)
     with writes(session):
         token.revoked_at = utcnow()
-    record_event(
+    audit.record(
         session,
-        actor=actor,
-        action="token.revoke",
-        resource_type="token",
-        resource_name=token.name,
+        actor,
+        "token.revoke",
+        resource=token.name,
         before=before,
         after=views.token_snapshot(token),
     )
