@@ -235,3 +235,37 @@ def test_deleting_a_table_removes_its_nodes_and_checkpoints(
     assert client.get("/api/v1/nodes", headers=admin_headers).json()["total"] == 0
     node_delete = client.delete("/api/v1/nodes/1", headers=admin_headers)
     assert node_delete.status_code == 404
+
+
+def test_every_change_names_its_resource_in_the_audit_log(
+    client: TestClient, admin_headers: dict[str, str], table: str
+) -> None:
+    node = register(client, admin_headers, 0, 5001)
+    beat = f"/api/v1/nodes/{node['id']}/heartbeat"
+    client.post(beat, json={"ready": True}, headers=admin_headers)
+    client.post(beat, json={"ready": False}, headers=admin_headers)
+    checkpoint = client.post(f"/api/v1/tables/{table}/checkpoints", headers=admin_headers).json()
+    client.put(f"/api/v1/tables/{table}/status", json={"phase": "Ready"}, headers=admin_headers)
+    client.patch(f"/api/v1/tables/{table}", json={"optimizer": {"lr": 0.5}}, headers=admin_headers)
+    token = client.post("/api/v1/tokens", json={"name": "ci"}, headers=admin_headers).json()
+    client.delete(f"/api/v1/tokens/{token['id']}", headers=admin_headers)
+    client.delete(f"/api/v1/nodes/{node['id']}", headers=admin_headers)
+    client.delete(f"/api/v1/tables/{table}", headers=admin_headers)
+    events = client.get("/api/v1/events?limit=500", headers=admin_headers).json()["items"]
+    named = [
+        (e["action"], e["resource_type"], e["resource_name"], e["table_name"])
+        for e in reversed(events)
+    ]
+    assert named == [
+        ("table.create", "table", table, table),
+        ("node.register", "node", f"{table}/0", table),
+        ("node.ready", "node", f"{table}/0", table),
+        ("node.unready", "node", f"{table}/0", table),
+        ("checkpoint.request", "checkpoint", f"{table}/{checkpoint['id']}", table),
+        ("table.status", "table", table, table),
+        ("table.update", "table", table, table),
+        ("token.create", "token", "ci", None),
+        ("token.revoke", "token", "ci", None),
+        ("node.delete", "node", f"{table}/0", table),
+        ("table.delete", "table", table, table),
+    ]

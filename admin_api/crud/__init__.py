@@ -1,0 +1,46 @@
+"""Catalogue operations, one module per resource (as the routes are): keyword-only functions
+over a Session, each mutation writing its audit event through ``audit``.
+
+Operations flush but do not commit (see ``writes``): the route calls ``commit``
+once the provisioner has accepted the change. The names below are the API the
+routes use, as ``crud.<name>``.
+"""
+
+from __future__ import annotations
+
+from recstore.admin.crud.checkpoints import list_checkpoints, recent_checkpoints, request_checkpoint
+from recstore.admin.crud.events import list_events
+from recstore.admin.crud.nodes import delete_node, get_node, heartbeat, list_nodes, register_node
+from recstore.admin.crud.tables import (
+    create_table,
+    delete_table,
+    get_table,
+    list_tables,
+    patch_table,
+    set_status,
+)
+from recstore.admin.crud.tokens import active_token, create_token, list_tokens, revoke_token
+from recstore.admin.crud.writes import commit
+
+__all__ = [
+    "active_token",
+    "commit",
+    "create_table",
+    "create_token",
+    "delete_node",
+    "delete_table",
+    "get_node",
+    "get_table",
+    "heartbeat",
+    "list_checkpoints",
+    "list_events",
+    "list_nodes",
+    "list_tables",
+    "list_tokens",
+    "patch_table",
+    "recent_checkpoints",
+    "register_node",
+    "request_checkpoint",
+    "revoke_token",
+    "set_status",
+]

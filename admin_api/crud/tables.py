@@ -1,0 +1,137 @@
+"""Table catalogue operations behind ``routes/tables.py``: create, read, patch, delete, status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from recstore.admin import views
+from recstore.admin.crud import audit
+from recstore.admin.crud.checkpoints import complete_reported_checkpoint
+from recstore.admin.crud.paging import page
+from recstore.admin.crud.writes import writes
+from recstore.admin.errors import VersionConflict
+from recstore.admin.models import TableRecord
+from recstore.admin.schemas import TableStatus
+from recstore.admin.spec_patch import apply_patch
+from recstore.core import SlotMap, TableSpec
+from recstore.core.errors import InvalidArgument, TableExists, TableNotFound
+
+
+def get_table(session: Session, *, name: str) -> TableRecord:
+    table = session.scalar(select(TableRecord).where(TableRecord.name == name))
+    if table is None:
+        raise TableNotFound(f"table {name!r} not found")
+    return table
+
+
+def list_tables(
+    session: Session, *, phase: str | None, name_prefix: str | None, limit: int, offset: int
+) -> tuple[list[TableRecord], int]:
+    query = select(TableRecord).order_by(TableRecord.name)
+    if phase:
+        query = query.where(TableRecord.phase == phase)
+    if name_prefix:
+        query = query.where(TableRecord.name.startswith(name_prefix, autoescape=True))
+    return page(session, query, limit=limit, offset=offset)
+
+
+def create_table(session: Session, *, spec: TableSpec, actor: str) -> TableRecord:
+    if session.scalar(select(TableRecord.id).where(TableRecord.name == spec.name)) is not None:
+        raise TableExists(f"table {spec.name!r} already exists")
+    table = TableRecord(
+        name=spec.name,
+        spec=spec.model_dump(mode="json"),
+        generation=1,
+        phase="Pending",
+        conditions=[],
+        status_shards=[],
+        slot_map=SlotMap.initial(spec.shards).to_dict(),
+        created_by=actor,
+    )
+    with writes(session, on_duplicate=TableExists(f"table {spec.name!r} already exists")):
+        session.add(table)
+    audit.record(session, actor, "table.create", table=spec.name, after=views.table_snapshot(table))
+    return table
+
+
+def check_version(table: TableRecord, expected: int | None) -> None:
+    if expected is not None and expected != table.resource_version:
+        raise VersionConflict(
+            f"table {table.name!r} is at resourceVersion {table.resource_version}, "
+            f"the request was made against {expected}; read it again"
+        )
+
+
+def patch_table(
+    session: Session,
+    *,
+    table: TableRecord,
+    changes: dict[str, Any],
+    expected_version: int | None,
+    actor: str,
+) -> tuple[TableRecord, TableSpec | None]:
+    """Apply a partial spec; returns the table and the previous spec (None: nothing changed)."""
+    check_version(table, expected_version)
+    previous = views.spec_of(table)
+    updated = apply_patch(previous, changes)
+    if updated == previous:
+        return table, None
+    before = views.table_snapshot(table)
+    with writes(session):
+        table.spec = updated.model_dump(mode="json")
+        table.generation += 1
+    after = views.table_snapshot(table)
+    if views.reshard_required(table):
+        after["reshardRequired"] = {
+            "from": views.slot_map_of(table).num_shards,
+            "to": updated.shards,
+        }
+    audit.record(session, actor, "table.update", table=table.name, before=before, after=after)
+    return table, previous
+
+
+def delete_table(
+    session: Session, *, table: TableRecord, expected_version: int | None, actor: str
+) -> None:
+    check_version(table, expected_version)
+    before = views.table_snapshot(table)
+    with writes(session):
+        session.delete(table)
+    audit.record(session, actor, "table.delete", table=table.name, before=before)
+
+
+def set_status(
+    session: Session, *, table: TableRecord, status: TableStatus, actor: str
+) -> TableRecord:
+    shards = views.slot_map_of(table).num_shards
+    if status.slot_map is not None:
+        try:
+            slot_map = SlotMap.from_dict(status.slot_map.model_dump())
+        except (ValueError, TypeError) as exc:
+            raise InvalidArgument(f"slotMap: {exc}") from exc
+        shards = slot_map.num_shards
+    wide = max(shards, int(table.spec["shards"]))
+    for shard in status.shards:
+        if shard.index >= wide:
+            raise InvalidArgument(f"shards[].index {shard.index} is out of range 0..{wide - 1}")
+    before = views.table_snapshot(table)
+    with writes(session):
+        table.phase = status.phase
+        table.conditions = [
+            c.model_dump(by_alias=True, exclude_none=True) for c in status.conditions
+        ]
+        table.observed_generation = status.observed_generation
+        table.status_shards = [s.model_dump() for s in sorted(status.shards, key=lambda s: s.index)]
+        if status.slot_map is not None:
+            table.slot_map = slot_map.to_dict()
+        elif status.slot_map_epoch is not None:
+            table.slot_map = {**table.slot_map, "epoch": status.slot_map_epoch}
+        table.last_checkpoint = status.last_checkpoint
+        complete_reported_checkpoint(session, table=table, last=status.last_checkpoint)
+    after = views.table_snapshot(table)
+    if after != before:
+        audit.record(session, actor, "table.status", table=table.name, before=before, after=after)
+    return table
