@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from recstore.core import ps_fields as fields
 from recstore.core.errors import InvalidArgument
 
 VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
@@ -206,16 +207,12 @@ class RowsResponse:  # PushResponse and UpdateResponse share this layout
     rows: int = 0
 
 
-PULL_REQUEST = {1: ("table", "string"), 2: ("epoch", "uint64"), 3: ("keys", "bytes"),
-                4: ("read_only", "bool")}  # fmt: skip
-PUSH_REQUEST = {1: ("table", "string"), 2: ("epoch", "uint64"), 3: ("keys", "bytes"),
-                4: ("values", "bytes"), 5: ("dtype", "string"), 6: ("dim", "uint32")}  # fmt: skip
-UPDATE_REQUEST = {1: ("table", "string"), 2: ("epoch", "uint64"), 3: ("keys", "bytes"),
-                  4: ("grads", "bytes"), 5: ("grad_dtype", "string"), 6: ("lr", "float"),
-                  7: ("dim", "uint32")}  # fmt: skip
-PULL_RESPONSE = {1: ("values", "bytes"), 2: ("dim", "uint32"), 3: ("dtype", "string"),
-                 4: ("found", "bytes")}  # fmt: skip
-ROWS_RESPONSE = {1: ("rows", "uint64")}
+PULL_REQUEST = fields.SCHEMAS["PullRequest"]
+PUSH_REQUEST = fields.SCHEMAS["PushRequest"]
+UPDATE_REQUEST = fields.SCHEMAS["UpdateRequest"]
+PULL_RESPONSE = fields.SCHEMAS["PullResponse"]
+ROWS_RESPONSE = fields.SCHEMAS["UpdateResponse"]
+assert fields.SCHEMAS["PushResponse"] == ROWS_RESPONSE
 
 
 def decode_pull_request(data: Buffer) -> PullRequest:
@@ -254,39 +251,41 @@ def decode_repeated(
     return found
 
 
-def decode_items(data: Buffer, decode_item: Callable[[memoryview], M]) -> list[M]:
-    """The ``repeated <message> items = 1`` of a Multi* message, each decoded in place."""
-    items: list[M] = decode_repeated(data, {1: decode_item})[1]
+def decode_items(data: Buffer, number: int, decode_item: Callable[[memoryview], M]) -> list[M]:
+    """The ``repeated <message>`` field ``number`` of a message, each decoded in place."""
+    items: list[M] = decode_repeated(data, {number: decode_item})[number]
     return items
 
 
 def decode_multi_pull_request(data: Buffer) -> list[PullRequest]:
-    return decode_items(data, decode_pull_request)
+    return decode_items(data, fields.MultiPullRequest.items, decode_pull_request)
 
 
 def decode_multi_pull_carrying(data: Buffer) -> tuple[list[PullRequest], list[UpdateRequest]]:
     """A MultiPullRequest whole: (pull items, the updates it carries)."""
-    fields = decode_repeated(data, {1: decode_pull_request, 2: decode_update_request})
-    return fields[1], fields[2]
+    items, updates = fields.MultiPullRequest.items, fields.MultiPullRequest.updates
+    found = decode_repeated(data, {items: decode_pull_request, updates: decode_update_request})
+    return found[items], found[updates]
 
 
 def decode_multi_pull_reply(data: Buffer) -> tuple[list[PullResponse], list[int]]:
     """A MultiPullResponse whole: (pull replies, rows applied per carried update)."""
-    fields = decode_repeated(data, {1: decode_pull_response, 2: decode_rows_response})
-    return fields[1], fields[2]
+    items, updates = fields.MultiPullResponse.items, fields.MultiPullResponse.updates
+    found = decode_repeated(data, {items: decode_pull_response, updates: decode_rows_response})
+    return found[items], found[updates]
 
 
 def decode_multi_update_request(data: Buffer) -> list[UpdateRequest]:
-    return decode_items(data, decode_update_request)
+    return decode_items(data, fields.MultiUpdateRequest.items, decode_update_request)
 
 
 def decode_multi_pull_response(data: Buffer) -> list[PullResponse]:
-    return decode_items(data, decode_pull_response)
+    return decode_items(data, fields.MultiPullResponse.items, decode_pull_response)
 
 
 def decode_multi_rows_response(data: Buffer) -> list[int]:
     """MultiUpdateResponse: rows applied per item."""
-    return decode_items(data, decode_rows_response)
+    return decode_items(data, fields.MultiUpdateResponse.items, decode_rows_response)
 
 
 # -- encoding -----------------------------------------------------------------------
@@ -415,9 +414,10 @@ def finish(message: bytes) -> bytes:
 def _write_pull_request(
     w: MessageWriter, table: str, keys: Any, epoch: int = 0, read_only: bool = False
 ) -> None:
-    w.string(1, table)
-    w.varint(4, read_only)
-    w.payload(3, keys, pad=(2, epoch))
+    f = fields.PullRequest
+    w.string(f.table, table)
+    w.varint(f.read_only, read_only)
+    w.payload(f.keys, keys, pad=(f.epoch, epoch))
 
 
 def encode_pull_request(table: str, keys: Any, *, epoch: int = 0, read_only: bool = False) -> bytes:
@@ -435,10 +435,12 @@ def encode_multi_pull_request(
     """
     w = MessageWriter()
     for update in updates:
-        w.message(2, functools.partial(_write_update_request, item=update))
+        w.message(
+            fields.MultiPullRequest.updates, functools.partial(_write_update_request, item=update)
+        )
     for item in items:
         w.message(
-            1,
+            fields.MultiPullRequest.items,
             functools.partial(
                 _write_pull_request,
                 table=item.table, keys=item.keys, epoch=item.epoch, read_only=item.read_only,
@@ -450,11 +452,11 @@ def encode_multi_pull_request(
 def encode_push_request(
     table: str, keys: Any, values: Any, *, epoch: int = 0, dtype: str = "", dim: int = 0
 ) -> bytes:
-    w = MessageWriter()
-    w.string(1, table)
-    w.string(5, dtype)
-    w.payload(3, keys, pad=(2, epoch))
-    w.payload(4, values, pad=(6, dim))
+    w, f = MessageWriter(), fields.PushRequest
+    w.string(f.table, table)
+    w.string(f.dtype, dtype)
+    w.payload(f.keys, keys, pad=(f.epoch, epoch))
+    w.payload(f.values, values, pad=(f.dim, dim))
     return w.tobytes()
 
 
@@ -474,37 +476,42 @@ def encode_update_request(
 
 
 def _write_update_request(w: MessageWriter, item: UpdateRequest) -> None:
-    w.string(1, item.table)
-    w.string(5, item.grad_dtype)
-    w.float32(6, item.lr)
-    w.payload(3, item.keys, pad=(2, item.epoch))
-    w.payload(4, item.grads, pad=(7, item.dim))
+    f = fields.UpdateRequest
+    w.string(f.table, item.table)
+    w.string(f.grad_dtype, item.grad_dtype)
+    w.float32(f.lr, item.lr)
+    w.payload(f.keys, item.keys, pad=(f.epoch, item.epoch))
+    w.payload(f.grads, item.grads, pad=(f.dim, item.dim))
 
 
 def encode_multi_update_request(items: Iterable[UpdateRequest]) -> bytes:
     """MultiUpdateRequest; each item's ``keys``/``grads`` copied once, 8-byte aligned."""
     w = MessageWriter()
     for item in items:
-        w.message(1, functools.partial(_write_update_request, item=item))
+        w.message(
+            fields.MultiUpdateRequest.items, functools.partial(_write_update_request, item=item)
+        )
     return w.tobytes()
 
 
 def encode_rows_response(rows: int) -> bytes:
     """PushResponse / UpdateResponse."""
     w = MessageWriter()
-    w.varint(1, rows)
+    _write_rows_response(w, rows)
     return w.tobytes()
 
 
 def _write_rows_response(w: MessageWriter, rows: int) -> None:
-    w.varint(1, rows)
+    w.varint(fields.UpdateResponse.rows, rows)
 
 
 def encode_multi_rows_response(rows: Iterable[int]) -> bytes:
     """MultiUpdateResponse: one UpdateResponse per item."""
     w = MessageWriter()
     for count in rows:
-        w.message(1, functools.partial(_write_rows_response, rows=count))
+        w.message(
+            fields.MultiUpdateResponse.items, functools.partial(_write_rows_response, rows=count)
+        )
     return w.tobytes()
 
 
@@ -524,10 +531,11 @@ PullShape = tuple[int, int, str, bool]  # rows, dim, dtype, read_only
 
 def _write_pull_response(w: MessageWriter, shape: PullShape) -> None:
     rows, dim, dtype, read_only = shape
-    w.string(3, dtype)
+    f = fields.PullResponse
+    w.string(f.dtype, dtype)
     if read_only:
-        w.payload(4, rows)
-    w.payload(1, rows * dim * wire_dtype(dtype).itemsize, pad=(2, dim))
+        w.payload(f.found, rows)
+    w.payload(f.values, rows * dim * wire_dtype(dtype).itemsize, pad=(f.dim, dim))
 
 
 def multi_pull_response_frame(
@@ -543,10 +551,14 @@ def multi_pull_response_frame(
         wire_dtype(dtype)  # refuse an unknown dtype before anything is allocated
     w = MessageWriter()
     for count in carried_rows:
-        w.message(2, functools.partial(_write_rows_response, rows=count))
+        w.message(
+            fields.MultiPullResponse.updates, functools.partial(_write_rows_response, rows=count)
+        )
     for shape in shapes:
         if embedded:
-            w.message(1, functools.partial(_write_pull_response, shape=shape))
+            w.message(
+                fields.MultiPullResponse.items, functools.partial(_write_pull_response, shape=shape)
+            )
         else:
             _write_pull_response(w, shape)
     message, holes = w.frame()
