@@ -7,7 +7,7 @@
 
 #include "hash.h"
 #include "protowire.h"
-#include "ps_fields.h"
+#include "ps_messages.h"
 
 namespace recstore::codec {
 namespace {
@@ -16,33 +16,23 @@ using namespace recstore::protowire;
 using namespace recstore::ps_fields;
 
 // The gathered keys of one (table, node) group.
-// PullRequest and UpdateRequest share these fields.
-static_assert(kPullRequest_table == kUpdateRequest_table &&
-              kPullRequest_keys == kUpdateRequest_keys &&
-              kPullRequest_epoch == kUpdateRequest_epoch);
-
-void write_keys(Writer& w, const Keys& keys, const Route& route, int node,
-                std::vector<int64_t>& scratch) {
+Payload gather_keys(const Keys& keys, const Route& route, int node, std::vector<int64_t>& scratch) {
   const int64_t count = route.counts[node];
   const int64_t* order = route.order.data() + route.offsets[node];
   scratch.resize(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) scratch[i] = keys.keys[order[i]];
-  w.aligned_payload(kPullRequest_keys, scratch.data(),
-                    static_cast<size_t>(count) * sizeof(int64_t), kPullRequest_epoch, keys.epoch);
+  return {scratch.data(), scratch.size() * sizeof(int64_t)};
 }
 
 void write_pull(Writer& w, const PullItem& item, const Route& route, int node,
                 std::vector<int64_t>& scratch) {
-  w.string_field(kPullRequest_table, item.keys.table);
-  write_keys(w, item.keys, route, node, scratch);
+  write_pull_request(w, item.keys.table, item.keys.epoch,
+                     gather_keys(item.keys, route, node, scratch), false);
 }
 
 void write_update(Writer& w, const UpdateItem& item, const Route& route, int node,
                   std::vector<int64_t>& scratch, std::vector<uint8_t>& rows) {
-  w.string_field(kUpdateRequest_table, item.keys.table);
-  w.string_field(kUpdateRequest_grad_dtype, item.grad_dtype);
-  if (item.has_lr) w.float_field(kUpdateRequest_lr, item.lr);
-  write_keys(w, item.keys, route, node, scratch);
+  const Payload keys = gather_keys(item.keys, route, node, scratch);
   const int64_t count = route.counts[node];
   const int64_t* order = route.order.data() + route.offsets[node];
   const size_t row = static_cast<size_t>(item.row_bytes);
@@ -50,8 +40,8 @@ void write_update(Writer& w, const UpdateItem& item, const Route& route, int nod
   for (int64_t i = 0; i < count; ++i) {
     std::memcpy(rows.data() + i * row, item.grads + order[i] * item.row_bytes, row);
   }
-  w.aligned_payload(kUpdateRequest_grads, rows.data(), rows.size(), kUpdateRequest_dim,
-                    item.dim);
+  write_update_request(w, item.keys.table, item.keys.epoch, keys, {rows.data(), rows.size()},
+                       item.grad_dtype, item.has_lr ? &item.lr : nullptr, item.dim);
 }
 
 struct PullReply {

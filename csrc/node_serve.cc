@@ -7,7 +7,7 @@
 #include "hash.h"
 #include "optimizer.h"
 #include "protowire.h"
-#include "ps_fields.h"
+#include "ps_messages.h"
 
 namespace recstore::serve {
 namespace {
@@ -141,21 +141,21 @@ class Checker {
 void frame_reply(Writer& w, Plan& plan, const std::vector<Hosted>& hosted) {
   if (plan.method == Method::kMultiUpdate) {
     for (const Update& u : plan.updates) {
-      w.message(kMultiUpdateResponse_items, [&] { w.varint_field(kUpdateResponse_rows, u.n); });
+      w.message(kMultiUpdateResponse_items, [&] { write_rows_response(w, u.n); });
     }
     return;
   }
   for (const Update& u : plan.updates) {
-    w.message(kMultiPullResponse_updates, [&] { w.varint_field(kUpdateResponse_rows, u.n); });
+    w.message(kMultiPullResponse_updates, [&] { write_rows_response(w, u.n); });
   }
   for (Pull& p : plan.pulls) {
     const Hosted& h = hosted[p.table];
     w.message(kMultiPullResponse_items, [&] {
-      w.string_field(kPullResponse_dtype, h.dtype);
       const size_t bytes =
           static_cast<size_t>(p.n * h.table->dim()) * dtype_size(h.table->options().dtype);
-      p.value_at = w.aligned_hole(kPullResponse_values, bytes, kPullResponse_dim,
-                                  static_cast<uint64_t>(h.table->dim()));
+      p.value_at = write_pull_response(w, h.dtype, static_cast<uint32_t>(h.table->dim()), bytes,
+                                       false, static_cast<size_t>(p.n))
+                       .values_at;
     });
   }
 }
