@@ -83,27 +83,24 @@ struct UpdateItem {  // (table, epoch, keys, grads, grad_dtype, lr or None, dim)
   uint32_t dim;
 };
 
-inline std::vector<PullItem> pull_items(const nb::list& items) {
-  std::vector<PullItem> out;
-  out.reserve(items.size());
-  for (nb::handle h : items) {
-    auto t = nb::cast<nb::tuple>(h);
-    out.push_back({nb::cast<std::string>(t[0]), nb::cast<uint64_t>(t[1]), Buffer(t[2]),
-                   nb::cast<bool>(t[3])});
-  }
-  return out;
+inline PullItem pull_item(const nb::tuple& t) {
+  return {nb::cast<std::string>(t[0]), nb::cast<uint64_t>(t[1]), Buffer(t[2]),
+          nb::cast<bool>(t[3])};
 }
 
-inline std::vector<UpdateItem> update_items(const nb::list& items) {
-  std::vector<UpdateItem> out;
+inline UpdateItem update_item(const nb::tuple& t) {
+  std::optional<float> lr;
+  if (!t[5].is_none()) lr = nb::cast<float>(t[5]);
+  return {nb::cast<std::string>(t[0]), nb::cast<uint64_t>(t[1]), Buffer(t[2]), Buffer(t[3]),
+          nb::cast<std::string>(t[4]), lr, nb::cast<uint32_t>(t[6])};
+}
+
+// Every tuple of `items` read by `read`.
+template <class Read>
+auto items_of(const nb::list& items, Read&& read) {
+  std::vector<decltype(read(nb::tuple()))> out;
   out.reserve(items.size());
-  for (nb::handle h : items) {
-    auto t = nb::cast<nb::tuple>(h);
-    std::optional<float> lr;
-    if (!t[5].is_none()) lr = nb::cast<float>(t[5]);
-    out.push_back({nb::cast<std::string>(t[0]), nb::cast<uint64_t>(t[1]), Buffer(t[2]),
-                   Buffer(t[3]), nb::cast<std::string>(t[4]), lr, nb::cast<uint32_t>(t[6])});
-  }
+  for (nb::handle h : items) out.push_back(read(nb::cast<nb::tuple>(h)));
   return out;
 }
 
@@ -135,12 +132,10 @@ using Hole = nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>;
 // found masks) left as holes: (frame, [(values bytes, found bytes or None)]).
 inline nb::tuple pull_reply_frame(const nb::list& shape_args, bool embedded,
                                   const std::vector<uint64_t>& carried) {
-  std::vector<PullShape> shapes;
-  for (nb::handle h : shape_args) {
-    auto t = nb::cast<nb::tuple>(h);
-    shapes.push_back({nb::cast<uint64_t>(t[0]), nb::cast<uint32_t>(t[1]),
-                      nb::cast<std::string>(t[2]), nb::cast<uint64_t>(t[3]), nb::cast<bool>(t[4])});
-  }
+  const std::vector<PullShape> shapes = items_of(shape_args, [](const nb::tuple& t) {
+    return PullShape{nb::cast<uint64_t>(t[0]), nb::cast<uint32_t>(t[1]),
+                     nb::cast<std::string>(t[2]), nb::cast<uint64_t>(t[3]), nb::cast<bool>(t[4])};
+  });
   std::vector<PullHoles> holes;
   auto write = [&](Writer& w) {
     holes.clear();
@@ -184,7 +179,8 @@ inline void bind(nb::module_& m) {
       "encode_pull_request",
       [](const std::string& table, nb::handle keys, uint64_t epoch, bool read_only) {
         const Buffer k(keys);
-        return encode([&](Writer& w) { write_pull_request(w, table, epoch, k.payload(), read_only); });
+        return encode(
+            [&](Writer& w) { write_pull_request(w, table, epoch, k.payload(), read_only); });
       },
       "table"_a, "keys"_a, "epoch"_a, "read_only"_a);
   m.def(
@@ -200,17 +196,15 @@ inline void bind(nb::module_& m) {
   m.def(
       "encode_update_request",
       [](const nb::tuple& item) {
-        nb::list one;
-        one.append(item);
-        const std::vector<UpdateItem> items = update_items(one);
-        return encode([&](Writer& w) { write_update_item(w, items[0]); });
+        const UpdateItem u = update_item(item);
+        return encode([&](Writer& w) { write_update_item(w, u); });
       },
       "item"_a, "An UpdateRequest of (table, epoch, keys, grads, grad_dtype, lr, dim)");
   m.def(
       "encode_multi_pull_request",
       [](const nb::list& item_args, const nb::list& update_args) {
-        const std::vector<PullItem> items = pull_items(item_args);
-        const std::vector<UpdateItem> updates = update_items(update_args);
+        const std::vector<PullItem> items = items_of(item_args, pull_item);
+        const std::vector<UpdateItem> updates = items_of(update_args, update_item);
         return encode([&](Writer& w) {
           for (const UpdateItem& u : updates) {
             w.message(kMultiPullRequest_updates, [&] { write_update_item(w, u); });
@@ -224,7 +218,7 @@ inline void bind(nb::module_& m) {
   m.def(
       "encode_multi_update_request",
       [](const nb::list& item_args) {
-        const std::vector<UpdateItem> items = update_items(item_args);
+        const std::vector<UpdateItem> items = items_of(item_args, update_item);
         return encode([&](Writer& w) {
           for (const UpdateItem& u : items) {
             w.message(kMultiUpdateRequest_items, [&] { write_update_item(w, u); });
