@@ -19,6 +19,7 @@
 #include "table.h"
 #include "unique_keys.h"
 #include "version.h"
+#include "wire_bindings.h"
 
 #if defined(RECSTORE_WITH_CUDA) && __has_include("cuda/bindings.h")
 #include "cuda/bindings.h"
@@ -196,6 +197,7 @@ NB_MODULE(_native, m) {
 
   recstore::codec::bindings::bind(m);
   recstore::serve::bindings::bind(m);
+  recstore::protowire::bindings::bind(m);
 
 #ifdef RECSTORE_BIND_CUDA
   bind_cuda(m);

@@ -7,35 +7,32 @@
 
 #include "hash.h"
 #include "protowire.h"
+#include "ps_messages.h"
 
 namespace recstore::codec {
 namespace {
 
 using namespace recstore::protowire;
+using namespace recstore::ps_fields;
 
 // The gathered keys of one (table, node) group.
-void write_keys(Writer& w, const Keys& keys, const Route& route, int node, uint32_t number,
-                std::vector<int64_t>& scratch) {
+Payload gather_keys(const Keys& keys, const Route& route, int node, std::vector<int64_t>& scratch) {
   const int64_t count = route.counts[node];
   const int64_t* order = route.order.data() + route.offsets[node];
   scratch.resize(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) scratch[i] = keys.keys[order[i]];
-  w.aligned_payload(number, scratch.data(), static_cast<size_t>(count) * sizeof(int64_t), 2,
-                    keys.epoch);
+  return {scratch.data(), scratch.size() * sizeof(int64_t)};
 }
 
 void write_pull(Writer& w, const PullItem& item, const Route& route, int node,
                 std::vector<int64_t>& scratch) {
-  w.string_field(1, item.keys.table);
-  write_keys(w, item.keys, route, node, 3, scratch);
+  write_pull_request(w, item.keys.table, item.keys.epoch,
+                     gather_keys(item.keys, route, node, scratch), false);
 }
 
 void write_update(Writer& w, const UpdateItem& item, const Route& route, int node,
                   std::vector<int64_t>& scratch, std::vector<uint8_t>& rows) {
-  w.string_field(1, item.keys.table);
-  w.string_field(5, item.grad_dtype);
-  if (item.has_lr) w.float_field(6, item.lr);
-  write_keys(w, item.keys, route, node, 3, scratch);
+  const Payload keys = gather_keys(item.keys, route, node, scratch);
   const int64_t count = route.counts[node];
   const int64_t* order = route.order.data() + route.offsets[node];
   const size_t row = static_cast<size_t>(item.row_bytes);
@@ -43,7 +40,8 @@ void write_update(Writer& w, const UpdateItem& item, const Route& route, int nod
   for (int64_t i = 0; i < count; ++i) {
     std::memcpy(rows.data() + i * row, item.grads + order[i] * item.row_bytes, row);
   }
-  w.aligned_payload(4, rows.data(), rows.size(), 7, item.dim);
+  write_update_request(w, item.keys.table, item.keys.epoch, keys, {rows.data(), rows.size()},
+                       item.grad_dtype, item.has_lr ? &item.lr : nullptr, item.dim);
 }
 
 struct PullReply {
@@ -55,9 +53,11 @@ struct PullReply {
 PullReply parse_pull_reply(std::string_view message) {
   PullReply reply;
   for_each_field(message, [&](const Field& f) {
-    if (f.number == 1 && f.wire_type == kLen) reply.values = f.bytes;
-    if (f.number == 2 && f.wire_type == kVarint) reply.dim = f.value & 0xFFFFFFFFULL;
-    if (f.number == 3 && f.wire_type == kLen) reply.dtype = f.bytes;
+    if (f.number == kPullResponse_values && f.wire_type == kLen) reply.values = f.bytes;
+    if (f.number == kPullResponse_dim && f.wire_type == kVarint) {
+      reply.dim = f.value & 0xFFFFFFFFULL;
+    }
+    if (f.number == kPullResponse_dtype && f.wire_type == kLen) reply.dtype = f.bytes;
   });
   return reply;
 }
@@ -65,7 +65,8 @@ PullReply parse_pull_reply(std::string_view message) {
 uint64_t parse_rows(std::string_view message) {
   uint64_t rows = 0;
   for_each_field(message, [&](const Field& f) {
-    if (f.number == 1 && f.wire_type == kVarint) rows = f.value;
+    static_assert(kPushResponse_rows == kUpdateResponse_rows);
+    if (f.number == kUpdateResponse_rows && f.wire_type == kVarint) rows = f.value;
   });
   return rows;
 }
@@ -111,7 +112,8 @@ size_t encode_request(Method method, int node, const std::vector<PullItem>& pull
   Writer w(out);
   std::vector<int64_t> scratch;
   std::vector<uint8_t> rows;
-  const uint32_t update_field = method == Method::kMultiPull ? 2 : 1;
+  const uint32_t update_field =
+      method == Method::kMultiPull ? kMultiPullRequest_updates : kMultiUpdateRequest_items;
   for (size_t i = 0; i < updates.size(); ++i) {
     if (!update_goes_to(updates[i], update_routes[i], node)) continue;
     w.message(update_field,
@@ -120,7 +122,8 @@ size_t encode_request(Method method, int node, const std::vector<PullItem>& pull
   if (method == Method::kMultiPull) {
     for (size_t i = 0; i < pulls.size(); ++i) {
       if (!pull_goes_to(pull_routes[i], node)) continue;
-      w.message(1, [&] { write_pull(w, pulls[i], pull_routes[i], node, scratch); });
+      w.message(kMultiPullRequest_items,
+                [&] { write_pull(w, pulls[i], pull_routes[i], node, scratch); });
     }
   } else if (!pulls.empty()) {
     throw std::invalid_argument("a MultiUpdate has no pull items");
@@ -134,8 +137,8 @@ std::vector<uint64_t> scatter_pull_reply(const uint8_t* data, size_t size,
   std::vector<uint64_t> applied;
   for_each_field(view(data, size), [&](const Field& f) {
     if (f.wire_type != kLen) return;
-    if (f.number == 1) items.push_back(parse_pull_reply(f.bytes));
-    if (f.number == 2) applied.push_back(parse_rows(f.bytes));
+    if (f.number == kMultiPullResponse_items) items.push_back(parse_pull_reply(f.bytes));
+    if (f.number == kMultiPullResponse_updates) applied.push_back(parse_rows(f.bytes));
   });
   if (items.size() != targets.size() || applied.size() != carried) {
     throw std::invalid_argument(std::to_string(items.size()) + " items and " +
@@ -171,7 +174,9 @@ std::vector<uint64_t> scatter_pull_reply(const uint8_t* data, size_t size,
 std::vector<uint64_t> parse_rows_reply(const uint8_t* data, size_t size, size_t expected) {
   std::vector<uint64_t> rows;
   for_each_field(view(data, size), [&](const Field& f) {
-    if (f.number == 1 && f.wire_type == kLen) rows.push_back(parse_rows(f.bytes));
+    if (f.number == kMultiUpdateResponse_items && f.wire_type == kLen) {
+      rows.push_back(parse_rows(f.bytes));
+    }
   });
   if (rows.size() != expected) {
     throw std::invalid_argument(std::to_string(rows.size()) + " items answered, " +

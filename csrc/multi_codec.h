@@ -6,9 +6,10 @@
 // more than the step's compute. Here each table's keys are routed (fmix64
 // slot -> node) with a counting sort, and each node's request is written in
 // two passes (size, then bytes) straight into the Python bytes object that
-// goes on the wire. The bytes are exactly those of recstore.core.wire's
-// encoder, payloads 8-byte aligned by widening the varint before them, so a
-// node reads keys and gradients in place. Replies are scattered back into the
+// goes on the wire. The messages are written by ps_messages.h, as every
+// data-path encoder writes them (recstore.core.wire's included), payloads
+// 8-byte aligned by widening the varint before them, so a node reads keys and
+// gradients in place. Replies are scattered back into the
 // callers' output rows the same way. Pure functions over plain buffers: the
 // bindings in module.cc check the Python side.
 #pragma once

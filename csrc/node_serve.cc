@@ -7,11 +7,18 @@
 #include "hash.h"
 #include "optimizer.h"
 #include "protowire.h"
+#include "ps_messages.h"
 
 namespace recstore::serve {
 namespace {
 
 using namespace recstore::protowire;
+using namespace recstore::ps_fields;
+
+// One parser reads both PullRequest and UpdateRequest items: their shared
+// fields have the same numbers, the others do not collide in wire type.
+static_assert(kPullRequest_table == kUpdateRequest_table &&
+              kPullRequest_keys == kUpdateRequest_keys);
 
 // One PullRequest / UpdateRequest as it lies in the request.
 struct RawItem {
@@ -26,14 +33,14 @@ RawItem parse_item(std::string_view message) {
   RawItem item;
   for_each_field(message, [&](const Field& f) {
     if (f.wire_type == kLen) {
-      if (f.number == 1) item.table = f.bytes;
-      if (f.number == 3) item.keys = f.bytes;
-      if (f.number == 4) item.grads = f.bytes;
-      if (f.number == 5) item.grad_dtype = f.bytes;
+      if (f.number == kUpdateRequest_table) item.table = f.bytes;
+      if (f.number == kUpdateRequest_keys) item.keys = f.bytes;
+      if (f.number == kUpdateRequest_grads) item.grads = f.bytes;
+      if (f.number == kUpdateRequest_grad_dtype) item.grad_dtype = f.bytes;
     } else if (f.wire_type == kVarint) {
-      if (f.number == 4) item.read_only = f.value != 0;  // PullRequest.read_only
-      if (f.number == 7) item.dim = f.value & 0xFFFFFFFFULL;
-    } else if (f.wire_type == kI32 && f.number == 6) {
+      if (f.number == kPullRequest_read_only) item.read_only = f.value != 0;
+      if (f.number == kUpdateRequest_dim) item.dim = f.value & 0xFFFFFFFFULL;
+    } else if (f.wire_type == kI32 && f.number == kUpdateRequest_lr) {
       item.has_lr = true;
       std::memcpy(&item.lr, f.fixed, sizeof item.lr);
     }
@@ -47,9 +54,9 @@ void parse_request(std::string_view request, Method method, std::vector<RawItem>
   for_each_field(request, [&](const Field& f) {
     if (f.wire_type != kLen) return;
     if (method == Method::kMultiPull) {
-      if (f.number == 1) pulls.push_back(parse_item(f.bytes));
-      if (f.number == 2) updates.push_back(parse_item(f.bytes));
-    } else if (f.number == 1) {
+      if (f.number == kMultiPullRequest_items) pulls.push_back(parse_item(f.bytes));
+      if (f.number == kMultiPullRequest_updates) updates.push_back(parse_item(f.bytes));
+    } else if (f.number == kMultiUpdateRequest_items) {
       updates.push_back(parse_item(f.bytes));
     }
   });
@@ -133,17 +140,22 @@ class Checker {
 // a hole whose offset lands in Pull::value_at; with a counting writer, the size.
 void frame_reply(Writer& w, Plan& plan, const std::vector<Hosted>& hosted) {
   if (plan.method == Method::kMultiUpdate) {
-    for (const Update& u : plan.updates) w.message(1, [&] { w.varint_field(1, u.n); });
+    for (const Update& u : plan.updates) {
+      w.message(kMultiUpdateResponse_items, [&] { write_rows_response(w, u.n); });
+    }
     return;
   }
-  for (const Update& u : plan.updates) w.message(2, [&] { w.varint_field(1, u.n); });
+  for (const Update& u : plan.updates) {
+    w.message(kMultiPullResponse_updates, [&] { write_rows_response(w, u.n); });
+  }
   for (Pull& p : plan.pulls) {
     const Hosted& h = hosted[p.table];
-    w.message(1, [&] {
-      w.string_field(3, h.dtype);
+    w.message(kMultiPullResponse_items, [&] {
       const size_t bytes =
           static_cast<size_t>(p.n * h.table->dim()) * dtype_size(h.table->options().dtype);
-      p.value_at = w.aligned_hole(1, bytes, 2, static_cast<uint64_t>(h.table->dim()));
+      p.value_at = write_pull_response(w, h.dtype, static_cast<uint32_t>(h.table->dim()), bytes,
+                                       false, static_cast<size_t>(p.n))
+                       .values_at;
     });
   }
 }

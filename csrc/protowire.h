@@ -1,10 +1,10 @@
 // Protocol-buffers wire format, written and read by hand for the data path.
 //
-// The multi-table messages are a handful of fields around large byte
-// payloads; a general protobuf library would copy every payload once more and
-// cannot lay payloads out 8-byte aligned. Writer reproduces
-// recstore.core.wire.MessageWriter byte for byte (fixed-width lengths of
-// embedded messages, aligned payloads); Reader walks fields without copying.
+// The data-path messages are a handful of fields around large byte payloads;
+// a general protobuf library would copy every payload once more and cannot lay
+// payloads out 8-byte aligned. Writer lays messages out with fixed-width
+// lengths of embedded messages and aligned payloads (ps_messages.h writes
+// each message with it); Reader walks fields without copying.
 #pragma once
 
 #include <algorithm>
@@ -20,7 +20,7 @@ namespace recstore::protowire {
 constexpr int kVarint = 0, kI64 = 1, kLen = 2, kI32 = 5;
 constexpr size_t kAlign = 8;
 constexpr size_t kMaxVarint = 10;
-constexpr size_t kEmbeddedLengthWidth = 5;  // as recstore.core.wire.EMBEDDED_LENGTH_WIDTH
+constexpr size_t kEmbeddedLengthWidth = 5;  // the length varint of an embedded message
 
 inline size_t varint_size(uint64_t value) {
   size_t size = 1;
@@ -73,7 +73,8 @@ class Writer {
     raw(&value, sizeof value);  // little-endian hosts only (as the engine)
   }
   // Bytes field `number` preceded by varint field pad_number = pad_value,
-  // widened so the payload starts 8-byte aligned (wire.MessageWriter.payload).
+  // widened so the payload starts 8-byte aligned (always reachable when the
+  // value is below 2**21; a huge value leaves the payload where it falls).
   void aligned_payload(uint32_t number, const void* data, size_t size, uint32_t pad_number,
                        uint64_t pad_value) {
     const size_t at = aligned_hole(number, size, pad_number, pad_value);
@@ -95,6 +96,15 @@ class Writer {
     }
     tag(pad_number, kVarint);
     varint(pad_value, width);
+    tag(number, kLen);
+    varint(size);
+    const size_t at = pos_;
+    pos_ += size;
+    return at;
+  }
+  // Bytes field `number` of `size` bytes left for the caller to fill (not
+  // aligned); returns where they start.
+  size_t hole(uint32_t number, size_t size) {
     tag(number, kLen);
     varint(size);
     const size_t at = pos_;

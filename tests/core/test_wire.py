@@ -282,12 +282,15 @@ def test_every_truncation_is_refused_or_parses_like_protobuf(cut: int) -> None:
 
 # -- buffers ---------------------------------------------------------------------------
 @pytest.mark.parametrize("size", [0, 1, 2, 3, 4096, 1 << 20])
-def test_writable_bytes_are_filled_in_place(size: int) -> None:
-    message, view = wire.writable_bytes(size)
-    view[:] = bytes(range(256)) * (size // 256) + bytes(range(size % 256))
-    sent = wire.finish(message)
-    assert type(sent) is bytes and len(sent) == size
-    assert sent == bytes(range(256)) * (size // 256) + bytes(range(size % 256))
+def test_frame_holes_are_filled_in_place(size: int) -> None:
+    frame, values, found = wire.pull_response_frame(size, 0, "float32", True)
+    assert found is not None and values.shape == (size, 0)
+    found.view(np.uint8)[:] = np.frombuffer(bytes(range(256)) * (size // 256 + 1), np.uint8)[:size]
+    sent = wire.finish(frame)
+    assert type(sent) is bytes
+    assert ps_pb2.PullResponse.FromString(sent).found == (
+        bytes(range(256)) * (size // 256) + bytes(range(size % 256))
+    )
 
 
 @pytest.mark.parametrize(("nbytes", "ok"), [(0, True), (8, True), (7, False), (81, False)])

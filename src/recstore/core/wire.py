@@ -1,28 +1,31 @@
-"""Protobuf wire format of the PS data path (Pull, Push, Update), by hand and zero-copy.
+"""Protobuf wire format of the PS data path (Pull, Push, Update), zero-copy.
 
-``proto/recstore/v1/ps.proto`` stays the contract: every message written here
-parses with the generated classes and every message they write parses here.
-What this module avoids is protobuf's copies of the big ``bytes`` fields: a
-decoded request hands out ``memoryview`` slices of the received buffer, and an
-encoded message copies each payload exactly once. Requests are laid out so
-each payload starts 8-byte aligned (a padded varint field goes just before it;
-fields may appear in any order and varints may carry redundant continuation
-bytes), so ``np.frombuffer`` views of them are aligned on the receiving side.
-Malformed input raises ``InvalidArgument``. No protobuf, gRPC or torch import:
-the PS node and the SDK both build on it.
+``proto/recstore/v1/ps.proto`` stays the contract (field numbers come from it,
+generated into ``recstore.core.ps_fields`` and ``csrc/ps_fields.h``): every
+message written here parses with the generated classes and every message they
+write parses here. What this module avoids is protobuf's copies of the big
+``bytes`` fields: a decoded request hands out ``memoryview`` slices of the
+received buffer, and the encoders (native, in ``recstore._native``: the one
+codec the SDK, the node and the native node path share) write each message
+straight into the bytes object that is sent, copying each payload once.
+Requests are laid out so each payload starts 8-byte aligned (a padded varint
+field goes just before it; fields may appear in any order and varints may
+carry redundant continuation bytes), so ``np.frombuffer`` views of them are
+aligned on the receiving side. Malformed input raises ``InvalidArgument``. No
+protobuf, gRPC or torch import: the PS node and the SDK both build on it.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
+import importlib
 import struct
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from recstore.core import ps_fields as fields
 from recstore.core.errors import InvalidArgument
 
 VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
@@ -33,9 +36,6 @@ Buffer = bytes | bytearray | memoryview
 SERVICE = "/recstore.v1.ParameterServer/"
 PULL, PUSH, UPDATE = SERVICE + "Pull", SERVICE + "Push", SERVICE + "Update"
 MULTI_PULL, MULTI_UPDATE = SERVICE + "MultiPull", SERVICE + "MultiUpdate"
-#: width of the length varint of an embedded message: its size is known only after
-#: its payloads are placed, and a fixed width lets them be placed aligned first
-EMBEDDED_LENGTH_WIDTH = 5
 
 #: numpy layout of each table dtype on the wire (bfloat16 as raw uint16 bits).
 WIRE_DTYPES: dict[str, np.dtype] = {
@@ -43,6 +43,9 @@ WIRE_DTYPES: dict[str, np.dtype] = {
     "float16": np.dtype("<f2"),
     "bfloat16": np.dtype("<u2"),
 }
+#: the native codec (csrc/wire_bindings.h); by name, as import-linter cannot see a
+#: compiled module and would count ``from recstore import _native`` as the package
+_native: Any = importlib.import_module("recstore._native")
 
 
 # -- primitives -------------------------------------------------------------------
@@ -206,16 +209,12 @@ class RowsResponse:  # PushResponse and UpdateResponse share this layout
     rows: int = 0
 
 
-PULL_REQUEST = {1: ("table", "string"), 2: ("epoch", "uint64"), 3: ("keys", "bytes"),
-                4: ("read_only", "bool")}  # fmt: skip
-PUSH_REQUEST = {1: ("table", "string"), 2: ("epoch", "uint64"), 3: ("keys", "bytes"),
-                4: ("values", "bytes"), 5: ("dtype", "string"), 6: ("dim", "uint32")}  # fmt: skip
-UPDATE_REQUEST = {1: ("table", "string"), 2: ("epoch", "uint64"), 3: ("keys", "bytes"),
-                  4: ("grads", "bytes"), 5: ("grad_dtype", "string"), 6: ("lr", "float"),
-                  7: ("dim", "uint32")}  # fmt: skip
-PULL_RESPONSE = {1: ("values", "bytes"), 2: ("dim", "uint32"), 3: ("dtype", "string"),
-                 4: ("found", "bytes")}  # fmt: skip
-ROWS_RESPONSE = {1: ("rows", "uint64")}
+PULL_REQUEST = fields.SCHEMAS["PullRequest"]
+PUSH_REQUEST = fields.SCHEMAS["PushRequest"]
+UPDATE_REQUEST = fields.SCHEMAS["UpdateRequest"]
+PULL_RESPONSE = fields.SCHEMAS["PullResponse"]
+ROWS_RESPONSE = fields.SCHEMAS["UpdateResponse"]
+assert fields.SCHEMAS["PushResponse"] == ROWS_RESPONSE
 
 
 def decode_pull_request(data: Buffer) -> PullRequest:
@@ -254,176 +253,58 @@ def decode_repeated(
     return found
 
 
-def decode_items(data: Buffer, decode_item: Callable[[memoryview], M]) -> list[M]:
-    """The ``repeated <message> items = 1`` of a Multi* message, each decoded in place."""
-    items: list[M] = decode_repeated(data, {1: decode_item})[1]
+def decode_items(data: Buffer, number: int, decode_item: Callable[[memoryview], M]) -> list[M]:
+    """The ``repeated <message>`` field ``number`` of a message, each decoded in place."""
+    items: list[M] = decode_repeated(data, {number: decode_item})[number]
     return items
 
 
 def decode_multi_pull_request(data: Buffer) -> list[PullRequest]:
-    return decode_items(data, decode_pull_request)
+    return decode_items(data, fields.MultiPullRequest.items, decode_pull_request)
 
 
 def decode_multi_pull_carrying(data: Buffer) -> tuple[list[PullRequest], list[UpdateRequest]]:
     """A MultiPullRequest whole: (pull items, the updates it carries)."""
-    fields = decode_repeated(data, {1: decode_pull_request, 2: decode_update_request})
-    return fields[1], fields[2]
+    items, updates = fields.MultiPullRequest.items, fields.MultiPullRequest.updates
+    found = decode_repeated(data, {items: decode_pull_request, updates: decode_update_request})
+    return found[items], found[updates]
 
 
 def decode_multi_pull_reply(data: Buffer) -> tuple[list[PullResponse], list[int]]:
     """A MultiPullResponse whole: (pull replies, rows applied per carried update)."""
-    fields = decode_repeated(data, {1: decode_pull_response, 2: decode_rows_response})
-    return fields[1], fields[2]
+    items, updates = fields.MultiPullResponse.items, fields.MultiPullResponse.updates
+    found = decode_repeated(data, {items: decode_pull_response, updates: decode_rows_response})
+    return found[items], found[updates]
 
 
 def decode_multi_update_request(data: Buffer) -> list[UpdateRequest]:
-    return decode_items(data, decode_update_request)
+    return decode_items(data, fields.MultiUpdateRequest.items, decode_update_request)
 
 
 def decode_multi_pull_response(data: Buffer) -> list[PullResponse]:
-    return decode_items(data, decode_pull_response)
+    return decode_items(data, fields.MultiPullResponse.items, decode_pull_response)
 
 
 def decode_multi_rows_response(data: Buffer) -> list[int]:
     """MultiUpdateResponse: rows applied per item."""
-    return decode_items(data, decode_rows_response)
+    return decode_items(data, fields.MultiUpdateResponse.items, decode_rows_response)
 
 
-# -- encoding -----------------------------------------------------------------------
-@functools.cache
-def _tag(number: int, wire_type: int) -> bytes:
-    return encode_varint(number << 3 | wire_type)
+# -- encoding (native: recstore._native, csrc/ps_messages.h) --------------------------
+# Each encoder writes its message straight into a new bytes object, every payload
+# copied once and laid out 8-byte aligned (a padded varint field goes before it).
+def _pull_item(item: PullRequest) -> tuple[str, int, Any, bool]:
+    return item.table, item.epoch, item.keys, item.read_only
 
 
-class MessageWriter:
-    """The parts of one message, in order; payloads are copied once, when joined.
-
-    A payload may be a hole (an int size) that the caller fills in place after
-    ``frame()``: that is how a Pull reply gets its rows written by the engine
-    straight into the message that goes on the wire.
-    """
-
-    def __init__(self, base: int = 0) -> None:
-        self.parts: list[Buffer | int] = []
-        self.size = 0
-        self.base = base  # where this message starts inside the outermost one
-
-    def _put(self, part: Buffer | int) -> None:
-        self.parts.append(part)
-        self.size += part if isinstance(part, int) else len(part)
-
-    def varint(self, number: int, value: int) -> None:
-        if value:  # proto3: a zero scalar is not written
-            self._put(_tag(number, VARINT) + encode_varint(value))
-
-    def string(self, number: int, text: str) -> None:
-        if text:
-            data = text.encode()
-            self._put(_tag(number, LEN) + encode_varint(len(data)) + data)
-
-    def float32(self, number: int, value: float | None) -> None:
-        if value is not None:  # proto3 ``optional``: written whenever present
-            self._put(_tag(number, I32) + struct.pack("<f", value))
-
-    def payload(self, number: int, data: Any, pad: tuple[int, int] | None = None) -> None:
-        """Bytes field ``number`` (a buffer, or an int: a hole of that size).
-
-        ``pad`` = (number, value) of a varint field written just before, its varint
-        widened to the width that makes the payload start ALIGN-aligned (always
-        reachable when the value fits in 3 varint bytes, i.e. is below 2**21).
-        """
-        size = data if isinstance(data, int) else len(data := _byte_view(data))
-        head = _tag(number, LEN) + encode_varint(size)
-        if pad is None:
-            self._put(head)
-            self._put(data)
-            return
-        pad_tag, minimal = _tag(pad[0], VARINT), varint_size(pad[1])
-        start = self.base + self.size + len(pad_tag) + len(head)
-        width = next(
-            (w for w in range(minimal, MAX_VARINT_BYTES + 1) if (start + w) % ALIGN == 0),
-            minimal,  # not reachable with a huge pad value: the receiver copies instead
-        )
-        self._put(pad_tag + encode_varint(pad[1], width) + head)
-        self._put(data)
-
-    def message(self, number: int, build: Callable[[MessageWriter], object]) -> None:
-        """Embedded message field ``number``, written by ``build(writer)``.
-
-        Its payloads (and holes) keep their alignment inside this message: the
-        length goes in a fixed-width varint, so the inner writer knows its base.
-        """
-        head_tag = _tag(number, LEN)
-        inner = MessageWriter(self.base + self.size + len(head_tag) + EMBEDDED_LENGTH_WIDTH)
-        build(inner)
-        self._put(head_tag + encode_varint(inner.size, EMBEDDED_LENGTH_WIDTH))
-        for part in inner.parts:
-            self._put(part)
-
-    def tobytes(self) -> bytes:
-        if any(isinstance(part, int) for part in self.parts):
-            raise ValueError("message has holes: use frame()")
-        return b"".join(self.parts)  # type: ignore[arg-type]
-
-    def frame(self) -> tuple[bytes, list[memoryview]]:
-        """The message and writable views of its holes, to be filled before it is shared."""
-        message, view = writable_bytes(self.size)
-        holes, pos = [], 0
-        for part in self.parts:
-            size = part if isinstance(part, int) else len(part)
-            if isinstance(part, int):
-                holes.append(view[pos : pos + size])
-            else:
-                view[pos : pos + size] = part
-            pos += size
-        return message, holes
-
-
-_NEW_BYTES: Callable[[Any, int], bytes] | None
-_BYTES_ADDRESS: Callable[[bytes], int] | None
-try:  # CPython: a new bytes object may be written until it is shared (as C code does)
-    _NEW_BYTES = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_ssize_t)(
-        ("PyBytes_FromStringAndSize", ctypes.pythonapi)
-    )
-    _BYTES_ADDRESS = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object)(
-        ("PyBytes_AsString", ctypes.pythonapi)
-    )
-except (AttributeError, OSError):  # not CPython: fill a bytearray, copy once more
-    _NEW_BYTES = _BYTES_ADDRESS = None
-
-
-def writable_bytes(size: int) -> tuple[bytes, memoryview]:
-    """A new ``bytes`` of ``size`` bytes and a writable view of its contents.
-
-    gRPC sends only ``bytes``; this lets a payload be written once, in place.
-    Every byte must be written before the object is used (it starts uninitialised).
-    """
-    if _NEW_BYTES is None or _BYTES_ADDRESS is None or size < 2:  # 0/1: shared singletons
-        scratch = bytearray(size)  # finish() turns it into bytes
-        return scratch, memoryview(scratch)  # type: ignore[return-value]
-    message = _NEW_BYTES(None, size)
-    holder = (ctypes.c_char * size).from_address(_BYTES_ADDRESS(message))
-    holder._owner = message  # type: ignore[attr-defined]  # the view keeps the bytes alive
-    return message, memoryview(holder).cast("B")
-
-
-def finish(message: bytes) -> bytes:
-    """The message of ``frame()`` ready to send (a no-op on CPython)."""
-    return bytes(message) if isinstance(message, bytearray) else message
-
-
-def _write_pull_request(
-    w: MessageWriter, table: str, keys: Any, epoch: int = 0, read_only: bool = False
-) -> None:
-    w.string(1, table)
-    w.varint(4, read_only)
-    w.payload(3, keys, pad=(2, epoch))
+def _update_item(item: UpdateRequest) -> tuple[str, int, Any, Any, str, float | None, int]:
+    return item.table, item.epoch, item.keys, item.grads, item.grad_dtype, item.lr, item.dim
 
 
 def encode_pull_request(table: str, keys: Any, *, epoch: int = 0, read_only: bool = False) -> bytes:
-    w = MessageWriter()
-    _write_pull_request(w, table, keys, epoch, read_only)
-    return w.tobytes()
+    """PullRequest; ``keys`` any contiguous int64 buffer."""
+    message: bytes = _native.encode_pull_request(table, keys, epoch, read_only)
+    return message
 
 
 def encode_multi_pull_request(
@@ -433,29 +314,17 @@ def encode_multi_pull_request(
 
     ``updates`` are carried: the node applies them before it pulls the items.
     """
-    w = MessageWriter()
-    for update in updates:
-        w.message(2, functools.partial(_write_update_request, item=update))
-    for item in items:
-        w.message(
-            1,
-            functools.partial(
-                _write_pull_request,
-                table=item.table, keys=item.keys, epoch=item.epoch, read_only=item.read_only,
-            ),
-        )  # fmt: skip
-    return w.tobytes()
+    message: bytes = _native.encode_multi_pull_request(
+        [_pull_item(item) for item in items], [_update_item(item) for item in updates]
+    )
+    return message
 
 
 def encode_push_request(
     table: str, keys: Any, values: Any, *, epoch: int = 0, dtype: str = "", dim: int = 0
 ) -> bytes:
-    w = MessageWriter()
-    w.string(1, table)
-    w.string(5, dtype)
-    w.payload(3, keys, pad=(2, epoch))
-    w.payload(4, values, pad=(6, dim))
-    return w.tobytes()
+    message: bytes = _native.encode_push_request(table, keys, values, epoch, dtype, dim)
+    return message
 
 
 def encode_update_request(
@@ -468,99 +337,76 @@ def encode_update_request(
     dim: int = 0,
     lr: float | None = None,
 ) -> bytes:
-    w = MessageWriter()
-    _write_update_request(w, UpdateRequest(table, epoch, keys, grads, grad_dtype, lr, dim))
-    return w.tobytes()
-
-
-def _write_update_request(w: MessageWriter, item: UpdateRequest) -> None:
-    w.string(1, item.table)
-    w.string(5, item.grad_dtype)
-    w.float32(6, item.lr)
-    w.payload(3, item.keys, pad=(2, item.epoch))
-    w.payload(4, item.grads, pad=(7, item.dim))
+    message: bytes = _native.encode_update_request((table, epoch, keys, grads, grad_dtype, lr, dim))
+    return message
 
 
 def encode_multi_update_request(items: Iterable[UpdateRequest]) -> bytes:
     """MultiUpdateRequest; each item's ``keys``/``grads`` copied once, 8-byte aligned."""
-    w = MessageWriter()
-    for item in items:
-        w.message(1, functools.partial(_write_update_request, item=item))
-    return w.tobytes()
+    message: bytes = _native.encode_multi_update_request([_update_item(item) for item in items])
+    return message
 
 
 def encode_rows_response(rows: int) -> bytes:
     """PushResponse / UpdateResponse."""
-    w = MessageWriter()
-    w.varint(1, rows)
-    return w.tobytes()
-
-
-def _write_rows_response(w: MessageWriter, rows: int) -> None:
-    w.varint(1, rows)
+    message: bytes = _native.encode_rows_response(rows)
+    return message
 
 
 def encode_multi_rows_response(rows: Iterable[int]) -> bytes:
     """MultiUpdateResponse: one UpdateResponse per item."""
-    w = MessageWriter()
-    for count in rows:
-        w.message(1, functools.partial(_write_rows_response, rows=count))
-    return w.tobytes()
+    message: bytes = _native.encode_multi_rows_response(list(rows))
+    return message
+
+
+class Frame(Protocol):
+    """A message framed natively with holes for its payloads (``_native.MessageFrame``)."""
+
+    def finish(self) -> bytes: ...
 
 
 def pull_response_frame(
     rows: int, dim: int, dtype: str, read_only: bool
-) -> tuple[bytes, np.ndarray, np.ndarray | None]:
-    """A PullResponse with room for its rows: (message, values [rows, dim], found or None).
+) -> tuple[Frame, np.ndarray, np.ndarray | None]:
+    """A PullResponse with room for its rows: (frame, values [rows, dim], found or None).
 
-    Fill ``values`` (and ``found``) in place, then send ``finish(message)``.
+    Fill ``values`` (and ``found``) in place, then send ``finish(frame)``.
     """
-    message, ((values, found),) = multi_pull_response_frame([(rows, dim, dtype, read_only)], False)
-    return message, values, found
+    frame, ((values, found),) = multi_pull_response_frame([(rows, dim, dtype, read_only)], False)
+    return frame, values, found
 
 
 PullShape = tuple[int, int, str, bool]  # rows, dim, dtype, read_only
 
 
-def _write_pull_response(w: MessageWriter, shape: PullShape) -> None:
-    rows, dim, dtype, read_only = shape
-    w.string(3, dtype)
-    if read_only:
-        w.payload(4, rows)
-    w.payload(1, rows * dim * wire_dtype(dtype).itemsize, pad=(2, dim))
-
-
 def multi_pull_response_frame(
     shapes: Sequence[PullShape], embedded: bool = True, carried_rows: Sequence[int] = ()
-) -> tuple[bytes, list[tuple[np.ndarray, np.ndarray | None]]]:
+) -> tuple[Frame, list[tuple[np.ndarray, np.ndarray | None]]]:
     """A MultiPullResponse (or, not ``embedded``, one PullResponse) with room for its rows.
 
     One (values [rows, dim], found or None) per shape, to fill in place before
-    ``finish(message)``: every item's rows are written once, straight into the reply.
+    ``finish(frame)``: every item's rows are written once, straight into the reply.
     ``carried_rows``: the rows applied by each update the request carried.
     """
-    for _, _, dtype, _ in shapes:
-        wire_dtype(dtype)  # refuse an unknown dtype before anything is allocated
-    w = MessageWriter()
-    for count in carried_rows:
-        w.message(2, functools.partial(_write_rows_response, rows=count))
-    for shape in shapes:
-        if embedded:
-            w.message(1, functools.partial(_write_pull_response, shape=shape))
-        else:
-            _write_pull_response(w, shape)
-    message, holes = w.frame()
-    out: list[tuple[np.ndarray, np.ndarray | None]] = []
-    position = 0
-    for rows, dim, dtype, read_only in shapes:
-        found = None
-        if read_only:
-            found = np.frombuffer(holes[position], np.bool_)
-            position += 1
-        values = np.frombuffer(holes[position], wire_dtype(dtype)).reshape(rows, dim)
-        position += 1
-        out.append((values, found))
-    return message, out
+    storages = [wire_dtype(dtype) for _, _, dtype, _ in shapes]  # refuse an unknown dtype first
+    frame, holes = _native.pull_reply_frame(
+        [
+            (rows, dim, dtype, storage.itemsize, read_only)
+            for (rows, dim, dtype, read_only), storage in zip(shapes, storages, strict=True)
+        ],
+        embedded,
+        list(carried_rows),
+    )
+    out = [
+        (values.view(storage).reshape(rows, dim), None if found is None else found.view(np.bool_))
+        for (rows, dim, _, _), storage, (values, found) in zip(shapes, storages, holes, strict=True)
+    ]
+    return frame, out
+
+
+def finish(frame: Frame) -> bytes:
+    """The message of a frame, its holes filled, ready to send."""
+    return frame.finish()
 
 
 # -- arrays --------------------------------------------------------------------------
