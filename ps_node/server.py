@@ -24,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from recstore.core import TableSpec
+from recstore.core.data_dir import DataDirInUse, DataDirLock
 from recstore.ps import metrics as metrics_module
 from recstore.ps import persistence, table_specs
 from recstore.ps.auth import TokenAuth
@@ -57,6 +58,8 @@ class NodeConfig:
     keep_checkpoints: int = 3
     metrics_port: int | None = None
     drain_seconds: float = 30.0
+    #: stop (with a final checkpoint) when this process exits: the local platform's nodes
+    parent_pid: int | None = None
     #: tables to host, created at start after recovery (``--table-spec-file``)
     table_specs: list[TableSpec] = field(default_factory=list)
 
@@ -70,14 +73,19 @@ class NodeConfig:
 class PsServer:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
-        config.data_dir.mkdir(parents=True, exist_ok=True)
-        self.node = Node(
-            config.data_dir,
-            shard_index=config.shard_index,
-            num_shards=config.num_shards,
-            device=config.device,
-            wal_enabled=config.durability == "wal",
-        )
+        # before anything else reads or writes the dir: a second node there touches nothing
+        self._lock = DataDirLock.acquire(config.data_dir)
+        try:
+            self.node = Node(
+                config.data_dir,
+                shard_index=config.shard_index,
+                num_shards=config.num_shards,
+                device=config.device,
+                wal_enabled=config.durability == "wal",
+            )
+        except BaseException:
+            self._lock.release()
+            raise
         self.metrics = metrics_module.Metrics(lambda: dict(self.node.tables))
         self.executor = ThreadPoolExecutor(max_workers=2 * (os.cpu_count() or 2) + 2)
         self.offload = Offload(self.executor)
@@ -89,6 +97,13 @@ class PsServer:
         self._periodic: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
+        try:
+            return await self._start()
+        except BaseException:
+            self._lock.release()
+            raise
+
+    async def _start(self) -> int:
         loop = asyncio.get_running_loop()
         restored = await loop.run_in_executor(self.executor, persistence.recover, self.node)
         declared = await loop.run_in_executor(
@@ -166,6 +181,7 @@ class PsServer:
             if hosted.wal is not None:
                 hosted.wal.close()
         self.executor.shutdown(wait=True)
+        self._lock.release()
         log.info("ps node stopped")
 
 
@@ -175,19 +191,43 @@ async def serve_until_signalled(config: NodeConfig) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):  # before "serving" is logged
         loop.add_signal_handler(signum, stop.set)
+    if config.parent_pid is not None:
+        _stop_with_parent(loop, config.parent_pid, stop)
     await server.start()
     await stop.wait()
     log.info("shutting down: draining in-flight calls")
     await server.stop(final_checkpoint=True)
 
 
+def _stop_with_parent(loop: asyncio.AbstractEventLoop, pid: int, stop: asyncio.Event) -> None:
+    """Set ``stop`` when process ``pid`` exits, however it exits (a pidfd turns readable)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        log.warning("parent process %d is gone: shutting down", pid)
+        stop.set()
+        return
+
+    def parent_exited() -> None:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        log.warning("parent process %d exited: shutting down", pid)
+        stop.set()
+
+    loop.add_reader(pidfd, parent_exited)
+
+
 def run(config: NodeConfig) -> int:
-    """Serve until SIGTERM (0); 2 when a declared table conflicts with a hosted one."""
+    """Serve until SIGTERM (0); 2 when a declared table conflicts with a hosted one, 3 when
+    another node holds the data dir."""
     try:
         asyncio.run(serve_until_signalled(config))
     except table_specs.TableDeclarationError as error:
         log.error(str(error), extra={"table": error.table, "fields": error.fields})
         return 2
+    except DataDirInUse as error:
+        log.error(str(error), extra={"data_dir": str(error.data_dir), "holder": error.pid})
+        return 3
     return 0
 
 

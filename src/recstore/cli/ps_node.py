@@ -40,6 +40,14 @@ def ps_node(
             "missing; a hosted table with another spec stops the node (exit 2). Repeatable.",
         ),
     ] = None,
+    parent_pid: Annotated[
+        int | None,
+        typer.Option(
+            "--parent-pid",
+            min=1,
+            help="Stop (with a final checkpoint) when this process exits, however it exits.",
+        ),
+    ] = None,
 ) -> None:
     """Run a PS node: one shard of any number of embedding tables over gRPC."""
     if durability not in ("checkpoint", "wal"):
@@ -79,6 +87,7 @@ def ps_node(
         keep_checkpoints=keep_checkpoints,
         metrics_port=metrics_port,
         table_specs=declared,
+        parent_pid=parent_pid,
     )
     raise typer.Exit(run(config))
 

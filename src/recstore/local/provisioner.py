@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import os
 import shutil
 import socket
 import sys
@@ -40,6 +41,7 @@ from recstore.core.reconcile import (
     ps_node_args,
 )
 from recstore.core.spec import TableSpec
+from recstore.local.leftovers import stop_leftover
 from recstore.local.reporting import Reporter
 from recstore.local.shard_client import ShardClient
 from recstore.local.supervisor import ProcessSpec, Supervisor
@@ -60,6 +62,10 @@ class _Table:
 
     def endpoint(self, shard: int) -> str:
         return f"127.0.0.1:{self.ports[shard][0]}"
+
+
+def _shard_dir(table: _Table, shard: int) -> Path:
+    return table.directory / f"shard-{shard}"
 
 
 class LocalProvisioner:
@@ -108,6 +114,7 @@ class LocalProvisioner:
             )
             self._tables[spec.name] = table
             for shard in range(spec.shards):
+                stop_leftover(_shard_dir(table, shard))  # one node per data dir
                 self._supervisor.start(self._process(table, shard))
         # Registration and status go through the admin API from the poller: the
         # admin calls this inside its own transaction, which a nested call would wait on.
@@ -207,11 +214,11 @@ class LocalProvisioner:
             shard_index=shard,
             port=grpc_port,
             metrics_port=metrics_port,
-            data_dir=str(table.directory / f"shard-{shard}"),
+            data_dir=str(_shard_dir(table, shard)),
             auth_token_file=str(self._auth_token_file) if self._auth_token_file else None,
         )
         args[args.index("--num-shards") + 1] = str(len(table.ports))
-        args += ["--host", "127.0.0.1"]
+        args += ["--host", "127.0.0.1", "--parent-pid", str(os.getpid())]  # dies with us
         return ProcessSpec(
             name=_process_name(table.spec.name, shard),
             argv=[self._python, "-m", "recstore", *args],
