@@ -1,6 +1,9 @@
 #include "node_serve.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -19,15 +22,6 @@ using namespace recstore::ps_fields;
 // fields have the same numbers, the others do not collide in wire type.
 static_assert(kPullRequest_table == kUpdateRequest_table &&
               kPullRequest_keys == kUpdateRequest_keys);
-
-// One PullRequest / UpdateRequest as it lies in the request.
-struct RawItem {
-  std::string_view table, keys, grads, grad_dtype;
-  uint64_t dim = 0;
-  bool read_only = false;
-  bool has_lr = false;
-  float lr = 0;
-};
 
 RawItem parse_item(std::string_view message) {
   RawItem item;
@@ -62,6 +56,7 @@ void parse_request(std::string_view request, Method method, std::vector<RawItem>
   });
 }
 
+
 int dtype_code(std::string_view name) {
   if (name == "float32") return kFloat32;
   if (name == "float16") return kFloat16;
@@ -69,26 +64,68 @@ int dtype_code(std::string_view name) {
   return -1;
 }
 
+bool valid_utf8(std::string_view text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    size_t extra = 0;
+    uint32_t point = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      extra = 1, point = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      extra = 2, point = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      extra = 3, point = c & 0x07;
+    } else {
+      return false;
+    }
+    for (size_t k = 1; k <= extra; ++k) {
+      if (i + k >= text.size()) return false;
+      const auto next = static_cast<unsigned char>(text[i + k]);
+      if ((next & 0xC0) != 0x80) return false;
+      point = (point << 6) | (next & 0x3F);
+    }
+    static constexpr uint32_t kLeast[] = {0, 0x80, 0x800, 0x10000};
+    if (point < kLeast[extra] || point > 0x10FFFF || (point >= 0xD800 && point <= 0xDFFF)) {
+      return false;
+    }
+    i += extra + 1;
+  }
+  return true;
+}
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+using Span = std::pair<const int64_t*, int64_t>;
+
+// The checks, in the order the node has always made them; the first failure is the refusal.
 class Checker {
  public:
-  Checker(Plan& plan, const std::vector<Hosted>& hosted) : plan_(plan), hosted_(hosted) {}
+  Checker(Plan& plan, const Request& request, const std::vector<Hosted>& hosted)
+      : plan_(plan), request_(request), hosted_(hosted) {}
 
-  bool decline(std::string why) {
-    if (!plan_.declined) {
-      plan_.declined = true;
-      plan_.why = std::move(why);
-    }
+  bool refuse(Code code, int64_t item, std::string_view table, std::string reason,
+              uint64_t epoch = 0) {
+    plan_.refusal = Refusal{code, item, std::string(table), std::move(reason), epoch};
     return false;
   }
 
-  bool find(std::string_view name, size_t& index) {
+  bool find(const RawItem& item, int64_t index, size_t& at) {
     for (size_t i = 0; i < hosted_.size(); ++i) {
-      if (hosted_[i].name == name) {
-        index = i;
+      if (hosted_[i].name == item.table && hosted_[i].present) {
+        at = i;
         return true;
       }
     }
-    return decline("table not hosted here: " + std::string(name));
+    return refuse(Code::kTableNotFound, index, item.table,
+                  "table " + py_repr(item.table) + " is not hosted on this node");
+  }
+
+  size_t offset(std::string_view raw) const {
+    return static_cast<size_t>(raw.data() - request_.bytes.data());
   }
 
   // A payload 8-byte aligned: in place, or copied when the request did not align it.
@@ -99,40 +136,86 @@ class Checker {
     return plan_.aligned.back().data();
   }
 
-  // Keys as int64s.
-  bool keys(std::string_view raw, const int64_t*& keys, int64_t& n) {
-    if (raw.size() % sizeof(int64_t) != 0) return decline("keys not whole int64s");
-    n = static_cast<int64_t>(raw.size() / sizeof(int64_t));
-    keys = static_cast<const int64_t*>(aligned(raw));
+  // Keys as int64s (wire.keys_view's refusal).
+  bool keys(const RawItem& item, int64_t index, const int64_t*& keys, int64_t& n) {
+    if (item.keys.size() % sizeof(int64_t) != 0) {
+      return refuse(Code::kInvalidArgument, index, item.table,
+                    "keys buffer of " + std::to_string(item.keys.size()) +
+                        " bytes is not a whole number of int64 keys");
+    }
+    n = static_cast<int64_t>(item.keys.size() / sizeof(int64_t));
+    keys = static_cast<const int64_t*>(aligned(item.keys));
     return true;
   }
 
-  // Owned slots and dense id range, as recstore.ps.multi checks them.
-  bool keys_allowed(const Hosted& h, const int64_t* keys, int64_t n) {
-    const int64_t limit = h.table->options().id_limit;
-    for (int64_t i = 0; i < n; ++i) {
-      if (h.owned != nullptr && h.owned[slot_of(keys[i])] == 0) {
-        return decline("a key of a slot this node does not own");
+  // Owned slots, then the dense id range (node.check_owned, then the id range check).
+  bool keys_allowed(const Hosted& h, int64_t index, const int64_t* keys, int64_t n) {
+    if (n == 0) return true;
+    if (h.owned != nullptr) {
+      int64_t foreign = 0;
+      for (int64_t i = 0; i < n; ++i) foreign += h.owned[slot_of(keys[i])] == 0;
+      if (foreign != 0) {
+        return refuse(Code::kWrongShard, index, h.name,
+                      str(foreign) + " of " + str(n) +
+                          " keys belong to slots this node does not own (table " +
+                          py_repr(h.name) + ", slot-map epoch " + std::to_string(h.epoch) + ")",
+                      h.epoch);
       }
-      if (limit > 0 && (keys[i] < 0 || keys[i] >= limit)) return decline("dense id out of range");
+    }
+    if (h.id_limit > 0) {
+      const auto [low, high] = std::minmax_element(keys, keys + n);
+      if (*low < 0 || *high >= h.id_limit) {
+        const int64_t bad = *low < 0 ? *low : *high;
+        return refuse(Code::kInvalidArgument, index, h.name,
+                      "id " + str(bad) + " is out of range for dense table " + py_repr(h.name) +
+                          " (0.." + str(h.id_limit - 1) + ")");
+      }
     }
     return true;
   }
 
-  // A table that cannot evict must have room even if every key were new (the
-  // cheap bound of recstore.ps.multi.check_room; the exact count is Python's).
-  bool room(const std::vector<int64_t>& inserts) {
-    for (size_t t = 0; t < hosted_.size(); ++t) {
-      const Table& table = *hosted_[t].table;
-      const TableOptions& o = table.options();
-      if (inserts[t] == 0 || o.direct || o.eviction != kEvictNone) continue;
-      if (table.size() + inserts[t] > table.capacity()) return decline("maybe no room");
+  // Room for every row the keys would insert in a table that cannot evict:
+  // the cheap bound (all keys new), then the exact count of the missing ones.
+  // Tables in the order they first appear; those without a host engine are the node's.
+  bool room(const std::vector<std::pair<size_t, Span>>& keys) {
+    std::vector<size_t> order;
+    for (const auto& [t, span] : keys) {
+      if (std::find(order.begin(), order.end(), t) == order.end()) order.push_back(t);
+    }
+    for (size_t t : order) {
+      const Hosted& h = hosted_[t];
+      if (!h.can_fill || h.table == nullptr) continue;
+      Table& table = *h.table;
+      int64_t total = 0;
+      for (const auto& [u, span] : keys) total += u == t ? span.second : 0;
+      const int64_t size = table.size();
+      if (size + total <= table.capacity()) continue;
+      std::vector<int64_t> distinct;
+      distinct.reserve(static_cast<size_t>(total));
+      for (const auto& [u, span] : keys) {
+        if (u == t) distinct.insert(distinct.end(), span.first, span.first + span.second);
+      }
+      std::sort(distinct.begin(), distinct.end());
+      distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+      const auto n = static_cast<int64_t>(distinct.size());
+      std::vector<char> values(static_cast<size_t>(n * table.dim()) *
+                               dtype_size(table.options().dtype));
+      std::vector<uint8_t> found(distinct.size());
+      table.find(n, distinct.data(), values.data(), found.data());
+      const int64_t missing = n - std::count(found.begin(), found.end(), uint8_t{1});
+      if (size + missing > table.capacity()) {
+        return refuse(Code::kCapacityExhausted, -1, h.name,
+                      "table " + py_repr(h.name) + " holds " + str(size) + " of " +
+                          str(table.capacity()) + " rows; " + str(missing) +
+                          " new rows do not fit");
+      }
     }
     return true;
   }
 
  private:
   Plan& plan_;
+  const Request& request_;
   const std::vector<Hosted>& hosted_;
 };
 
@@ -160,82 +243,107 @@ void frame_reply(Writer& w, Plan& plan, const std::vector<Hosted>& hosted) {
   }
 }
 
-}  // namespace
-
-void item_tables(std::string_view request, Method method, std::vector<std::string>& pulls,
-                 std::vector<std::string>& updates) {
-  std::vector<RawItem> pull_items, update_items;
-  parse_request(request, method, pull_items, update_items);
-  for (const RawItem& item : pull_items) pulls.emplace_back(item.table);
-  for (const RawItem& item : update_items) updates.emplace_back(item.table);
+// The checks of one update item, in the node's order.
+bool check_update(Checker& check, const RawItem& item, int64_t index,
+                  const std::vector<Hosted>& hosted, Update& u) {
+  if (!check.find(item, index, u.table)) return false;
+  const Hosted& h = hosted[u.table];
+  if (item.dim != 0 && static_cast<int64_t>(item.dim) != h.dim) {
+    return check.refuse(Code::kInvalidArgument, index, item.table,
+                        "dim " + std::to_string(item.dim) + " does not match the table dim " +
+                            str(h.dim));
+  }
+  std::string_view grad_dtype = item.grad_dtype.empty() ? "float32" : item.grad_dtype;
+  if (grad_dtype != "float32" && grad_dtype != h.dtype) {
+    return check.refuse(Code::kInvalidArgument, index, item.table,
+                        "grad_dtype " + py_repr(grad_dtype) +
+                            " must be float32 or the table dtype " + py_repr(h.dtype));
+  }
+  u.grad_dtype = dtype_code(grad_dtype);
+  if (!check.keys(item, index, u.keys, u.n)) return false;
+  const size_t expected = static_cast<size_t>(u.n * h.dim) * dtype_size(u.grad_dtype);
+  if (item.grads.size() != expected) {
+    return check.refuse(Code::kInvalidArgument, index, item.table,
+                        "grads buffer has " + std::to_string(item.grads.size()) + " bytes; " +
+                            str(u.n) + " rows x dim " + str(h.dim) + " of " +
+                            std::string(grad_dtype) + " need " + std::to_string(expected));
+  }
+  if (item.has_lr && !(std::isfinite(item.lr) && item.lr > 0)) {
+    return check.refuse(Code::kInvalidArgument, index, item.table,
+                        "lr must be a positive finite number, got " +
+                            py_repr(static_cast<double>(item.lr)));
+  }
+  u.has_lr = item.has_lr;
+  u.lr = item.has_lr ? item.lr : h.default_lr;
+  u.grads = check.aligned(item.grads);
+  u.keys_at = check.offset(item.keys);
+  u.grads_at = check.offset(item.grads);
+  u.grads_size = item.grads.size();
+  return check.keys_allowed(h, index, u.keys, u.n);
 }
 
-Plan plan(std::string_view request, Method method, const std::vector<Hosted>& hosted) {
+}  // namespace
+
+Request parse(std::string_view request, Method method) {
+  Request parsed;
+  parsed.method = method;
+  parsed.bytes = request;
+  parse_request(request, method, parsed.pulls, parsed.updates);
+  for (const auto* items : {&parsed.pulls, &parsed.updates}) {
+    for (const RawItem& item : *items) {
+      if (!valid_utf8(item.table) || !valid_utf8(item.grad_dtype)) {
+        throw std::invalid_argument("a string field is not valid UTF-8");
+      }
+    }
+  }
+  return parsed;
+}
+
+Plan plan(const Request& request, const std::vector<Hosted>& hosted) {
   Plan plan;
-  plan.method = method;
-  Checker check(plan, hosted);
-  std::vector<RawItem> pulls, updates;
-  try {
-    parse_request(request, method, pulls, updates);
-  } catch (const std::invalid_argument& e) {
-    check.decline(std::string("malformed: ") + e.what());
-    return plan;
-  }
-  for (const Hosted& h : hosted) {
-    if (h.table == nullptr || dtype_code(h.dtype) != h.table->options().dtype) {
-      check.decline("table view out of date");
-      return plan;
-    }
-  }
-  std::vector<int64_t> inserts(hosted.size(), 0);
-  for (const RawItem& item : updates) {
-    Update u{};
-    if (!check.find(item.table, u.table) || !check.keys(item.keys, u.keys, u.n)) return plan;
-    const Hosted& h = hosted[u.table];
-    const Table& table = *h.table;
-    if (item.dim != 0 && static_cast<int64_t>(item.dim) != table.dim()) {
-      check.decline("declared dim");
-      return plan;
-    }
-    if (item.grad_dtype.empty() || item.grad_dtype == "float32") {
-      u.grad_dtype = kFloat32;
-    } else if (item.grad_dtype == h.dtype) {
-      u.grad_dtype = table.options().dtype;
-    } else {
-      check.decline("grad dtype");
-      return plan;
-    }
-    const size_t expected =
-        static_cast<size_t>(u.n * table.dim() * static_cast<int64_t>(dtype_size(u.grad_dtype)));
-    if (item.grads.size() != expected) {
-      check.decline("grads length");
-      return plan;
-    }
-    u.grads = check.aligned(item.grads);
-    u.lr = item.has_lr ? item.lr : h.default_lr;
-    if (item.has_lr && !(std::isfinite(item.lr) && item.lr > 0)) {
-      check.decline("lr");
-      return plan;
-    }
-    if (!check.keys_allowed(h, u.keys, u.n)) return plan;
-    inserts[u.table] += u.n;
-    plan.updates.push_back(u);
-  }
-  for (const RawItem& item : pulls) {
+  plan.method = request.method;
+  Checker check(plan, request, hosted);
+  // Pull items: every table and keys, then every item's keys' slots and ids.
+  for (size_t i = 0; i < request.pulls.size(); ++i) {
+    const RawItem& item = request.pulls[i];
     Pull p{};
-    if (item.read_only) {
-      check.decline("read-only pull");
-      return plan;
-    }
-    if (!check.find(item.table, p.table) || !check.keys(item.keys, p.keys, p.n)) return plan;
-    if (!check.keys_allowed(hosted[p.table], p.keys, p.n)) return plan;
-    inserts[p.table] += p.n;
+    const auto index = static_cast<int64_t>(i);
+    if (!check.find(item, index, p.table) || !check.keys(item, index, p.keys, p.n)) return plan;
+    p.read_only = item.read_only;
+    p.keys_at = check.offset(item.keys);
     plan.pulls.push_back(p);
   }
-  if (!check.room(inserts)) return plan;
-  Writer w(nullptr);  // counting
-  frame_reply(w, plan, hosted);
-  plan.reply_size = w.pos();
+  std::vector<std::pair<size_t, Span>> inserts;  // (table, keys) of every item that may insert
+  for (size_t i = 0; i < plan.pulls.size(); ++i) {
+    const Pull& p = plan.pulls[i];
+    if (!check.keys_allowed(hosted[p.table], static_cast<int64_t>(i), p.keys, p.n)) return plan;
+    if (!p.read_only) inserts.emplace_back(p.table, Span{p.keys, p.n});
+  }
+  // A pull that would not fit refuses a MultiPull before its carried updates are checked.
+  if (!request.updates.empty() && !check.room(inserts)) return plan;
+  std::vector<std::pair<size_t, Span>> all;
+  for (size_t i = 0; i < request.updates.size(); ++i) {
+    Update u{};
+    if (!check_update(check, request.updates[i], static_cast<int64_t>(i), hosted, u)) {
+      return plan;
+    }
+    all.emplace_back(u.table, Span{u.keys, u.n});
+    plan.updates.push_back(u);
+  }
+  all.insert(all.end(), inserts.begin(), inserts.end());
+  if (!check.room(all)) return plan;
+  plan.native = true;
+  for (const Pull& p : plan.pulls) {
+    plan.native = plan.native && hosted[p.table].table != nullptr && !p.read_only;
+  }
+  for (const Update& u : plan.updates) {
+    plan.native = plan.native && hosted[u.table].table != nullptr && !hosted[u.table].logged;
+  }
+  if (plan.native) {
+    Writer w(nullptr);  // counting
+    frame_reply(w, plan, hosted);
+    plan.reply_size = w.pos();
+  }
   return plan;
 }
 
@@ -250,6 +358,66 @@ void apply(Plan& plan, const std::vector<Hosted>& hosted, uint8_t* reply, bool& 
   for (const Pull& p : plan.pulls) {
     if (p.n > 0) hosted[p.table].table->pull(p.n, p.keys, reply + p.value_at);
   }
+}
+
+std::string py_repr(std::string_view text) {
+  const bool single = text.find('\'') == std::string_view::npos ||
+                      text.find('"') != std::string_view::npos;
+  const char quote = single ? '\'' : '"';
+  std::string out(1, quote);
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c == '\\' || c == static_cast<unsigned char>(quote)) {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c < 0x20 || c == 0x7F) {
+      char hex[5];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    } else if (c == 0xC2 && i + 1 < text.size() &&
+               static_cast<unsigned char>(text[i + 1]) <= 0xA0) {  // U+0080..U+00A0
+      char hex[5];
+      std::snprintf(hex, sizeof hex, "\\x%02x", static_cast<unsigned char>(text[++i]));
+      out += hex;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  out += quote;
+  return out;
+}
+
+std::string py_repr(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  char buf[64];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, value, std::chars_format::scientific);
+  std::string sci(buf, end);  // shortest round trip: [-]d[.ddd]e[+-]XX
+  const size_t e = sci.find('e');
+  const int exponent = std::stoi(sci.substr(e + 1));
+  if (exponent < -4 || exponent >= 16) return sci;  // as Python's repr: 1e-05, 1e+16
+  const bool negative = sci[0] == '-';
+  std::string digits;
+  for (size_t i = negative ? 1 : 0; i < e; ++i) {
+    if (sci[i] != '.') digits += sci[i];
+  }
+  std::string out = negative ? "-" : "";
+  const int point = exponent + 1;  // digits before the decimal point
+  if (point <= 0) {
+    out += "0." + std::string(static_cast<size_t>(-point), '0') + digits;
+  } else if (static_cast<size_t>(point) >= digits.size()) {
+    out += digits + std::string(static_cast<size_t>(point) - digits.size(), '0') + ".0";
+  } else {
+    out += digits.substr(0, static_cast<size_t>(point)) + "." +
+           digits.substr(static_cast<size_t>(point));
+  }
+  return out;
 }
 
 }  // namespace recstore::serve

@@ -1,17 +1,18 @@
-// A PS node's MultiPull / MultiUpdate served natively: parse, check, apply, reply.
+// A PS node's MultiPull / MultiUpdate: parsed once, checked here, applied here or by the node.
 //
-// On a Python node each multi-table request cost several times the engine
-// work it asked for (decoding, per-item numpy checks, framing). Here a request
-// is parsed in place, every item is checked exactly as recstore.ps.multi would
-// before anything is applied (table hosted, keys whole int64s, slots owned,
-// dense ids in range, grads length, dtype, dim, lr, room in a table that
-// cannot evict), carried updates are applied, pulls are written straight
-// into the reply, and the reply is the bytes recstore.core.wire would frame.
-// Anything the checks would refuse, or that this path does not handle
-// (read-only pulls, a table on a GPU, an injected clock, a log to append), is
-// *declined*: nothing is touched and the node's Python path serves the
-// request, raising its precise error. The node holds the update tables'
-// locks around `apply`, as it does around its own multi_update.
+// This is the one validator of multi-table requests. A request is parsed in
+// place (`parse`), then `plan` checks every item against the node's hosted
+// tables in the order the node has always made them (pull items: table
+// hosted and keys whole int64s for each, then slots owned and dense ids in
+// range for each; updates, item by item: table hosted, declared dim, grad
+// dtype, keys, grads length, lr, slots, ids; then room in each table that
+// cannot evict, counted exactly), and either refuses with the first failure
+// (a code, the item, the table, the reason worded as the node words it) or
+// returns the parsed, checked items. `apply` then serves them natively (the
+// reply is the bytes recstore.core.wire would frame), or the node applies the
+// checked items itself where this path cannot (a table on a GPU or with an
+// injected clock, a log to append, read-only pulls). Nothing is touched before
+// every check passed. The node holds the update tables' locks around both.
 #pragma once
 
 #include <cstddef>
@@ -24,19 +25,64 @@
 
 namespace recstore::serve {
 
-// One hosted table as this path sees it.
+// One hosted table as the validator sees it.
 struct Hosted {
   std::string name;
-  Table* table = nullptr;
+  bool present = false;            // hosted on this node
+  Table* table = nullptr;          // its host engine; nullptr: the node applies (and counts room)
   const uint8_t* owned = nullptr;  // per slot, nonzero: owned; nullptr: every slot
   float default_lr = 0;            // the spec's lr, for updates without one
   std::string dtype;               // the table's wire dtype name
+  int64_t dim = 0;
+  int64_t id_limit = 0;    // dense tables: ids lie in [0, id_limit); 0: hashed
+  bool can_fill = false;   // cannot evict: rows it inserts must fit its capacity
+  uint64_t epoch = 0;      // its slot map's
+  bool logged = false;     // writes are logged: the node applies updates
+};
+
+// One PullRequest / UpdateRequest as it lies in the request.
+struct RawItem {
+  std::string_view table, keys, grads, grad_dtype;
+  uint64_t dim = 0;
+  bool read_only = false;
+  bool has_lr = false;
+  float lr = 0;
+};
+
+enum class Method { kMultiPull, kMultiUpdate };
+
+struct Request {
+  Method method = Method::kMultiPull;
+  std::string_view bytes;
+  std::vector<RawItem> pulls, updates;
+};
+
+// Parses `request` (viewed, not copied). Throws std::invalid_argument when malformed.
+Request parse(std::string_view request, Method method);
+
+// What refused a request; the codes are the node's exceptions (recstore.ps.status).
+enum class Code : int {
+  kNone = 0,
+  kInvalidArgument = 1,
+  kTableNotFound = 2,
+  kWrongShard = 3,       // epoch: the table's slot-map epoch
+  kCapacityExhausted = 4,
+};
+
+struct Refusal {
+  Code code = Code::kNone;
+  int64_t item = -1;   // index among the pulls, or among the updates; -1: the request
+  std::string table;   // the item's table
+  std::string reason;
+  uint64_t epoch = 0;
 };
 
 struct Pull {
   size_t table;  // into the hosted list
   const int64_t* keys;
   int64_t n;
+  bool read_only = false;
+  size_t keys_at = 0;   // offset of the keys in the request
   size_t value_at = 0;  // where its rows go in the reply
 };
 
@@ -46,33 +92,33 @@ struct Update {
   int64_t n;
   const void* grads;
   int grad_dtype;  // DTypeCode
-  float lr;
+  float lr;        // the item's, else the table's
+  bool has_lr = false;
+  size_t keys_at = 0, grads_at = 0, grads_size = 0;  // offsets and size in the request
 };
 
-enum class Method { kMultiPull, kMultiUpdate };
-
 struct Plan {
-  bool declined = false;
-  std::string why;  // what declined it (for tests and debugging)
+  Refusal refusal;  // code kNone: every check passed
   Method method = Method::kMultiPull;
   std::vector<Pull> pulls;
   std::vector<Update> updates;
+  bool native = false;  // apply() can serve it (every table a host engine, no read-only pull)
   size_t reply_size = 0;
   // Copies of payloads that were not 8-byte aligned in the request.
   std::vector<std::vector<int64_t>> aligned;
 };
 
-// The table of every pull item and of every update (item or carried), in
-// message order. Throws std::invalid_argument for a malformed message.
-void item_tables(std::string_view request, Method method, std::vector<std::string>& pulls,
-                 std::vector<std::string>& updates);
+// Checks `request` against `hosted` (which names every table it mentions); touches nothing.
+Plan plan(const Request& request, const std::vector<Hosted>& hosted);
 
-// Parses and checks `request` against `hosted`; the reply's layout. Touches nothing.
-Plan plan(std::string_view request, Method method, const std::vector<Hosted>& hosted);
-
-// Applies the plan's updates, then its pulls into `reply` (plan.reply_size
+// Applies a native plan's updates, then its pulls into `reply` (plan.reply_size
 // bytes), framing the reply. Engine errors propagate; `updates_applied` says
 // whether the updates were all applied before one happened.
 void apply(Plan& plan, const std::vector<Hosted>& hosted, uint8_t* reply, bool& updates_applied);
+
+// Python's repr() of a str (printable names exactly): how the node quotes names.
+std::string py_repr(std::string_view text);
+// Python's repr() of a float.
+std::string py_repr(double value);
 
 }  // namespace recstore::serve

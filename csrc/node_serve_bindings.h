@@ -1,4 +1,4 @@
-// Python bindings of the node's native multi-table path (recstore._native.serve_multi ...).
+// Python bindings of the node's multi-table validator and native path (recstore._native.MultiRequest).
 //
 // Only included by module.cc. The node passes its hosted tables' engine
 // objects and owned-slot masks (kept alive by the caller); the checks and the
@@ -10,7 +10,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -27,74 +29,118 @@ inline Method method_of(const std::string& name) {
   throw std::invalid_argument("not a multi-table method: " + name);
 }
 
-inline std::string_view view_of(const nb::bytes& b) { return {b.c_str(), b.size()}; }
+// A request parsed once; its payloads stay views of the bytes it keeps alive.
+struct MultiRequest {
+  nb::bytes data;
+  Request request;
 
-// (reply, rows per pull, rows per update), or (None, why) when declined.
-inline nb::tuple serve_multi(const std::string& method_name, const nb::bytes& request,
-                             const nb::list& tables) {
-  const Method method = method_of(method_name);
-  std::vector<Hosted> hosted;
-  for (nb::handle h : tables) {
-    auto t = nb::cast<nb::tuple>(h);
-    Hosted v;
-    v.name = nb::cast<std::string>(t[0]);
-    Table* table = nullptr;
-    if (!nb::try_cast<Table*>(t[1], table) || table == nullptr) {
-      return nb::make_tuple(nb::none(), std::string("not a host table"));
+  MultiRequest(const std::string& method, nb::bytes bytes) : data(std::move(bytes)) {
+    request = parse({data.c_str(), data.size()}, method_of(method));
+  }
+
+  // Every table the request names, once each, in order of first mention.
+  std::vector<std::string> tables() const { return distinct({&request.pulls, &request.updates}); }
+  std::vector<std::string> update_tables() const { return distinct({&request.updates}); }
+
+  static std::vector<std::string> distinct(std::initializer_list<const std::vector<RawItem>*> lists) {
+    std::vector<std::string> names;
+    for (const auto* items : lists) {
+      for (const RawItem& item : *items) {
+        if (std::find(names.begin(), names.end(), item.table) == names.end()) {
+          names.emplace_back(item.table);
+        }
+      }
     }
-    v.table = table;
-    v.owned = reinterpret_cast<const uint8_t*>(nb::cast<uintptr_t>(t[2]));
-    v.default_lr = nb::cast<float>(t[3]);
-    v.dtype = nb::cast<std::string>(t[4]);
-    hosted.push_back(std::move(v));
+    return names;
   }
-  Plan p;
-  {
-    nb::gil_scoped_release release;
-    p = plan(view_of(request), method, hosted);
-  }
-  if (p.declined) return nb::make_tuple(nb::none(), p.why);
-  PyObject* raw = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(p.reply_size));
-  if (raw == nullptr) throw nb::python_error();
-  nb::object reply = nb::steal(raw);
-  auto* out = reinterpret_cast<uint8_t*>(PyBytes_AS_STRING(raw));
-  bool updates_applied = false;
-  std::string failure;
-  bool capacity = false;
-  {
-    nb::gil_scoped_release release;  // the reply is not shared until we return it
-    try {
-      apply(p, hosted, out, updates_applied);
-    } catch (const CapacityError& e) {
-      failure = e.what();
-      capacity = true;
-    } catch (const std::exception& e) {
-      failure = e.what();
+
+  // Checks against `views` (one per name of tables(): None when not hosted), then serves it.
+  nb::tuple serve(const nb::list& views, bool natively) {
+    const std::vector<std::string> names = tables();
+    if (nb::len(views) != names.size()) throw std::invalid_argument("one view per table");
+    std::vector<Hosted> hosted(names.size());
+    for (size_t i = 0; i < names.size(); ++i) {
+      Hosted& v = hosted[i];
+      v.name = names[i];
+      nb::handle view = views[i];
+      if (view.is_none()) continue;
+      auto t = nb::cast<nb::tuple>(view);
+      v.present = true;
+      if (!t[0].is_none()) v.table = nb::cast<Table*>(t[0]);
+      v.owned = reinterpret_cast<const uint8_t*>(nb::cast<uintptr_t>(t[1]));
+      v.default_lr = nb::cast<float>(t[2]);
+      v.dtype = nb::cast<std::string>(t[3]);
+      v.dim = nb::cast<int64_t>(t[4]);
+      v.id_limit = nb::cast<int64_t>(t[5]);
+      v.can_fill = nb::cast<bool>(t[6]);
+      v.epoch = nb::cast<uint64_t>(t[7]);
+      v.logged = nb::cast<bool>(t[8]);
     }
+    Plan p;
+    {
+      nb::gil_scoped_release release;
+      p = plan(request, hosted);
+    }
+    const Refusal& r = p.refusal;
+    if (r.code != Code::kNone) {
+      return nb::make_tuple("refused", static_cast<int>(r.code), r.item, r.table, r.reason,
+                            r.epoch);
+    }
+    if (!p.native || !natively) return checked(p);
+    PyObject* raw = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(p.reply_size));
+    if (raw == nullptr) throw nb::python_error();
+    nb::object reply = nb::steal(raw);
+    auto* out = reinterpret_cast<uint8_t*>(PyBytes_AS_STRING(raw));
+    bool updates_applied = false;
+    std::string failure;
+    bool capacity = false;
+    {
+      nb::gil_scoped_release release;  // the reply is not shared until we return it
+      try {
+        apply(p, hosted, out, updates_applied);
+      } catch (const CapacityError& e) {
+        failure = e.what();
+        capacity = true;
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    }
+    if (!failure.empty()) {
+      return nb::make_tuple("failed", failure, capacity, updates_applied, p.updates.size());
+    }
+    nb::list pulled, updated;  // (table, rows) per item
+    for (const Pull& u : p.pulls) pulled.append(nb::make_tuple(hosted[u.table].name, u.n));
+    for (const Update& u : p.updates) updated.append(nb::make_tuple(hosted[u.table].name, u.n));
+    return nb::make_tuple("served", reply, pulled, updated);
   }
-  if (!failure.empty()) {
-    // (None, message, capacity?, updates applied?): the node raises the matching error.
-    return nb::make_tuple(nb::none(), failure, capacity, updates_applied);
+
+  // The checked items, for the node to apply: ("checked", pulls, updates) with
+  // pulls (table, keys offset, rows, read_only) and updates (table, keys offset,
+  // rows, grads offset, grads bytes, grad dtype, lr or None), offsets into the request.
+  static nb::tuple checked(const Plan& p) {
+    nb::list pulls, updates;
+    for (const Pull& u : p.pulls) pulls.append(nb::make_tuple(u.table, u.keys_at, u.n, u.read_only));
+    for (const Update& u : p.updates) {
+      const char* dtype = u.grad_dtype == kFloat32 ? "float32"
+                          : u.grad_dtype == kFloat16 ? "float16"
+                                                      : "bfloat16";
+      nb::object lr = u.has_lr ? nb::object(nb::float_(u.lr)) : nb::none();
+      updates.append(nb::make_tuple(u.table, u.keys_at, u.n, u.grads_at, u.grads_size, dtype, lr));
+    }
+    return nb::make_tuple("checked", pulls, updates);
   }
-  std::vector<int64_t> pull_rows, update_rows;
-  for (const Pull& pull : p.pulls) pull_rows.push_back(pull.n);
-  for (const Update& update : p.updates) update_rows.push_back(update.n);
-  return nb::make_tuple(reply, pull_rows, update_rows);
-}
+};
 
 inline void bind(nb::module_& m) {
-  m.def(
-      "multi_item_tables",
-      [](const std::string& method, const nb::bytes& request) {
-        std::vector<std::string> pulls, updates;
-        item_tables(view_of(request), method_of(method), pulls, updates);
-        return nb::make_tuple(pulls, updates);
-      },
-      "method"_a, "request"_a,
-      "(table of each pull item, table of each update) of a MultiPull/MultiUpdate request");
-  m.def("serve_multi", &serve_multi, "method"_a, "request"_a, "tables"_a,
-        "Serve a MultiPull/MultiUpdate natively: (reply, pull rows, update rows), "
-        "(None, why) when declined, (None, error, capacity, updates_applied) on failure");
+  nb::class_<MultiRequest>(m, "MultiRequest",
+                           "A MultiPull/MultiUpdate request parsed once (ValueError when malformed)")
+      .def(nb::init<const std::string&, nb::bytes>(), "method"_a, "request"_a)
+      .def_prop_ro("tables", &MultiRequest::tables, "every table named, in order of first mention")
+      .def_prop_ro("update_tables", &MultiRequest::update_tables, "the tables updated")
+      .def("serve", &MultiRequest::serve, "views"_a, "natively"_a,
+           "Check against one view per table, then serve: ('refused', code, item, table, "
+           "reason, epoch), ('served', reply, (table, rows) per pull, per update), ('failed', "
+           "error, capacity, updates_applied, updates), or ('checked', pulls, updates) for the node to apply");
 }
 
 }  // namespace recstore::serve::bindings

@@ -1,41 +1,31 @@
-"""MultiPull and MultiUpdate on one node: every item validated before any is applied.
+"""MultiPull and MultiUpdate items applied by the node, once the native validator passed them.
 
 A trainer with many tables would otherwise pay one RPC per table and shard on
-every step; these run several tables' pulls or updates in one call. They are
-all or nothing: each item goes through the checks of its single-table
-counterpart (table hosted, dtype, dim, buffer lengths, lr, slot ownership) and
-through the checks the engine would otherwise make half-way through the batch
-(dense ids in range, room in a table that cannot evict) before the first item
-runs, so a rejected request changes nothing. Updates hold the locks of all
-their tables (taken in name order, so two multi-updates cannot deadlock)
-while they apply and append their write-ahead log records; the caller waits
-for every record to be durable before it replies.
+every step; these run several tables' pulls or updates in one call, all or
+nothing. Whether a request is refused, and why, is decided in one place: the
+native validator (``recstore.ps.native_path``, ``csrc/node_serve.h``), which
+also parses the request. Most requests it serves itself; the checked items of
+those it cannot apply (a table on a GPU or with an injected clock, a
+write-ahead log to append, read-only pulls) come here, as offsets into the
+request, with the update tables' locks held by the caller. Updates apply in
+order and append their log records (the caller waits for every record to be
+durable before it replies), then the pulls are written into the reply.
 
-Python's cost per numpy call outweighs the work on a few hundred keys, so
-the slot ownership and dense id range of all items' keys are checked in one
-pass over them together (the item-by-item checks run only to name the culprit
-of a refusal, as they would have), and a pull resolved by the servicer, or
-checked before the updates it carries, is not resolved or checked again.
+The validator counts the room left in a table that cannot evict only where it
+can read the rows (a host engine); ``check_room`` counts it for the others
+before anything is applied.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from recstore.core import (
-    CapacityExhausted,
-    InvalidArgument,
-    RecStoreError,
-    TableNotFound,
-    WrongShard,
-    slot_of,
-)
-from recstore.core.wire import Buffer
+from recstore.core import CapacityExhausted, RecStoreError, wire
 from recstore.ps import codec
-from recstore.ps.node import HostedTable, Node, WriteAck, check_lr, check_owned
+from recstore.ps.node import HostedTable, Node, WriteAck
 from recstore.ps.wal import OP_UPDATE
 
 
@@ -43,117 +33,23 @@ class CarriedUpdatesApplied(RecStoreError):
     """A MultiPull failed after the updates it carried were applied: do not resend them."""
 
 
-@dataclass(slots=True)
-class Resolved:
-    """An item's hosted table and decoded keys (and an update's gradient rows)."""
+@dataclass(frozen=True)
+class Served:
+    """A served request: the reply, which tables moved how many rows, the log acks to await."""
 
-    table: str
-    hosted: HostedTable
-    keys: np.ndarray
-    rows: np.ndarray | None = None  # update gradients
-    grad_dtype: str = ""
-
-
-@dataclass(slots=True)
-class PullItem:
-    table: str
-    keys: Buffer
-    values_out: np.ndarray  # the reply's payload for this item
-    found_out: np.ndarray | None = None  # read-only pulls only
-    #: from ``resolve_pulls``; used while its table is still the one hosted
-    resolved: Resolved | None = None
-    #: the resolved keys passed ``check_pulls`` (ownership and id range) already
-    checked: bool = False
+    reply: bytes
+    pulled: list[tuple[str, int]]  # (table, rows) per pull item
+    updated: list[tuple[str, int]]  # (table, rows) per update
+    acks: list[WriteAck] = field(default_factory=list)
 
 
-@dataclass(slots=True)
-class UpdateItem:
-    table: str
-    keys: Buffer
-    grads: Buffer
-    grad_dtype: str = ""
-    dim: int = 0
-    lr: float | None = None
-
-
-def item_error(index: int, table: str, error: Exception) -> Exception:
-    """``error`` with the item it is about in its message (same class, same status)."""
-    where = f"item {index} (table {table!r}): {error}"
-    if isinstance(error, WrongShard):
-        return WrongShard(where, error.epoch)
-    if isinstance(error, InvalidArgument | TableNotFound | CapacityExhausted):
-        return type(error)(where)
-    return error
-
-
-def check_key_range(hosted: HostedTable, keys: np.ndarray) -> None:
-    """Dense ids must lie in [0, num_embeddings): the engine refuses others mid-batch."""
-    limit = hosted.id_limit
-    if limit is None or not len(keys):
-        return
-    if int(keys.view(np.uint64).max()) < limit:  # negative ids wrap to huge ones
-        return
-    low, high = int(keys.min()), int(keys.max())
-    bad = low if low < 0 else high
-    raise InvalidArgument(
-        f"id {bad} is out of range for dense table {hosted.entry.spec.name!r} (0..{limit - 1})"
-    )
-
-
-_U64_MAX = np.iinfo(np.uint64).max
-
-
-def _keys_pass(items: Sequence[Resolved]) -> bool:
-    """Whether every item's keys pass ``check_owned`` and ``check_key_range``: one pass."""
-    keyed = [item for item in items if len(item.keys)]
-    if not keyed:
-        return True
-    keys = keyed[0].keys if len(keyed) == 1 else np.concatenate([item.keys for item in keyed])
-    limits = [item.hosted.id_limit for item in keyed]
-    if any(limit is not None for limit in limits):
-        if any(limit is not None and limit < 1 for limit in limits):
-            return False
-        starts, position = [], 0
-        for item in keyed:
-            starts.append(position)
-            position += len(item.keys)
-        highest = np.maximum.reduceat(keys.view(np.uint64), starts)  # negative ids wrap high
-        bounds = np.array([_U64_MAX if n is None else n - 1 for n in limits], np.uint64)
-        if not (highest <= bounds).all():
-            return False
-    owners = [item.hosted.owned_slots for item in keyed]
-    if all(owned is None for owned in owners):
-        return True
-    slots = slot_of(keys)
-    first = owners[0]
-    if first is not None and all(owned is first for owned in owners):  # one slot map
-        return bool(first.take(slots).all())
-    position = 0
-    for owned, item in zip(owners, keyed, strict=True):
-        end = position + len(item.keys)
-        if owned is not None and not owned.take(slots[position:end]).all():
-            return False
-        position = end
-    return True
-
-
-def check_keys(items: Sequence[Resolved]) -> None:
-    """``check_owned`` and ``check_key_range`` of each item in turn, cheaply when all pass."""
-    if _keys_pass(items):
-        return
-    for index, item in enumerate(items):  # the first refusal, as the item-wise checks say it
-        try:
-            check_owned(item.hosted, item.keys)
-            check_key_range(item.hosted, item.keys)
-        except (InvalidArgument, WrongShard) as error:
-            raise item_error(index, item.table, error) from None
+#: a checked pull: (hosted table, keys, read_only)
+PullItem = tuple[HostedTable, np.ndarray, bool]
 
 
 def check_room(hosted: HostedTable, keys: Sequence[np.ndarray]) -> None:
     """Refuse when the rows these keys would insert do not fit in a table that cannot evict."""
     table = hosted.table
-    if hosted.evicts:
-        return
     total = sum(len(k) for k in keys)
     if table.size + total <= table.capacity:
         return  # cheap bound first: even if every key were new it fits
@@ -167,148 +63,66 @@ def check_room(hosted: HostedTable, keys: Sequence[np.ndarray]) -> None:
         )
 
 
-def _check_all_room(checked: Sequence[Resolved]) -> None:
-    by_table: dict[str, tuple[HostedTable, list[np.ndarray]]] = {}
-    for item in checked:
-        by_table.setdefault(item.hosted.entry.spec.name, (item.hosted, []))[1].append(item.keys)
-    for hosted, keys in by_table.values():
-        check_room(hosted, keys)
-
-
-def resolve_pulls(node: Node, pulls: Sequence[tuple[str, Buffer]]) -> list[Resolved]:
-    """The hosted table and int64 keys of each (table, keys) pull; nothing checked further."""
-    resolved = []
-    for index, (table, keys) in enumerate(pulls):
-        try:
-            resolved.append(Resolved(table, node.get(table), codec.decode_keys(keys)))
-        except (InvalidArgument, TableNotFound) as error:
-            raise item_error(index, table, error) from None
-    return resolved
-
-
-def check_pulls(node: Node, pulls: Sequence[Resolved], read_only: Sequence[bool]) -> None:
-    """The checks ``multi_pull`` makes before its first insert, for resolved pulls.
-
-    A MultiPull that carries updates runs these first, so a pull it would refuse
-    refuses the request before any carried update is applied.
-    """
-    tables = node.tables
-    if all(tables.get(item.table) is item.hosted for item in pulls):
-        check_keys(pulls)
-    else:  # a table dropped or reloaded since they were resolved: item by item, afresh
-        fresh = []
-        for index, item in enumerate(pulls):
-            try:
-                hosted = node.get(item.table)
-                check_owned(hosted, item.keys)
-                check_key_range(hosted, item.keys)
-            except (InvalidArgument, TableNotFound, WrongShard) as error:
-                raise item_error(index, item.table, error) from None
-            fresh.append(Resolved(item.table, hosted, item.keys))
-        pulls = fresh
-    _check_all_room([item for item, ro in zip(pulls, read_only, strict=True) if not ro])
-
-
-def _check_pull(node: Node, item: PullItem) -> Resolved:
-    hosted = node.get(item.table)
-    keys = codec.decode_keys(item.keys)
-    check_owned(hosted, keys)
-    check_key_range(hosted, keys)
-    if item.values_out.shape != (len(keys), hosted.dim):
-        raise InvalidArgument(f"reply room for {item.values_out.shape} rows, {len(keys)} keys")
-    return Resolved(item.table, hosted, keys)
-
-
-def _still_resolved(node: Node, items: Sequence[PullItem]) -> list[Resolved] | None:
-    """The items' resolved tables and keys, if each table is still the one hosted."""
-    tables, resolved = node.tables, []
-    for item in items:
-        r = item.resolved
-        if (
-            r is None
-            or tables.get(item.table) is not r.hosted
-            or item.values_out.shape != (len(r.keys), r.hosted.dim)
-        ):
-            return None
-        resolved.append(r)
-    return resolved
-
-
-def _validate_pulls(node: Node, items: Sequence[PullItem]) -> list[Resolved]:
-    """Every item's checks, or the first refusal (as item-wise checks in order would say)."""
-    resolved = _still_resolved(node, items)
-    if resolved is not None:
-        if not all(item.checked for item in items):
-            check_keys(resolved)
-        return resolved
-    checked = []
-    for index, item in enumerate(items):
-        try:
-            checked.append(_check_pull(node, item))
-        except (InvalidArgument, TableNotFound, WrongShard) as error:
-            raise item_error(index, item.table, error) from None
-    return checked
-
-
-def _resolve_update(node: Node, item: UpdateItem) -> Resolved:
-    hosted = node.get(item.table)
-    dtype, dim = hosted.dtype, hosted.dim
-    codec.check_declared("", item.dim, dtype, dim)
-    grad_dtype = codec.grad_dtype_for(item.grad_dtype, dtype)
-    keys = codec.decode_keys(item.keys)
-    grads = codec.decode_rows(item.grads, len(keys), dim, grad_dtype, "grads")
-    check_lr(item.lr)
-    return Resolved(item.table, hosted, keys, grads, grad_dtype)
-
-
-def _validate_updates(node: Node, items: Sequence[UpdateItem]) -> list[Resolved]:
-    """Every item's checks, or the first refusal (as item-wise checks in order would say)."""
-    resolved: list[Resolved] = []
-    for index, item in enumerate(items):
-        try:
-            resolved.append(_resolve_update(node, item))
-        except (InvalidArgument, TableNotFound, WrongShard) as error:
-            check_keys(resolved)  # an earlier item's keys are refused first
-            raise item_error(index, item.table, error) from None
-    check_keys(resolved)
-    return resolved
-
-
-def multi_pull(node: Node, items: Sequence[PullItem]) -> int:
-    """Gather every item's rows into its ``values_out``; returns the rows in all."""
-    checked = _validate_pulls(node, items)
-    # Rows a pull inserts can fill a table that cannot evict: refuse before any insert.
-    _check_all_room([c for c, item in zip(checked, items, strict=True) if item.found_out is None])
-    for item, check in zip(items, checked, strict=True):
-        if item.found_out is None:
-            check.hosted.table.pull(check.keys, out=item.values_out)
+def pull_items(
+    items: Sequence[PullItem], outs: Sequence[tuple[np.ndarray, np.ndarray | None]]
+) -> None:
+    """Each pull's rows into its place in the reply (read-only ones with their found flags)."""
+    for (hosted, keys, _), (values, found_out) in zip(items, outs, strict=True):
+        if found_out is None:
+            hosted.table.pull(keys, out=values)
         else:
-            _, found = check.hosted.table.find(check.keys, out=item.values_out)
-            item.found_out[:] = found
-    return sum(len(c.keys) for c in checked)
+            _, found = hosted.table.find(keys, out=values)
+            found_out[:] = found
 
 
-def multi_update(node: Node, items: Sequence[UpdateItem]) -> list[WriteAck]:
-    """Apply every item in order, all or nothing; one ack (rows, log record) per item."""
-    checked = _validate_updates(node, items)
-    tables = {c.hosted.entry.spec.name: c.hosted for c in checked}
-    held = []
+def apply_checked(
+    node: Node,
+    method: str,
+    request: bytes,
+    tables: Sequence[HostedTable | None],
+    pulls: Sequence[tuple[int, int, int, bool]],
+    updates: Sequence[tuple[int, int, int, int, int, str, float | None]],
+) -> Served:
+    """Apply the validator's checked items (offsets into ``request``, tables by index)."""
+    buffer = memoryview(request)
+    pulled: list[PullItem] = []
+    for table, keys_at, rows, read_only in pulls:
+        hosted = tables[table]
+        assert hosted is not None  # the validator refused items of tables not hosted
+        pulled.append((hosted, codec.decode_keys(buffer[keys_at : keys_at + 8 * rows]), read_only))
+    checked = []
+    for table, keys_at, rows, grads_at, grads_size, grad_dtype, lr in updates:
+        hosted = tables[table]
+        assert hosted is not None
+        keys_buffer = buffer[keys_at : keys_at + 8 * rows]
+        grads_buffer = buffer[grads_at : grads_at + grads_size]
+        keys = codec.decode_keys(keys_buffer)
+        grads = codec.decode_rows(grads_buffer, rows, hosted.dim, grad_dtype, "grads")
+        checked.append((hosted, keys_buffer, grads_buffer, keys, grads, grad_dtype, lr))
+    inserting: dict[str, tuple[HostedTable, list[np.ndarray]]] = {}
+    for hosted, keys in [(c[0], c[3]) for c in checked] + [
+        (p[0], p[1]) for p in pulled if not p[2]
+    ]:
+        if hosted.table.host_engine is None and not hosted.evicts and hosted.id_limit is None:
+            inserting.setdefault(hosted.entry.spec.name, (hosted, []))[1].append(keys)
+    for hosted, keys_list in inserting.values():
+        check_room(hosted, keys_list)
+    acks = []
+    for hosted, keys_buffer, grads_buffer, keys, grads, grad_dtype, lr in checked:
+        hosted.table.update(keys, grads, lr)
+        acks.append(node.log_write(hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr))
+    updated = [(c[0].entry.spec.name, ack.rows) for c, ack in zip(checked, acks, strict=True)]
+    if method == "MultiUpdate":
+        return Served(wire.encode_multi_rows_response(ack.rows for ack in acks), [], updated, acks)
+    shapes = [(len(keys), h.dim, h.dtype, read_only) for h, keys, read_only in pulled]
+    message, outs = wire.multi_pull_response_frame(shapes, carried_rows=[a.rows for a in acks])
     try:
-        for name in sorted(tables):  # one global order: multi-updates never deadlock
-            tables[name].lock.acquire()
-            held.append(tables[name].lock)
-            if node.tables.get(name) is not tables[name]:  # dropped or reloaded meanwhile
-                raise TableNotFound(f"table {name!r} is not hosted on this node")
-        _check_all_room(checked)
-        acks = []
-        for item, check in zip(items, checked, strict=True):
-            check.hosted.table.update(check.keys, check.rows, item.lr)
-            acks.append(
-                node.log_write(
-                    check.hosted, OP_UPDATE, item.keys, item.grads, check.grad_dtype, item.lr
-                )
-            )
-        return acks
-    finally:
-        for lock in reversed(held):
-            lock.release()
+        pull_items(pulled, outs)
+    except Exception as error:
+        if checked:  # rare (an engine failure): say the updates are in
+            raise CarriedUpdatesApplied(
+                f"the {len(checked)} carried updates were applied, the pulls failed: {error}"
+            ) from error
+        raise
+    reply = wire.finish(message)
+    return Served(reply, [(h.entry.spec.name, len(k)) for h, k, _ in pulled], updated, acks)

@@ -1,84 +1,104 @@
-"""MultiPull and MultiUpdate served by the engine in one native pass, when it can.
+"""MultiPull and MultiUpdate: parsed once and checked by the native validator, then served.
 
-The Python path (``recstore.ps.multi`` behind the servicer) costs several
-times the engine work of a training step's request: decoding, per-item
-checks, framing. ``recstore._native.serve_multi`` does the same checks and the
-same work on the request bytes and returns the reply the Python path would
-frame. It *declines* whatever it does not handle, or would refuse, touching
-nothing, and the Python path then serves the request as before (so every
-error keeps its exact status and message): read-only pulls, tables on a GPU
-or with an injected clock, write-ahead logging, and any request with
-something to refuse. Here: resolve the named tables, hold the write locks of
-the updated ones (in name order, as ``multi.multi_update``), call the engine.
+``recstore._native.MultiRequest`` parses a request in place and checks every
+item against the node's hosted tables (see ``csrc/node_serve.h``): it is the
+one place that decides whether a multi-table request is refused, and why. A
+refusal comes back as (code, item, table, reason, epoch), which
+``refusal_error`` turns into the exception the servicer maps to a status. A
+request that passes is served by the engine in the same native call, reply
+framed, or, where the native path cannot apply it (a table on a GPU or with an
+injected clock, a write-ahead log to append, read-only pulls), its checked
+items are applied by ``recstore.ps.multi``. Here: resolve the named tables,
+hold the write locks of the updated ones (in name order, so two requests
+cannot deadlock) around checking and applying, and call the engine.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Any
 
 from recstore import _native as _native_module
-from recstore.core import CapacityExhausted, InvalidArgument
-from recstore.ps.multi import CarriedUpdatesApplied
+from recstore.core import (
+    CapacityExhausted,
+    InvalidArgument,
+    RecStoreError,
+    TableNotFound,
+    WrongShard,
+)
+from recstore.ps import multi
+from recstore.ps.multi import CarriedUpdatesApplied, Served
 from recstore.ps.node import HostedTable, Node
 
 #: the compiled engine (no type stubs: it takes raw buffer addresses)
 _native: Any = _native_module
 
+#: False: the node applies every checked request itself (tests run both ways)
+APPLY_NATIVELY = True
 
-@dataclass(frozen=True)
-class Served:
-    """A natively served request: the reply, and which tables moved how many rows."""
+#: the native validator's refusal codes (csrc/node_serve.h, enum Code)
+REFUSALS: dict[int, type[RecStoreError]] = {
+    1: InvalidArgument,
+    2: TableNotFound,
+    3: WrongShard,
+    4: CapacityExhausted,
+}
 
-    reply: bytes
-    pulled: list[tuple[str, int]]  # (table, rows) per pull item
-    updated: list[tuple[str, int]]  # (table, rows) per update
+
+def refusal_error(code: int, item: int, table: str, reason: str, epoch: int) -> RecStoreError:
+    """The exception of a refusal: its reason, prefixed with the item it is about (if any)."""
+    message = reason if item < 0 else f"item {item} (table {table!r}): {reason}"
+    if code == 3:
+        return WrongShard(message, epoch)
+    return REFUSALS[code](message)
 
 
-def _view(name: str, hosted: HostedTable) -> tuple[Any, ...] | None:
-    engine = hosted.table.host_engine
-    if engine is None or hosted.wal is not None:
-        return None
+def _view(hosted: HostedTable) -> tuple[Any, ...]:
+    """The validator's view of a hosted table (see csrc/node_serve_bindings.h)."""
     owned = hosted.owned_slots
-    address = 0 if owned is None else owned.ctypes.data  # bool per slot, kept alive by hosted
-    return (name, engine, address, float(hosted.entry.spec.optimizer.lr), hosted.dtype)
+    return (
+        hosted.table.host_engine,
+        0 if owned is None else owned.ctypes.data,  # bool per slot, kept alive by hosted
+        float(hosted.entry.spec.optimizer.lr),
+        hosted.dtype,
+        hosted.dim,
+        hosted.id_limit or 0,
+        not hosted.evicts and hosted.id_limit is None,
+        hosted.entry.slot_map.epoch,
+        hosted.wal is not None,
+    )
 
 
-def serve(node: Node, method: str, request: bytes) -> Served | None:
-    """Serve ``request`` natively; None when declined (the Python path serves it)."""
+def serve(node: Node, method: str, request: bytes) -> Served:
+    """Check ``request`` (MultiPull or MultiUpdate) and serve it; refusals raise."""
     try:
-        pull_tables, update_tables = _native.multi_item_tables(method, request)
-    except ValueError:
-        return None  # malformed: the Python decoder words the error
-    hosted: dict[str, HostedTable] = {}
-    views = []
-    for name in dict.fromkeys([*pull_tables, *update_tables]):
-        table = node.tables.get(name)
-        view = None if table is None else _view(name, table)
-        if table is None or view is None:
-            return None
-        hosted[name] = table
-        views.append(view)
+        parsed = _native.MultiRequest(method, request)
+    except ValueError as error:
+        raise InvalidArgument(f"malformed {method}Request: {error}") from None
+    names = parsed.tables
+    hosted = [node.tables.get(name) for name in names]
+    by_name = dict(zip(names, hosted, strict=True))
     with contextlib.ExitStack() as locks:
-        for name in sorted(set(update_tables)):  # one global order, as multi.multi_update
-            locks.enter_context(hosted[name].lock)
-            if node.tables.get(name) is not hosted[name]:  # dropped or reloaded meanwhile
-                return None
-        result = _native.serve_multi(method, request, views)
-    if result[0] is None:
-        if len(result) == 2:
-            return None  # declined
-        _, message, capacity, updates_applied = result
-        if updates_applied and update_tables and method == "MultiPull":
+        for name in sorted(parsed.update_tables):
+            table = by_name[name]
+            if table is None:
+                continue  # refused as the item it is
+            locks.enter_context(table.lock)
+            if node.tables.get(name) is not table:  # dropped or reloaded meanwhile
+                raise TableNotFound(f"table {name!r} is not hosted on this node")
+        views = [None if h is None else _view(h) for h in hosted]
+        result = parsed.serve(views, APPLY_NATIVELY)
+        if result[0] == "checked":
+            return multi.apply_checked(node, method, request, hosted, *result[1:])
+    kind = result[0]
+    if kind == "refused":
+        raise refusal_error(*result[1:])
+    if kind == "failed":
+        _, message, capacity, updates_applied, updates = result
+        if updates_applied and updates and method == "MultiPull":
             raise CarriedUpdatesApplied(
-                f"the {len(update_tables)} carried updates were applied, the pulls failed: "
-                f"{message}"
+                f"the {updates} carried updates were applied, the pulls failed: {message}"
             )
         raise (CapacityExhausted if capacity else InvalidArgument)(message)
-    reply, pull_rows, update_rows = result
-    return Served(
-        reply,
-        list(zip(pull_tables, pull_rows, strict=True)),
-        list(zip(update_tables, update_rows, strict=True)),
-    )
+    _, reply, pulled, updated = result
+    return Served(reply, pulled, updated)

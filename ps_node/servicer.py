@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -25,7 +25,7 @@ from recstore.core.proto_convert import (
     read_create_table_request,
     table_stats_to_proto,
 )
-from recstore.ps import codec, multi, native_path, persistence
+from recstore.ps import codec, native_path, persistence
 from recstore.ps.checkpoint import list_checkpoints
 from recstore.ps.metrics import Metrics
 from recstore.ps.node import HostedTable, Node, WriteAck
@@ -77,68 +77,20 @@ def stats_of(node: Node, hosted: HostedTable) -> ps_pb2.TableStats:
     return table_stats_to_proto(stats)
 
 
-#: Multi* requests up to this size are read through the generated (upb) classes,
-#: whose C parser saves ~7 us an item over the Python one of ``recstore.core.wire``
-#: but copies the request and every bytes field read out of it (~35 us a MiB with
-#: the node's malloc tuning, more where a copy takes fresh pages). Bigger requests
-#: are read by ``wire``, whose payloads are views of the request.
-UPB_MAX_REQUEST_BYTES = 512 << 10
-
-
-def update_items(messages: Iterable[ps_pb2.UpdateRequest]) -> list[multi.UpdateItem]:
-    """The items of a MultiUpdate (or the updates a MultiPull carries), fields read once."""
-    return [
-        multi.UpdateItem(
-            m.table, m.keys, m.grads, m.grad_dtype, m.dim, m.lr if m.HasField("lr") else None
-        )
-        for m in messages
-    ]
-
-
-def _wire_update_items(requests: list[wire.UpdateRequest]) -> list[multi.UpdateItem]:
-    return [multi.UpdateItem(r.table, r.keys, r.grads, r.grad_dtype, r.dim, r.lr) for r in requests]
-
-
-def decode_multi_pull(
-    request: bytes,
-) -> tuple[list[tuple[str, wire.Buffer, bool]], list[multi.UpdateItem]]:
-    """A MultiPullRequest: its (table, keys, read_only) pulls and the updates it carries."""
-    if len(request) <= UPB_MAX_REQUEST_BYTES:
-        parsed = codec.parse(ps_pb2.MultiPullRequest, request)
-        pulls = [(item.table, item.keys, item.read_only) for item in parsed.items]
-        return pulls, update_items(parsed.updates)
-    items, updates = wire.decode_multi_pull_carrying(request)
-    pulls = [(item.table, item.keys, item.read_only) for item in items]
-    return pulls, _wire_update_items(updates)
-
-
-def decode_multi_update(request: bytes) -> list[multi.UpdateItem]:
-    """A MultiUpdateRequest's items."""
-    if len(request) <= UPB_MAX_REQUEST_BYTES:
-        return update_items(codec.parse(ps_pb2.MultiUpdateRequest, request).items)
-    return _wire_update_items(wire.decode_multi_update_request(request))
-
-
 class PsServicer(ps_pb2_grpc.ParameterServerServicer):
-    def __init__(
-        self, node: Node, offload: Offload, metrics: Metrics, keep: int = 3, *,
-        native: bool = True,
-    ) -> None:  # fmt: skip
+    def __init__(self, node: Node, offload: Offload, metrics: Metrics, keep: int = 3) -> None:
         self.node = node
         self.offload = offload
         self.metrics = metrics
         self.keep = keep
-        self.native = native  # multi-table requests through recstore.ps.native_path first
 
-    async def _serve_natively(self, method: str, request: bytes) -> bytes | None:
-        """The reply of the native path, or None when it declined the request."""
-        if not self.native:
-            return None
+    async def _serve_multi(self, method: str, request: bytes) -> bytes:
+        """A MultiPull or MultiUpdate, checked and served by recstore.ps.native_path."""
         served = await self.offload.run_multi(
             len(request) // 4, native_path.serve, self.node, method, request
         )
-        if served is None:
-            return None
+        for ack in served.acks:  # acknowledged means durable: every table's record is fsynced
+            await self._acknowledge(ack)
         for table, rows in served.updated:
             self.metrics.rows(table, "MultiUpdate", rows)
         for table, rows in served.pulled:
@@ -219,62 +171,14 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         self.metrics.rows(req.table, "Update", ack.rows)
         return wire.encode_rows_response(ack.rows)
 
-    # Several tables in one call, all or nothing (recstore.ps.multi).
+    # Several tables in one call, all or nothing (recstore.ps.native_path).
     @rpc
     async def MultiPull(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        reply = await self._serve_natively("MultiPull", request)
-        if reply is not None:
-            return reply
-        requested, carried = decode_multi_pull(request)
-        pulls = multi.resolve_pulls(self.node, [(table, keys) for table, keys, _ in requested])
-        shapes = [
-            (len(pull.keys), pull.hosted.dim, pull.hosted.dtype, read_only)
-            for pull, (_, _, read_only) in zip(pulls, requested, strict=True)
-        ]
-        values = sum(rows * dim for rows, dim, _, _ in shapes)
-        carried_rows: list[int] = []
-        if carried:
-            # Refuse a pull before the carried updates apply: then a refused request
-            # changes nothing, and the client may resend all of it.
-            read_only = [read_only for _, _, read_only in requested]
-            await self.offload.run_multi(values, multi.check_pulls, self.node, pulls, read_only)
-            carried_rows = await self._multi_update(carried)
-        message, outs = wire.multi_pull_response_frame(shapes, carried_rows=carried_rows)
-        items = [
-            multi.PullItem(table, keys, values_out, found_out, pull, checked=bool(carried))
-            for (table, keys, _), pull, (values_out, found_out) in zip(
-                requested, pulls, outs, strict=True
-            )
-        ]
-        try:
-            await self.offload.run_multi(values, multi.multi_pull, self.node, items)
-        except Exception as error:
-            if carried:  # rare (a table dropped meanwhile): say the updates are in
-                raise multi.CarriedUpdatesApplied(
-                    f"the {len(carried)} carried updates were applied, the pulls failed: {error}"
-                ) from error
-            raise
-        for (table, _, _), (rows, _, _, _) in zip(requested, shapes, strict=True):
-            self.metrics.rows(table, "MultiPull", rows)
-        return wire.finish(message)
+        return await self._serve_multi("MultiPull", request)
 
     @rpc
     async def MultiUpdate(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        reply = await self._serve_natively("MultiUpdate", request)
-        if reply is not None:
-            return reply
-        rows = await self._multi_update(decode_multi_update(request))
-        return wire.encode_multi_rows_response(rows)
-
-    async def _multi_update(self, items: list[multi.UpdateItem]) -> list[int]:
-        """Apply a MultiUpdate's items (all or nothing); rows applied per item once durable."""
-        values = sum(len(item.grads) // 4 for item in items)  # float32 (or smaller) values
-        acks = await self.offload.run_multi(values, multi.multi_update, self.node, items)
-        for ack in acks:  # acknowledged means durable: every table's record is fsynced
-            await self._acknowledge(ack)
-        for item, ack in zip(items, acks, strict=True):
-            self.metrics.rows(item.table, "MultiUpdate", ack.rows)
-        return [ack.rows for ack in acks]
+        return await self._serve_multi("MultiUpdate", request)
 
     @rpc
     async def Save(self, request, context):

@@ -11,7 +11,15 @@ import grpc
 import numpy as np
 import pytest
 
-from recstore.core import InvalidArgument, SlotMap, slot_of, wire
+from recstore.core import (
+    CapacityExhausted,
+    InvalidArgument,
+    SlotMap,
+    TableNotFound,
+    WrongShard,
+    slot_of,
+    wire,
+)
 from recstore.core.wire import WireClient
 from recstore.ps import codec, multi, native_path
 from recstore.ps.node import Node, check_lr, check_owned
@@ -35,7 +43,7 @@ KEYS = np.arange(1000, dtype=np.int64)
 def multi_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test against both ways a node serves multi-table calls."""
     if request.param == "python path":
-        monkeypatch.setattr(native_path, "serve", lambda *args: None)  # always declined
+        monkeypatch.setattr(native_path, "APPLY_NATIVELY", False)  # the node applies
     return str(request.param)
 
 
@@ -306,14 +314,12 @@ def test_a_refused_carried_update_refuses_the_pulls_too(
 def test_pulls_failing_after_the_carried_updates_say_those_are_applied(
     client: Client, tables: dict[str, Table], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from recstore.ps import multi
+    monkeypatch.setattr(native_path, "APPLY_NATIVELY", False)  # the Python path's case
 
-    monkeypatch.setattr(native_path, "serve", lambda *args: None)  # the Python path's case
+    def dropped_meanwhile(items: Any, outs: Any) -> None:
+        raise TableNotFound("table 'sgd' is not hosted on this node")
 
-    def dropped_meanwhile(node: Any, items: Any) -> int:
-        raise multi.TableNotFound("table 'sgd' is not hosted on this node")
-
-    monkeypatch.setattr(multi, "multi_pull", dropped_meanwhile)
+    monkeypatch.setattr(multi, "pull_items", dropped_meanwhile)
     request = ps_pb2.MultiPullRequest(
         items=[ps_pb2.PullRequest(table="sgd", keys=np.array([1], "<i8").tobytes())],
         updates=[GOOD[0]],
@@ -336,7 +342,28 @@ def test_malformed_multi_requests_are_invalid(
     assert info.value.code() == INVALID and "malformed" in (info.value.details() or "")
 
 
-def _item_wise_refusal(node: Node, items: list[multi.UpdateItem]) -> Exception | None:
+def _check_key_range(hosted: Any, keys: np.ndarray) -> None:
+    """Dense ids must lie in [0, num_embeddings)."""
+    limit = hosted.id_limit
+    if limit is None or not len(keys) or int(keys.view(np.uint64).max()) < limit:
+        return
+    low, high = int(keys.min()), int(keys.max())
+    raise InvalidArgument(
+        f"id {low if low < 0 else high} is out of range for dense table "
+        f"{hosted.entry.spec.name!r} (0..{limit - 1})"
+    )
+
+
+def _item_error(index: int, table: str, error: Exception) -> Exception:
+    where = f"item {index} (table {table!r}): {error}"
+    if isinstance(error, WrongShard):
+        return WrongShard(where, error.epoch)
+    if isinstance(error, InvalidArgument | TableNotFound | CapacityExhausted):
+        return type(error)(where)
+    return error
+
+
+def _item_wise_refusal(node: Node, items: list[ps_pb2.UpdateRequest]) -> Exception | None:
     """The first refusal of the checks of each update item in turn (the reference order)."""
     for index, item in enumerate(items):
         try:
@@ -345,16 +372,22 @@ def _item_wise_refusal(node: Node, items: list[multi.UpdateItem]) -> Exception |
             grad_dtype = codec.grad_dtype_for(item.grad_dtype, hosted.dtype)
             keys = codec.decode_keys(item.keys)
             codec.decode_rows(item.grads, len(keys), hosted.dim, grad_dtype, "grads")
-            check_lr(item.lr)
+            check_lr(item.lr if item.HasField("lr") else None)
             check_owned(hosted, keys)
-            multi.check_key_range(hosted, keys)
+            _check_key_range(hosted, keys)
         except Exception as error:
-            return multi.item_error(index, item.table, error)
+            return _item_error(index, item.table, error)
     return None
 
 
-def _check_pulls(node: Node, pulls: list[tuple[str, bytes]]) -> None:
-    multi.check_pulls(node, multi.resolve_pulls(node, pulls), [True] * len(pulls))
+def _multi_update(node: Node, items: list[ps_pb2.UpdateRequest]) -> None:
+    request = ps_pb2.MultiUpdateRequest(items=items).SerializeToString()
+    native_path.serve(node, "MultiUpdate", request)
+
+
+def _check_pulls(node: Node, items: list[ps_pb2.UpdateRequest]) -> None:
+    pulls = [ps_pb2.PullRequest(table=i.table, keys=i.keys, read_only=True) for i in items]
+    native_path.serve(node, "MultiPull", ps_pb2.MultiPullRequest(items=pulls).SerializeToString())
 
 
 def test_checks_over_all_items_refuse_as_the_item_wise_checks(tmp_path: Path) -> None:
@@ -389,74 +422,60 @@ def test_checks_over_all_items_refuse_as_the_item_wise_checks(tmp_path: Path) ->
             table = str(rng.choice([*dims, "nope"] if rng.random() < 0.15 else list(dims)))
             keys = keys_for(rng, table if table != "nope" else "a")
             grads = np.ones((len(keys), dims.get(table, 8)), "<f4").tobytes()
-            items.append(multi.UpdateItem(table, keys.astype("<i8").tobytes(), grads))
+            items.append(
+                ps_pb2.UpdateRequest(table=table, keys=keys.astype("<i8").tobytes(), grads=grads)
+            )
         expected = _item_wise_refusal(node, items)
         # pulls resolve every table before checking any keys (as they always have)
         missing = next((i for i, item in enumerate(items) if item.table == "nope"), None)
         expected_pull = expected
         if missing is not None:
-            expected_pull = multi.TableNotFound(
+            expected_pull = TableNotFound(
                 f"item {missing} (table 'nope'): table 'nope' is not hosted on this node"
             )
-        pulls = [(item.table, item.keys) for item in items]
-        for want, check, args in (
-            (expected, multi.multi_update, items),
-            (expected_pull, _check_pulls, pulls),
-        ):
+        for want, check in ((expected, _multi_update), (expected_pull, _check_pulls)):
             if want is None:
-                check(node, args)
+                check(node, items)
                 continue
             with pytest.raises(type(want)) as info:
-                check(node, args)
+                check(node, items)
             assert str(info.value) == str(want)
         refused += expected is not None
     assert 100 < refused < 300  # both kinds of request were tried
 
 
-def _plain(pulls: list[Any], updates: list[multi.UpdateItem]) -> list[Any]:
-    return [(t, bytes(k), ro) for t, k, ro in pulls] + [
-        (u.table, bytes(u.keys), bytes(u.grads), u.grad_dtype, u.dim, u.lr) for u in updates
-    ]
-
-
-@pytest.mark.parametrize("upb_max", [0, 1 << 30], ids=["wire", "upb"])
-def test_both_readers_of_multi_requests_agree(
-    monkeypatch: pytest.MonkeyPatch, upb_max: int
-) -> None:
-    """Small requests are read by the generated classes, big ones by wire: same items."""
-    from recstore.ps import servicer
-
-    monkeypatch.setattr(servicer, "UPB_MAX_REQUEST_BYTES", upb_max)
-    keys = np.arange(5, dtype="<i8").tobytes()
-    updates = [wire.UpdateRequest("a", 3, keys, bytes(160), "float32", 0.5, 8),
+def test_both_encodings_of_multi_requests_are_read_alike(tmp_path: Path) -> None:
+    """wire's encoding and the generated classes' (field order, alignment) serve alike."""
+    keys = np.arange(5, dtype="<i8")
+    grads = np.ones((5, 8), "<f4")
+    updates = [wire.UpdateRequest("a", 3, keys, grads, "float32", 0.5, 8),
                wire.UpdateRequest("b", 0, b"", b"", "", None, 0)]  # fmt: skip
-    pulls = [wire.PullRequest("a", 1, keys, True), wire.PullRequest("", 0, b"", False)]
-    read = [("a", keys, True), ("", b"", False)]
-    carried = [("a", keys, bytes(160), "float32", 8, 0.5), ("b", b"", b"", "", 0, None)]
-    for encoded in (
-        wire.encode_multi_pull_request(pulls, updates),
-        ps_pb2.MultiPullRequest(
-            items=[ps_pb2.PullRequest(table="a", keys=keys, read_only=True), ps_pb2.PullRequest()],
-            updates=[ps_pb2.UpdateRequest(table="a", keys=keys, grads=bytes(160), grad_dtype="float32", lr=0.5, dim=8),
-                     ps_pb2.UpdateRequest(table="b")],
-        ).SerializeToString(),
-    ):  # fmt: skip
-        assert _plain(*servicer.decode_multi_pull(encoded)) == read + carried
-    encoded = wire.encode_multi_update_request(updates)
-    assert _plain([], servicer.decode_multi_update(encoded)) == carried
+    pulls = [wire.PullRequest("a", 1, keys, True), wire.PullRequest("b", 0, b"", False)]
+    generated = ps_pb2.MultiPullRequest(
+        items=[ps_pb2.PullRequest(table="a", keys=keys.tobytes(), read_only=True), ps_pb2.PullRequest(table="b")],
+        updates=[ps_pb2.UpdateRequest(table="a", keys=keys.tobytes(), grads=grads.tobytes(), grad_dtype="float32", lr=0.5, dim=8),
+                 ps_pb2.UpdateRequest(table="b")],
+    ).SerializeToString()  # fmt: skip
+    replies = []
+    for i, encoded in enumerate((wire.encode_multi_pull_request(pulls, updates), generated)):
+        node = Node(tmp_path / str(i))
+        node.create_table(spec("a"), None)
+        node.create_table(spec("b"), None)
+        served = native_path.serve(node, "MultiPull", encoded)
+        assert (served.pulled, served.updated) == ([("a", 5), ("b", 0)], [("a", 5), ("b", 0)])
+        replies.append(served.reply)
+        update = wire.encode_multi_update_request(updates)
+        assert native_path.serve(node, "MultiUpdate", update).updated == [("a", 5), ("b", 0)]
+    assert replies[0] == replies[1]
     for malformed in (b"\x0f", b"\x0a\x03em", b"\x0a\x05\x0a\x03\xff\xfe\xfd"):
-        with pytest.raises(InvalidArgument):
-            servicer.decode_multi_pull(malformed)
-        with pytest.raises(InvalidArgument):
-            servicer.decode_multi_update(malformed)
+        for method in ("MultiPull", "MultiUpdate"):
+            with pytest.raises(InvalidArgument, match="malformed"):
+                native_path.serve(node, method, malformed)
 
 
 def test_big_requests_are_served_alike(
     fast: WireClient, tables: dict[str, Table], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from recstore.ps import servicer
-
-    monkeypatch.setattr(servicer, "UPB_MAX_REQUEST_BYTES", 0)  # every request counts as big
     keys = np.arange(40, dtype=np.int64)
     items = [(name, keys, grads_for(name, keys, i)) for i, name in enumerate(["sgd", "ada"])]
     assert fast.multi_update(items, lr=0.3) == [40, 40]

@@ -1,16 +1,27 @@
-"""The node's native multi-table path: the oracle's results and the Python framing, or declined."""
+# ruff: noqa: E501  (one refused request per line reads best as a table)
+"""The multi-table validator and native path: the oracle's results, the Python framing, refusals."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 
-from recstore.core import DType, SlotMap, slot_of, wire
+from recstore.core import (
+    CapacityExhausted,
+    DType,
+    InvalidArgument,
+    RecStoreError,
+    SlotMap,
+    slot_of,
+    wire,
+)
 from recstore.ps import native_path
 from recstore.ps.node import Node
+from recstore.ps.status import status_of
 from recstore.store import Table
 from recstore.v1 import ps_pb2
 
@@ -154,47 +165,78 @@ def _pull(table: str, keys: Any, **fields: Any) -> ps_pb2.PullRequest:
     return ps_pb2.PullRequest(table=table, keys=np.asarray(keys, "<i8").tobytes(), **fields)
 
 
-DECLINED = [
-    ("unknown table", [_pull("nope", MINE[:1])], []),
-    ("a foreign key", [_pull("sgd", [MINE[0], FOREIGN[0]])], []),
-    ("a foreign key in an update", [_pull("sgd", MINE[:2])], [_update("sgd", FOREIGN[:1])]),
-    ("dense id out of range", [_pull("adam", [1000])], []),
-    ("keys not whole int64s", [ps_pb2.PullRequest(table="sgd", keys=bytes(12))], []),
-    ("read-only pull", [_pull("sgd", MINE[:2], read_only=True)], []),
-    ("grads too short", [], [_update("sgd", MINE[:2], grads=bytes(60))]),
-    ("grad dtype", [], [_update("sgd", MINE[:1], grad_dtype="bfloat16")]),
-    ("declared dim", [], [_update("sgd", MINE[:1], dim=4)]),
-    ("lr zero", [], [_update("ada", MINE[:1], lr=0.0)]),
-    ("a full table might overflow", [_pull("full", MINE[:9])], []),
+REFUSED = [
+    ("unknown table", [_pull("nope", MINE[:1])], [], "NOT_FOUND"),
+    ("a foreign key", [_pull("sgd", [MINE[0], FOREIGN[0]])], [], "FAILED_PRECONDITION"),
+    ("a foreign key in an update", [_pull("sgd", MINE[:2])], [_update("sgd", FOREIGN[:1])], "FAILED_PRECONDITION"),
+    ("dense id out of range", [_pull("adam", [1000])], [], "INVALID_ARGUMENT"),
+    ("keys not whole int64s", [ps_pb2.PullRequest(table="sgd", keys=bytes(12))], [], "INVALID_ARGUMENT"),
+    ("grads too short", [], [_update("sgd", MINE[:2], grads=bytes(60))], "INVALID_ARGUMENT"),
+    ("grad dtype", [], [_update("sgd", MINE[:1], grad_dtype="bfloat16")], "INVALID_ARGUMENT"),
+    ("declared dim", [], [_update("sgd", MINE[:1], dim=4)], "INVALID_ARGUMENT"),
+    ("lr zero", [], [_update("ada", MINE[:1], lr=0.0)], "INVALID_ARGUMENT"),
+    ("a full table would overflow", [_pull("full", MINE[:9])], [], "RESOURCE_EXHAUSTED"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("case", "pulls", "updates"), DECLINED, ids=[c[0] for c in DECLINED])
-def test_what_the_python_path_must_answer_is_declined_untouched(
-    node: Node, case: str, pulls: list[Any], updates: list[Any]
+@pytest.mark.parametrize(("case", "pulls", "updates", "code"), REFUSED, ids=[c[0] for c in REFUSED])
+def test_a_refused_request_is_untouched(
+    node: Node, case: str, pulls: list[Any], updates: list[Any], code: str
 ) -> None:
     good = [_update("adam", MINE[:3]), _update("sgd", MINE[5:7])]
     request = ps_pb2.MultiPullRequest(
         items=[_pull("sgd", MINE[:3]), *pulls], updates=[*good, *updates]
     )
     before = _snapshot(node)
-    assert native_path.serve(node, "MultiPull", request.SerializeToString()) is None
+    with pytest.raises(RecStoreError) as info:
+        native_path.serve(node, "MultiPull", request.SerializeToString())
+    assert status_of(info.value) == getattr(grpc.StatusCode, code)
     assert _snapshot(node) == before
     assert node.tables["adam"].table.optimizer_state() == {"step": 0}  # no step counted
 
 
-def test_malformed_requests_wal_nodes_and_gpu_tables_are_declined(tmp_path: Path) -> None:
+def test_the_exact_room_count_admits_keys_already_resident(node: Node) -> None:
+    node.tables["full"].table.pull(MINE[:4])  # full now (4 rows a shard)
+    request = ps_pb2.MultiPullRequest(items=[_pull("full", MINE[:4]), _pull("full", MINE[1:3])])
+    served = native_path.serve(node, "MultiPull", request.SerializeToString())
+    assert served.pulled == [("full", 4), ("full", 2)]
+    request = ps_pb2.MultiPullRequest(items=[_pull("full", MINE[:5])])
+    with pytest.raises(CapacityExhausted, match="table 'full' holds 4 of 4 rows; 1 new rows"):
+        native_path.serve(node, "MultiPull", request.SerializeToString())
+
+
+def test_read_only_pulls_wal_nodes_and_malformed_requests(tmp_path: Path) -> None:
     node = Node(tmp_path / "wal", wal_enabled=True)
     node.create_table(spec("sgd"), None)
+    keys = np.arange(3)
     request = wire.encode_multi_update_request(
-        [
-            wire.UpdateRequest(
-                "sgd", 0, np.arange(3), np.ones((3, 8), np.float32), "float32", None, 8
-            )
-        ]
+        [wire.UpdateRequest("sgd", 0, keys, np.ones((3, 8), np.float32), "float32", None, 8)]
     )
-    assert native_path.serve(node, "MultiUpdate", request) is None  # the log is Python's
-    assert native_path.serve(node, "MultiUpdate", b"\x0a\xff") is None  # truncated
+    served = native_path.serve(node, "MultiUpdate", request)  # the node logs it
+    assert served.updated == [("sgd", 3)] and len(served.acks) == 1
+    assert served.acks[0].wal is node.tables["sgd"].wal
+    pulls = wire.encode_multi_pull_request([wire.PullRequest("sgd", 0, np.array([2, 5]), True)], [])
+    (pulled,) = wire.decode_multi_pull_response(native_path.serve(node, "MultiPull", pulls).reply)
+    assert bytes(pulled.found) == b"\x01\x00"
+    values = np.frombuffer(pulled.values, np.float32).reshape(2, 8)
+    np.testing.assert_array_equal(values[1], np.zeros(8))
+    with pytest.raises(InvalidArgument, match="malformed MultiUpdateRequest"):
+        native_path.serve(node, "MultiUpdate", b"\x0a\xff")  # truncated
+
+
+_REAL_NATIVE = native_path._native
+
+
+class _Failing:
+    """A parsed request whose engine work fails after the checks."""
+
+    def __init__(self, method: str, request: bytes, failure: tuple[Any, ...]) -> None:
+        parsed = _REAL_NATIVE.MultiRequest(method, request)
+        self.tables, self.update_tables = parsed.tables, parsed.update_tables
+        self.failure = failure
+
+    def serve(self, views: Any, natively: bool) -> tuple[Any, ...]:
+        return ("failed", *self.failure)
 
 
 @pytest.mark.parametrize(
@@ -211,10 +253,9 @@ def test_an_engine_failure_becomes_the_error_that_says_what_was_applied(
 ) -> None:  # fmt: skip
     from types import SimpleNamespace
 
-    real = native_path._native
+    failure = ("engine said no", capacity, applied, 1)
     failing = SimpleNamespace(
-        multi_item_tables=real.multi_item_tables,
-        serve_multi=lambda *args: (None, "engine said no", capacity, applied),
+        MultiRequest=lambda method, request: _Failing(method, request, failure)
     )
     monkeypatch.setattr(native_path, "_native", failing)
     update = wire.UpdateRequest("sgd", 0, MINE[:2], np.ones((2, 8), np.float32), "", None, 8)
