@@ -152,8 +152,8 @@ struct Field {
 // Walks the fields of one message without copying, as protobuf parses them:
 // varints of up to 10 bytes (redundant continuation bytes allowed, bits past
 // 64 dropped), field numbers 1 .. 2**29 - 1, every wire type, groups skipped
-// whole (nested ones included), every length checked against the end. Errors name the byte offset in the
-// message they were found at.
+// whole (nested ones included), every length checked against the end. Errors
+// name the byte offset in the message they were found at.
 class Reader {
  public:
   Reader(const uint8_t* data, size_t size) : begin_(data), data_(data), end_(data + size) {}
