@@ -20,6 +20,7 @@
 #include "unique_keys.h"
 #include "version.h"
 #include "wire_bindings.h"
+#include "wire_decode.h"
 
 #if defined(RECSTORE_WITH_CUDA) && __has_include("cuda/bindings.h")
 #include "cuda/bindings.h"
@@ -198,6 +199,7 @@ NB_MODULE(_native, m) {
   recstore::codec::bindings::bind(m);
   recstore::serve::bindings::bind(m);
   recstore::protowire::bindings::bind(m);
+  recstore::protowire::decode::bind(m);
 
 #ifdef RECSTORE_BIND_CUDA
   bind_cuda(m);

@@ -4,7 +4,8 @@
 // a general protobuf library would copy every payload once more and cannot lay
 // payloads out 8-byte aligned. Writer lays messages out with fixed-width
 // lengths of embedded messages and aligned payloads (ps_messages.h writes
-// each message with it); Reader walks fields without copying.
+// each message with it); Reader walks fields without copying: the one walker
+// of every native reader (wire_decode.h, multi_codec.cc, node_serve.cc).
 #pragma once
 
 #include <algorithm>
@@ -17,7 +18,9 @@
 
 namespace recstore::protowire {
 
-constexpr int kVarint = 0, kI64 = 1, kLen = 2, kI32 = 5;
+constexpr int kVarint = 0, kI64 = 1, kLen = 2, kSGroup = 3, kEGroup = 4, kI32 = 5;
+constexpr uint64_t kMaxFieldNumber = (uint64_t{1} << 29) - 1;
+constexpr size_t kMaxGroupDepth = 100;  // protobuf's default recursion limit
 constexpr size_t kAlign = 8;
 constexpr size_t kMaxVarint = 10;
 constexpr size_t kEmbeddedLengthWidth = 5;  // the length varint of an embedded message
@@ -130,80 +133,156 @@ class Writer {
   size_t pos_ = 0;
 };
 
-class Reader {
+// A malformed message. Every reader of the wire throws it; recstore._native
+// raises it in Python as recstore.core.errors.InvalidArgument.
+class Malformed : public std::invalid_argument {
  public:
-  Reader(const uint8_t* data, size_t size) : data_(data), end_(data + size) {}
-  bool done() const { return data_ >= end_; }
-
-  uint64_t varint() {
-    uint64_t value = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-      if (data_ >= end_) throw std::invalid_argument("truncated varint");
-      const uint8_t b = *data_++;
-      value |= static_cast<uint64_t>(b & 0x7F) << shift;
-      if ((b & 0x80) == 0) return value;
-    }
-    throw std::invalid_argument("varint longer than 10 bytes");
-  }
-  // The bytes of the last fixed-width (I32/I64) field read.
-  const uint8_t* last_fixed() const { return fixed_; }
-  // Next field: number, wire type; LEN fields give their bytes, VARINT its value.
-  bool next(uint32_t& number, int& wire_type, std::string_view& bytes, uint64_t& value) {
-    if (done()) return false;
-    const uint64_t tag = varint();
-    number = static_cast<uint32_t>(tag >> 3);
-    wire_type = static_cast<int>(tag & 7);
-    if (number == 0) throw std::invalid_argument("invalid field number 0");
-    switch (wire_type) {
-      case kVarint:
-        value = varint();
-        return true;
-      case kI64:
-        fixed_ = data_;
-        skip(8);
-        return true;
-      case kI32:
-        fixed_ = data_;
-        skip(4);
-        return true;
-      case kLen: {
-        const uint64_t size = varint();
-        const uint8_t* start = data_;
-        skip(size);
-        bytes = std::string_view(reinterpret_cast<const char*>(start), size);
-        return true;
-      }
-      default:
-        throw std::invalid_argument("unexpected wire type " + std::to_string(wire_type));
-    }
-  }
-
- private:
-  void skip(uint64_t size) {
-    if (size > static_cast<uint64_t>(end_ - data_)) throw std::invalid_argument("truncated field");
-    data_ += size;
-  }
-  const uint8_t* data_;
-  const uint8_t* end_;
-  const uint8_t* fixed_ = nullptr;
+  using std::invalid_argument::invalid_argument;
 };
 
 // One field as Reader::next reads it.
 struct Field {
   uint32_t number = 0;
   int wire_type = 0;
-  std::string_view bytes;  // LEN
-  uint64_t value = 0;      // VARINT
+  std::string_view bytes;          // LEN: the payload; I32 / I64: the fixed bytes
+  uint64_t value = 0;              // VARINT
   const uint8_t* fixed = nullptr;  // I32 / I64
 };
 
-// Calls fn(field) for every field of `message`, in order.
+// Walks the fields of one message without copying, as protobuf parses them:
+// varints of up to 10 bytes (redundant continuation bytes allowed, bits past
+// 64 dropped), field numbers 1 .. 2**29 - 1, every wire type, groups skipped
+// whole (nested ones included), every length checked against the end. Errors
+// name the byte offset in the message they were found at.
+class Reader {
+ public:
+  Reader(const uint8_t* data, size_t size) : begin_(data), data_(data), end_(data + size) {}
+  explicit Reader(std::string_view message)
+      : Reader(reinterpret_cast<const uint8_t*>(message.data()), message.size()) {}
+  // Reads `data` from byte `pos` on (offsets in errors still count from `data`).
+  Reader(const uint8_t* data, size_t size, size_t pos) : Reader(data, size) {
+    if (pos > size) fail("message truncated inside a varint at byte ", pos);
+    data_ += pos;
+  }
+  bool done() const { return data_ >= end_; }
+  size_t pos() const { return static_cast<size_t>(data_ - begin_); }
+
+  uint64_t varint() {
+    if (data_ < end_ && *data_ < 0x80) return *data_++;  // the common case: one byte
+    uint64_t value = 0;
+    for (int shift = 0; shift < 64; shift += 7) {  // 10 bytes at most
+      if (data_ >= end_) fail("message truncated inside a varint at byte ", pos());
+      const uint8_t b = *data_++;
+      value |= static_cast<uint64_t>(b & 0x7F) << shift;
+      if (b < 0x80) return value;
+    }
+    fail("varint longer than 10 bytes before byte ", pos());
+  }
+
+  // The next field into `f`; false at the end. A group (SGROUP) is skipped up
+  // to its end tag and comes back without a value; an EGROUP comes back as
+  // read, for the caller to refuse when it closes no group of its own.
+  bool next(Field& f) {
+    if (done()) return false;
+    tag(f);
+    if (f.wire_type == kSGroup) {
+      skip_group(f.number);
+    } else if (f.wire_type != kEGroup) {
+      value(f);
+    }
+    return true;
+  }
+
+  [[noreturn]] static void fail(const std::string& what) { throw Malformed(what); }
+  [[noreturn]] static void fail(const char* what, uint64_t at) {
+    throw Malformed(what + std::to_string(at));
+  }
+
+ private:
+  void tag(Field& f) {
+    const uint64_t tag = varint();
+    const uint64_t number = tag >> 3;
+    if (number == 0 || number > kMaxFieldNumber) {
+      fail("invalid field number " + std::to_string(number) + " before byte " +
+           std::to_string(pos()));
+    }
+    f.number = static_cast<uint32_t>(number);
+    f.wire_type = static_cast<int>(tag & 7);
+  }
+  void value(Field& f) {
+    switch (f.wire_type) {
+      case kVarint:
+        f.value = varint();
+        return;
+      case kI64:
+        f.fixed = data_;
+        f.bytes = take(8);
+        return;
+      case kI32:
+        f.fixed = data_;
+        f.bytes = take(4);
+        return;
+      case kLen:
+        f.bytes = take(varint());
+        return;
+      default:
+        fail("invalid wire type " + std::to_string(f.wire_type) + " for field " +
+             std::to_string(f.number));
+    }
+  }
+  // Up to the end tag of group `number`, nested groups included, at most
+  // kMaxGroupDepth deep as protobuf's parsers allow (no recursion: a message
+  // of nested start tags cannot exhaust the stack).
+  void skip_group(uint32_t number) {
+    uint32_t open[kMaxGroupDepth];
+    size_t depth = 0;
+    open[depth++] = number;
+    Field inner;
+    while (depth > 0) {
+      if (done()) fail("group " + std::to_string(open[depth - 1]) + " is not closed");
+      tag(inner);
+      if (inner.wire_type == kSGroup) {
+        if (depth == kMaxGroupDepth) {
+          fail("groups nested deeper than " + std::to_string(kMaxGroupDepth) + " at byte " +
+               std::to_string(pos()));
+        }
+        open[depth++] = inner.number;
+      } else if (inner.wire_type == kEGroup) {
+        if (inner.number != open[depth - 1]) {
+          fail("group " + std::to_string(open[depth - 1]) + " closed by end tag " +
+               std::to_string(inner.number));
+        }
+        --depth;
+      } else {
+        value(inner);
+      }
+    }
+  }
+  std::string_view take(uint64_t size) {
+    if (size > static_cast<uint64_t>(end_ - data_)) {
+      fail("message truncated: " + std::to_string(size) + " bytes needed at byte " +
+           std::to_string(pos()));
+    }
+    const uint8_t* start = data_;
+    data_ += size;
+    return {reinterpret_cast<const char*>(start), static_cast<size_t>(size)};
+  }
+
+  const uint8_t* begin_;
+  const uint8_t* data_;
+  const uint8_t* end_;
+};
+
+// Calls fn(field) for every field of `message`, in order (groups skipped
+// whole, so fn never sees an end tag; a stray one is malformed).
 template <class Fn>
 void for_each_field(std::string_view message, Fn&& fn) {
-  Reader r(reinterpret_cast<const uint8_t*>(message.data()), message.size());
+  Reader r(message);
   Field f;
-  while (r.next(f.number, f.wire_type, f.bytes, f.value)) {
-    f.fixed = r.last_fixed();
+  while (r.next(f)) {
+    if (f.wire_type == kEGroup) {
+      Reader::fail("end-group tag " + std::to_string(f.number) + " without a start");
+    }
     fn(f);
   }
 }

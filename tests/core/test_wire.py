@@ -7,6 +7,7 @@ same fields, and input they reject the codec rejects with InvalidArgument.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from typing import Any
 
@@ -16,7 +17,8 @@ from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recstore.core import InvalidArgument, wire
+from recstore import _native
+from recstore.core import InvalidArgument, ps_fields, wire
 from recstore.v1 import ps_pb2
 
 DECODERS: dict[type, Any] = {
@@ -258,6 +260,56 @@ MALFORMED = [
     (tag(6, wire.I32) + b"\x00\x00", "truncated"),  # a float cut short
     (tag(2, wire.VARINT) + b"\xff" * 10 + b"\x00", "longer than 10"),
 ]
+
+
+def _nested_groups(depth: int) -> bytes:
+    return (tag(9, wire.SGROUP) * depth + tag(1, wire.VARINT) + b"\x05"
+            + tag(9, wire.EGROUP) * depth)  # fmt: skip
+
+
+MALFORMED += [
+    (tag(2**29, wire.VARINT) + b"\x01", "invalid field number 536870912"),  # past the largest
+    (_nested_groups(101), "nested deeper than 100"),
+    (tag(9, wire.SGROUP) + tag(8, wire.SGROUP) + tag(9, wire.EGROUP), "group 8 closed by"),
+]
+
+
+@pytest.mark.parametrize("depth", [1, 2, 100])
+def test_nested_groups_are_skipped_as_protobuf_does(depth: int) -> None:
+    data = _nested_groups(depth) + ps_pb2.UpdateRequest(table="t", epoch=5).SerializeToString()
+    expected = generated_fields(ps_pb2.UpdateRequest.FromString(data))
+    assert fields_of(wire.decode_update_request(data)) == expected
+
+
+def test_varints_past_64_bits_wrap_as_protobuf_does() -> None:
+    data = tag(2, wire.VARINT) + b"\xff" * 9 + b"\x7f"  # bits 64..69 set, dropped
+    assert wire.decode_update_request(data).epoch == ps_pb2.UpdateRequest.FromString(data).epoch
+
+
+def test_the_native_decoders_read_the_generated_schemas_into_the_dataclasses() -> None:
+    schemas = _native.wire_schemas()
+    classes = {"PullRequest": wire.PullRequest, "PushRequest": wire.PushRequest,
+               "UpdateRequest": wire.UpdateRequest, "PullResponse": wire.PullResponse,
+               "PushResponse": wire.RowsResponse, "UpdateResponse": wire.RowsResponse}  # fmt: skip
+    assert set(schemas) == set(classes)
+    for message, slots in schemas.items():
+        assert {number: (name, kind) for name, number, kind in slots} == ps_fields.SCHEMAS[message]
+        names = [field.name for field in dataclasses.fields(classes[message])]
+        assert [name for name, _, _ in slots] == names
+
+
+@pytest.mark.parametrize(
+    "data",
+    [bytearray(ps_pb2.PullRequest(table="t", keys=b"k" * 16).SerializeToString()),
+     memoryview(b"..." + ps_pb2.PullRequest(table="t", keys=b"k" * 16).SerializeToString())[3:],
+     np.frombuffer(ps_pb2.PullRequest(table="t", keys=b"k" * 16).SerializeToString(), np.uint8)],
+)  # fmt: skip
+def test_any_bytes_like_decodes_with_views_of_it(data: Any) -> None:
+    decoded = wire.decode_pull_request(data)
+    assert decoded.table == "t" and bytes(decoded.keys) == b"k" * 16
+    assert isinstance(decoded.keys, memoryview)
+    whole = np.frombuffer(data, np.uint8)
+    assert np.shares_memory(np.frombuffer(decoded.keys, np.uint8), whole)  # no copy
 
 
 @pytest.mark.parametrize(("data", "message"), MALFORMED)

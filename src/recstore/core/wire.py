@@ -1,37 +1,37 @@
 """Protobuf wire format of the PS data path (Pull, Push, Update), zero-copy.
 
 ``proto/recstore/v1/ps.proto`` stays the contract (field numbers come from it,
-generated into ``recstore.core.ps_fields`` and ``csrc/ps_fields.h``): every
-message written here parses with the generated classes and every message they
-write parses here. What this module avoids is protobuf's copies of the big
-``bytes`` fields: a decoded request hands out ``memoryview`` slices of the
-received buffer, and the encoders (native, in ``recstore._native``: the one
-codec the SDK, the node and the native node path share) write each message
-straight into the bytes object that is sent, copying each payload once.
-Requests are laid out so each payload starts 8-byte aligned (a padded varint
-field goes just before it; fields may appear in any order and varints may
-carry redundant continuation bytes), so ``np.frombuffer`` views of them are
-aligned on the receiving side. Malformed input raises ``InvalidArgument``. No
-protobuf, gRPC or torch import: the PS node and the SDK both build on it.
+generated into ``csrc/ps_fields.h``): every message written here parses with
+the generated classes and every message they write parses here. The codec is
+native (``recstore._native``: the one codec the SDK, the node and the native
+node path share, one field walker for all its readers); what it avoids is
+protobuf's copies of the big ``bytes`` fields. A decoded request hands out
+``memoryview`` slices of the received buffer, and the encoders write each
+message straight into the bytes object that is sent, copying each payload
+once. Requests are laid out so each payload starts 8-byte aligned (a padded
+varint field goes just before it; fields may appear in any order and varints
+may carry redundant continuation bytes), so ``np.frombuffer`` views of them
+are aligned on the receiving side. Malformed input raises ``InvalidArgument``.
+What stays here: the dtype tables, the method names, the message dataclasses
+and thin wrappers that build them. No protobuf, gRPC or torch import: the PS
+node and the SDK both build on it.
 """
 
 from __future__ import annotations
 
 import importlib
-import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import numpy as np
 
-from recstore.core import ps_fields as fields
 from recstore.core.errors import InvalidArgument
 
 VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
 MAX_VARINT_BYTES = 10
 ALIGN = 8
-U64, U32 = (1 << 64) - 1, (1 << 32) - 1
+U64 = (1 << 64) - 1
 Buffer = bytes | bytearray | memoryview
 SERVICE = "/recstore.v1.ParameterServer/"
 PULL, PUSH, UPDATE = SERVICE + "Pull", SERVICE + "Push", SERVICE + "Update"
@@ -43,8 +43,8 @@ WIRE_DTYPES: dict[str, np.dtype] = {
     "float16": np.dtype("<f2"),
     "bfloat16": np.dtype("<u2"),
 }
-#: the native codec (csrc/wire_bindings.h); by name, as import-linter cannot see a
-#: compiled module and would count ``from recstore import _native`` as the package
+#: the native codec (csrc/wire_bindings.h, csrc/wire_decode.h); by name, as import-linter
+#: cannot see a compiled module and would count ``from recstore import _native`` as the package
 _native: Any = importlib.import_module("recstore._native")
 
 
@@ -73,100 +73,19 @@ def encode_varint(value: int, width: int = 0) -> bytes:
 _ONE_BYTE = [bytes((value,)) for value in range(0x80)]
 
 
-def decode_varint(data: memoryview, pos: int) -> tuple[int, int]:
+def decode_varint(data: Buffer, pos: int) -> tuple[int, int]:
     """(value, position after it); values wider than 64 bits wrap as protobuf does."""
-    value = 0
-    for shift in range(0, 7 * MAX_VARINT_BYTES, 7):
-        if pos >= len(data):
-            raise InvalidArgument(f"message truncated inside a varint at byte {pos}")
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value & U64, pos
-    raise InvalidArgument(f"varint longer than {MAX_VARINT_BYTES} bytes before byte {pos}")
+    decoded: tuple[int, int] = _native.decode_varint(data, pos)
+    return decoded
 
 
-def _take(data: memoryview, pos: int, size: int) -> int:
-    if size > len(data) - pos:
-        raise InvalidArgument(f"message truncated: {size} bytes needed at byte {pos}")
-    return pos + size
-
-
-def _next_field(data: memoryview, pos: int) -> tuple[int, int, Any, int]:
-    """(field number, wire type, value, next position) of the field at ``pos``."""
-    tag, pos = decode_varint(data, pos)
-    number, wire_type = tag >> 3, tag & 7
-    if number == 0 or number > 0x1FFFFFFF:
-        raise InvalidArgument(f"invalid field number {number} before byte {pos}")
-    if wire_type == VARINT:
-        value, pos = decode_varint(data, pos)
-        return number, wire_type, value, pos
-    if wire_type in (I64, I32):
-        end = _take(data, pos, 8 if wire_type == I64 else 4)
-        return number, wire_type, data[pos:end], end
-    if wire_type == LEN:
-        size, pos = decode_varint(data, pos)
-        end = _take(data, pos, size)
-        return number, wire_type, data[pos:end], end
-    if wire_type == SGROUP:  # a deprecated group: skip up to its matching end tag
-        while True:
-            if pos >= len(data):
-                raise InvalidArgument(f"group {number} is not closed")
-            inner, inner_type, _, pos = _next_field(data, pos)
-            if inner_type == EGROUP:
-                if inner != number:
-                    raise InvalidArgument(f"group {number} closed by end tag {inner}")
-                return number, wire_type, None, pos
-    if wire_type == EGROUP:
-        return number, wire_type, None, pos
-    raise InvalidArgument(f"invalid wire type {wire_type} for field {number}")
-
-
-def _byte_view(data: Any) -> memoryview:
-    view = data if isinstance(data, memoryview) else memoryview(data)
-    if view.format == "B" and view.ndim == 1:
-        return view
-    return view.cast("B") if view.nbytes else memoryview(b"")  # (0, n) shapes do not cast
-
-
-# -- messages ---------------------------------------------------------------------
-def _utf8(raw: memoryview) -> str:
-    try:
-        return str(raw, "utf-8")
-    except UnicodeDecodeError as error:
-        raise InvalidArgument(f"string field is not valid UTF-8: {error}") from None
-
-
-#: field kind -> (wire type, decoder of the raw field value)
-KINDS: dict[str, tuple[int, Callable[[Any], Any]]] = {
-    "string": (LEN, _utf8),
-    "bytes": (LEN, lambda raw: raw),
-    "uint64": (VARINT, lambda raw: raw & U64),
-    "uint32": (VARINT, lambda raw: raw & U32),
-    "bool": (VARINT, lambda raw: raw != 0),
-    "float": (I32, lambda raw: struct.unpack("<f", raw)[0]),
-}
-M = TypeVar("M")
-
-
-def decode_message(cls: type[M], schema: dict[int, tuple[str, str]], data: Buffer) -> M:
-    """Fields of ``schema`` (number -> (name, kind)) from ``data``; unknown ones skipped.
-
-    A known number with another wire type counts as unknown (as protobuf parsers do);
-    a repeated scalar keeps its last value; bytes fields are views of ``data``.
-    """
-    view, pos, found = _byte_view(data), 0, {}
-    while pos < len(view):
-        number, wire_type, raw, pos = _next_field(view, pos)
-        if wire_type == EGROUP:
-            raise InvalidArgument(f"end-group tag {number} without a start")
-        field = schema.get(number)
-        if field is not None and KINDS[field[1]][0] == wire_type:
-            found[field[0]] = KINDS[field[1]][1](raw)
-    return cls(**found)
-
-
+# -- messages (decoded natively: recstore._native, csrc/wire_decode.h) ----------------
+# Each decoder reads its message in place from any contiguous bytes-like object,
+# fields as protobuf reads them (unknown ones skipped, a known number with another
+# wire type counted as unknown, a repeated scalar keeping its last value, strings
+# checked as UTF-8), and gives a tuple in the order of the dataclass's fields;
+# bytes fields are memoryview slices of the caller's buffer. Malformed input raises
+# InvalidArgument.
 @dataclass
 class PullRequest:
     table: str = ""
@@ -209,85 +128,56 @@ class RowsResponse:  # PushResponse and UpdateResponse share this layout
     rows: int = 0
 
 
-PULL_REQUEST = fields.SCHEMAS["PullRequest"]
-PUSH_REQUEST = fields.SCHEMAS["PushRequest"]
-UPDATE_REQUEST = fields.SCHEMAS["UpdateRequest"]
-PULL_RESPONSE = fields.SCHEMAS["PullResponse"]
-ROWS_RESPONSE = fields.SCHEMAS["UpdateResponse"]
-assert fields.SCHEMAS["PushResponse"] == ROWS_RESPONSE
-
-
 def decode_pull_request(data: Buffer) -> PullRequest:
-    return decode_message(PullRequest, PULL_REQUEST, data)
+    return PullRequest(*_native.decode_pull_request(data))
 
 
 def decode_push_request(data: Buffer) -> PushRequest:
-    return decode_message(PushRequest, PUSH_REQUEST, data)
+    return PushRequest(*_native.decode_push_request(data))
 
 
 def decode_update_request(data: Buffer) -> UpdateRequest:
-    return decode_message(UpdateRequest, UPDATE_REQUEST, data)
+    return UpdateRequest(*_native.decode_update_request(data))
 
 
 def decode_pull_response(data: Buffer) -> PullResponse:
-    return decode_message(PullResponse, PULL_RESPONSE, data)
+    return PullResponse(*_native.decode_pull_response(data))
 
 
 def decode_rows_response(data: Buffer) -> int:
-    return decode_message(RowsResponse, ROWS_RESPONSE, data).rows
-
-
-def decode_repeated(
-    data: Buffer, decoders: dict[int, Callable[[memoryview], Any]]
-) -> dict[int, list[Any]]:
-    """Repeated message fields (number -> decoder) of one message, in one pass, in place."""
-    view, pos = _byte_view(data), 0
-    found: dict[int, list[Any]] = {number: [] for number in decoders}
-    while pos < len(view):
-        number, wire_type, raw, pos = _next_field(view, pos)
-        if wire_type == EGROUP:
-            raise InvalidArgument(f"end-group tag {number} without a start")
-        decode = decoders.get(number)
-        if decode is not None and wire_type == LEN:
-            found[number].append(decode(raw))
-    return found
-
-
-def decode_items(data: Buffer, number: int, decode_item: Callable[[memoryview], M]) -> list[M]:
-    """The ``repeated <message>`` field ``number`` of a message, each decoded in place."""
-    items: list[M] = decode_repeated(data, {number: decode_item})[number]
-    return items
+    """PushResponse / UpdateResponse: the rows applied."""
+    rows: int = _native.decode_rows_response(data)
+    return rows
 
 
 def decode_multi_pull_request(data: Buffer) -> list[PullRequest]:
-    return decode_items(data, fields.MultiPullRequest.items, decode_pull_request)
+    return [PullRequest(*item) for item in _native.decode_multi_pull_request(data)]
 
 
 def decode_multi_pull_carrying(data: Buffer) -> tuple[list[PullRequest], list[UpdateRequest]]:
     """A MultiPullRequest whole: (pull items, the updates it carries)."""
-    items, updates = fields.MultiPullRequest.items, fields.MultiPullRequest.updates
-    found = decode_repeated(data, {items: decode_pull_request, updates: decode_update_request})
-    return found[items], found[updates]
+    items, updates = _native.decode_multi_pull_carrying(data)
+    return [PullRequest(*item) for item in items], [UpdateRequest(*item) for item in updates]
 
 
 def decode_multi_pull_reply(data: Buffer) -> tuple[list[PullResponse], list[int]]:
     """A MultiPullResponse whole: (pull replies, rows applied per carried update)."""
-    items, updates = fields.MultiPullResponse.items, fields.MultiPullResponse.updates
-    found = decode_repeated(data, {items: decode_pull_response, updates: decode_rows_response})
-    return found[items], found[updates]
+    items, applied = _native.decode_multi_pull_reply(data)
+    return [PullResponse(*item) for item in items], applied
 
 
 def decode_multi_update_request(data: Buffer) -> list[UpdateRequest]:
-    return decode_items(data, fields.MultiUpdateRequest.items, decode_update_request)
+    return [UpdateRequest(*item) for item in _native.decode_multi_update_request(data)]
 
 
 def decode_multi_pull_response(data: Buffer) -> list[PullResponse]:
-    return decode_items(data, fields.MultiPullResponse.items, decode_pull_response)
+    return [PullResponse(*item) for item in _native.decode_multi_pull_response(data)]
 
 
 def decode_multi_rows_response(data: Buffer) -> list[int]:
     """MultiUpdateResponse: rows applied per item."""
-    return decode_items(data, fields.MultiUpdateResponse.items, decode_rows_response)
+    rows: list[int] = _native.decode_multi_rows_response(data)
+    return rows
 
 
 # -- encoding (native: recstore._native, csrc/ps_messages.h) --------------------------
