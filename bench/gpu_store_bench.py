@@ -87,7 +87,7 @@ def fill(torch: Any, engine: Any, keys: Any, dim: int, chunk: int) -> None:
     out = torch.empty((chunk, dim), device="cuda")
     for start in range(0, len(keys), chunk):
         part = keys[start : start + chunk]
-        engine.pull(len(part), part.data_ptr(), out.data_ptr())
+        engine.pull(part, out[: len(part)])
     torch.cuda.synchronize()
 
 
@@ -105,16 +105,16 @@ def bench_find(torch: Any, args: argparse.Namespace) -> dict[str, Any]:
         keys = resident[ids].contiguous()
         absent = (torch.arange(batch, device="cuda") + args.capacity) * SCRAMBLE
         out = torch.empty((batch, args.dim), device="cuda")
-        found = torch.empty(batch, dtype=torch.uint8, device="cuda")
+        found = torch.empty(batch, dtype=torch.bool, device="cuda")
 
-        def find(k: Any = keys, o: Any = out, f: Any = found, b: int = batch) -> None:
-            engine.find(b, k.data_ptr(), o.data_ptr(), f.data_ptr())
+        def find(k: Any = keys, o: Any = out, f: Any = found) -> None:
+            engine.find(k, o, f)
 
-        def find_absent(k: Any = absent, o: Any = out, f: Any = found, b: int = batch) -> None:
-            engine.find(b, k.data_ptr(), o.data_ptr(), f.data_ptr())
+        def find_absent(k: Any = absent, o: Any = out, f: Any = found) -> None:
+            engine.find(k, o, f)
 
-        def pull(k: Any = keys, o: Any = out, b: int = batch) -> None:
-            engine.pull(b, k.data_ptr(), o.data_ptr())
+        def pull(k: Any = keys, o: Any = out) -> None:
+            engine.pull(k, o)
 
         hit_ms = timed_ms(torch, find, args.repeats)
         if not bool(found.all()):
@@ -163,16 +163,16 @@ def bench_gather(torch: Any, args: argparse.Namespace) -> dict[str, Any]:
     for batch in args.batches:
         ids = torch.randint(0, args.dense_rows, (batch,), device="cuda")
         out = torch.empty((batch, args.dim), device="cuda")
-        found = torch.empty(batch, dtype=torch.uint8, device="cuda")
+        found = torch.empty(batch, dtype=torch.bool, device="cuda")
 
         def baseline(i: Any = ids, o: Any = out) -> None:
             torch.index_select(weight, 0, i, out=o)
 
-        def pull(i: Any = ids, o: Any = out, b: int = batch) -> None:
-            engine.pull(b, i.data_ptr(), o.data_ptr())
+        def pull(i: Any = ids, o: Any = out) -> None:
+            engine.pull(i, o)
 
-        def find(i: Any = ids, o: Any = out, f: Any = found, b: int = batch) -> None:
-            engine.find(b, i.data_ptr(), o.data_ptr(), f.data_ptr())
+        def find(i: Any = ids, o: Any = out, f: Any = found) -> None:
+            engine.find(i, o, f)
 
         base_ms = timed_ms(torch, baseline, args.repeats)
         pull_ms = timed_ms(torch, pull, args.repeats)

@@ -18,7 +18,7 @@ import torch
 
 from recstore import _native as _native_module
 
-#: the compiled engine (no type stubs: it takes raw buffer addresses)
+#: the compiled engine (no type stubs)
 _native: Any = _native_module
 
 
@@ -42,12 +42,8 @@ class FixedBagPool(torch.autograd.Function):
         rows = rows.contiguous()
         inverse = inverse.contiguous()
         weights = None if weights is None else weights.contiguous()
-        bags, dim = inverse.numel() // bag_size, rows.shape[1]
-        out = torch.empty(bags, dim, dtype=torch.float32)
-        _native.bag_pool_forward(
-            bags, bag_size, dim, rows.data_ptr(), inverse.data_ptr(),
-            0 if weights is None else weights.data_ptr(), mean, out.data_ptr(),
-        )  # fmt: skip
+        out = torch.empty(inverse.numel() // bag_size, rows.shape[1], dtype=torch.float32)
+        _native.bag_pool_forward(rows, inverse, bag_size, weights, mean, out)
         ctx.save_for_backward(inverse, weights)
         ctx.shape, ctx.bag_size, ctx.mean = rows.shape, bag_size, mean
         return out
@@ -57,11 +53,7 @@ class FixedBagPool(torch.autograd.Function):
         inverse, weights = ctx.saved_tensors
         grad_out = grad_out.to(torch.float32).contiguous()
         grad_rows = torch.zeros(ctx.shape, dtype=torch.float32)
-        _native.bag_pool_backward(
-            grad_out.shape[0], ctx.bag_size, ctx.shape[1], grad_out.data_ptr(),
-            inverse.data_ptr(), 0 if weights is None else weights.data_ptr(), ctx.mean,
-            grad_rows.data_ptr(),
-        )  # fmt: skip
+        _native.bag_pool_backward(grad_out, inverse, ctx.bag_size, weights, ctx.mean, grad_rows)
         return grad_rows, None, None, None, None
 
 

@@ -16,7 +16,7 @@ import torch
 from recstore import _native as _native_module
 from recstore.core import DType
 
-#: the compiled engine (no type stubs: it takes raw buffer addresses)
+#: the compiled engine (no type stubs)
 _native: Any = _native_module
 
 _TORCH_OF_DTYPE = {
@@ -98,7 +98,7 @@ def unique_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     flat = keys.to("cpu", torch.int64).contiguous().view(-1)
     unique = torch.empty_like(flat)
     inverse = torch.empty_like(flat)
-    count = _native.unique_keys(len(flat), flat.data_ptr(), unique.data_ptr(), inverse.data_ptr())
+    count = _native.unique_keys(flat, unique, inverse)
     return unique[:count], inverse.view(keys.shape)
 
 

@@ -1,15 +1,20 @@
 // Python bindings of the native store engine (recstore._native).
 //
-// Batched methods take raw buffer addresses (integers) plus a row count: the
-// facade in recstore.store has checked dtype, shape and contiguity and keeps
-// the buffers alive for the call. The GIL is released for all batch work.
+// Batched methods take typed host arrays (arrays.h): nanobind refuses a wrong
+// dtype, rank, layout or device, and the checks that depend on the table or on
+// another argument (row dtype and width, one row per key) run here, before the
+// GIL is released for the engine work.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
+#include "arrays.h"
 #include "bag_pool.h"
 #include "hash.h"
 #include "multi_codec_bindings.h"
@@ -32,11 +37,40 @@ using namespace nb::literals;
 using recstore::Table;
 using recstore::TableOptions;
 
+using recstore::arrays::count;
+using recstore::arrays::def_checked;
+using recstore::arrays::expect_length;
+using recstore::arrays::expect_rows;
+using recstore::arrays::Host;
+using recstore::arrays::HostKeys;
+using recstore::arrays::state_rows;
+using recstore::arrays::table_rows;
+
 namespace {
 
-template <class T>
-T* ptr(uintptr_t address) {
-  return reinterpret_cast<T*>(address);
+using Arrays = recstore::arrays::TableArrays<Host>;
+using Floats = Host<const float, nb::ndim<2>>;
+using FloatsOut = Host<float, nb::ndim<2>>;
+using Weights = std::optional<Host<const float, nb::ndim<1>>>;
+
+// Fixed-size bags: `positions` (inverse) holds bags * bag_size row indices, `pooled` is
+// [bags, dim], `weights` (optional) one per position. Returns the bag count.
+template <class Pooled>
+int64_t check_bags(const HostKeys& inverse, int64_t bag_size, const Weights& weights,
+                   const char* pooled_name, const Pooled& pooled, int64_t dim) {
+  if (bag_size < 1) throw nb::value_error("bag_size must be >= 1");
+  int64_t positions = count(inverse);
+  if (positions % bag_size)
+    throw nb::value_error(("inverse holds " + std::to_string(positions) +
+                           " positions, not a whole number of bags of " + std::to_string(bag_size))
+                              .c_str());
+  if (weights) expect_length(*weights, "weights", positions);
+  expect_rows(pooled, pooled_name, positions / bag_size, dim);
+  return positions / bag_size;
+}
+
+const float* weights_data(const Weights& weights) {
+  return weights ? weights->data() : nullptr;
 }
 
 }  // namespace
@@ -59,36 +93,42 @@ NB_MODULE(_native, m) {
   m.def("fmix64", [](int64_t key) { return recstore::fmix64(static_cast<uint64_t>(key)); },
         "key"_a, "The routing hash of one key (as recstore.core.routing.hash_keys)");
 
-  m.def(
-      "unique_keys",
-      [](int64_t n, uintptr_t keys, uintptr_t unique_out, uintptr_t inverse_out) {
-        return recstore::unique_keys(n, ptr<const int64_t>(keys), ptr<int64_t>(unique_out),
-                                     ptr<int64_t>(inverse_out));
+  recstore::arrays::def_checked_function(
+      m, "unique_keys",
+      [](HostKeys keys, Arrays::KeysOut unique_out, Arrays::KeysOut inverse_out) {
+        int64_t n = count(keys);
+        expect_length(unique_out, "unique_out", n);
+        expect_length(inverse_out, "inverse_out", n);
+        nb::gil_scoped_release release;
+        return recstore::unique_keys(n, keys.data(), unique_out.data(), inverse_out.data());
       },
-      "n"_a, "keys"_a, "unique_out"_a, "inverse_out"_a, nb::call_guard<nb::gil_scoped_release>(),
+      "keys"_a.noconvert(), "unique_out"_a.noconvert(), "inverse_out"_a.noconvert(),
       "Distinct keys in first-occurrence order and each key's position among them");
 
-  m.def(
-      "bag_pool_forward",
-      [](int64_t bags, int64_t bag_size, int64_t dim, uintptr_t rows, uintptr_t inverse,
-         uintptr_t weights, bool mean, uintptr_t out) {
-        recstore::bag_pool_forward(bags, bag_size, dim, ptr<const float>(rows),
-                                   ptr<const int64_t>(inverse), ptr<const float>(weights), mean,
-                                   ptr<float>(out));
+  recstore::arrays::def_checked_function(
+      m, "bag_pool_forward",
+      [](Floats rows, HostKeys inverse, int64_t bag_size, Weights weights, bool mean,
+         FloatsOut out) {
+        int64_t dim = static_cast<int64_t>(rows.shape(1));
+        int64_t bags = check_bags(inverse, bag_size, weights, "out", out, dim);
+        nb::gil_scoped_release release;
+        recstore::bag_pool_forward(bags, bag_size, dim, rows.data(), inverse.data(),
+                                   weights_data(weights), mean, out.data());
       },
-      "bags"_a, "bag_size"_a, "dim"_a, "rows"_a, "inverse"_a, "weights"_a, "mean"_a, "out"_a,
-      nb::call_guard<nb::gil_scoped_release>(),
-      "Pool fixed-size bags of distinct rows (weights 0: none)");
-  m.def(
-      "bag_pool_backward",
-      [](int64_t bags, int64_t bag_size, int64_t dim, uintptr_t grad_out, uintptr_t inverse,
-         uintptr_t weights, bool mean, uintptr_t grad_rows) {
-        recstore::bag_pool_backward(bags, bag_size, dim, ptr<const float>(grad_out),
-                                    ptr<const int64_t>(inverse), ptr<const float>(weights), mean,
-                                    ptr<float>(grad_rows));
+      "rows"_a.noconvert(), "inverse"_a.noconvert(), "bag_size"_a, "weights"_a.noconvert().none(),
+      "mean"_a, "out"_a.noconvert(), "Pool fixed-size bags of distinct rows (weights None: none)");
+  recstore::arrays::def_checked_function(
+      m, "bag_pool_backward",
+      [](Floats grad_out, HostKeys inverse, int64_t bag_size, Weights weights, bool mean,
+         FloatsOut grad_rows) {
+        int64_t dim = static_cast<int64_t>(grad_rows.shape(1));
+        int64_t bags = check_bags(inverse, bag_size, weights, "grad_out", grad_out, dim);
+        nb::gil_scoped_release release;
+        recstore::bag_pool_backward(bags, bag_size, dim, grad_out.data(), inverse.data(),
+                                    weights_data(weights), mean, grad_rows.data());
       },
-      "bags"_a, "bag_size"_a, "dim"_a, "grad_out"_a, "inverse"_a, "weights"_a, "mean"_a,
-      "grad_rows"_a, nb::call_guard<nb::gil_scoped_release>(),
+      "grad_out"_a.noconvert(), "inverse"_a.noconvert(), "bag_size"_a,
+      "weights"_a.noconvert().none(), "mean"_a, "grad_rows"_a.noconvert(),
       "Gradient of bag_pool_forward with respect to the distinct rows (added in place)");
 
   nb::exception<recstore::CapacityError>(m, "CapacityError");
@@ -125,41 +165,11 @@ NB_MODULE(_native, m) {
       .def_rw("opt", &TableOptions::opt);
 
   using Release = nb::call_guard<nb::gil_scoped_release>;
-  nb::class_<Table>(m, "Table")
+  nb::class_<Table> table(m, "Table");
+  table
       .def(nb::init<const TableOptions&>(), "options"_a, Release())
       .def_prop_ro("dim", &Table::dim)
       .def_prop_ro("state_width", &Table::state_width)
-      .def(
-          "pull",
-          [](Table& t, int64_t n, uintptr_t keys, uintptr_t out) {
-            t.pull(n, ptr<const int64_t>(keys), ptr<void>(out));
-          },
-          "n"_a, "keys"_a, "out"_a, Release())
-      .def(
-          "find",
-          [](Table& t, int64_t n, uintptr_t keys, uintptr_t out, uintptr_t found) {
-            t.find(n, ptr<const int64_t>(keys), ptr<void>(out), ptr<uint8_t>(found));
-          },
-          "n"_a, "keys"_a, "out"_a, "found"_a, Release())
-      .def(
-          "assign",
-          [](Table& t, int64_t n, uintptr_t keys, uintptr_t values) {
-            t.assign(n, ptr<const int64_t>(keys), ptr<const void>(values));
-          },
-          "n"_a, "keys"_a, "values"_a, Release())
-      .def(
-          "update",
-          [](Table& t, int64_t n, uintptr_t keys, uintptr_t grads, int grad_dtype, float lr) {
-            t.update(n, ptr<const int64_t>(keys), ptr<const void>(grads), grad_dtype, lr);
-          },
-          "n"_a, "keys"_a, "grads"_a, "grad_dtype"_a, "lr"_a, Release())
-      .def(
-          "erase",
-          [](Table& t, int64_t n, uintptr_t keys) {
-            return t.erase(n, ptr<const int64_t>(keys));
-          },
-          "n"_a, "keys"_a, Release())
-      .def("expire", &Table::expire, Release())
       .def("keys",
            [](Table& t) {
              auto* v = new std::vector<int64_t>();
@@ -172,21 +182,79 @@ NB_MODULE(_native, m) {
              });
              return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(v->data(), {v->size()}, owner);
            })
-      .def(
-          "export_rows",
-          [](Table& t, int64_t n, uintptr_t keys, uintptr_t keys_out, uintptr_t values_out,
-             uintptr_t state_out) {
-            return t.export_rows(n, ptr<const int64_t>(keys), ptr<int64_t>(keys_out),
-                                 ptr<void>(values_out), ptr<float>(state_out));
-          },
-          "n"_a, "keys"_a, "keys_out"_a, "values_out"_a, "state_out"_a, Release())
-      .def(
-          "import_rows",
-          [](Table& t, int64_t n, uintptr_t keys, uintptr_t values, uintptr_t state) {
-            t.import_rows(n, ptr<const int64_t>(keys), ptr<const void>(values),
-                          ptr<const float>(state));
-          },
-          "n"_a, "keys"_a, "values"_a, "state"_a, Release())
+      .def("expire", &Table::expire, Release());
+  // An empty batch is checked like any other and then does nothing (update still counts a step).
+  def_checked(
+      table, "pull",
+      [](Table& t, HostKeys keys, Arrays::RowsOut out) {
+        int64_t n = count(keys);
+        table_rows(t, out, "out", n);
+        nb::gil_scoped_release release;
+        if (n) t.pull(n, keys.data(), out.data());
+      },
+      "keys"_a.noconvert(), "out"_a.noconvert());
+  def_checked(
+      table, "find",
+      [](Table& t, HostKeys keys, Arrays::RowsOut out, Arrays::Found found) {
+        int64_t n = count(keys);
+        table_rows(t, out, "out", n);
+        expect_length(found, "found", n);
+        nb::gil_scoped_release release;
+        if (n) t.find(n, keys.data(), out.data(), reinterpret_cast<uint8_t*>(found.data()));
+      },
+      "keys"_a.noconvert(), "out"_a.noconvert(), "found"_a.noconvert());
+  def_checked(
+      table, "assign",
+      [](Table& t, HostKeys keys, Arrays::Rows values) {
+        int64_t n = count(keys);
+        table_rows(t, values, "values", n);
+        nb::gil_scoped_release release;
+        if (n) t.assign(n, keys.data(), values.data());
+      },
+      "keys"_a.noconvert(), "values"_a.noconvert());
+  def_checked(
+      table, "update",
+      [](Table& t, HostKeys keys, Arrays::Rows grads, double lr) {
+        int64_t n = count(keys);
+        int grad_dtype = table_rows(t, grads, "grads", n, true);
+        nb::gil_scoped_release release;
+        t.update(n, keys.data(), grads.data(), grad_dtype, static_cast<float>(lr));
+      },
+      "keys"_a.noconvert(), "grads"_a.noconvert(), "lr"_a);
+  def_checked(
+      table, "erase",
+      [](Table& t, HostKeys keys) {
+        int64_t n = count(keys);
+        nb::gil_scoped_release release;
+        return n ? t.erase(n, keys.data()) : int64_t{0};
+      },
+      "keys"_a.noconvert());
+  def_checked(
+      table, "export_rows",
+      [](Table& t, HostKeys keys, Arrays::KeysOut keys_out, Arrays::RowsOut values_out,
+         Arrays::StateOut state_out) {
+        int64_t n = count(keys);
+        expect_length(keys_out, "keys_out", n);
+        table_rows(t, values_out, "values_out", n);
+        state_rows(t, state_out, "state_out", n);
+        nb::gil_scoped_release release;
+        return n ? t.export_rows(n, keys.data(), keys_out.data(), values_out.data(),
+                                 state_out.data())
+                 : int64_t{0};
+      },
+      "keys"_a.noconvert(), "keys_out"_a.noconvert(), "values_out"_a.noconvert(),
+      "state_out"_a.noconvert());
+  def_checked(
+      table, "import_rows",
+      [](Table& t, HostKeys keys, Arrays::Rows values, Arrays::State state) {
+        int64_t n = count(keys);
+        table_rows(t, values, "values", n);
+        state_rows(t, state, "state", n);
+        nb::gil_scoped_release release;
+        if (n) t.import_rows(n, keys.data(), values.data(), state.data());
+      },
+      "keys"_a.noconvert(), "values"_a.noconvert(), "state"_a.noconvert());
+  table
       .def_prop_ro("step", &Table::step)
       .def("set_step", &Table::set_step, "step"_a)
       .def("set_now", &Table::set_now, "seconds"_a)

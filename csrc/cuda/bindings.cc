@@ -1,9 +1,9 @@
-// Python face of the CUDA table: the same constructor, method names and argument
-// order as recstore._native.Table (raw buffer addresses plus a row count), with
+// Python face of the CUDA table: the same constructor, method names, typed array
+// arguments and checks as recstore._native.Table (arrays.h), with
 // one optional trailing `stream`: a cudaStream_t as an int, an object with a
 // `cuda_stream` attribute (torch.cuda.Stream), or None for torch's current
 // stream on the table's device (the legacy default stream when torch is not
-// imported). Buffers may live on the table's GPU or in host memory.
+// imported). Arrays may live on the table's GPU or in host memory (expect_device).
 #include "cuda/bindings.h"
 
 #include <nanobind/ndarray.h>
@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "arrays.h"
 #include "cuda/device.h"
 #include "cuda/table_cuda.h"
 #include "stats_dict.h"
@@ -21,11 +22,24 @@ using namespace nb::literals;
 using recstore::TableOptions;
 using recstore::cuda::CudaTable;
 
+using recstore::arrays::Contig;
+using recstore::arrays::count;
+using recstore::arrays::def_checked;
+using recstore::arrays::expect_device;
+using recstore::arrays::expect_length;
+using recstore::arrays::state_rows;
+using recstore::arrays::table_rows;
+
 namespace {
 
-template <class T>
-T* ptr(uintptr_t address) {
-  return reinterpret_cast<T*>(address);
+using Arrays = recstore::arrays::TableArrays<Contig>;
+using Keys = Arrays::Keys;
+using Rows = Arrays::Rows;
+
+// Every array must be on the table's GPU or in host memory.
+template <class... A>
+void on_device(const CudaTable& t, const std::pair<const A&, const char*>&... arrays) {
+  (expect_device(arrays.first, arrays.second, t.device()), ...);
 }
 
 // The caller's stream as a cudaStream_t value (GIL held).
@@ -55,53 +69,12 @@ void bind_cuda(nb::module_& m) {
 
   using Release = nb::call_guard<nb::gil_scoped_release>;
   const auto no_stream = nb::none();
-  nb::class_<CudaTable>(m, "CudaTable")
+  nb::class_<CudaTable> table(m, "CudaTable");
+  table
       .def(nb::init<const TableOptions&, int>(), "options"_a, "device"_a = -1, Release())
       .def_prop_ro("dim", &CudaTable::dim)
       .def_prop_ro("state_width", &CudaTable::state_width)
       .def_prop_ro("device", &CudaTable::device)
-      .def(
-          "pull",
-          [](CudaTable& t, int64_t n, uintptr_t keys, uintptr_t out, nb::handle stream) {
-            uintptr_t s = caller_stream(stream, t.device());
-            nb::gil_scoped_release release;
-            t.pull(n, ptr<const int64_t>(keys), ptr<void>(out), s);
-          },
-          "n"_a, "keys"_a, "out"_a, "stream"_a = no_stream)
-      .def(
-          "find",
-          [](CudaTable& t, int64_t n, uintptr_t keys, uintptr_t out, uintptr_t found,
-             nb::handle stream) {
-            uintptr_t s = caller_stream(stream, t.device());
-            nb::gil_scoped_release release;
-            t.find(n, ptr<const int64_t>(keys), ptr<void>(out), ptr<uint8_t>(found), s);
-          },
-          "n"_a, "keys"_a, "out"_a, "found"_a, "stream"_a = no_stream)
-      .def(
-          "assign",
-          [](CudaTable& t, int64_t n, uintptr_t keys, uintptr_t values, nb::handle stream) {
-            uintptr_t s = caller_stream(stream, t.device());
-            nb::gil_scoped_release release;
-            t.assign(n, ptr<const int64_t>(keys), ptr<const void>(values), s);
-          },
-          "n"_a, "keys"_a, "values"_a, "stream"_a = no_stream)
-      .def(
-          "update",
-          [](CudaTable& t, int64_t n, uintptr_t keys, uintptr_t grads, int grad_dtype, float lr,
-             nb::handle stream) {
-            uintptr_t s = caller_stream(stream, t.device());
-            nb::gil_scoped_release release;
-            t.update(n, ptr<const int64_t>(keys), ptr<const void>(grads), grad_dtype, lr, s);
-          },
-          "n"_a, "keys"_a, "grads"_a, "grad_dtype"_a, "lr"_a, "stream"_a = no_stream)
-      .def(
-          "erase",
-          [](CudaTable& t, int64_t n, uintptr_t keys, nb::handle stream) {
-            uintptr_t s = caller_stream(stream, t.device());
-            nb::gil_scoped_release release;
-            return t.erase(n, ptr<const int64_t>(keys), s);
-          },
-          "n"_a, "keys"_a, "stream"_a = no_stream)
       .def(
           "expire",
           [](CudaTable& t, nb::handle stream) {
@@ -128,26 +101,6 @@ void bind_cuda(nb::module_& m) {
             return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(v->data(), {v->size()}, owner);
           },
           "stream"_a = no_stream)
-      .def(
-          "export_rows",
-          [](CudaTable& t, int64_t n, uintptr_t keys, uintptr_t keys_out, uintptr_t values_out,
-             uintptr_t state_out, nb::handle stream) {
-            uintptr_t s = caller_stream(stream, t.device());
-            nb::gil_scoped_release release;
-            return t.export_rows(n, ptr<const int64_t>(keys), ptr<int64_t>(keys_out),
-                                 ptr<void>(values_out), ptr<float>(state_out), s);
-          },
-          "n"_a, "keys"_a, "keys_out"_a, "values_out"_a, "state_out"_a, "stream"_a = no_stream)
-      .def(
-          "import_rows",
-          [](CudaTable& t, int64_t n, uintptr_t keys, uintptr_t values, uintptr_t state,
-             nb::handle stream) {
-            uintptr_t s = caller_stream(stream, t.device());
-            nb::gil_scoped_release release;
-            t.import_rows(n, ptr<const int64_t>(keys), ptr<const void>(values),
-                          ptr<const float>(state), s);
-          },
-          "n"_a, "keys"_a, "values"_a, "state"_a, "stream"_a = no_stream)
       .def_prop_ro("step", &CudaTable::step)
       .def("set_step", &CudaTable::set_step, "step"_a)
       .def("set_now", &CudaTable::set_now, "seconds"_a)
@@ -163,4 +116,95 @@ void bind_cuda(nb::module_& m) {
         }
         return stats_dict(s);
       });
+
+  // An empty batch is checked like any other and then does nothing (update still counts a step).
+  def_checked(
+      table, "pull",
+      [](CudaTable& t, Keys keys, Arrays::RowsOut out, nb::handle stream) {
+        int64_t n = count(keys);
+        table_rows(t, out, "out", n);
+        on_device<Keys, Arrays::RowsOut>(t, {keys, "keys"}, {out, "out"});
+        uintptr_t s = caller_stream(stream, t.device());
+        nb::gil_scoped_release release;
+        if (n) t.pull(n, keys.data(), out.data(), s);
+      },
+      "keys"_a.noconvert(), "out"_a.noconvert(), "stream"_a = no_stream);
+  def_checked(
+      table, "find",
+      [](CudaTable& t, Keys keys, Arrays::RowsOut out, Arrays::Found found, nb::handle stream) {
+        int64_t n = count(keys);
+        table_rows(t, out, "out", n);
+        expect_length(found, "found", n);
+        on_device<Keys, Arrays::RowsOut, Arrays::Found>(t, {keys, "keys"}, {out, "out"},
+                                                        {found, "found"});
+        uintptr_t s = caller_stream(stream, t.device());
+        nb::gil_scoped_release release;
+        if (n) t.find(n, keys.data(), out.data(), reinterpret_cast<uint8_t*>(found.data()), s);
+      },
+      "keys"_a.noconvert(), "out"_a.noconvert(), "found"_a.noconvert(), "stream"_a = no_stream);
+  def_checked(
+      table, "assign",
+      [](CudaTable& t, Keys keys, Rows values, nb::handle stream) {
+        int64_t n = count(keys);
+        table_rows(t, values, "values", n);
+        on_device<Keys, Rows>(t, {keys, "keys"}, {values, "values"});
+        uintptr_t s = caller_stream(stream, t.device());
+        nb::gil_scoped_release release;
+        if (n) t.assign(n, keys.data(), values.data(), s);
+      },
+      "keys"_a.noconvert(), "values"_a.noconvert(), "stream"_a = no_stream);
+  def_checked(
+      table, "update",
+      [](CudaTable& t, Keys keys, Rows grads, double lr, nb::handle stream) {
+        int64_t n = count(keys);
+        int grad_dtype = table_rows(t, grads, "grads", n, true);
+        on_device<Keys, Rows>(t, {keys, "keys"}, {grads, "grads"});
+        uintptr_t s = caller_stream(stream, t.device());
+        nb::gil_scoped_release release;
+        t.update(n, keys.data(), grads.data(), grad_dtype, static_cast<float>(lr), s);
+      },
+      "keys"_a.noconvert(), "grads"_a.noconvert(), "lr"_a, "stream"_a = no_stream);
+  def_checked(
+      table, "erase",
+      [](CudaTable& t, Keys keys, nb::handle stream) {
+        int64_t n = count(keys);
+        on_device<Keys>(t, {keys, "keys"});
+        uintptr_t s = caller_stream(stream, t.device());
+        nb::gil_scoped_release release;
+        return n ? t.erase(n, keys.data(), s) : int64_t{0};
+      },
+      "keys"_a.noconvert(), "stream"_a = no_stream);
+  def_checked(
+      table, "export_rows",
+      [](CudaTable& t, Keys keys, Arrays::KeysOut keys_out, Arrays::RowsOut values_out,
+         Arrays::StateOut state_out, nb::handle stream) {
+        int64_t n = count(keys);
+        expect_length(keys_out, "keys_out", n);
+        table_rows(t, values_out, "values_out", n);
+        state_rows(t, state_out, "state_out", n);
+        on_device<Keys, Arrays::KeysOut, Arrays::RowsOut, Arrays::StateOut>(
+            t, {keys, "keys"}, {keys_out, "keys_out"}, {values_out, "values_out"},
+            {state_out, "state_out"});
+        uintptr_t s = caller_stream(stream, t.device());
+        nb::gil_scoped_release release;
+        return n ? t.export_rows(n, keys.data(), keys_out.data(), values_out.data(),
+                                 state_out.data(), s)
+                 : int64_t{0};
+      },
+      "keys"_a.noconvert(), "keys_out"_a.noconvert(), "values_out"_a.noconvert(),
+      "state_out"_a.noconvert(), "stream"_a = no_stream);
+  def_checked(
+      table, "import_rows",
+      [](CudaTable& t, Keys keys, Rows values, Arrays::State state, nb::handle stream) {
+        int64_t n = count(keys);
+        table_rows(t, values, "values", n);
+        state_rows(t, state, "state", n);
+        on_device<Keys, Rows, Arrays::State>(t, {keys, "keys"}, {values, "values"},
+                                             {state, "state"});
+        uintptr_t s = caller_stream(stream, t.device());
+        nb::gil_scoped_release release;
+        if (n) t.import_rows(n, keys.data(), values.data(), state.data(), s);
+      },
+      "keys"_a.noconvert(), "values"_a.noconvert(), "state"_a.noconvert(),
+      "stream"_a = no_stream);
 }

@@ -339,11 +339,11 @@ def test_native_calls_take_device_buffers_and_a_side_stream() -> None:
     with torch.cuda.stream(side):
         keys = cuda_keys(keys_np)
         out = torch.empty((len(keys_np), 64), device="cuda")
-        engine.pull(len(keys_np), keys.data_ptr(), out.data_ptr())  # the current (side) stream
-        found = torch.zeros(len(keys_np) + 10, dtype=torch.uint8, device="cuda")
+        engine.pull(keys, out)  # the current (side) stream
+        found = torch.zeros(len(keys_np) + 10, dtype=torch.bool, device="cuda")
         probe = torch.cat([keys, cuda_keys(np.arange(10, dtype=np.int64) + 2**45)])
         again = torch.empty((len(probe), 64), device="cuda")
-        engine.find(len(probe), probe.data_ptr(), again.data_ptr(), found.data_ptr(), stream=side)
+        engine.find(probe, again, found, stream=side)
     side.synchronize()
     np.testing.assert_array_equal(out.cpu().numpy(), pair.cpu.pull(keys_np))
     np.testing.assert_array_equal(again[: len(keys_np)].cpu().numpy(), out.cpu().numpy())

@@ -1,9 +1,9 @@
 """One shard of one embedding table: the numpy/torch face of the native engine.
 
-Every method checks its arguments completely before the engine runs (see
-``buffers``), so a rejected call raises TypeError / InvalidArgument and leaves
-the table as it was; the engine itself rejects out-of-range ids and a full
-table before changing anything.
+The engine's bindings take typed arrays and check every argument before any
+work (``csrc/arrays.h``), so a rejected call raises TypeError / InvalidArgument
+and leaves the table as it was; the engine itself rejects out-of-range ids and
+a full table before changing anything.
 """
 
 from __future__ import annotations
@@ -16,15 +16,10 @@ import numpy as np
 
 from recstore import _native as _native_module
 from recstore.core import CapacityExhausted, DType, InvalidArgument, TableSpec
-from recstore.store.buffers import (
-    NUMPY_DTYPES,
-    keys_buffer,
-    new_rows,
-    rows_buffer,
-)
-from recstore.store.options import DTYPE_CODES, native_options
+from recstore.store.buffers import NUMPY_DTYPES, is_torch, new_rows
+from recstore.store.options import native_options
 
-#: The compiled engine (no type stubs: its methods take raw buffer addresses).
+#: The compiled engine (no type stubs).
 _native: Any = _native_module
 
 
@@ -38,7 +33,12 @@ class Chunk:
 
 
 def _engine_call(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run an engine method, mapping its errors to the shared error classes."""
+    """Run an engine method, mapping its errors to the shared error classes.
+
+    The bindings refuse a wrong array with TypeError (not an array, dtype,
+    layout, writability) or ValueError (rank, shape, device), which becomes
+    InvalidArgument here.
+    """
     try:
         return fn(*args)
     except _native.CapacityError as e:
@@ -136,30 +136,31 @@ class Table:
         if self._clock is not None:
             self._engine.set_now(float(self._clock()))
 
-    def _out(self, out: Any, rows: int, like_torch: bool) -> tuple[Any, int]:
+    def _out(self, keys: Any, out: Any) -> tuple[Any, bool]:
+        """The output rows (new ones when ``out`` is None) and whether keys is a tensor."""
+        like_torch = is_torch(keys)
         if out is None:
-            out = new_rows(rows, self.dim, self.dtype, like_torch, self.device)
-        buf, _ = rows_buffer(out, rows, self.dim, (self.dtype,), "out", self.device, writable=True)
-        return out, buf.address
+            out = new_rows(len(keys), self.dim, self.dtype, like_torch, self.device)
+        return out, like_torch
+
+    def _batch(self, fn: Callable[..., Any], keys: Any, *arrays: Any) -> Any:
+        """An engine call on the rows of ``keys``: the clock ticks when there are any."""
+        if len(keys):
+            self._tick()
+        return _engine_call(fn, keys, *arrays)
 
     def pull(self, keys: Any, out: Any = None) -> Any:
         """Find-or-insert every key (new rows from the initializer), then gather its row."""
-        k = keys_buffer(keys, self.device)
-        out, address = self._out(out, k.rows, k.is_torch)
-        if k.rows:
-            self._tick()
-            _engine_call(self._engine.pull, k.rows, k.address, address)
+        out, _ = self._out(keys, out)
+        self._batch(self._engine.pull, keys, out)
         return out
 
     def find(self, keys: Any, out: Any = None) -> tuple[Any, Any]:
         """Rows of resident keys without inserting; missing rows are zeros, found False."""
-        k = keys_buffer(keys, self.device)
-        out, address = self._out(out, k.rows, k.is_torch)
-        found = np.zeros(k.rows, dtype=np.bool_)
-        if k.rows:
-            self._tick()
-            _engine_call(self._engine.find, k.rows, k.address, address, found.ctypes.data)
-        if k.is_torch:
+        out, like_torch = self._out(keys, out)
+        found = np.zeros(len(keys), dtype=np.bool_)
+        self._batch(self._engine.find, keys, out, found)
+        if like_torch:
             import torch
 
             return out, torch.from_numpy(found).to(self.device)
@@ -167,31 +168,19 @@ class Table:
 
     def push(self, keys: Any, values: Any) -> None:
         """Assign rows (table dtype), inserting missing keys; a repeated key keeps its last row."""
-        k = keys_buffer(keys, self.device)
-        v, _ = rows_buffer(values, k.rows, self.dim, (self.dtype,), "values", self.device)
-        if k.rows:
-            self._tick()
-            _engine_call(self._engine.assign, k.rows, k.address, v.address)
+        self._batch(self._engine.assign, keys, values)
 
     def update(self, keys: Any, grads: Any, lr: float | None = None) -> None:
         """Apply gradients through the table's optimizer; duplicate keys are summed first."""
-        k = keys_buffer(keys, self.device)
-        g, gdtype = rows_buffer(
-            grads, k.rows, self.dim, (DType.float32, self.dtype), "grads", self.device
-        )
         rate = self.spec.optimizer.lr if lr is None else float(lr)
         if not np.isfinite(rate) or rate <= 0:
             raise InvalidArgument(f"lr must be a positive finite number, got {lr}")
         self._tick()
-        _engine_call(self._engine.update, k.rows, k.address, g.address, DTYPE_CODES[gdtype], rate)
+        _engine_call(self._engine.update, keys, grads, rate)
 
     def erase(self, keys: Any) -> int:
         """Remove rows; returns how many resident rows went."""
-        k = keys_buffer(keys, self.device)
-        if not k.rows:
-            return 0
-        self._tick()
-        return int(_engine_call(self._engine.erase, k.rows, k.address))
+        return int(self._batch(self._engine.erase, keys))
 
     def expire(self) -> int:
         """Remove every row untouched for longer than the spec's ttl_seconds."""
@@ -210,25 +199,18 @@ class Table:
         self._tick()
         all_keys = self._engine.keys()
         for start in range(0, len(all_keys), chunk_rows):
-            want = np.ascontiguousarray(all_keys[start : start + chunk_rows])
+            want = all_keys[start : start + chunk_rows]
             n = len(want)
             keys_out = np.empty(n, dtype=np.int64)
             values = np.empty((n, self.dim), dtype=NUMPY_DTYPES[self.dtype])
             state = np.empty((n, self._state_width), dtype=np.float32)
-            got = self._engine.export_rows(
-                n, want.ctypes.data, keys_out.ctypes.data, values.ctypes.data, state.ctypes.data
-            )
+            got = self._engine.export_rows(want, keys_out, values, state)
             if got:
                 yield Chunk(keys_out[:got], values[:got], state[:got])
 
     def import_chunk(self, keys: Any, values: Any, state: Any) -> None:
         """Insert or overwrite rows together with their optimizer state."""
-        k = keys_buffer(keys, self.device)
-        v, _ = rows_buffer(values, k.rows, self.dim, (self.dtype,), "values", self.device)
-        s, _ = rows_buffer(state, k.rows, self._state_width, (DType.float32,), "state", self.device)
-        if k.rows:
-            self._tick()
-            _engine_call(self._engine.import_rows, k.rows, k.address, v.address, s.address)
+        self._batch(self._engine.import_rows, keys, values, state)
 
     def optimizer_state(self) -> dict[str, int]:
         """Table-level optimizer state (Adam's step count: update() calls so far)."""
