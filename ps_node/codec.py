@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 
 from recstore.core import DType, InvalidArgument, wire
 
@@ -72,13 +72,3 @@ def grad_dtype_for(requested: str, table_dtype: str) -> str:
 def encode(array: np.ndarray) -> bytes:
     """Raw little-endian bytes of a (numpy) array."""
     return np.ascontiguousarray(array).tobytes()
-
-
-# -- multi-table messages ------------------------------------------------------------
-def parse(message_type: type[M], data: bytes) -> M:
-    """A request as the generated class ``message_type``; malformed bytes are InvalidArgument."""
-    try:
-        return message_type.FromString(data)
-    except DecodeError as error:
-        name = message_type.DESCRIPTOR.name
-        raise InvalidArgument(f"malformed {name}: {error}") from None
