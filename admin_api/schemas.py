@@ -28,7 +28,7 @@ _METRICS_URL = re.compile(r"^https?://[^\s/]+(/[^\s]*)?$")
 
 def validate_endpoint(value: str) -> str:
     """Accept ``host:port`` with a port in 1..65535; raise ValueError otherwise."""
-    match = _ENDPOINT.match(value)
+    match = _ENDPOINT.fullmatch(value)
     if not match or not 1 <= int(match.group(3)) <= 65535:
         raise ValueError(f"endpoint must be host:port with a port in 1..65535, got {value!r}")
     return value
@@ -164,7 +164,7 @@ class NodeRegister(BaseModel):
     @field_validator("metrics_endpoint")
     @classmethod
     def _metrics(cls, value: str | None) -> str | None:
-        if value is None or _METRICS_URL.match(value):
+        if value is None or _METRICS_URL.fullmatch(value):
             return value
         return validate_endpoint(value)
 

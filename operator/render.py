@@ -62,7 +62,7 @@ class RenderOptions:
 
 def name_problem(name: str) -> str | None:
     """Why a resource name cannot name the children (None when it can)."""
-    if not _DNS_LABEL.match(name):
+    if not _DNS_LABEL.fullmatch(name):
         return (
             f"metadata.name {name!r} must be a DNS label (lowercase letters, digits, '-', "
             "starting with a letter): it names the shards' Service and pods"

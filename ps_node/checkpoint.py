@@ -57,7 +57,7 @@ class CheckpointInfo:
 
 
 def validate_checkpoint_id(checkpoint_id: str) -> str:
-    if not CHECKPOINT_ID_PATTERN.match(checkpoint_id):
+    if not CHECKPOINT_ID_PATTERN.fullmatch(checkpoint_id):  # "$" alone lets a final \n by
         raise InvalidArgument(
             f"checkpoint id {checkpoint_id!r} must match {CHECKPOINT_ID_PATTERN.pattern}"
         )

@@ -136,6 +136,7 @@ def test_parse_version_rejects(value: str) -> None:
         (":80", False),
         ("a b:80", False),
         ("http://h:80", False),
+        ("host:80\n", False),  # "$" alone would let a final newline by
     ],
 )
 def test_validate_endpoint(endpoint: str, ok: bool) -> None:

@@ -269,7 +269,14 @@ def test_update_patch_leaves_immutable_fields_alone():
 
 @pytest.mark.parametrize(
     ("name", "ok"),
-    [("clicks", True), ("a" * 49, True), ("a" * 50, False), ("1abc", False), ("a.b", False)],
+    [
+        ("clicks", True),
+        ("a" * 49, True),
+        ("a" * 50, False),
+        ("1abc", False),
+        ("a.b", False),
+        ("clicks\n", False),
+    ],
 )
 def test_name_problem(name, ok):
     assert (render.name_problem(name) is None) == ok

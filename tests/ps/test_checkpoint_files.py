@@ -90,7 +90,7 @@ def test_prune_keeps_newest(tmp_path: Path) -> None:
     assert [c.checkpoint_id for c in checkpoint.list_checkpoints(tmp_path)] == ["c3", "c4"]
 
 
-@pytest.mark.parametrize("bad", ["", "../x", "a/b", ".hidden", "x" * 200])
+@pytest.mark.parametrize("bad", ["", "../x", "a/b", ".hidden", "x" * 200, "ok-1\n"])
 def test_checkpoint_ids_are_validated(tmp_path: Path, bad: str) -> None:
     with pytest.raises(InvalidArgument):
         checkpoint.CheckpointWriter(tmp_path, bad, 1, {})
