@@ -59,4 +59,4 @@ WORKDIR /data
 # gRPC (pull/push/update, health) and Prometheus /metrics.
 EXPOSE 50051 9100
 ENTRYPOINT ["recstore"]
-CMD ["ps-node", "--port", "50051", "--metrics-port", "9100", "--data-dir", "/data"]
+CMD ["ps-node", "--port", "50051", "--metrics-port", "9100", "--data-dir", "/data", "--host", "0.0.0.0"]

@@ -129,7 +129,7 @@ def test_ps_image_has_cuda_kernels_and_the_operator_ports() -> None:
     cmd = exec_form(final.last("CMD"))
     assert cmd == [
         "ps-node", "--port", str(GRPC_PORT), "--metrics-port", str(METRICS_PORT),
-        "--data-dir", DATA_DIR,
+        "--data-dir", DATA_DIR, "--host", "0.0.0.0",
     ]  # fmt: skip
     assert final.last("WORKDIR") == DATA_DIR
     assert f"chown {final.last('USER')} {DATA_DIR}" in " ".join(final.all("RUN"))

@@ -104,3 +104,43 @@ def test_command_line_validates_flags() -> None:
         app, ["ps-node", "--data-dir", "/tmp/x", "--shard-index", "2", "--num-shards", "2"]
     )
     assert bad.exit_code != 0
+
+
+#: 127.0.0.1 in /proc/net/tcp, and as the IPv4-mapped ::ffff:127.0.0.1 or ::1 in tcp6
+LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}
+
+
+def _listening(pid: int, port: int) -> set[str]:
+    """Local addresses (hex, as in /proc/net/tcp) that process ``pid`` listens on at ``port``."""
+    found = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.rsplit(":", 1)
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+def test_a_node_listens_on_loopback_unless_told_otherwise(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    node = subprocess.Popen(
+        [sys.executable, "-m", "recstore", "ps-node", "--port", "0", "--data-dir", str(tmp_path)],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert node.stderr is not None
+        for line in node.stderr:
+            if '"ps node serving"' in line:
+                port = int(json.loads(line)["port"])
+                break
+        else:
+            raise AssertionError(f"node exited with {node.wait()}")
+        addresses = _listening(node.pid, port)
+        assert addresses and addresses <= LOOPBACK, addresses
+    finally:
+        node.kill()
+        node.wait()

@@ -11,7 +11,9 @@ import typer
 def ps_node(
     data_dir: Annotated[Path, typer.Option("--data-dir", help="Checkpoints, catalogue, WAL.")],
     port: Annotated[int, typer.Option(help="gRPC port (0: any free port).")] = 50051,
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    host: Annotated[
+        str, typer.Option(help="Address to listen on (0.0.0.0: every address of the machine).")
+    ] = "127.0.0.1",
     shard_index: Annotated[int, typer.Option("--shard-index", min=0)] = 0,
     num_shards: Annotated[int, typer.Option("--num-shards", min=1)] = 1,
     device: Annotated[str, typer.Option(help="cpu or cuda (cuda:N).")] = "cpu",

@@ -24,6 +24,8 @@ from recstore.core.routing import SlotMap
 from recstore.core.spec import Durability, StorageTier, TableSpec
 
 GRPC_PORT = 50051
+#: a PS pod listens on all its addresses (loopback is the node's own default)
+POD_LISTEN_HOST = "0.0.0.0"
 METRICS_PORT = 9100
 DATA_DIR = "/data"
 
@@ -89,8 +91,12 @@ def ps_node_args(
     metrics_port: int = METRICS_PORT,
     data_dir: str = DATA_DIR,
     auth_token_file: str | None = None,
+    host: str = POD_LISTEN_HOST,
 ) -> list[str]:
     """Arguments of ``recstore ps-node`` for one shard.
+
+    ``host`` is the address the node listens on: every address of a pod by
+    default (its Service reaches it there); the node itself defaults to loopback.
 
     ``shard_index`` may be a string such as ``$(RECSTORE_SHARD_INDEX)`` where
     the runtime substitutes it (Kubernetes expands ``$(VAR)`` in args).
@@ -106,6 +112,7 @@ def ps_node_args(
         "--durability", Durability(decl.spec.checkpoint.durability).value,
         "--checkpoint-interval", str(decl.spec.checkpoint.interval_seconds),
         "--keep-checkpoints", str(decl.spec.checkpoint.keep),
+        "--host", host,
     ]  # fmt: skip
     if auth_token_file:
         args += ["--auth-token-file", auth_token_file]

@@ -216,9 +216,10 @@ class LocalProvisioner:
             metrics_port=metrics_port,
             data_dir=str(_shard_dir(table, shard)),
             auth_token_file=str(self._auth_token_file) if self._auth_token_file else None,
+            host="127.0.0.1",
         )
         args[args.index("--num-shards") + 1] = str(len(table.ports))
-        args += ["--host", "127.0.0.1", "--parent-pid", str(os.getpid())]  # dies with us
+        args += ["--parent-pid", str(os.getpid())]  # the node stops when this process exits
         return ProcessSpec(
             name=_process_name(table.spec.name, shard),
             argv=[self._python, "-m", "recstore", *args],
