@@ -132,3 +132,23 @@ def test_killed_up_takes_its_nodes_along_and_a_new_one_takes_over(
     client.init_data("kept", (ROWS, DIM), torch.float32)
     torch.testing.assert_close(client.pull("kept", torch.arange(ROWS)), rows)
     client.close()
+
+
+def test_up_keeps_its_state_to_its_owner_and_refuses_a_readable_token(tmp_path: Path) -> None:
+    from recstore.local.platform import InsecureStateDir, ensure_token
+
+    state = tmp_path / "state"
+    token = ensure_token(state)
+    assert len(token) >= 32
+    assert state.stat().st_mode & 0o777 == 0o700
+    assert (state / "admin-token").stat().st_mode & 0o777 == 0o600
+    assert ensure_token(state) == token  # kept across starts
+    (state / "admin-token").chmod(0o644)
+    with pytest.raises(InsecureStateDir, match="readable by other users"):
+        ensure_token(state)
+    up = subprocess.run(
+        [sys.executable, "-m", "recstore", "up", "--state-dir", str(state), "--port", "0"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert up.returncode == 1
+    assert "chmod 600" in up.stderr and "Traceback" not in up.stderr + up.stdout

@@ -37,12 +37,16 @@ def up(
 
     from rich.console import Console
 
-    from recstore.local.platform import LocalPlatform
+    from recstore.local.platform import InsecureStateDir, LocalPlatform
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     console = Console()
     with console.status("starting the admin API and the local provisioner ..."):
-        platform = LocalPlatform(state_dir, host=host, port=port, device=device)
+        try:
+            platform = LocalPlatform(state_dir, host=host, port=port, device=device)
+        except InsecureStateDir as error:
+            typer.secho(f"error: {error}", err=True, fg="red")
+            raise typer.Exit(1) from None
         platform.start()
     tables = platform.provisioner.table_names()
     console.print(f"[bold green]RecStore is up[/] — dashboard {platform.url}/")

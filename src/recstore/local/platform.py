@@ -13,6 +13,7 @@ import logging
 import os
 import secrets
 import socket
+import stat
 import threading
 import time
 from pathlib import Path
@@ -32,14 +33,27 @@ DEFAULT_STATE_DIR = Path.home() / ".recstore"
 TOKEN_FILE = "admin-token"
 
 
+class InsecureStateDir(RuntimeError):
+    """The admin token file can be read by other users: refused, not used."""
+
+
 def ensure_token(state_dir: Path) -> str:
-    """The platform's admin token: created once, readable by its owner only."""
+    """The platform's admin token: created once, readable by its owner only.
+
+    A token file others can read is refused: anyone who read it is an admin.
+    """
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the token and all the data
     path = state_dir / TOKEN_FILE
     if not path.exists():
-        state_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(secrets.token_urlsafe(32))
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise InsecureStateDir(
+            f"token file {path} is readable by other users (mode {mode:04o}); it grants admin "
+            f"rights: run `chmod 600 {path}` (or remove it for a new token), then start again"
+        )
     return path.read_text().strip()
 
 
@@ -56,7 +70,6 @@ class LocalPlatform:
         poll_interval: float = 0.5,
     ) -> None:
         self.state_dir = Path(state_dir)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
         self.token = ensure_token(self.state_dir)
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
