@@ -24,7 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from recstore.core import TableSpec
-from recstore.core.data_dir import DataDirInUse, DataDirLock
+from recstore.core.data_dir import DataDirInUse, DataDirLock, DataDirUnusable
 from recstore.ps import metrics as metrics_module
 from recstore.ps import persistence, table_specs
 from recstore.ps.auth import TokenAuth
@@ -172,9 +172,17 @@ class PsServer:
             self._periodic.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._periodic
+        failure: OSError | None = None
         if final_checkpoint and self.node.tables:
-            await self._save()
-            log.info("final checkpoint written")
+            try:
+                await self._save()
+                log.info("final checkpoint written")
+            except OSError as error:  # e.g. a read-only or full data dir: say so, then stop
+                failure = error
+                log.error(
+                    "final checkpoint failed: %s; the data dir keeps the previous checkpoint",
+                    error, extra={"data_dir": str(self.config.data_dir)},
+                )  # fmt: skip
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
         for hosted in list(self.node.tables.values()):
@@ -183,17 +191,29 @@ class PsServer:
         self.executor.shutdown(wait=True)
         self._lock.release()
         log.info("ps node stopped")
+        if failure is not None:
+            raise FinalCheckpointFailed(str(failure)) from failure
+
+
+class FinalCheckpointFailed(RuntimeError):
+    """The node stopped, but its final checkpoint could not be written (logged already)."""
 
 
 async def serve_until_signalled(config: NodeConfig) -> None:
-    server = PsServer(config)
+    try:
+        server = PsServer(config)
+    except OSError as error:  # recovery and the catalogue need a readable, writable dir
+        raise DataDirUnusable(config.data_dir, error) from error
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):  # before "serving" is logged
         loop.add_signal_handler(signum, stop.set)
     if config.parent_pid is not None:
         _stop_with_parent(loop, config.parent_pid, stop)
-    await server.start()
+    try:
+        await server.start()
+    except OSError as error:
+        raise DataDirUnusable(config.data_dir, error) from error
     await stop.wait()
     log.info("shutting down: draining in-flight calls")
     await server.stop(final_checkpoint=True)
@@ -218,8 +238,8 @@ def _stop_with_parent(loop: asyncio.AbstractEventLoop, pid: int, stop: asyncio.E
 
 
 def run(config: NodeConfig) -> int:
-    """Serve until SIGTERM (0); 2 when a declared table conflicts with a hosted one, 3 when
-    another node holds the data dir."""
+    """Serve until SIGTERM (0; 1 when the final checkpoint could not be written); 2 when a
+    declared table conflicts with a hosted one, 3 when another node holds the data dir."""
     try:
         asyncio.run(serve_until_signalled(config))
     except table_specs.TableDeclarationError as error:
@@ -228,6 +248,11 @@ def run(config: NodeConfig) -> int:
     except DataDirInUse as error:
         log.error(str(error), extra={"data_dir": str(error.data_dir), "holder": error.pid})
         return 3
+    except DataDirUnusable as error:
+        log.error(str(error), extra={"data_dir": str(error.data_dir)})
+        return 1
+    except FinalCheckpointFailed:
+        return 1  # the reason is logged
     return 0
 
 
@@ -256,9 +281,11 @@ class ServerHandle:
             future = asyncio.run_coroutine_threadsafe(
                 self.server.stop(final_checkpoint), self._loop
             )
-            future.result()
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
+            try:
+                future.result()
+            finally:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join()
 
     def __enter__(self) -> ServerHandle:
         return self

@@ -1,4 +1,4 @@
-"""One node per data dir (an exclusive lock), and nodes that stop when their parent exits."""
+"""One node per data dir (an exclusive lock), nodes that stop with their parent, read-only dirs."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -96,3 +97,56 @@ def test_a_node_whose_parent_is_already_gone_does_not_serve(tmp_path: Path) -> N
     )  # fmt: skip
     assert node.returncode == 0, node.stderr
     assert f"parent process {gone.pid} is gone" in node.stderr
+
+
+def _mount_tmpfs(mount_point: Path, options: str) -> None:
+    mount_point.mkdir(parents=True, exist_ok=True)
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {made.stderr.strip()}")
+
+
+@pytest.fixture
+def mounts() -> Iterator[list[Path]]:
+    made: list[Path] = []
+    yield made
+    for mount_point in reversed(made):
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_sigterm_when_checkpoints_cannot_be_written_ends_with_a_clear_error(
+    tmp_path: Path, spawn, mounts: list[Path]
+) -> None:
+    data_dir = tmp_path / "node"
+    node = spawn(data_dir)
+    client = Client(node.address)
+    client.create(spec(num_embeddings=100, embedding_dim=4))
+    client.push("emb", [1], np.full((1, 4), 2.0, np.float32))
+    client.close()
+    checkpoints = data_dir / "checkpoints"
+    _mount_tmpfs(checkpoints, "ro,size=1m")  # the node's checkpoints now land on a read-only fs
+    mounts.append(checkpoints)
+    assert node.terminate() == 1
+    node.wait_for("ps node stopped", 10)
+    log = "".join(node.log)
+    assert "final checkpoint failed" in log and "Read-only file system" in log
+    assert "Traceback" not in log
+
+
+def test_a_node_on_a_read_only_data_dir_says_so_and_exits(
+    tmp_path: Path, mounts: list[Path]
+) -> None:
+    data_dir = tmp_path / "ro"
+    _mount_tmpfs(data_dir, "ro,size=1m")
+    mounts.append(data_dir)
+    node = subprocess.run(
+        [sys.executable, "-m", "recstore.ps", "--host", "127.0.0.1", "--port", "0",
+         "--data-dir", str(data_dir)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert node.returncode == 1
+    assert f"data dir {data_dir} is not usable: Read-only file system" in node.stderr
+    assert "Traceback" not in node.stderr

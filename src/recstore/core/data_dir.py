@@ -34,6 +34,15 @@ class DataDirInUse(RecStoreError):
         self.data_dir, self.pid = data_dir, pid
 
 
+class DataDirUnusable(RecStoreError):
+    """The data dir cannot be locked, read or written (a node cannot start on it)."""
+
+    def __init__(self, data_dir: Path, error: OSError) -> None:
+        where = f" ({error.filename})" if error.filename else ""
+        super().__init__(f"data dir {data_dir} is not usable: {error.strerror}{where}")
+        self.data_dir = data_dir
+
+
 class DataDirLock:
     """The held lock of one data dir (``acquire``); ``release`` or process exit frees it."""
 
@@ -44,7 +53,10 @@ class DataDirLock:
     def acquire(cls, data_dir: Path) -> DataDirLock:
         """Lock ``data_dir`` (created if missing) for this process; ``DataDirInUse`` if held."""
         data_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as error:  # e.g. a read-only dir: a node could not write there anyway
+            raise DataDirUnusable(data_dir, error) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
