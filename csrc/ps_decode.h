@@ -58,6 +58,8 @@ constexpr Slot slot(const char* name, uint32_t number, int wire_type, Kind kind)
 #define RECSTORE_FIELD(message, field, kind)                                               \
   slot(#field, ps_fields::k##message##_##field, ps_fields::k##message##_##field##_wire, \
        Kind::kind)
+// Field `field` of `message` into the view's member of the same name.
+#define RECSTORE_VISIT(message, field, kind) visit(RECSTORE_FIELD(message, field, kind), v.field)
 
 // Each view's `fields(view, visit)` calls visit(slot, member) for every field,
 // in the order of its dataclass (visit(slot, member, &present) for an optional one).
@@ -69,10 +71,10 @@ struct PullRequestView {
 
   template <class View, class Visit>
   static constexpr void fields(View& v, Visit&& visit) {
-    visit(RECSTORE_FIELD(PullRequest, table, kString), v.table);
-    visit(RECSTORE_FIELD(PullRequest, epoch, kUint64), v.epoch);
-    visit(RECSTORE_FIELD(PullRequest, keys, kBytes), v.keys);
-    visit(RECSTORE_FIELD(PullRequest, read_only, kBool), v.read_only);
+    RECSTORE_VISIT(PullRequest, table, kString);
+    RECSTORE_VISIT(PullRequest, epoch, kUint64);
+    RECSTORE_VISIT(PullRequest, keys, kBytes);
+    RECSTORE_VISIT(PullRequest, read_only, kBool);
   }
 };
 
@@ -84,12 +86,12 @@ struct PushRequestView {
 
   template <class View, class Visit>
   static constexpr void fields(View& v, Visit&& visit) {
-    visit(RECSTORE_FIELD(PushRequest, table, kString), v.table);
-    visit(RECSTORE_FIELD(PushRequest, epoch, kUint64), v.epoch);
-    visit(RECSTORE_FIELD(PushRequest, keys, kBytes), v.keys);
-    visit(RECSTORE_FIELD(PushRequest, values, kBytes), v.values);
-    visit(RECSTORE_FIELD(PushRequest, dtype, kString), v.dtype);
-    visit(RECSTORE_FIELD(PushRequest, dim, kUint32), v.dim);
+    RECSTORE_VISIT(PushRequest, table, kString);
+    RECSTORE_VISIT(PushRequest, epoch, kUint64);
+    RECSTORE_VISIT(PushRequest, keys, kBytes);
+    RECSTORE_VISIT(PushRequest, values, kBytes);
+    RECSTORE_VISIT(PushRequest, dtype, kString);
+    RECSTORE_VISIT(PushRequest, dim, kUint32);
   }
 };
 
@@ -103,13 +105,13 @@ struct UpdateRequestView {
 
   template <class View, class Visit>
   static constexpr void fields(View& v, Visit&& visit) {
-    visit(RECSTORE_FIELD(UpdateRequest, table, kString), v.table);
-    visit(RECSTORE_FIELD(UpdateRequest, epoch, kUint64), v.epoch);
-    visit(RECSTORE_FIELD(UpdateRequest, keys, kBytes), v.keys);
-    visit(RECSTORE_FIELD(UpdateRequest, grads, kBytes), v.grads);
-    visit(RECSTORE_FIELD(UpdateRequest, grad_dtype, kString), v.grad_dtype);
+    RECSTORE_VISIT(UpdateRequest, table, kString);
+    RECSTORE_VISIT(UpdateRequest, epoch, kUint64);
+    RECSTORE_VISIT(UpdateRequest, keys, kBytes);
+    RECSTORE_VISIT(UpdateRequest, grads, kBytes);
+    RECSTORE_VISIT(UpdateRequest, grad_dtype, kString);
     visit(RECSTORE_FIELD(UpdateRequest, lr, kFloat), v.lr, &v.has_lr);
-    visit(RECSTORE_FIELD(UpdateRequest, dim, kUint32), v.dim);
+    RECSTORE_VISIT(UpdateRequest, dim, kUint32);
   }
 };
 
@@ -120,10 +122,10 @@ struct PullResponseView {
 
   template <class View, class Visit>
   static constexpr void fields(View& v, Visit&& visit) {
-    visit(RECSTORE_FIELD(PullResponse, values, kBytes), v.values);
-    visit(RECSTORE_FIELD(PullResponse, dim, kUint32), v.dim);
-    visit(RECSTORE_FIELD(PullResponse, dtype, kString), v.dtype);
-    visit(RECSTORE_FIELD(PullResponse, found, kBytes), v.found);
+    RECSTORE_VISIT(PullResponse, values, kBytes);
+    RECSTORE_VISIT(PullResponse, dim, kUint32);
+    RECSTORE_VISIT(PullResponse, dtype, kString);
+    RECSTORE_VISIT(PullResponse, found, kBytes);
   }
 };
 
@@ -133,11 +135,12 @@ struct RowsResponseView {
 
   template <class View, class Visit>
   static constexpr void fields(View& v, Visit&& visit) {
-    visit(RECSTORE_FIELD(UpdateResponse, rows, kUint64), v.rows);
+    RECSTORE_VISIT(UpdateResponse, rows, kUint64);
   }
 };
 static_assert(ps_fields::kPushResponse_rows == ps_fields::kUpdateResponse_rows &&
               ps_fields::kPushResponse_rows_wire == ps_fields::kUpdateResponse_rows_wire);
+#undef RECSTORE_VISIT
 #undef RECSTORE_FIELD
 
 // Does a member of type T hold a field of `kind`?
