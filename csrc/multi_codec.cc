@@ -7,6 +7,7 @@
 
 #include "hash.h"
 #include "protowire.h"
+#include "ps_decode.h"
 #include "ps_messages.h"
 
 namespace recstore::codec {
@@ -42,33 +43,6 @@ void write_update(Writer& w, const UpdateItem& item, const Route& route, int nod
   }
   write_update_request(w, item.keys.table, item.keys.epoch, keys, {rows.data(), rows.size()},
                        item.grad_dtype, item.has_lr ? &item.lr : nullptr, item.dim);
-}
-
-struct PullReply {
-  std::string_view values;
-  uint64_t dim = 0;
-  std::string_view dtype;
-};
-
-PullReply parse_pull_reply(std::string_view message) {
-  PullReply reply;
-  for_each_field(message, [&](const Field& f) {
-    if (f.number == kPullResponse_values && f.wire_type == kLen) reply.values = f.bytes;
-    if (f.number == kPullResponse_dim && f.wire_type == kVarint) {
-      reply.dim = f.value & 0xFFFFFFFFULL;
-    }
-    if (f.number == kPullResponse_dtype && f.wire_type == kLen) reply.dtype = f.bytes;
-  });
-  return reply;
-}
-
-uint64_t parse_rows(std::string_view message) {
-  uint64_t rows = 0;
-  for_each_field(message, [&](const Field& f) {
-    static_assert(kPushResponse_rows == kUpdateResponse_rows);
-    if (f.number == kUpdateResponse_rows && f.wire_type == kVarint) rows = f.value;
-  });
-  return rows;
 }
 
 std::string_view view(const uint8_t* data, size_t size) {
@@ -133,13 +107,10 @@ size_t encode_request(Method method, int node, const std::vector<PullItem>& pull
 
 std::vector<uint64_t> scatter_pull_reply(const uint8_t* data, size_t size,
                                          const std::vector<PullTarget>& targets, size_t carried) {
-  std::vector<PullReply> items;
+  const MultiPullResponseView reply = decode_multi_pull_response(view(data, size));
+  const std::vector<PullResponseView>& items = reply.items;
   std::vector<uint64_t> applied;
-  for_each_field(view(data, size), [&](const Field& f) {
-    if (f.wire_type != kLen) return;
-    if (f.number == kMultiPullResponse_items) items.push_back(parse_pull_reply(f.bytes));
-    if (f.number == kMultiPullResponse_updates) applied.push_back(parse_rows(f.bytes));
-  });
+  for (const RowsResponseView& rows : reply.updates) applied.push_back(rows.rows);
   if (items.size() != targets.size() || applied.size() != carried) {
     throw std::invalid_argument(std::to_string(items.size()) + " items and " +
                                 std::to_string(applied.size()) + " carried updates answered, " +
@@ -148,21 +119,21 @@ std::vector<uint64_t> scatter_pull_reply(const uint8_t* data, size_t size,
   }
   for (size_t i = 0; i < targets.size(); ++i) {
     const PullTarget& t = targets[i];
-    const PullReply& reply = items[i];
+    const PullResponseView& item = items[i];
     if (t.count == 0) continue;
-    const std::string_view dtype = reply.dtype.empty() ? std::string_view("float32") : reply.dtype;
-    if (reply.dim != t.dim || dtype != t.dtype) {
+    const std::string_view dtype = item.dtype.empty() ? std::string_view("float32") : item.dtype;
+    if (item.dim != t.dim || dtype != t.dtype) {
       throw std::invalid_argument("item " + std::to_string(i) + ": rows of dim " +
-                                  std::to_string(reply.dim) + " " + std::string(dtype) +
+                                  std::to_string(item.dim) + " " + std::string(dtype) +
                                   ", expected dim " + std::to_string(t.dim) + " " + t.dtype);
     }
     const size_t expected = static_cast<size_t>(t.count * t.row_bytes);
-    if (reply.values.size() != expected) {
+    if (item.values.size() != expected) {
       throw std::invalid_argument("item " + std::to_string(i) + ": " +
-                                  std::to_string(reply.values.size()) + " bytes of values for " +
+                                  std::to_string(item.values.size()) + " bytes of values for " +
                                   std::to_string(t.count) + " rows");
     }
-    const uint8_t* src = reinterpret_cast<const uint8_t*>(reply.values.data());
+    const uint8_t* src = reinterpret_cast<const uint8_t*>(item.values.data());
     const size_t row = static_cast<size_t>(t.row_bytes);
     for (int64_t k = 0; k < t.count; ++k) {
       std::memcpy(t.out + t.order[t.offset + k] * t.row_bytes, src + k * row, row);
@@ -173,11 +144,9 @@ std::vector<uint64_t> scatter_pull_reply(const uint8_t* data, size_t size,
 
 std::vector<uint64_t> parse_rows_reply(const uint8_t* data, size_t size, size_t expected) {
   std::vector<uint64_t> rows;
-  for_each_field(view(data, size), [&](const Field& f) {
-    if (f.number == kMultiUpdateResponse_items && f.wire_type == kLen) {
-      rows.push_back(parse_rows(f.bytes));
-    }
-  });
+  for (const RowsResponseView& item : decode_multi_update_response(view(data, size))) {
+    rows.push_back(item.rows);
+  }
   if (rows.size() != expected) {
     throw std::invalid_argument(std::to_string(rows.size()) + " items answered, " +
                                 std::to_string(expected) + " sent");

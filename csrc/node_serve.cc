@@ -18,83 +18,11 @@ namespace {
 using namespace recstore::protowire;
 using namespace recstore::ps_fields;
 
-// One parser reads both PullRequest and UpdateRequest items: their shared
-// fields have the same numbers, the others do not collide in wire type.
-static_assert(kPullRequest_table == kUpdateRequest_table &&
-              kPullRequest_keys == kUpdateRequest_keys);
-
-RawItem parse_item(std::string_view message) {
-  RawItem item;
-  for_each_field(message, [&](const Field& f) {
-    if (f.wire_type == kLen) {
-      if (f.number == kUpdateRequest_table) item.table = f.bytes;
-      if (f.number == kUpdateRequest_keys) item.keys = f.bytes;
-      if (f.number == kUpdateRequest_grads) item.grads = f.bytes;
-      if (f.number == kUpdateRequest_grad_dtype) item.grad_dtype = f.bytes;
-    } else if (f.wire_type == kVarint) {
-      if (f.number == kPullRequest_read_only) item.read_only = f.value != 0;
-      if (f.number == kUpdateRequest_dim) item.dim = f.value & 0xFFFFFFFFULL;
-    } else if (f.wire_type == kI32 && f.number == kUpdateRequest_lr) {
-      item.has_lr = true;
-      std::memcpy(&item.lr, f.fixed, sizeof item.lr);
-    }
-  });
-  return item;
-}
-
-// (pull items, update items) of a MultiPull (updates carried) or a MultiUpdate.
-void parse_request(std::string_view request, Method method, std::vector<RawItem>& pulls,
-                   std::vector<RawItem>& updates) {
-  for_each_field(request, [&](const Field& f) {
-    if (f.wire_type != kLen) return;
-    if (method == Method::kMultiPull) {
-      if (f.number == kMultiPullRequest_items) pulls.push_back(parse_item(f.bytes));
-      if (f.number == kMultiPullRequest_updates) updates.push_back(parse_item(f.bytes));
-    } else if (f.number == kMultiUpdateRequest_items) {
-      updates.push_back(parse_item(f.bytes));
-    }
-  });
-}
-
-
 int dtype_code(std::string_view name) {
   if (name == "float32") return kFloat32;
   if (name == "float16") return kFloat16;
   if (name == "bfloat16") return kBFloat16;
   return -1;
-}
-
-bool valid_utf8(std::string_view text) {
-  size_t i = 0;
-  while (i < text.size()) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    size_t extra = 0;
-    uint32_t point = 0;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      extra = 1, point = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      extra = 2, point = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      extra = 3, point = c & 0x07;
-    } else {
-      return false;
-    }
-    for (size_t k = 1; k <= extra; ++k) {
-      if (i + k >= text.size()) return false;
-      const auto next = static_cast<unsigned char>(text[i + k]);
-      if ((next & 0xC0) != 0x80) return false;
-      point = (point << 6) | (next & 0x3F);
-    }
-    static constexpr uint32_t kLeast[] = {0, 0x80, 0x800, 0x10000};
-    if (point < kLeast[extra] || point > 0x10FFFF || (point >= 0xD800 && point <= 0xDFFF)) {
-      return false;
-    }
-    i += extra + 1;
-  }
-  return true;
 }
 
 std::string str(int64_t v) { return std::to_string(v); }
@@ -113,15 +41,15 @@ class Checker {
     return false;
   }
 
-  bool find(const RawItem& item, int64_t index, size_t& at) {
+  bool find(std::string_view table, int64_t index, size_t& at) {
     for (size_t i = 0; i < hosted_.size(); ++i) {
-      if (hosted_[i].name == item.table && hosted_[i].present) {
+      if (hosted_[i].name == table && hosted_[i].present) {
         at = i;
         return true;
       }
     }
-    return refuse(Code::kTableNotFound, index, item.table,
-                  "table " + py_repr(item.table) + " is not hosted on this node");
+    return refuse(Code::kTableNotFound, index, table,
+                  "table " + py_repr(table) + " is not hosted on this node");
   }
 
   size_t offset(std::string_view raw) const {
@@ -137,14 +65,15 @@ class Checker {
   }
 
   // Keys as int64s (wire.keys_view's refusal).
-  bool keys(const RawItem& item, int64_t index, const int64_t*& keys, int64_t& n) {
-    if (item.keys.size() % sizeof(int64_t) != 0) {
-      return refuse(Code::kInvalidArgument, index, item.table,
-                    "keys buffer of " + std::to_string(item.keys.size()) +
+  bool keys(std::string_view table, std::string_view raw, int64_t index, const int64_t*& keys,
+            int64_t& n) {
+    if (raw.size() % sizeof(int64_t) != 0) {
+      return refuse(Code::kInvalidArgument, index, table,
+                    "keys buffer of " + std::to_string(raw.size()) +
                         " bytes is not a whole number of int64 keys");
     }
-    n = static_cast<int64_t>(item.keys.size() / sizeof(int64_t));
-    keys = static_cast<const int64_t*>(aligned(item.keys));
+    n = static_cast<int64_t>(raw.size() / sizeof(int64_t));
+    keys = static_cast<const int64_t*>(aligned(raw));
     return true;
   }
 
@@ -244,9 +173,9 @@ void frame_reply(Writer& w, Plan& plan, const std::vector<Hosted>& hosted) {
 }
 
 // The checks of one update item, in the node's order.
-bool check_update(Checker& check, const RawItem& item, int64_t index,
+bool check_update(Checker& check, const UpdateRequestView& item, int64_t index,
                   const std::vector<Hosted>& hosted, Update& u) {
-  if (!check.find(item, index, u.table)) return false;
+  if (!check.find(item.table, index, u.table)) return false;
   const Hosted& h = hosted[u.table];
   if (item.dim != 0 && static_cast<int64_t>(item.dim) != h.dim) {
     return check.refuse(Code::kInvalidArgument, index, item.table,
@@ -260,7 +189,7 @@ bool check_update(Checker& check, const RawItem& item, int64_t index,
                             " must be float32 or the table dtype " + py_repr(h.dtype));
   }
   u.grad_dtype = dtype_code(grad_dtype);
-  if (!check.keys(item, index, u.keys, u.n)) return false;
+  if (!check.keys(item.table, item.keys, index, u.keys, u.n)) return false;
   const size_t expected = static_cast<size_t>(u.n * h.dim) * dtype_size(u.grad_dtype);
   if (item.grads.size() != expected) {
     return check.refuse(Code::kInvalidArgument, index, item.table,
@@ -288,13 +217,12 @@ Request parse(std::string_view request, Method method) {
   Request parsed;
   parsed.method = method;
   parsed.bytes = request;
-  parse_request(request, method, parsed.pulls, parsed.updates);
-  for (const auto* items : {&parsed.pulls, &parsed.updates}) {
-    for (const RawItem& item : *items) {
-      if (!valid_utf8(item.table) || !valid_utf8(item.grad_dtype)) {
-        throw std::invalid_argument("a string field is not valid UTF-8");
-      }
-    }
+  if (method == Method::kMultiPull) {
+    MultiPullRequestView items = decode_multi_pull_request(request);
+    parsed.pulls = std::move(items.items);
+    parsed.updates = std::move(items.updates);
+  } else {
+    parsed.updates = decode_multi_update_request(request);
   }
   return parsed;
 }
@@ -305,10 +233,13 @@ Plan plan(const Request& request, const std::vector<Hosted>& hosted) {
   Checker check(plan, request, hosted);
   // Pull items: every table and keys, then every item's keys' slots and ids.
   for (size_t i = 0; i < request.pulls.size(); ++i) {
-    const RawItem& item = request.pulls[i];
+    const PullRequestView& item = request.pulls[i];
     Pull p{};
     const auto index = static_cast<int64_t>(i);
-    if (!check.find(item, index, p.table) || !check.keys(item, index, p.keys, p.n)) return plan;
+    if (!check.find(item.table, index, p.table) ||
+        !check.keys(item.table, item.keys, index, p.keys, p.n)) {
+      return plan;
+    }
     p.read_only = item.read_only;
     p.keys_at = check.offset(item.keys);
     plan.pulls.push_back(p);

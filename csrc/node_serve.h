@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ps_decode.h"
 #include "table.h"
 
 namespace recstore::serve {
@@ -40,24 +41,17 @@ struct Hosted {
   bool logged = false;     // writes are logged: the node applies updates
 };
 
-// One PullRequest / UpdateRequest as it lies in the request.
-struct RawItem {
-  std::string_view table, keys, grads, grad_dtype;
-  uint64_t dim = 0;
-  bool read_only = false;
-  bool has_lr = false;
-  float lr = 0;
-};
-
 enum class Method { kMultiPull, kMultiUpdate };
 
+// A request as it lies in its bytes: its items decoded by ps_decode.h.
 struct Request {
   Method method = Method::kMultiPull;
   std::string_view bytes;
-  std::vector<RawItem> pulls, updates;
+  std::vector<protowire::PullRequestView> pulls;
+  std::vector<protowire::UpdateRequestView> updates;
 };
 
-// Parses `request` (viewed, not copied). Throws std::invalid_argument when malformed.
+// Parses `request` (viewed, not copied). Throws protowire::Malformed when malformed.
 Request parse(std::string_view request, Method method);
 
 // What refused a request; the codes are the node's exceptions (recstore.ps.status).

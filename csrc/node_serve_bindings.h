@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -39,19 +38,25 @@ struct MultiRequest {
   }
 
   // Every table the request names, once each, in order of first mention.
-  std::vector<std::string> tables() const { return distinct({&request.pulls, &request.updates}); }
-  std::vector<std::string> update_tables() const { return distinct({&request.updates}); }
-
-  static std::vector<std::string> distinct(std::initializer_list<const std::vector<RawItem>*> lists) {
+  std::vector<std::string> tables() const {
     std::vector<std::string> names;
-    for (const auto* items : lists) {
-      for (const RawItem& item : *items) {
-        if (std::find(names.begin(), names.end(), item.table) == names.end()) {
-          names.emplace_back(item.table);
-        }
+    add_tables(request.pulls, names);
+    add_tables(request.updates, names);
+    return names;
+  }
+  std::vector<std::string> update_tables() const {
+    std::vector<std::string> names;
+    add_tables(request.updates, names);
+    return names;
+  }
+
+  template <class Item>
+  static void add_tables(const std::vector<Item>& items, std::vector<std::string>& names) {
+    for (const Item& item : items) {
+      if (std::find(names.begin(), names.end(), item.table) == names.end()) {
+        names.emplace_back(item.table);
       }
     }
-    return names;
   }
 
   // Checks against `views` (one per name of tables(): None when not hosted), then serves it.

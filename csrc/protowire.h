@@ -5,7 +5,7 @@
 // payloads out 8-byte aligned. Writer lays messages out with fixed-width
 // lengths of embedded messages and aligned payloads (ps_messages.h writes
 // each message with it); Reader walks fields without copying: the one walker
-// of every native reader (wire_decode.h, multi_codec.cc, node_serve.cc).
+// of the one decoder of the data-path messages (ps_decode.h).
 #pragma once
 
 #include <algorithm>

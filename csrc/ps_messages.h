@@ -3,9 +3,10 @@
 // Every encoder of the data path (the SDK's requests, the node's replies, the
 // multi-table codec and the native node path) writes its messages through
 // these functions, with the field numbers generated from ps.proto
-// (ps_fields.h). Each payload is preceded by a varint field widened so the
-// payload starts 8-byte aligned in the message; scalars equal to zero and
-// empty strings are not written (proto3); lr is written whenever present.
+// (ps_fields.h); ps_decode.h reads them back. Each payload is preceded by a
+// varint field widened so the payload starts 8-byte aligned in the message;
+// scalars equal to zero and empty strings are not written (proto3); lr is
+// written whenever present.
 #pragma once
 
 #include <cstddef>

@@ -79,7 +79,7 @@ def decode_varint(data: Buffer, pos: int) -> tuple[int, int]:
     return decoded
 
 
-# -- messages (decoded natively: recstore._native, csrc/wire_decode.h) ----------------
+# -- messages (decoded natively: recstore._native, csrc/ps_decode.h) -----------------
 # Each decoder reads its message in place from any contiguous bytes-like object,
 # fields as protobuf reads them (unknown ones skipped, a known number with another
 # wire type counted as unknown, a repeated scalar keeping its last value, strings
