@@ -6,6 +6,7 @@ import grpc
 
 from recstore.core import (
     CapacityExhausted,
+    DeviceUnavailable,
     InvalidArgument,
     TableExists,
     TableNotFound,
@@ -24,6 +25,8 @@ STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (CheckpointNotFound, grpc.StatusCode.NOT_FOUND),
     (TableExists, grpc.StatusCode.ALREADY_EXISTS),
     (CapacityExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (MemoryError, grpc.StatusCode.RESOURCE_EXHAUSTED),  # a table larger than this host
+    (DeviceUnavailable, grpc.StatusCode.FAILED_PRECONDITION),  # e.g. a GPU table, no GPU
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (CheckpointCorrupt, grpc.StatusCode.DATA_LOSS),
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),

@@ -151,6 +151,10 @@ def shards(*ready):
          "ShardsNotReady"),
         ({"observation": Observation(2, False, shards(True, True)), "deleting": True}, "Ready",
          "Deleting", "Deleting"),
+        ({"observation": Observation(2, False, shards(False, False), refused="no GPU")}, None,
+         "Failed", "NodeRefused"),
+        ({"observation": Observation(2, False, shards(False, False), refused="no GPU")}, "Ready",
+         "Failed", "NodeRefused"),
     ],
 )  # fmt: skip
 def test_phases(kwargs, previous_phase, phase, ready_reason):
@@ -221,3 +225,20 @@ def test_admin_status_has_exactly_the_contract_keys():
                          "lastCheckpoint"}  # fmt: skip
     assert wire["shards"] == [{"index": 0, "endpoint": "h0:1", "ready": True}]
     assert wire["slotMapEpoch"] == 1 and wire["lastCheckpoint"] == "ck-1"
+
+
+def test_a_node_refusal_fails_the_table_with_the_nodes_reason():
+    refusal = "shard 0: table 't' is stored on a GPU (storage: gpu), but this node cannot use one"
+    status = compute_status(
+        problem=None,
+        declared_shards=2,
+        observation=Observation(2, False, shards(False, False), refused=refusal),
+        generation=1,
+        previous=None,
+        now=T0,
+    )
+    conds = {c["type"]: c for c in status["conditions"]}
+    assert status["phase"] == "Failed"
+    assert conds["Ready"]["message"] == refusal and conds["Ready"]["status"] == "False"
+    assert conds["SpecValid"]["status"] == "True"  # the declaration itself is fine
+    assert conds["Progressing"]["status"] == "False"  # nothing is on its way

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from recstore.core import (
     CapacityExhausted,
+    DeviceUnavailable,
     InvalidArgument,
     TableExists,
     TableNotFound,
@@ -67,6 +68,8 @@ def _validation_error() -> ValidationError:
         (TableExists("t"), grpc.StatusCode.ALREADY_EXISTS),
         (CapacityExhausted("full"), grpc.StatusCode.RESOURCE_EXHAUSTED),
         (WrongShard("moved", 7), grpc.StatusCode.FAILED_PRECONDITION),
+        (DeviceUnavailable("no GPU"), grpc.StatusCode.FAILED_PRECONDITION),
+        (MemoryError("cannot reserve"), grpc.StatusCode.RESOURCE_EXHAUSTED),
         (RuntimeError("bug"), None),
     ],
 )

@@ -2,6 +2,7 @@
 
 from recstore.core.errors import (
     CapacityExhausted,
+    DeviceUnavailable,
     InvalidArgument,
     RecStoreError,
     TableExists,
@@ -28,6 +29,7 @@ __all__ = [
     "CapacityExhausted",
     "Checkpoint",
     "DType",
+    "DeviceUnavailable",
     "Durability",
     "Eviction",
     "Initializer",

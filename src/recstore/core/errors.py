@@ -31,6 +31,13 @@ class CapacityExhausted(RecStoreError):
     """A hashed table without eviction is full (gRPC RESOURCE_EXHAUSTED)."""
 
 
+class DeviceUnavailable(RecStoreError, RuntimeError):
+    """The table needs a device this node does not have, e.g. a GPU (gRPC FAILED_PRECONDITION).
+
+    Retrying on the same node cannot help: a provisioner reports it and backs off.
+    """
+
+
 class Unauthenticated(RecStoreError):
     """Missing or wrong token (gRPC UNAUTHENTICATED, HTTP 401)."""
 

@@ -157,6 +157,9 @@ class Observation:
     rolling: bool = False
     shards: tuple[ShardState, ...] = ()
     last_checkpoint: str | None = None
+    #: why a node refused to host the table (e.g. a GPU table on a node without a GPU):
+    #: retrying the same declaration cannot help, so the table is Failed with this reason
+    refused: str | None = None
 
 
 def compute_status(
@@ -184,7 +187,7 @@ def compute_status(
 
     if deleting:
         phase = Phase.deleting
-    elif problem is not None:
+    elif problem is not None or observation.refused is not None:
         phase = Phase.failed
     elif running is None:
         phase = Phase.pending
@@ -199,7 +202,9 @@ def compute_status(
     wanted = [
         ("SpecValid", problem is None, "Accepted" if problem is None else "InvalidSpec",
          "the declaration is valid" if problem is None else problem),
-        ("Ready", phase == Phase.ready, _ready_reason(phase), shard_msg),
+        ("Ready", phase == Phase.ready,
+         "NodeRefused" if problem is None and observation.refused else _ready_reason(phase),
+         (observation.refused or shard_msg) if problem is None else shard_msg),
         ("Progressing", observation.rolling or phase in (Phase.pending, Phase.provisioning),
          "RollingUpdate" if observation.rolling else phase.value, shard_msg),
         ("ReshardRequired", reshard, "ShardCountChanged" if reshard else "ShardCountMatches",

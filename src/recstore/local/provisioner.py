@@ -24,6 +24,7 @@ import shutil
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,10 +44,30 @@ from recstore.core.reconcile import (
 from recstore.core.spec import TableSpec
 from recstore.local.leftovers import stop_leftover
 from recstore.local.reporting import Reporter
-from recstore.local.shard_client import ShardClient
+from recstore.local.shard_client import ShardClient, TableRefused
 from recstore.local.supervisor import ProcessSpec, Supervisor
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class RetryBackoff:
+    """When to ask a node again after a refusal: 1 s, doubling to at most ``cap`` seconds."""
+
+    first: float = 1.0
+    cap: float = 60.0
+    delay: float = 1.0
+    next_at: float = 0.0
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_at
+
+    def failed(self, now: float) -> None:
+        self.next_at = now + self.delay
+        self.delay = min(self.cap, self.delay * 2)
+
+    def succeeded(self) -> None:
+        self.delay, self.next_at = self.first, 0.0
 
 
 @dataclass
@@ -59,6 +80,9 @@ class _Table:
     status: dict[str, Any] = field(default_factory=dict)
     generation: int = 1
     last_checkpoint: dict[str, Any] | None = None
+    refused: str | None = None  # why a node does not host the table (shown in the status)
+    refused_reason: str | None = None  # the node's own words, to say a refusal once
+    retry: RetryBackoff = field(default_factory=RetryBackoff)
 
     def endpoint(self, shard: int) -> str:
         return f"127.0.0.1:{self.ports[shard][0]}"
@@ -257,11 +281,31 @@ class LocalProvisioner:
         while not self._closed.wait(self._poll_interval):
             self.report_now()
 
+    def _ensure(self, table: _Table, shard: int, client: ShardClient) -> bool:
+        """CreateTable on a node without the table, unless a refusal's backoff is running."""
+        now = time.monotonic()
+        if not table.retry.due(now):
+            return False
+        try:
+            created = client.ensure_table(table.spec)
+        except TableRefused as error:
+            if error.reason != table.refused_reason:  # said once, not at every poll or shard
+                table.refused_reason = error.reason
+                table.refused = f"shard {shard} ({error.endpoint}) refused it: {error.reason}"
+                log.error("table %r: %s (asking again after a back-off)", table.spec.name,
+                          table.refused)  # fmt: skip
+            table.retry.failed(now)
+            return False
+        if created:
+            table.refused = table.refused_reason = None
+            table.retry.succeeded()
+        return created
+
     def _report(self, table: _Table) -> None:
         shards = []
         for shard, client in enumerate(table.clients):
             stats = client.stats(table.spec.name)
-            if stats is None and client.ensure_table(table.spec):
+            if stats is None and self._ensure(table, shard, client):
                 stats = client.stats(table.spec.name)
             shards.append(ShardState(shard, table.endpoint(shard), ready=stats is not None))
             node_id = table.node_ids[shard]
@@ -278,7 +322,9 @@ class LocalProvisioner:
         status = compute_status(
             problem=None,
             declared_shards=table.spec.shards,
-            observation=Observation(running_shards=len(table.ports), shards=tuple(shards)),
+            observation=Observation(
+                running_shards=len(table.ports), shards=tuple(shards), refused=table.refused
+            ),
             generation=table.generation,
             previous=table.status,
             now=dt.datetime.now(dt.timezone.utc),

@@ -12,6 +12,18 @@ from typing import Any
 from recstore.core.control import ControlClient, ControlError
 from recstore.core.spec import TableSpec
 
+#: CreateTable answers that mean "not this table, not on this node", however often asked
+REFUSALS = frozenset({"FAILED_PRECONDITION", "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT",
+                      "ALREADY_EXISTS"})  # fmt: skip
+
+
+class TableRefused(RuntimeError):
+    """A serving node refused to host a table; ``reason`` is the node's own words."""
+
+    def __init__(self, endpoint: str, reason: str) -> None:
+        super().__init__(f"{endpoint}: {reason}")
+        self.endpoint, self.reason = endpoint, reason
+
 
 class ShardClient:
     def __init__(self, endpoint: str, *, token: str | None = None, timeout: float = 1.0) -> None:
@@ -30,11 +42,15 @@ class ShardClient:
     def ensure_table(self, spec: TableSpec) -> bool:
         """Create the table on a serving node that lacks it; True when the node has it now.
 
+        False while the node is not serving yet; ``TableRefused`` when it answers
+        that it will not host this table (retrying the same spec cannot help).
         A restarted node restores its tables by itself; this covers the first start.
         """
         try:
             self._control.create_table(spec, timeout=self._timeout * 10)
-        except ControlError:
+        except ControlError as error:
+            if error.code in REFUSALS:
+                raise TableRefused(self.endpoint, error.details) from error
             return False
         return True
 

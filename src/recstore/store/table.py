@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from recstore import _native as _native_module
-from recstore.core import CapacityExhausted, DType, InvalidArgument, TableSpec
+from recstore.core import CapacityExhausted, DeviceUnavailable, DType, InvalidArgument, TableSpec
 from recstore.store.buffers import NUMPY_DTYPES, is_torch, new_rows
 from recstore.store.options import native_options
 
@@ -79,8 +79,14 @@ class Table:
             if index and not index.isdigit():
                 raise InvalidArgument(f"device must be 'cuda' or 'cuda:N', got {device!r}")
             if not _native.cuda_available():
-                raise RuntimeError(
-                    "device='cuda' needs a CUDA build of recstore._native and a visible GPU"
+                why = (
+                    "no CUDA device is visible to it"
+                    if _native.built_with_cuda()
+                    else "recstore._native was built without CUDA"
+                )
+                raise DeviceUnavailable(
+                    f"table {spec.name!r} is stored on a GPU (storage: gpu), but this node "
+                    f"cannot use one: {why}; run it on a GPU node or use storage: host"
                 )
             self._engine = _native.CudaTable(options, int(index) if index else -1)
         else:
