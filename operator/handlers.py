@@ -23,7 +23,7 @@ from recstore.operator.crd import GROUP, PLURAL, VERSION
 from recstore.operator.kube import Kube, path
 from recstore.operator.reconciler import Reconciler, validate
 from recstore.operator.render import Owner
-from recstore.operator.status import status_changed
+from recstore.operator.status import applied_generation_current, status_changed
 
 FINALIZER = "recstore.io/final-checkpoint"
 RESOURCE = (GROUP, VERSION, PLURAL)
@@ -111,6 +111,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
 
     @kopf.timer(*RESOURCE, interval=state.config.status_interval, idle=0, registry=registry)
     async def refresh(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
+        if not applied_generation_current(body):
+            return  # a spec change is being applied: its handler writes the status
         rec, owner = state.get(), _owner(body)
         checked = validate(owner, body.get("spec") or {})
         observation, _pods = await rec.observe(owner, checked, logger)
@@ -120,6 +122,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
             previous.get("observedGeneration") or body["metadata"].get("generation") or 1
         )
         status = rec.status(checked, observation, generation=generation, previous=previous)
+        # Only the apply handlers say which generation is applied: a refresh that read its
+        # body before an apply published must not put the older generation back.
+        status.pop("observedGeneration", None)
         await publish(body, patch, status, logger)
 
     @kopf.on.delete(*RESOURCE, id="finalize", backoff=backoff, registry=registry)

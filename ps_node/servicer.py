@@ -26,7 +26,7 @@ from recstore.core.proto_convert import (
     table_stats_to_proto,
 )
 from recstore.ps import codec, native_path, persistence
-from recstore.ps.checkpoint import list_checkpoints
+from recstore.ps.checkpoint import CheckpointInfo, list_checkpoints
 from recstore.ps.metrics import Metrics
 from recstore.ps.node import HostedTable, Node, WriteAck
 from recstore.ps.offload import Offload
@@ -186,7 +186,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
             persistence.save, self.node, request.checkpoint_id or None, self.keep
         )
         self.metrics.checkpointed(info)
-        return ps_pb2.SaveResponse(checkpoint=checkpoint_to_proto(info))
+        return ps_pb2.SaveResponse(checkpoint=self._public(info))
 
     @rpc
     async def Load(self, request, context):
@@ -194,12 +194,16 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
             persistence.load, self.node, request.checkpoint_id or None, self.keep
         )
         log.info("checkpoint loaded", extra={"checkpoint": info.checkpoint_id})
-        return ps_pb2.LoadResponse(checkpoint=checkpoint_to_proto(info))
+        return ps_pb2.LoadResponse(checkpoint=self._public(info))
 
     @rpc
     async def ListCheckpoints(self, request, context):
         found = await self._run(list_checkpoints, persistence.checkpoint_root(self.node))
-        return ps_pb2.ListCheckpointsResponse(checkpoints=[checkpoint_to_proto(i) for i in found])
+        return ps_pb2.ListCheckpointsResponse(checkpoints=[self._public(i) for i in found])
+
+    def _public(self, info: CheckpointInfo) -> ps_pb2.CheckpointInfo:
+        """A checkpoint as replies show it: its path relative to the data dir."""
+        return checkpoint_to_proto(info, root=self.node.data_dir)
 
 
 #: methods whose handlers see raw request bytes and return raw reply bytes

@@ -256,3 +256,19 @@ def test_checkpoint_paths_and_table_lists_of_the_node_convert() -> None:
     assert checkpoint_from_proto(message) == SavedCheckpoint(
         "c1", "/ckpt/c1", 1, 2.0, ("a", "b"), 3, 4
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "root", "sent"),
+    [
+        ("/data/checkpoints/c1", None, "/data/checkpoints/c1"),
+        ("/data/checkpoints/c1", "/data", "checkpoints/c1"),
+        ("/elsewhere/c1", "/data", "c1"),  # never an absolute path once a root is given
+    ],
+)
+def test_checkpoint_paths_are_sent_relative_to_the_data_dir(
+    path: str, root: str | None, sent: str
+) -> None:
+    info = SavedCheckpoint("c1", path, 1, 2.0, ("a",), 3, 4)
+    message = checkpoint_to_proto(info, root=Path(root) if root else None)
+    assert message.path == sent

@@ -339,3 +339,19 @@ def test_final_checkpoint_id_is_stable_for_a_deletion(stamp, expected):
     from recstore.operator.handlers import final_checkpoint_id
 
     assert final_checkpoint_id(stamp) == expected
+
+
+@pytest.mark.parametrize(
+    ("metadata", "status", "current"),
+    [
+        ({"generation": 2}, {"observedGeneration": 2}, True),
+        ({"generation": 2}, {"observedGeneration": 1}, False),  # an apply is under way
+        ({"generation": 1}, {}, True),  # nothing published yet
+        ({}, {"observedGeneration": 1}, True),
+    ],
+)
+def test_the_refresh_waits_while_a_spec_change_is_applied(metadata, status, current):
+    from recstore.operator.status import applied_generation_current
+
+    body = {"metadata": metadata, "status": status}
+    assert applied_generation_current(body) is current

@@ -128,6 +128,9 @@ def test_save_load_and_list_checkpoints(client: Client) -> None:
     second = client.save()
     listed = client.call("ListCheckpoints", ps_pb2.ListCheckpointsRequest()).checkpoints
     assert [c.checkpoint_id for c in listed] == ["before", second.checkpoint_id]
+    # paths relative to the node's data dir: no reply tells a caller the node's file layout
+    assert [first.path, loaded.path] == ["checkpoints/before", "checkpoints/before"]
+    assert [c.path for c in listed] == [f"checkpoints/{c.checkpoint_id}" for c in listed]
     with pytest.raises(grpc.RpcError) as info:
         client.call("Load", ps_pb2.LoadRequest(checkpoint_id="nope"))
     assert info.value.code() == grpc.StatusCode.NOT_FOUND

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from recstore.core.errors import InvalidArgument
@@ -174,10 +175,17 @@ class SavedCheckpoint:
 _PLAIN_CHECKPOINT_FIELDS = ("checkpoint_id", "sequence", "created_unix", "rows", "bytes")
 
 
-def checkpoint_to_proto(info: CheckpointFields) -> ps_pb2.CheckpointInfo:
+def checkpoint_to_proto(
+    info: CheckpointFields, *, root: Path | None = None
+) -> ps_pb2.CheckpointInfo:
+    """``root``: send the path relative to it (a node never tells callers its own layout)."""
+    path = str(info.path)
+    if root is not None:
+        full = Path(path)
+        path = str(full.relative_to(root) if full.is_relative_to(root) else full.name)
     return ps_pb2.CheckpointInfo(
         **{name: getattr(info, name) for name in _PLAIN_CHECKPOINT_FIELDS},
-        path=str(info.path),
+        path=path,
         tables=list(info.tables),
     )
 
