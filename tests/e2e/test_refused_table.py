@@ -20,7 +20,7 @@ from recstore.cli import app
 from recstore.local import provisioner as provisioner_module
 from recstore.local.platform import LocalPlatform
 from recstore.local.provisioner import RetryBackoff
-from recstore.local.shard_client import ShardClient
+from recstore.local.shard_client import ShardClient, TableRefused
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -70,12 +70,17 @@ def test_a_gpu_table_without_a_gpu_fails_with_the_reason_and_backs_off(
 ) -> None:
     clock = Clock()
     monkeypatch.setattr(provisioner_module.time, "monotonic", clock)
-    attempts: list[str] = []
+    attempts: list[str] = []  # every CreateTable the provisioner sends
+    refused: list[str] = []  # those a serving node answered with a refusal
     ensure = ShardClient.ensure_table
 
     def counted(self: ShardClient, spec: Any) -> bool:
         attempts.append(self.endpoint)
-        return ensure(self, spec)
+        try:
+            return ensure(self, spec)
+        except TableRefused:
+            refused.append(self.endpoint)
+            raise
 
     monkeypatch.setattr(ShardClient, "ensure_table", counted)
     caplog.set_level("ERROR", logger="recstore.local.provisioner")
@@ -92,16 +97,19 @@ def test_a_gpu_table_without_a_gpu_fails_with_the_reason_and_backs_off(
     assert "stored on a GPU (storage: gpu), but this node cannot use one" in ready["message"]
     assert "storage: host" in ready["message"]
 
-    first = len(attempts)
+    first, first_refused = len(attempts), len(refused)
     for _ in range(20):  # polls while the back-off runs: nothing is asked again
         platform.provisioner.report_now()
     assert len(attempts) == first
-    clock.now += 1.0  # the first back-off (1 s) is over: one more try, refused again
+    # The first back-off (1 s) is over: asked once more, refused again. (A node still
+    # starting answers nothing, which is no refusal: the next shard is asked then.)
+    clock.now += 1.0
     platform.provisioner.report_now()
-    assert len(attempts) == first + 1
-    clock.now += 1.0  # the next one is 2 s
+    assert len(refused) == first_refused + 1
+    asked = len(attempts)
+    clock.now += 1.0  # the next back-off is 2 s: nothing yet
     platform.provisioner.report_now()
-    assert len(attempts) == first + 1
+    assert len(attempts) == asked
     refusals = [r for r in caplog.records if "refused it" in r.getMessage()]
     assert len(refusals) == 1  # said once
 

@@ -83,6 +83,8 @@ class _Table:
     refused: str | None = None  # why a node does not host the table (shown in the status)
     refused_reason: str | None = None  # the node's own words, to say a refusal once
     retry: RetryBackoff = field(default_factory=RetryBackoff)
+    #: one CreateTable attempt at a time (the poller and ``report_now`` both ask)
+    ensuring: threading.Lock = field(default_factory=threading.Lock)
 
     def endpoint(self, shard: int) -> str:
         return f"127.0.0.1:{self.ports[shard][0]}"
@@ -283,6 +285,10 @@ class LocalProvisioner:
 
     def _ensure(self, table: _Table, shard: int, client: ShardClient) -> bool:
         """CreateTable on a node without the table, unless a refusal's backoff is running."""
+        with table.ensuring:
+            return self._ensure_locked(table, shard, client)
+
+    def _ensure_locked(self, table: _Table, shard: int, client: ShardClient) -> bool:
         now = time.monotonic()
         if not table.retry.due(now):
             return False
