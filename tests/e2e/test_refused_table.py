@@ -17,7 +17,6 @@ from typer.testing import CliRunner
 
 from recstore import _native
 from recstore.cli import app
-from recstore.local import provisioner as provisioner_module
 from recstore.local.platform import LocalPlatform
 from recstore.local.provisioner import RetryBackoff
 from recstore.local.shard_client import ShardClient, TableRefused
@@ -69,7 +68,7 @@ def test_a_gpu_table_without_a_gpu_fails_with_the_reason_and_backs_off(
     platform: LocalPlatform, api: Any, helpers: SimpleNamespace, monkeypatch, caplog
 ) -> None:
     clock = Clock()
-    monkeypatch.setattr(provisioner_module.time, "monotonic", clock)
+    monkeypatch.setattr(platform.provisioner, "clock", clock)
     attempts: list[str] = []  # every CreateTable the provisioner sends
     refused: list[str] = []  # those a serving node answered with a refusal
     ensure = ShardClient.ensure_table

@@ -25,6 +25,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,8 @@ class LocalProvisioner:
         self._auth_token_file = auth_token_file
         self._poll_interval = poll_interval
         self._tables: dict[str, _Table] = {}
+        #: the clock of refusal back-offs (monotonic seconds)
+        self.clock: Callable[[], float] = time.monotonic
         self._lock = threading.RLock()
         self._supervisor = Supervisor(on_restart=self._on_restart)
         self._closed = threading.Event()
@@ -289,7 +292,7 @@ class LocalProvisioner:
             return self._ensure_locked(table, shard, client)
 
     def _ensure_locked(self, table: _Table, shard: int, client: ShardClient) -> bool:
-        now = time.monotonic()
+        now = self.clock()
         if not table.retry.due(now):
             return False
         try:
