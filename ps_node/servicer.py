@@ -44,17 +44,19 @@ def rpc(method: Callable[..., Awaitable[Any]]) -> Handler:
 
     @functools.wraps(method)
     async def handler(self: PsServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        # Counted before the reply leaves: a caller that reads /metrics after its reply
+        # sees its own call.
         started = time.perf_counter()
-        code = grpc.StatusCode.OK
         try:
-            return await method(self, request, context)
+            reply = await method(self, request, context)
         except Exception as error:
             code = status_of(error) or grpc.StatusCode.INTERNAL
             if code is grpc.StatusCode.INTERNAL:
                 log.exception("unexpected failure in %s", name)
-            await context.abort(code, str(error), trailing_metadata_of(error))
-        finally:
             self.metrics.observe(name, code.name, time.perf_counter() - started)
+            await context.abort(code, str(error), trailing_metadata_of(error))
+        self.metrics.observe(name, grpc.StatusCode.OK.name, time.perf_counter() - started)
+        return reply
 
     return handler
 
