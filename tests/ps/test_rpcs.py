@@ -12,7 +12,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from recstore.core import TableSpec
 from recstore.store import Table
-from recstore.v1 import ps_pb2
+from recstore.v1 import ps_pb2, ps_pb2_grpc
 
 from .conftest import Client, spec
 
@@ -146,3 +146,13 @@ def test_health_and_reflection(client: Client) -> None:
     (reply,) = list(reflection.ServerReflectionInfo(iter([request]), timeout=10))
     names = {s.name for s in reply.list_services_response.service}
     assert {"recstore.v1.ParameterServer", "grpc.health.v1.Health"} <= names
+
+
+def test_the_servicer_implements_every_method_of_the_contract() -> None:
+    """The generated base class answers UNIMPLEMENTED; the node overrides every method."""
+    from recstore.ps.servicer import PsServicer
+
+    methods = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].methods_by_name
+    generated = ps_pb2_grpc.ParameterServerServicer
+    missing = [m for m in methods if getattr(PsServicer, m) is getattr(generated, m)]
+    assert not missing, f"PsServicer leaves {missing} to the generated stub"

@@ -57,8 +57,11 @@ class RetryBackoff:
 
     first: float = 1.0
     cap: float = 60.0
-    delay: float = 1.0
+    delay: float = field(init=False)
     next_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.delay = self.first
 
     def due(self, now: float) -> bool:
         return now >= self.next_at
