@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "hash.h"
+#include "message_limit.h"
 #include "optimizer.h"
 #include "protowire.h"
 #include "ps_messages.h"
@@ -148,28 +149,37 @@ class Checker {
   const std::vector<Hosted>& hosted_;
 };
 
-// The reply's frame (what recstore.core.wire frames), each pull's rows left as
-// a hole whose offset lands in Pull::value_at; with a counting writer, the size.
-void frame_reply(Writer& w, Plan& plan, const std::vector<Hosted>& hosted) {
-  if (plan.method == Method::kMultiUpdate) {
-    for (const Update& u : plan.updates) {
-      w.message(kMultiUpdateResponse_items, [&] { write_rows_response(w, u.n); });
+// The reply's frame (what recstore.core.wire frames), each pull's rows (and
+// read-only found flags) left as holes whose offsets land in Pull::value_at;
+// `update_rows`: the rows of each update's RowsResponse. With a counting
+// writer, the size.
+void frame_reply(Writer& w, Method method, std::vector<Pull>& pulls,
+                 const std::vector<int64_t>& update_rows, const std::vector<Hosted>& hosted) {
+  if (method == Method::kMultiUpdate) {
+    for (int64_t rows : update_rows) {
+      w.message(kMultiUpdateResponse_items, [&] { write_rows_response(w, rows); });
     }
     return;
   }
-  for (const Update& u : plan.updates) {
-    w.message(kMultiPullResponse_updates, [&] { write_rows_response(w, u.n); });
+  for (int64_t rows : update_rows) {
+    w.message(kMultiPullResponse_updates, [&] { write_rows_response(w, rows); });
   }
-  for (Pull& p : plan.pulls) {
+  for (Pull& p : pulls) {
     const Hosted& h = hosted[p.table];
     w.message(kMultiPullResponse_items, [&] {
-      const size_t bytes =
-          static_cast<size_t>(p.n * h.table->dim()) * dtype_size(h.table->options().dtype);
-      p.value_at = write_pull_response(w, h.dtype, static_cast<uint32_t>(h.table->dim()), bytes,
-                                       false, static_cast<size_t>(p.n))
+      const size_t bytes = static_cast<size_t>(p.n) * static_cast<size_t>(h.dim) *
+                           static_cast<size_t>(dtype_size(dtype_code(h.dtype)));
+      p.value_at = write_pull_response(w, h.dtype, static_cast<uint32_t>(h.dim), bytes,
+                                       p.read_only, static_cast<size_t>(p.n))
                        .values_at;
     });
   }
+}
+
+std::vector<int64_t> rows_of(const std::vector<Update>& updates) {
+  std::vector<int64_t> rows;
+  for (const Update& u : updates) rows.push_back(u.n);
+  return rows;
 }
 
 // The checks of one update item, in the node's order.
@@ -227,7 +237,7 @@ Request parse(std::string_view request, Method method) {
   return parsed;
 }
 
-Plan plan(const Request& request, const std::vector<Hosted>& hosted) {
+Plan plan(const Request& request, const std::vector<Hosted>& hosted, size_t reply_limit) {
   Plan plan;
   plan.method = request.method;
   Checker check(plan, request, hosted);
@@ -243,6 +253,19 @@ Plan plan(const Request& request, const std::vector<Hosted>& hosted) {
     p.read_only = item.read_only;
     p.keys_at = check.offset(item.keys);
     plan.pulls.push_back(p);
+  }
+  // The reply's size from the request alone, refused over the limit before anything
+  // (the room counts included) is allocated; exact for a request the checks pass.
+  std::vector<int64_t> carried;
+  for (const UpdateRequestView& u : request.updates) {
+    carried.push_back(static_cast<int64_t>(u.keys.size() / sizeof(int64_t)));
+  }
+  Writer counter(nullptr);
+  frame_reply(counter, plan.method, plan.pulls, carried, hosted);
+  plan.reply_size = counter.pos();
+  if (plan.reply_size > reply_limit) {
+    check.refuse(Code::kMessageTooLarge, -1, "", message_too_large(plan.reply_size, reply_limit));
+    return plan;
   }
   std::vector<std::pair<size_t, Span>> inserts;  // (table, keys) of every item that may insert
   for (size_t i = 0; i < plan.pulls.size(); ++i) {
@@ -270,11 +293,6 @@ Plan plan(const Request& request, const std::vector<Hosted>& hosted) {
   for (const Update& u : plan.updates) {
     plan.native = plan.native && hosted[u.table].table != nullptr && !hosted[u.table].logged;
   }
-  if (plan.native) {
-    Writer w(nullptr);  // counting
-    frame_reply(w, plan, hosted);
-    plan.reply_size = w.pos();
-  }
   return plan;
 }
 
@@ -285,7 +303,7 @@ void apply(Plan& plan, const std::vector<Hosted>& hosted, uint8_t* reply, bool& 
   }
   updates_applied = true;
   Writer w(reply);  // frame first (the holes stay), then fill each pull's rows in place
-  frame_reply(w, plan, hosted);
+  frame_reply(w, plan.method, plan.pulls, rows_of(plan.updates), hosted);
   for (const Pull& p : plan.pulls) {
     if (p.n > 0) hosted[p.table].table->pull(p.n, p.keys, reply + p.value_at);
   }

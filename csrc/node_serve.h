@@ -3,8 +3,8 @@
 // This is the one validator of multi-table requests. A request is parsed in
 // place (`parse`), then `plan` checks every item against the node's hosted
 // tables in the order the node has always made them (pull items: table
-// hosted and keys whole int64s for each, then slots owned and dense ids in
-// range for each; updates, item by item: table hosted, declared dim, grad
+// hosted and keys whole int64s for each, then the reply's size against the
+// node's message limit, then slots owned and dense ids in range for each; updates, item by item: table hosted, declared dim, grad
 // dtype, keys, grads length, lr, slots, ids; then room in each table that
 // cannot evict, counted exactly), and either refuses with the first failure
 // (a code, the item, the table, the reason worded as the node words it) or
@@ -61,6 +61,7 @@ enum class Code : int {
   kTableNotFound = 2,
   kWrongShard = 3,       // epoch: the table's slot-map epoch
   kCapacityExhausted = 4,
+  kMessageTooLarge = 5,  // the reply would be over the node's message limit
 };
 
 struct Refusal {
@@ -97,13 +98,15 @@ struct Plan {
   std::vector<Pull> pulls;
   std::vector<Update> updates;
   bool native = false;  // apply() can serve it (every table a host engine, no read-only pull)
-  size_t reply_size = 0;
+  size_t reply_size = 0;  // the reply's bytes, counted before the checks that may allocate
   // Copies of payloads that were not 8-byte aligned in the request.
   std::vector<std::vector<int64_t>> aligned;
 };
 
-// Checks `request` against `hosted` (which names every table it mentions); touches nothing.
-Plan plan(const Request& request, const std::vector<Hosted>& hosted);
+// Checks `request` against `hosted` (which names every table it mentions); touches
+// nothing. A reply over `reply_limit` bytes is refused once every pull item's table
+// and keys are known, before anything is allocated for it.
+Plan plan(const Request& request, const std::vector<Hosted>& hosted, size_t reply_limit);
 
 // Applies a native plan's updates, then its pulls into `reply` (plan.reply_size
 // bytes), framing the reply. Engine errors propagate; `updates_applied` says

@@ -59,8 +59,9 @@ struct MultiRequest {
     }
   }
 
-  // Checks against `views` (one per name of tables(): None when not hosted), then serves it.
-  nb::tuple serve(const nb::list& views, bool natively) {
+  // Checks against `views` (one per name of tables(): None when not hosted), then
+  // serves it; a reply over `reply_limit` bytes is refused.
+  nb::tuple serve(const nb::list& views, bool natively, size_t reply_limit) {
     const std::vector<std::string> names = tables();
     if (nb::len(views) != names.size()) throw std::invalid_argument("one view per table");
     std::vector<Hosted> hosted(names.size());
@@ -84,7 +85,7 @@ struct MultiRequest {
     Plan p;
     {
       nb::gil_scoped_release release;
-      p = plan(request, hosted);
+      p = plan(request, hosted, reply_limit);
     }
     const Refusal& r = p.refusal;
     if (r.code != Code::kNone) {
@@ -142,7 +143,7 @@ inline void bind(nb::module_& m) {
       .def(nb::init<const std::string&, nb::bytes>(), "method"_a, "request"_a)
       .def_prop_ro("tables", &MultiRequest::tables, "every table named, in order of first mention")
       .def_prop_ro("update_tables", &MultiRequest::update_tables, "the tables updated")
-      .def("serve", &MultiRequest::serve, "views"_a, "natively"_a,
+      .def("serve", &MultiRequest::serve, "views"_a, "natively"_a, "reply_limit"_a,
            "Check against one view per table, then serve: ('refused', code, item, table, "
            "reason, epoch), ('served', reply, (table, rows) per pull, per update), ('failed', "
            "error, capacity, updates_applied, updates), or ('checked', pulls, updates) for the node to apply");

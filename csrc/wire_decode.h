@@ -19,6 +19,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "message_limit.h"
 #include "protowire.h"
 #include "ps_decode.h"
 #include "wire_bindings.h"
@@ -153,25 +154,38 @@ nb::list schema_of() {
   return slots;
 }
 
-// Malformed -> recstore.core.errors.InvalidArgument, for every native reader.
-inline void translate_malformed(const std::exception_ptr& error, void*) {
+// Sets the Python error recstore.core.errors.<name> (looked up once, kept for the
+// interpreter's life) with `message`.
+template <const char* Name>
+void raise_core_error(const char* message) {
+  static PyObject* error_class = nullptr;
+  if (error_class == nullptr) {
+    PyObject* errors = PyImport_ImportModule("recstore.core.errors");
+    if (errors == nullptr) return;  // the import's error stands
+    error_class = PyObject_GetAttrString(errors, Name);
+    Py_DECREF(errors);
+    if (error_class == nullptr) return;
+  }
+  PyErr_SetString(error_class, message);
+}
+
+inline constexpr char kInvalidArgument[] = "InvalidArgument";
+inline constexpr char kMessageTooLarge[] = "MessageTooLarge";
+
+// Malformed -> InvalidArgument, for every native reader; MessageTooLarge (a reply
+// over the node's limit) -> MessageTooLarge.
+inline void translate_codec_errors(const std::exception_ptr& error, void*) {
   try {
     std::rethrow_exception(error);
   } catch (const Malformed& e) {
-    static PyObject* invalid_argument = nullptr;  // kept for the interpreter's life
-    if (invalid_argument == nullptr) {
-      PyObject* errors = PyImport_ImportModule("recstore.core.errors");
-      if (errors == nullptr) return;  // the import's error stands
-      invalid_argument = PyObject_GetAttrString(errors, "InvalidArgument");
-      Py_DECREF(errors);
-      if (invalid_argument == nullptr) return;
-    }
-    PyErr_SetString(invalid_argument, e.what());
+    raise_core_error<kInvalidArgument>(e.what());
+  } catch (const MessageTooLarge& e) {
+    raise_core_error<kMessageTooLarge>(e.what());
   }
 }
 
 inline void bind(nb::module_& m) {
-  nb::register_exception_translator(&translate_malformed);
+  nb::register_exception_translator(&translate_codec_errors);
   m.def(
       "wire_schemas",
       [] {

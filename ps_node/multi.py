@@ -82,8 +82,12 @@ def apply_checked(
     tables: Sequence[HostedTable | None],
     pulls: Sequence[tuple[int, int, int, bool]],
     updates: Sequence[tuple[int, int, int, int, int, str, float | None]],
+    reply_limit: int,
 ) -> Served:
-    """Apply the validator's checked items (offsets into ``request``, tables by index)."""
+    """Apply the validator's checked items (offsets into ``request``, tables by index).
+
+    The validator refused a reply over ``reply_limit`` already; the frame checks it again.
+    """
     buffer = memoryview(request)
     pulled: list[PullItem] = []
     for table, keys_at, rows, read_only in pulls:
@@ -115,7 +119,9 @@ def apply_checked(
     if method == "MultiUpdate":
         return Served(wire.encode_multi_rows_response(ack.rows for ack in acks), [], updated, acks)
     shapes = [(len(keys), h.dim, h.dtype, read_only) for h, keys, read_only in pulled]
-    message, outs = wire.multi_pull_response_frame(shapes, carried_rows=[a.rows for a in acks])
+    message, outs = wire.multi_pull_response_frame(
+        shapes, carried_rows=[a.rows for a in acks], limit=reply_limit
+    )
     try:
         pull_items(pulled, outs)
     except Exception as error:

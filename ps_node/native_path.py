@@ -22,10 +22,12 @@ from recstore import _native as _native_module
 from recstore.core import (
     CapacityExhausted,
     InvalidArgument,
+    MessageTooLarge,
     RecStoreError,
     TableNotFound,
     WrongShard,
 )
+from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.ps import multi
 from recstore.ps.multi import CarriedUpdatesApplied, Served
 from recstore.ps.node import HostedTable, Node
@@ -42,6 +44,7 @@ REFUSALS: dict[int, type[RecStoreError]] = {
     2: TableNotFound,
     3: WrongShard,
     4: CapacityExhausted,
+    5: MessageTooLarge,
 }
 
 
@@ -69,8 +72,14 @@ def _view(hosted: HostedTable) -> tuple[Any, ...]:
     )
 
 
-def serve(node: Node, method: str, request: bytes) -> Served:
-    """Check ``request`` (MultiPull or MultiUpdate) and serve it; refusals raise."""
+def serve(
+    node: Node, method: str, request: bytes, reply_limit: int = DEFAULT_MESSAGE_LIMIT
+) -> Served:
+    """Check ``request`` (MultiPull or MultiUpdate) and serve it; refusals raise.
+
+    A reply over ``reply_limit`` bytes (the node's message limit) is refused before
+    anything is allocated for it.
+    """
     try:
         parsed = _native.MultiRequest(method, request)
     except ValueError as error:
@@ -87,9 +96,10 @@ def serve(node: Node, method: str, request: bytes) -> Served:
             if node.tables.get(name) is not table:  # dropped or reloaded meanwhile
                 raise TableNotFound(f"table {name!r} is not hosted on this node")
         views = [None if h is None else _view(h) for h in hosted]
-        result = parsed.serve(views, APPLY_NATIVELY)
+        result = parsed.serve(views, APPLY_NATIVELY, reply_limit)
         if result[0] == "checked":
-            return multi.apply_checked(node, method, request, hosted, *result[1:])
+            _, pulls, updates = result
+            return multi.apply_checked(node, method, request, hosted, pulls, updates, reply_limit)
     kind = result[0]
     if kind == "refused":
         raise refusal_error(*result[1:])

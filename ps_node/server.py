@@ -25,8 +25,9 @@ from grpc_reflection.v1alpha import reflection
 
 from recstore.core import TableSpec
 from recstore.core.data_dir import DataDirInUse, DataDirLock, DataDirUnusable
+from recstore.core.limits import DEFAULT_MAX_BATCH_BYTES, message_limit
+from recstore.ps import limits, persistence, table_specs
 from recstore.ps import metrics as metrics_module
-from recstore.ps import persistence, table_specs
 from recstore.ps.auth import TokenAuth
 from recstore.ps.node import Node
 from recstore.ps.offload import Offload
@@ -36,12 +37,7 @@ from recstore.v1 import ps_pb2
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
-MAX_MESSAGE_BYTES = 1 << 30  # one batch of 4M rows x dim 64 x fp32 fits
-GRPC_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.so_reuseport", 0),
-]
+GRPC_OPTIONS = [("grpc.so_reuseport", 0)]  # message sizes: recstore.ps.limits
 
 
 @dataclass
@@ -62,12 +58,15 @@ class NodeConfig:
     parent_pid: int | None = None
     #: tables to host, created at start after recovery (``--table-spec-file``)
     table_specs: list[TableSpec] = field(default_factory=list)
+    #: payload bytes of one request or reply, at most (``--max-batch-bytes``; recstore.ps.limits)
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
 
     def __post_init__(self) -> None:
         if self.durability not in ("checkpoint", "wal"):
             raise ValueError(f"durability must be checkpoint or wal, got {self.durability!r}")
         if self.keep_checkpoints < 1:
             raise ValueError("keep_checkpoints must be at least 1")
+        message_limit(self.max_batch_bytes)  # refuses a bound gRPC cannot carry
 
 
 class PsServer:
@@ -111,11 +110,18 @@ class PsServer:
         )
         interceptors = [TokenAuth(self.config.auth_token)] if self.config.auth_token else []
         server = grpc.aio.server(
-            migration_thread_pool=None, interceptors=interceptors, options=GRPC_OPTIONS
+            migration_thread_pool=None,
+            interceptors=interceptors,
+            options=GRPC_OPTIONS + limits.grpc_options(self.config.max_batch_bytes),
         )
-        add_to_server(
-            PsServicer(self.node, self.offload, self.metrics, self.config.keep_checkpoints), server
+        servicer = PsServicer(
+            self.node,
+            self.offload,
+            self.metrics,
+            self.config.keep_checkpoints,
+            reply_limit=message_limit(self.config.max_batch_bytes),
         )
+        add_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
@@ -308,6 +314,7 @@ def start_in_thread(
     keep_checkpoints: int = 3,
     metrics_port: int | None = None,
     table_specs: list[TableSpec] | None = None,
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
 ) -> ServerHandle:
     """Start a node in a background thread; returns once it serves (``.port``, ``.stop()``)."""
     config = NodeConfig(
@@ -323,6 +330,7 @@ def start_in_thread(
         keep_checkpoints=keep_checkpoints,
         metrics_port=metrics_port,
         table_specs=list(table_specs or []),
+        max_batch_bytes=max_batch_bytes,
     )
     server = PsServer(config)
     loop = asyncio.new_event_loop()

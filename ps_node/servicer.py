@@ -2,7 +2,8 @@
 
 Handlers never loop over keys; they run the node's blocking batch methods on a
 thread pool, wait for the write-ahead log when one is enabled, and turn
-failures into status codes through ``recstore.ps.status``. The data path
+failures into status codes through ``recstore.ps.status``. No reply is built
+over the node's message limit (``recstore.ps.limits``). The data path
 (``FAST_METHODS``, registered without protobuf (de)serializers by
 ``add_to_server``) takes and returns raw message bytes, so pulled rows are
 written straight into the reply; the rest use the generated classes.
@@ -19,13 +20,14 @@ from typing import Any, TypeVar
 import grpc
 
 from recstore.core import wire
+from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.core.proto_convert import (
     TableStats,
     checkpoint_to_proto,
     read_create_table_request,
     table_stats_to_proto,
 )
-from recstore.ps import codec, native_path, persistence
+from recstore.ps import codec, limits, native_path, persistence
 from recstore.ps.checkpoint import CheckpointInfo, list_checkpoints
 from recstore.ps.metrics import Metrics
 from recstore.ps.node import HostedTable, Node, WriteAck
@@ -39,7 +41,12 @@ Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 
 def rpc(method: Callable[..., Awaitable[Any]]) -> Handler:
-    """Time and count a handler; map failures to gRPC status codes."""
+    """Time and count a handler; map failures to gRPC status codes.
+
+    A protobuf reply over the node's message limit is refused here, its size counted
+    before it is serialized; the data path's raw replies were counted before they
+    were allocated.
+    """
     name = method.__name__
 
     @functools.wraps(method)
@@ -49,6 +56,8 @@ def rpc(method: Callable[..., Awaitable[Any]]) -> Handler:
         started = time.perf_counter()
         try:
             reply = await method(self, request, context)
+            if not isinstance(reply, bytes):
+                limits.check_reply(reply, self.reply_limit)
         except Exception as error:
             code = status_of(error) or grpc.StatusCode.INTERNAL
             if code is grpc.StatusCode.INTERNAL:
@@ -80,16 +89,25 @@ def stats_of(node: Node, hosted: HostedTable) -> ps_pb2.TableStats:
 
 
 class PsServicer(ps_pb2_grpc.ParameterServerServicer):
-    def __init__(self, node: Node, offload: Offload, metrics: Metrics, keep: int = 3) -> None:
+    def __init__(
+        self,
+        node: Node,
+        offload: Offload,
+        metrics: Metrics,
+        keep: int = 3,
+        reply_limit: int = DEFAULT_MESSAGE_LIMIT,
+    ) -> None:
         self.node = node
         self.offload = offload
         self.metrics = metrics
         self.keep = keep
+        #: no reply is built larger (the node's message limit, its gRPC send limit)
+        self.reply_limit = reply_limit
 
     async def _serve_multi(self, method: str, request: bytes) -> bytes:
         """A MultiPull or MultiUpdate, checked and served by recstore.ps.native_path."""
         served = await self.offload.run_multi(
-            len(request) // 4, native_path.serve, self.node, method, request
+            len(request) // 4, native_path.serve, self.node, method, request, self.reply_limit
         )
         for ack in served.acks:  # acknowledged means durable: every table's record is fsynced
             await self._acknowledge(ack)
@@ -140,7 +158,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         hosted = self.node.get(req.table)
         rows = len(codec.decode_keys(req.keys))
         message, values, found = wire.pull_response_frame(
-            rows, hosted.dim, hosted.dtype, req.read_only
+            rows, hosted.dim, hosted.dtype, req.read_only, limit=self.reply_limit
         )
         await self.offload.run_batch(rows, self.node.pull, req.table, req.keys, values, found)
         self.metrics.rows(req.table, "Pull", rows)

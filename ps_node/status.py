@@ -8,6 +8,7 @@ from recstore.core import (
     CapacityExhausted,
     DeviceUnavailable,
     InvalidArgument,
+    MessageTooLarge,
     TableExists,
     TableNotFound,
     Unauthenticated,
@@ -25,6 +26,7 @@ STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (CheckpointNotFound, grpc.StatusCode.NOT_FOUND),
     (TableExists, grpc.StatusCode.ALREADY_EXISTS),
     (CapacityExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (MessageTooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),  # over the node's message limit
     (MemoryError, grpc.StatusCode.RESOURCE_EXHAUSTED),  # a table larger than this host
     (DeviceUnavailable, grpc.StatusCode.FAILED_PRECONDITION),  # e.g. a GPU table, no GPU
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),

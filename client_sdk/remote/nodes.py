@@ -23,10 +23,11 @@ import grpc
 
 from recstore.client.errors import BackendError, TableNotInitialized
 from recstore.core import WrongShard, wire
+from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.core.routing import EPOCH_METADATA_KEY
 from recstore.v1 import ps_pb2_grpc
 
-MAX_MESSAGE_BYTES = 256 << 20
+MAX_MESSAGE_BYTES = DEFAULT_MESSAGE_LIMIT  # what a node with the default batch bound sends
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -235,7 +235,7 @@ class _Failing:
         self.tables, self.update_tables = parsed.tables, parsed.update_tables
         self.failure = failure
 
-    def serve(self, views: Any, natively: bool) -> tuple[Any, ...]:
+    def serve(self, views: Any, natively: bool, reply_limit: int) -> tuple[Any, ...]:
         return ("failed", *self.failure)
 
 

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from recstore.core.limits import DEFAULT_MAX_BATCH_BYTES
+
 
 def ps_node(
     data_dir: Annotated[Path, typer.Option("--data-dir", help="Checkpoints, catalogue, WAL.")],
@@ -42,6 +44,16 @@ def ps_node(
             "missing; a hosted table with another spec stops the node (exit 2). Repeatable.",
         ),
     ] = None,
+    max_batch_bytes: Annotated[
+        int,
+        typer.Option(
+            "--max-batch-bytes",
+            min=1,
+            help="Payload bytes (keys, values, gradients) one request or reply may carry; "
+            "larger requests and replies are refused with RESOURCE_EXHAUSTED before they are "
+            "read or built. The gRPC message limit is this plus 1 MiB.",
+        ),
+    ] = DEFAULT_MAX_BATCH_BYTES,
     parent_pid: Annotated[
         int | None,
         typer.Option(
@@ -90,6 +102,7 @@ def ps_node(
         metrics_port=metrics_port,
         table_specs=declared,
         parent_pid=parent_pid,
+        max_batch_bytes=max_batch_bytes,
     )
     raise typer.Exit(run(config))
 

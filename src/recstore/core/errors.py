@@ -31,6 +31,13 @@ class CapacityExhausted(RecStoreError):
     """A hashed table without eviction is full (gRPC RESOURCE_EXHAUSTED)."""
 
 
+class MessageTooLarge(RecStoreError):
+    """A request or reply over the node's message limit (gRPC RESOURCE_EXHAUSTED).
+
+    The message names the limit; smaller batches fit.
+    """
+
+
 class DeviceUnavailable(RecStoreError, RuntimeError):
     """The table needs a device this node does not have, e.g. a GPU (gRPC FAILED_PRECONDITION).
 
