@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from recstore import __version__
 from recstore.admin import db
 from recstore.admin.api.routes import checkpoints, dashboard, events, health, nodes, tables, tokens
+from recstore.admin.body_limit import BodyLimit
 from recstore.admin.context import AppContext
 from recstore.admin.errors import http_status_of
 from recstore.admin.observability import install_metrics
@@ -76,6 +77,8 @@ def create_app(
     install_metrics(app, context.registry, context.sessions)
     _reject_nul_bytes(app)
     _install_error_handlers(app)
+    # added last, so it runs first: no body over the cap is read, not even to authenticate
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_body_bytes)
 
     for module in (tables, checkpoints, nodes, events, tokens):
         app.include_router(module.router, prefix=API_PREFIX)

@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     metrics_scrape_timeout: float = Field(default=2.0, gt=0)
     #: Mark the login cookie Secure (set behind TLS).
     secure_cookies: bool = False
+    #: Largest request body accepted (bytes); larger ones get 413 before they are read,
+    #: ahead of authentication (recstore.admin.body_limit).
+    max_request_body_bytes: int = Field(default=16 << 20, gt=0)
 
     def resolved_bootstrap_token(self) -> str | None:
         """The bootstrap token from the variable, else from the file, else None."""
