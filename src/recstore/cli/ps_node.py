@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from recstore.core.limits import DEFAULT_MAX_BATCH_BYTES
+from recstore.core.limits import DEFAULT_MAX_BATCH_BYTES, MAX_MESSAGE_BYTES, MESSAGE_OVERHEAD_BYTES
 
 
 def ps_node(
@@ -49,6 +49,7 @@ def ps_node(
         typer.Option(
             "--max-batch-bytes",
             min=1,
+            max=MAX_MESSAGE_BYTES - MESSAGE_OVERHEAD_BYTES,
             help="Payload bytes (keys, values, gradients) one request or reply may carry; "
             "larger requests and replies are refused with RESOURCE_EXHAUSTED before they are "
             "read or built. The gRPC message limit is this plus 1 MiB.",
