@@ -65,14 +65,15 @@ def provisioned_endpoints(table: TableRecord) -> dict[int, str]:
 
 
 def shard_endpoints(table: TableRecord, shards: int) -> list[str | None]:
-    """Endpoint of each shard: the reported status first, provisioned nodes fill the gaps."""
+    """Endpoint of each shard: where the provisioner registered its node, else None.
+
+    A reported status may only name these endpoints (checked when it is
+    written), so discovery reads the registrations alone: a status stored
+    before that check existed cannot send trainers anywhere else.
+    """
     endpoints: list[str | None] = [None] * shards
     for index, endpoint in provisioned_endpoints(table).items():
         if index < shards:
-            endpoints[index] = endpoint
-    for shard in table.status_shards or []:
-        index, endpoint = shard.get("index"), shard.get("endpoint")
-        if isinstance(index, int) and index < shards and endpoint:
             endpoints[index] = endpoint
     return endpoints
 

@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
-from recstore.admin.models import NodeRecord
+from recstore.admin.models import NodeRecord, TableRecord
 from recstore.core import SlotMap
 
 
@@ -274,6 +274,24 @@ def test_nodes_of_unknown_registrars_are_not_discovery_endpoints(
     status = {"phase": "Ready", "shards": [{"index": 1, "endpoint": "127.0.0.1:6001"}]}
     r = client.put(f"/api/v1/tables/{table}/status", json=status, headers=provisioner_headers)
     assert r.status_code == 422 and "no node is registered for shard 1" in r.json()["detail"]
+
+
+def test_a_stored_status_naming_another_address_is_not_served(
+    client: TestClient,
+    app: FastAPI,
+    admin_headers: dict[str, str],
+    provisioner_headers: dict[str, str],
+    table: str,
+) -> None:
+    """A status written before endpoints were checked (by an editor, say) sends no one there."""
+    for shard, port in ((0, 5001), (1, 6001)):
+        register(client, provisioner_headers, shard, port)
+    hijacked = [{"index": 0, "endpoint": "evil.example:50051", "ready": True}]
+    with app.state.context.sessions() as session:
+        session.execute(update(TableRecord).values(status_shards=hijacked))
+        session.commit()
+    found = client.get(f"/api/v1/tables/{table}/discovery", headers=admin_headers).json()
+    assert found["endpoints"] == ["127.0.0.1:5001", "127.0.0.1:6001"]
 
 
 @pytest.mark.parametrize(
