@@ -25,22 +25,21 @@ class LoginRequired(Exception):
     """No live session: the dashboard answers with a redirect to its login page."""
 
 
-def _origin_of(url: str) -> str | None:
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}".lower() if parts.scheme and parts.netloc else None
+def _host_of(url: str) -> str | None:
+    return urlsplit(url).netloc.lower() or None
 
 
 def check_same_origin(request: Request) -> None:
-    """403 when the browser says the post comes from another origin.
+    """403 when the browser says the post comes from another host (and port).
 
     Browsers send Origin with every form post (Referer where an old one does
     not); a client that sends neither is no browser and still needs the token.
+    The scheme is not compared: behind a TLS-terminating proxy the service
+    sees http while the browser says https.
     """
-    own = _origin_of(str(request.base_url))
-    claimed = request.headers.get("origin")
-    if claimed is None and (referer := request.headers.get("referer")):
-        claimed = _origin_of(referer) or "null"
-    if claimed is not None and claimed.lower() != own:
+    own = request.headers.get("host", "").lower()
+    claimed = request.headers.get("origin") or request.headers.get("referer")
+    if claimed is not None and _host_of(claimed) != own:
         raise HTTPException(
             status.HTTP_403_FORBIDDEN, f"cross-origin form post refused (origin {claimed})"
         )

@@ -48,14 +48,18 @@ def test_forged_create_table_is_refused(
     assert events["total"] == 0
 
 
+@pytest.mark.parametrize(
+    "origin",
+    ["http://testserver", "https://testserver"],  # https: the browser's view behind a TLS proxy
+)
 def test_form_with_the_sessions_token_and_own_origin_works(
-    client: TestClient, admin_headers: dict[str, str]
+    client: TestClient, admin_headers: dict[str, str], origin: str
 ) -> None:
     csrf = dashboard_login(client, admin_headers["Authorization"].split()[1])
     r = client.post(
         "/ui/tables",
         data={**FORM, "csrf_token": csrf},
-        headers={"Origin": "http://testserver"},
+        headers={"Origin": origin},
         follow_redirects=False,
     )
     assert r.status_code == 303 and r.headers["location"] == "/ui/tables/forged"
