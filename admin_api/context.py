@@ -9,6 +9,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from recstore.admin.provisioning import Provisioner
+from recstore.admin.security import hash_token
 from recstore.admin.settings import Settings
 
 
@@ -21,3 +22,9 @@ class AppContext:
     #: SHA-256 of the bootstrap admin token, if one is configured.
     bootstrap_hash: str | None
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    #: SHA-256 of the configured provisioner token, if any (read from the settings).
+    provisioner_hash: str | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        secret = self.settings.resolved_provisioner_token()
+        self.provisioner_hash = hash_token(secret) if secret else None

@@ -12,6 +12,12 @@ count (Pull, Push, Update and their multi-table forms), so control calls such
 as the provisioner's stats polling do not inflate QPS. Both provisioners run
 one node per shard of one table, so per node is per table there. Counters come
 back raw; the browser turns two samples into QPS and mean latency.
+
+The dashboard fetches these URLs on a viewer's request, so the fetch is kept
+narrow: only nodes the provisioner identity registered are asked (the caller
+passes None for the others), redirects are never followed, the body is read
+up to MAX_BODY_BYTES within the timeout, and an error names the failure and
+the status code only, never any part of what the endpoint sent.
 """
 
 from __future__ import annotations
@@ -29,6 +35,13 @@ REQUESTS = "recstore_ps_requests_total"
 LATENCY_SUM = "recstore_ps_request_seconds_sum"
 LATENCY_COUNT = "recstore_ps_request_seconds_count"
 DATA_METHODS = frozenset({"Pull", "Push", "Update", "MultiPull", "MultiUpdate"})
+#: A PS node's exposition is a few KiB; anything far larger is not one.
+MAX_BODY_BYTES = 4 * 1024 * 1024
+NOT_PROVISIONED = "no metrics endpoint registered by the provisioner"
+
+
+class ScrapeFailed(Exception):
+    """A scrape failed; the message is safe to show (it holds nothing the endpoint sent)."""
 
 
 @dataclass
@@ -77,25 +90,47 @@ def parse_node_metrics(text: str, table: str) -> NodeSample:
     return sample
 
 
+async def _fetch(client: httpx.AsyncClient, url: str) -> str:
+    """The body of a 200 answer, at most MAX_BODY_BYTES; ScrapeFailed otherwise."""
+    async with client.stream("GET", url) as response:
+        if response.is_redirect:
+            raise ScrapeFailed(f"HTTP {response.status_code}: redirects are not followed")
+        if response.status_code != 200:
+            raise ScrapeFailed(f"HTTP {response.status_code}")
+        body = bytearray()
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                raise ScrapeFailed(f"the answer is larger than {MAX_BODY_BYTES} bytes")
+    try:
+        return body.decode()
+    except UnicodeDecodeError:
+        raise ScrapeFailed("the answer is not UTF-8 text") from None
+
+
 async def scrape_node(client: httpx.AsyncClient, endpoint: str, table: str) -> NodeSample:
     """One node's sample; a failure is reported in ``error``, never raised."""
     try:
-        response = await client.get(metrics_url(endpoint))
-        response.raise_for_status()
-        return parse_node_metrics(response.text, table)
-    except (httpx.HTTPError, ValueError) as exc:
-        return NodeSample(error=f"{type(exc).__name__}: {exc}"[:300])
+        text = await _fetch(client, metrics_url(endpoint))
+    except ScrapeFailed as exc:
+        return NodeSample(error=str(exc))
+    except httpx.HTTPError as exc:  # the type says enough; the message may quote the peer
+        return NodeSample(error=f"unreachable ({type(exc).__name__})")
+    try:
+        return parse_node_metrics(text, table)
+    except ValueError:  # the parser's message quotes the offending line
+        return NodeSample(error="the answer is not Prometheus text exposition")
 
 
 async def scrape_nodes(
     endpoints: list[str | None], table: str, *, timeout: float
 ) -> list[NodeSample]:
-    """Samples of all nodes, scraped concurrently, in the order given."""
-    async with httpx.AsyncClient(timeout=timeout) as client:
+    """Samples of all nodes, scraped concurrently, in the order given (None: not asked)."""
+    async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client:
 
         async def one(endpoint: str | None) -> NodeSample:
             if endpoint is None:
-                return NodeSample(error="no metrics endpoint registered")
+                return NodeSample(error=NOT_PROVISIONED)
             return await scrape_node(client, endpoint, table)
 
         return list(await asyncio.gather(*(one(e) for e in endpoints)))

@@ -23,6 +23,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from recstore.admin.security import Role
+
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
@@ -103,8 +105,17 @@ class NodeRecord(Base):
     memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_heartbeat: Mapped[datetime | None] = mapped_column(nullable=True)
+    #: Who registered the node (audit actor) and with which role; NULL for rows older
+    #: than the record, which are trusted for nothing until re-registered.
+    registered_by: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    registered_role: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
     table: Mapped[TableRecord] = relationship(back_populates="nodes")
+
+    @property
+    def provisioned(self) -> bool:
+        """Registered by the provisioner identity: its endpoints may be dialled and scraped."""
+        return self.registered_role == Role.provisioner.value
 
 
 class CheckpointRecord(Base):
@@ -151,3 +162,22 @@ class TokenRecord(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(nullable=True)
     last_used_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class DashboardSession(Base):
+    """A dashboard login: the cookie holds a random secret, this row its digest.
+
+    Logging out deletes the row, so a copied cookie stops working at once. The
+    row keeps the digest of the token that logged in and the request resolves
+    it again each time, so revoking that token ends its sessions too.
+    """
+
+    __tablename__ = "dashboard_sessions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    session_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), index=True)
+    #: Echoed by every form of the session (a hidden field), checked on each POST.
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(index=True)

@@ -190,6 +190,9 @@ class NodePublic(BaseModel):
     memory_bytes: int
     registered_at: datetime
     last_heartbeat: datetime | None
+    registered_by: str | None = None
+    #: Registered by the provisioner identity (only such nodes are dialled or scraped).
+    provisioned: bool = False
 
 
 # --- checkpoints, events, tokens ----------------------------------------------

@@ -18,17 +18,27 @@ DISPLAY_PREFIX_LEN = len(TOKEN_PREFIX) + 6
 
 
 class Role(str, Enum):
+    """Who may do what.
+
+    viewer < editor < admin are ranked: each may do what the weaker ones may.
+    ``provisioner`` stands outside that ladder: it is the identity of the
+    platform's own provisioner (the operator, or the local one of ``recstore
+    up``), the only one that registers PS nodes and writes shard status, i.e.
+    the addresses trainers are sent to. Besides that it may only read. No
+    human role, not even admin, writes shard status: a stolen editor or admin
+    token cannot redirect trainers (or their tokens) to another address.
+    """
+
     viewer = "viewer"
     editor = "editor"
     admin = "admin"
-
-    @property
-    def rank(self) -> int:
-        return _RANKS[self]
+    provisioner = "provisioner"
 
     def allows(self, required: Role) -> bool:
         """Whether a principal with this role may do what ``required`` guards."""
-        return self.rank >= required.rank
+        if required is Role.provisioner or self is Role.provisioner:
+            return required in (self, Role.viewer)
+        return _RANKS[self] >= _RANKS[required]
 
 
 _RANKS = {Role.viewer: 0, Role.editor: 1, Role.admin: 2}

@@ -18,6 +18,10 @@ class Settings(BaseSettings):
     #: An admin token accepted without a database row (first login, automation).
     bootstrap_token: SecretStr | None = None
     bootstrap_token_file: Path | None = None
+    #: A provisioner token accepted without a database row: the identity of the operator
+    #: or of the local provisioner, the only one that registers nodes and writes shard status.
+    provisioner_token: SecretStr | None = None
+    provisioner_token_file: Path | None = None
     #: Create EmbeddingTable custom resources through the in-cluster API.
     kubernetes: bool = False
     kubernetes_namespace: str | None = None
@@ -33,9 +37,17 @@ class Settings(BaseSettings):
 
     def resolved_bootstrap_token(self) -> str | None:
         """The bootstrap token from the variable, else from the file, else None."""
-        if self.bootstrap_token is not None and self.bootstrap_token.get_secret_value():
-            return self.bootstrap_token.get_secret_value()
-        if self.bootstrap_token_file is not None:
-            text = self.bootstrap_token_file.read_text().strip()
-            return text or None
-        return None
+        return _secret(self.bootstrap_token, self.bootstrap_token_file)
+
+    def resolved_provisioner_token(self) -> str | None:
+        """The provisioner token from the variable, else from the file, else None."""
+        return _secret(self.provisioner_token, self.provisioner_token_file)
+
+
+def _secret(value: SecretStr | None, file: Path | None) -> str | None:
+    if value is not None and value.get_secret_value():
+        return value.get_secret_value()
+    if file is not None:
+        text = file.read_text().strip()
+        return text or None
+    return None

@@ -59,15 +59,21 @@ def table_public(table: TableRecord) -> TablePublic:
     )
 
 
+def provisioned_endpoints(table: TableRecord) -> dict[int, str]:
+    """Shard index -> endpoint of the nodes the provisioner identity registered."""
+    return {n.shard_index: n.endpoint for n in table.nodes if n.provisioned}
+
+
 def shard_endpoints(table: TableRecord, shards: int) -> list[str | None]:
-    """Endpoint of each shard: the reported status first, node registrations fill the gaps."""
+    """Endpoint of each shard: where the provisioner registered its node, else None.
+
+    A reported status may only name these endpoints (checked when it is
+    written), so discovery reads the registrations alone: a status stored
+    before that check existed cannot send trainers anywhere else.
+    """
     endpoints: list[str | None] = [None] * shards
-    for node in table.nodes:
-        if node.shard_index < shards:
-            endpoints[node.shard_index] = node.endpoint
-    for shard in table.status_shards or []:
-        index, endpoint = shard.get("index"), shard.get("endpoint")
-        if isinstance(index, int) and index < shards and endpoint:
+    for index, endpoint in provisioned_endpoints(table).items():
+        if index < shards:
             endpoints[index] = endpoint
     return endpoints
 
@@ -108,6 +114,8 @@ def node_public(node: NodeRecord) -> NodePublic:
         memory_bytes=node.memory_bytes,
         registered_at=node.registered_at,
         last_heartbeat=node.last_heartbeat,
+        registered_by=node.registered_by,
+        provisioned=node.provisioned,
     )
 
 

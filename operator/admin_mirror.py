@@ -2,8 +2,11 @@
 
 The admin API keeps the catalogue the SDK's discovery reads; the operator
 keeps it current by ``PUT /api/v1/tables/{name}/status`` whenever a table's
-status changes. Mirroring is best effort: a down admin API is logged and
-retried with the next change, never a reason to hold up reconciling.
+status changes. It authenticates as the provisioner identity, and the admin
+API accepts a shard endpoint only once that shard's node is registered with
+it, so each new endpoint is registered (``POST /api/v1/nodes``) first.
+Mirroring is best effort: a down admin API is logged and retried with the
+next change, never a reason to hold up reconciling.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import httpx
 
 from recstore.core.reconcile import admin_status
 
+Logger = logging.Logger | logging.LoggerAdapter
+
 
 class AdminMirror:
     def __init__(self, base_url: str, token: str | None, *, timeout: float = 10.0) -> None:
@@ -24,24 +29,42 @@ class AdminMirror:
         self._client = httpx.AsyncClient(
             base_url=base_url.rstrip("/"), headers=headers, timeout=timeout
         )
+        #: (table, shard index) -> endpoint registered by this process.
+        self._registered: dict[tuple[str, int], str] = {}
 
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def put_status(
-        self, table: str, status: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter
-    ) -> bool:
-        """PUT the status; True when the admin API accepted it."""
-        url = f"/api/v1/tables/{quote(table, safe='')}/status"
+    async def put_status(self, table: str, status: Mapping[str, Any], logger: Logger) -> bool:
+        """Register new shard endpoints, then PUT the status; True when both were accepted."""
+        body = admin_status(status)
         try:
-            response = await self._client.put(url, json=admin_status(status))
+            for shard in body.get("shards") or []:
+                if not await self._register(table, shard, logger):
+                    return False
+            response = await self._client.put(
+                f"/api/v1/tables/{quote(table, safe='')}/status", json=body
+            )
         except httpx.HTTPError as exc:
             logger.warning(f"admin API unreachable, status of {table!r} not mirrored: {exc}")
             return False
-        if response.status_code >= 400:
-            logger.warning(
-                f"admin API refused the status of {table!r}: "
-                f"{response.status_code} {response.text[:200]}"
-            )
+        return _accepted(response, f"the status of {table!r}", logger)
+
+    async def _register(self, table: str, shard: Mapping[str, Any], logger: Logger) -> bool:
+        index, endpoint = int(shard["index"]), shard.get("endpoint")
+        if not endpoint or self._registered.get((table, index)) == endpoint:
+            return True
+        response = await self._client.post(
+            "/api/v1/nodes", json={"table": table, "shard_index": index, "endpoint": endpoint}
+        )
+        if not _accepted(response, f"node {endpoint} of {table!r}", logger):
             return False
+        self._registered[(table, index)] = endpoint
         return True
+
+
+def _accepted(response: httpx.Response, what: str, logger: Logger) -> bool:
+    if response.status_code >= 400:
+        logger.warning(f"admin API refused {what}: {response.status_code} {response.text[:200]}")
+        return False
+    return True

@@ -20,7 +20,9 @@ class OperatorConfig:
     #: Secret (in each table's namespace) whose key ``token`` is the PS auth token.
     ps_token_secret: str | None = None
     admin_url: str | None = None
-    admin_token: str | None = None
+    #: The operator's identity at the admin API: a token of the ``provisioner`` role (the
+    #: only one allowed to register nodes and write shard status), not an admin token.
+    provisioner_token: str | None = None
     cluster_domain: str = "cluster.local"
     #: seconds between status refreshes of every table.
     status_interval: float = 10.0
@@ -40,7 +42,7 @@ class OperatorConfig:
             ps_image=env.get("RECSTORE_PS_IMAGE") or defaults.ps_image,
             ps_token_secret=env.get("RECSTORE_PS_TOKEN_SECRET") or None,
             admin_url=env.get("RECSTORE_ADMIN_URL") or None,
-            admin_token=env.get("RECSTORE_ADMIN_TOKEN") or None,
+            provisioner_token=env.get("RECSTORE_PROVISIONER_TOKEN") or None,
             cluster_domain=env.get("RECSTORE_CLUSTER_DOMAIN") or defaults.cluster_domain,
             status_interval=float(env.get("RECSTORE_STATUS_INTERVAL") or defaults.status_interval),
         )

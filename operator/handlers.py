@@ -67,7 +67,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
         settings.posting.level = logging.WARNING
         if state.config.admin_url:
-            state.mirror = AdminMirror(state.config.admin_url, state.config.admin_token)
+            state.mirror = AdminMirror(state.config.admin_url, state.config.provisioner_token)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:

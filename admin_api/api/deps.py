@@ -20,8 +20,8 @@ from recstore.admin.context import AppContext
 from recstore.admin.provisioning import Provisioner
 from recstore.admin.security import Role, digests_match, hash_token
 
-SESSION_COOKIE = "recstore_token"
 BOOTSTRAP_ACTOR = "bootstrap-admin"
+BOOTSTRAP_PROVISIONER = "bootstrap-provisioner"
 
 _bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization: Bearer rs_...`")
 
@@ -64,10 +64,16 @@ ProvisionerDep = Annotated[Provisioner, Depends(get_provisioner)]
 
 def principal_for(secret: str, context: AppContext, session: Session) -> Principal | None:
     """The principal a secret authenticates, or None."""
-    digest = hash_token(secret)
+    return principal_for_digest(hash_token(secret), context, session)
+
+
+def principal_for_digest(digest: str, context: AppContext, session: Session) -> Principal | None:
+    """The principal of the token whose SHA-256 is ``digest`` (a dashboard session keeps it)."""
     if context.bootstrap_hash is not None and digests_match(digest, context.bootstrap_hash):
         return Principal(name=BOOTSTRAP_ACTOR, role=Role.admin)
-    token = crud.active_token(session, secret=secret)
+    if context.provisioner_hash is not None and digests_match(digest, context.provisioner_hash):
+        return Principal(name=BOOTSTRAP_PROVISIONER, role=Role.provisioner)
+    token = crud.active_token(session, digest=digest)
     if token is None:
         return None
     return Principal(name=token.name, role=Role(token.role), token_id=token.id)
@@ -97,14 +103,23 @@ def get_principal(
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
 
 
+def forbidden_message(required: Role, held: Role) -> str | None:
+    """Why a principal holding ``held`` may not do what ``required`` guards (None: it may)."""
+    if held.allows(required):
+        return None
+    if required is Role.provisioner:
+        return (
+            "only the provisioner identity (the operator or the local provisioner) registers "
+            f"PS nodes and writes shard status; the token has the {held.value} role"
+        )
+    return f"this operation needs the {required.value} role; the token has {held.value}"
+
+
 def require_role(required: Role) -> Callable[[Principal], Principal]:
     def check(principal: CurrentPrincipal) -> Principal:
-        if not principal.role.allows(required):
-            raise HTTPException(
-                status_code=status.HTTP_403_FORBIDDEN,
-                detail=f"this operation needs the {required.value} role; "
-                f"the token has {principal.role.value}",
-            )
+        message = forbidden_message(required, principal.role)
+        if message is not None:
+            raise HTTPException(status_code=status.HTTP_403_FORBIDDEN, detail=message)
         return principal
 
     return check
@@ -113,6 +128,7 @@ def require_role(required: Role) -> Callable[[Principal], Principal]:
 ViewerDep = Annotated[Principal, Depends(require_role(Role.viewer))]
 EditorDep = Annotated[Principal, Depends(require_role(Role.editor))]
 AdminDep = Annotated[Principal, Depends(require_role(Role.admin))]
+ProvisionerRoleDep = Annotated[Principal, Depends(require_role(Role.provisioner))]
 
 
 def parse_version(value: str | int | None, source: str) -> int | None:

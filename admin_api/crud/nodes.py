@@ -13,6 +13,7 @@ from recstore.admin.crud.writes import writes
 from recstore.admin.errors import NotFound
 from recstore.admin.models import NodeRecord, TableRecord, utcnow
 from recstore.admin.schemas import NodeHeartbeat, NodeRegister
+from recstore.admin.security import Role
 from recstore.core.errors import InvalidArgument
 
 
@@ -34,8 +35,14 @@ def list_nodes(
     return page(session, query, limit=limit, offset=offset)
 
 
-def register_node(session: Session, *, body: NodeRegister, actor: str) -> tuple[NodeRecord, bool]:
-    """Register (or re-register) the node of one shard; returns (node, created)."""
+def register_node(
+    session: Session, *, body: NodeRegister, actor: str, role: Role
+) -> tuple[NodeRecord, bool]:
+    """Register (or re-register) the node of one shard; returns (node, created).
+
+    The registrar's role is kept with the node: only the provisioner's nodes
+    are trusted as discovery endpoints and metrics sources.
+    """
     table = get_table(session, name=body.table)
     wide = max(int(table.spec["shards"]), views.slot_map_of(table).num_shards)
     if body.shard_index >= wide:
@@ -58,6 +65,8 @@ def register_node(session: Session, *, body: NodeRegister, actor: str) -> tuple[
         node.metrics_endpoint = body.metrics_endpoint
         node.ready = False
         node.registered_at = utcnow()
+        node.registered_by = actor
+        node.registered_role = role.value
     audit.record(
         session,
         actor,

@@ -103,6 +103,29 @@ def delete_table(
     audit.record(session, actor, "table.delete", table=table.name, before=before)
 
 
+def check_endpoints_registered(table: TableRecord, status: TableStatus) -> None:
+    """Every shard endpoint must be the one the provisioner registered for that shard.
+
+    Discovery hands these addresses to trainers, which send their PS token
+    there; an address no provisioned node has is refused (422), nothing written.
+    """
+    registered = views.provisioned_endpoints(table)
+    for shard in status.shards:
+        if shard.endpoint is None or registered.get(shard.index) == shard.endpoint:
+            continue
+        known = registered.get(shard.index)
+        raise InvalidArgument(
+            f"shards[{shard.index}].endpoint {shard.endpoint!r} is not a registered node of "
+            f"table {table.name!r}: "
+            + (
+                f"shard {shard.index} is registered at {known!r}"
+                if known
+                else f"no node is registered for shard {shard.index}"
+            )
+            + " (the provisioner registers nodes with POST /api/v1/nodes first)"
+        )
+
+
 def set_status(
     session: Session, *, table: TableRecord, status: TableStatus, actor: str
 ) -> TableRecord:
@@ -117,6 +140,7 @@ def set_status(
     for shard in status.shards:
         if shard.index >= wide:
             raise InvalidArgument(f"shards[].index {shard.index} is out of range 0..{wide - 1}")
+    check_endpoints_registered(table, status)
     before = views.table_snapshot(table)
     with writes(session):
         table.phase = status.phase

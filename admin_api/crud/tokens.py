@@ -64,9 +64,9 @@ def revoke_token(session: Session, *, token_id: int, actor: str) -> TokenRecord:
     return token
 
 
-def active_token(session: Session, *, secret: str) -> TokenRecord | None:
-    """The unrevoked token whose hash matches ``secret``; refreshes its last use."""
-    token = session.scalar(select(TokenRecord).where(TokenRecord.token_hash == hash_token(secret)))
+def active_token(session: Session, *, digest: str) -> TokenRecord | None:
+    """The unrevoked token whose hash is ``digest``; refreshes its last use."""
+    token = session.scalar(select(TokenRecord).where(TokenRecord.token_hash == digest))
     if token is None or token.revoked_at is not None:
         return None
     now = utcnow()

@@ -75,7 +75,8 @@ class GrpcBackend:
         self._endpoints = tuple(endpoints or ())
         self._admin_url = admin_url
         self._admin_token = admin_token
-        token = token or os.environ.get(PS_TOKEN_ENV) or admin_token
+        # PS nodes get the PS token only: the admin token is for the admin API alone.
+        token = token or os.environ.get(PS_TOKEN_ENV)
         self._metadata = bearer_metadata(token)
         self._timeout = rpc_timeout or float(os.environ.get(RPC_TIMEOUT_ENV, "60"))
         self._max_batch_bytes = max_batch_bytes

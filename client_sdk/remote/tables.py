@@ -82,8 +82,8 @@ def discover(admin_url: str, name: str, token: str | None) -> Discovery:
     """Ask the admin API where table ``name`` lives."""
     url = f"{admin_url.rstrip('/')}/api/v1/tables/{urllib.parse.quote(name)}/discovery"
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
+    if token:  # not carried over a redirect: the token is for this admin API only
+        request.add_unredirected_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(request, timeout=DISCOVERY_TIMEOUT_S) as response:
             document = json.loads(response.read())

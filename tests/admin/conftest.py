@@ -21,6 +21,7 @@ from pydantic import SecretStr
 from recstore.admin import Settings, create_app
 
 ADMIN_SECRET = "bootstrap-admin-secret-for-tests"
+PROVISIONER_SECRET = "bootstrap-provisioner-secret-for-tests"
 _database_ids = itertools.count()
 
 PG_BIN = Path(os.environ.get("RECSTORE_PG_BIN", "/usr/lib/postgresql/15/bin"))
@@ -148,7 +149,11 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture
 def settings(db_url: str) -> Settings:
-    return Settings(database_url=db_url, bootstrap_token=SecretStr(ADMIN_SECRET))
+    return Settings(
+        database_url=db_url,
+        bootstrap_token=SecretStr(ADMIN_SECRET),
+        provisioner_token=SecretStr(PROVISIONER_SECRET),
+    )
 
 
 @pytest.fixture
@@ -172,7 +177,7 @@ def bearer(secret: str) -> dict[str, str]:
 def tokens(client: TestClient) -> dict[str, str]:
     """A secret per role, created through the API by the bootstrap admin."""
     secrets = {}
-    for role in ("viewer", "editor", "admin"):
+    for role in ("viewer", "editor", "admin", "provisioner"):
         r = client.post(
             "/api/v1/tokens",
             json={"name": f"{role}-user", "role": role},
@@ -191,3 +196,19 @@ def as_role(tokens: dict[str, str]) -> Callable[[str], dict[str, str]]:
 @pytest.fixture
 def admin_headers() -> dict[str, str]:
     return bearer(ADMIN_SECRET)
+
+
+@pytest.fixture
+def provisioner_headers() -> dict[str, str]:
+    """The provisioner identity: the only one that registers nodes and writes shard status."""
+    return bearer(PROVISIONER_SECRET)
+
+
+def dashboard_login(client: TestClient, token: str) -> str:
+    """Log in through the dashboard's form; returns the session's CSRF token."""
+    r = client.post("/ui/login", data={"token": token}, follow_redirects=False)
+    assert r.status_code == 303, r.text
+    page = client.get("/ui/").text
+    marker = 'name="csrf_token" value="'
+    start = page.index(marker) + len(marker)
+    return page[start : page.index('"', start)]

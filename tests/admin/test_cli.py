@@ -1,4 +1,4 @@
-"""``recstore admin``: options reach the settings, and the served app works."""
+"""``recstore admin``: options reach the settings, and the served app works; ``recstore token``."""
 
 from __future__ import annotations
 
@@ -57,3 +57,36 @@ def test_admin_help_lists_the_options() -> None:
     assert result.exit_code == 0
     for option in ("--db", "--host", "--port"):
         assert option in result.output
+
+
+def test_token_create_mints_a_provisioner_token(
+    app: Any, admin_headers: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``recstore token create NAME --role provisioner`` prints a secret that may write status."""
+    from recstore.cli import api_client
+    from recstore.cli import app as cli
+
+    def in_process(*, base_url: str, headers: dict[str, str], timeout: float) -> TestClient:
+        return TestClient(app, base_url=base_url, headers=headers)
+
+    monkeypatch.setattr(api_client.httpx, "Client", in_process)
+    admin = admin_headers["Authorization"].split()[1]
+    common = ["--admin-url", "http://testserver", "--token", admin, "--state-dir", str(tmp_path)]
+    result = CliRunner().invoke(
+        cli, ["token", "create", "operator", "--role", "provisioner", *common]
+    )
+    assert result.exit_code == 0, result.output
+    secret = result.stdout.strip().splitlines()[0]
+    refused = CliRunner().invoke(cli, ["token", "create", "x", "--role", "root", *common])
+    assert refused.exit_code == 1 and "--role must be one of" in refused.output
+    with TestClient(app) as client:
+        spec = {"name": "t", "numEmbeddings": 1, "embeddingDim": 1}
+        assert client.post("/api/v1/tables", json=spec, headers=admin_headers).status_code == 201
+        status = client.put(
+            "/api/v1/tables/t/status",
+            json={"phase": "Ready"},
+            headers={"Authorization": f"Bearer {secret}"},
+        )
+        assert status.status_code == 200, status.text
+        listed = client.get("/api/v1/tokens", headers=admin_headers).json()["items"]
+        assert [(t["name"], t["role"]) for t in listed] == [("operator", "provisioner")]

@@ -9,6 +9,8 @@ import os
 import socket
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -74,17 +76,22 @@ def ps_metrics() -> Iterator[tuple[str, Metrics]]:
     thread.join(timeout=10)
 
 
-def test_dashboard_flow(
-    app: FastAPI,
-    base_url: str,
-    admin_headers: dict[str, str],
-    ps_metrics: tuple[str, Metrics],
-) -> None:
+def _need_chromium() -> None:
     if not CHROMIUM.exists():
         # `make test` installs it (scripts/install_system_deps.sh); CI must not skip.
         if os.environ.get("CI"):
             pytest.fail("chromium is not installed (apt-get install -y chromium)")
         pytest.skip("chromium is not installed (apt-get install -y chromium)")
+
+
+def test_dashboard_flow(
+    app: FastAPI,
+    base_url: str,
+    admin_headers: dict[str, str],
+    provisioner_headers: dict[str, str],
+    ps_metrics: tuple[str, Metrics],
+) -> None:
+    _need_chromium()
     from playwright.sync_api import sync_playwright
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -127,7 +134,7 @@ def test_dashboard_flow(
             with TestClient(app) as api:  # a node of shard 0 reports in, as a PS node would
                 node = api.post(
                     "/api/v1/nodes",
-                    headers=admin_headers,
+                    headers=provisioner_headers,
                     json={
                         "table": "ui_table",
                         "shard_index": 0,
@@ -137,7 +144,7 @@ def test_dashboard_flow(
                 ).json()
                 api.post(
                     f"/api/v1/nodes/{node['id']}/heartbeat",
-                    headers=admin_headers,
+                    headers=provisioner_headers,
                     json={"ready": True, "rows": 900, "memory_bytes": 57600},
                 )
             page.goto(f"{base_url}/ui/")
@@ -163,6 +170,76 @@ def test_dashboard_flow(
             events = page.inner_text("#events")
             assert "table.create" in events and "checkpoint.request" in events
             page.screenshot(path=SCREENSHOTS / "events.png", full_page=True)
+
+            # Logging out ends the session on the server: the old cookie, replayed, is dead.
+            cookies = page.context.cookies()
+            page.click("header >> text=Log out")
+            page.wait_for_url(f"{base_url}/ui/login")
+            replay = browser.new_context()
+            replay.add_cookies(cookies)  # type: ignore[arg-type]
+            again = replay.new_page()
+            again.goto(f"{base_url}/ui/")
+            assert again.url.endswith("/ui/login")
+            replay.close()
         finally:
             browser.close()
     assert problems == []
+
+
+@contextmanager
+def _serve_page(html: str) -> Iterator[str]:
+    """Another origin (same host, other port) serving one page, as an attacker's site would."""
+    body = html.encode()
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/"
+    server.shutdown()
+    server.server_close()
+
+
+def test_cross_origin_form_post_is_refused_in_a_real_browser(
+    app: FastAPI, base_url: str, admin_headers: dict[str, str]
+) -> None:
+    """A page of another origin posts the create-table form with the user's live session.
+
+    The other origin is on the same host, so it is the same *site* and the
+    browser does send the SameSite=Strict cookie: only the server's checks stop it.
+    """
+    _need_chromium()
+    from playwright.sync_api import sync_playwright
+
+    forged = f"""<!doctype html><form id="f" method="post" action="{base_url}/ui/tables">
+      <input name="name" value="forged"><input name="num_embeddings" value="10">
+      <input name="embedding_dim" value="4"><input name="csrf_token" value="guessed">
+    </form><script>document.getElementById("f").submit()</script>"""
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        try:
+            page.goto(f"{base_url}/ui/login")
+            page.fill("input[name=token]", admin_headers["Authorization"].split()[1])
+            page.click("button[type=submit]")
+            page.wait_for_url(f"{base_url}/ui/")
+            with _serve_page(forged) as attacker:
+                with page.expect_response(f"{base_url}/ui/tables") as answer:
+                    page.goto(attacker)
+                assert answer.value.status == 403
+                assert "cookie" in answer.value.request.all_headers()  # the session rode along
+        finally:
+            browser.close()
+    with TestClient(app) as api:
+        listed = api.get("/api/v1/tables", headers=admin_headers).json()
+    assert listed["total"] == 0

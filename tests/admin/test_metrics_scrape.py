@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import start_http_server
+from sqlalchemy import update
 
-from recstore.admin.metrics_scrape import metrics_url, parse_node_metrics, scrape_nodes
+from recstore.admin import metrics_scrape
+from recstore.admin.metrics_scrape import (
+    NOT_PROVISIONED,
+    metrics_url,
+    parse_node_metrics,
+    scrape_nodes,
+)
+from recstore.admin.models import NodeRecord
 from recstore.ps.metrics import Metrics
+
+from .conftest import dashboard_login
 
 
 def node_registry(
@@ -70,11 +84,14 @@ def test_scrape_live_and_unreachable_nodes(live_node: str) -> None:
     samples = asyncio.run(scrape_nodes([live_node, "127.0.0.1:9", None], "emb", timeout=2.0))
     assert samples[0].rows == 7 and samples[0].requests_total == 3
     assert samples[1].error and samples[1].rows is None
-    assert samples[2].error == "no metrics endpoint registered"
+    assert samples[2].error == NOT_PROVISIONED
 
 
 def test_dashboard_metrics_json(
-    client: TestClient, admin_headers: dict[str, str], live_node: str
+    client: TestClient,
+    admin_headers: dict[str, str],
+    provisioner_headers: dict[str, str],
+    live_node: str,
 ) -> None:
     spec = {"name": "emb", "numEmbeddings": 100, "embeddingDim": 4, "shards": 2}
     client.post("/api/v1/tables", json=spec, headers=admin_headers)
@@ -87,18 +104,110 @@ def test_dashboard_metrics_json(
                 "endpoint": f"h:{5000 + shard}",
                 "metrics_endpoint": metrics,
             },
-            headers=admin_headers,
+            headers=provisioner_headers,
         ).json()
         client.post(
             f"/api/v1/nodes/{node['id']}/heartbeat",
             json={"ready": True, "rows": 11, "memory_bytes": 22},
-            headers=admin_headers,
+            headers=provisioner_headers,
         )
     anonymous = client.get("/ui/tables/emb/metrics.json", follow_redirects=False)
     assert anonymous.status_code == 303 and anonymous.headers["location"] == "/ui/login"
-    client.cookies.set("recstore_token", admin_headers["Authorization"].split()[1])
+    dashboard_login(client, admin_headers["Authorization"].split()[1])
     body = client.get("/ui/tables/emb/metrics.json").json()
     first, second = body["shards"]
     assert first["rows"] == 7 and first["requests_total"] == 3 and first["error"] is None
     assert second["rows"] == 11 and second["memory_bytes"] == 22  # heartbeat values
-    assert second["error"] == "no metrics endpoint registered"
+    assert second["error"] == NOT_PROVISIONED
+
+
+class _Target(BaseHTTPRequestHandler):
+    """Answers every GET with ``reply`` (status, headers, body) and records the paths asked."""
+
+    reply: ClassVar[tuple[int, dict[str, str], bytes]] = (200, {}, b"")
+    hits: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        self.hits.append(self.path)
+        status, headers, body = self.reply
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def target() -> Iterator[str]:
+    _Target.hits, _Target.reply = [], (200, {}, b"")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Target)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+def _scrape_one(endpoint: str) -> metrics_scrape.NodeSample:
+    (sample,) = asyncio.run(scrape_nodes([endpoint], "emb", timeout=2.0))
+    return sample
+
+
+SECRET_LINE = b"root:x:0:0:the-secret-first-line"
+
+
+def test_redirects_are_not_followed(target: str) -> None:
+    _Target.reply = (302, {"Location": f"http://{target}/internal-secret"}, b"")
+    sample = _scrape_one(target)
+    assert sample.error == "HTTP 302: redirects are not followed"
+    assert _Target.hits == ["/metrics"]  # the redirect target was never asked
+
+
+@pytest.mark.parametrize(
+    ("reply", "error"),
+    [
+        ((500, {}, SECRET_LINE), "HTTP 500"),
+        ((404, {}, SECRET_LINE), "HTTP 404"),
+        ((200, {}, SECRET_LINE + b"\n"), "the answer is not Prometheus text exposition"),
+        ((200, {}, b"\xff\xfe" + SECRET_LINE), "the answer is not UTF-8 text"),
+    ],
+)
+def test_errors_never_echo_the_body(
+    target: str, reply: tuple[int, dict[str, str], bytes], error: str
+) -> None:
+    _Target.reply = reply
+    sample = _scrape_one(target)
+    assert sample.error == error and sample.rows is None
+    assert "secret" not in repr(sample.to_dict())
+
+
+def test_large_answers_are_cut_off(target: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics_scrape, "MAX_BODY_BYTES", 1024)
+    _Target.reply = (200, {}, b"# HELP x y\n" * 1000)
+    assert _scrape_one(target).error == "the answer is larger than 1024 bytes"
+
+
+def test_nodes_not_registered_by_the_provisioner_are_never_fetched(
+    client: TestClient,
+    app: FastAPI,
+    admin_headers: dict[str, str],
+    provisioner_headers: dict[str, str],
+    target: str,
+) -> None:
+    """A metrics URL whose registrar is not the provisioner (an older editor's row) is not asked."""
+    spec = {"name": "emb", "numEmbeddings": 100, "embeddingDim": 4, "shards": 1}
+    client.post("/api/v1/tables", json=spec, headers=admin_headers)
+    body = {"table": "emb", "shard_index": 0, "endpoint": "h:1", "metrics_endpoint": target}
+    assert client.post("/api/v1/nodes", json=body, headers=provisioner_headers).status_code == 201
+    with app.state.context.sessions() as session:
+        session.execute(update(NodeRecord).values(registered_role="editor"))
+        session.commit()
+    _Target.reply = (200, {}, SECRET_LINE)
+    dashboard_login(client, admin_headers["Authorization"].split()[1])
+    (shard,) = client.get("/ui/tables/emb/metrics.json").json()["shards"]
+    assert shard["error"] == NOT_PROVISIONED
+    assert _Target.hits == []

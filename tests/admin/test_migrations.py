@@ -11,7 +11,7 @@ from sqlalchemy import inspect
 from recstore.admin import Settings, create_app, db
 from recstore.admin.models import Base
 
-TABLES = {"tables", "nodes", "checkpoints", "events", "tokens"}
+TABLES = {"tables", "nodes", "checkpoints", "events", "tokens", "dashboard_sessions"}
 
 
 def test_upgrade_downgrade_upgrade(db_url: str) -> None:

@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 
+from recstore.admin.models import NodeRecord, TableRecord
 from recstore.core import SlotMap
 
 
@@ -23,14 +26,16 @@ def table(client: TestClient, admin_headers: dict[str, str]) -> str:
     return "users"
 
 
-def register(client: TestClient, headers: dict[str, str], shard: int, port: int) -> dict[str, Any]:
+def register(
+    client: TestClient, headers: dict[str, str], shard: int, port: int, host: str = "127.0.0.1"
+) -> dict[str, Any]:
     r = client.post(
         "/api/v1/nodes",
         json={
             "table": "users",
             "shard_index": shard,
-            "endpoint": f"127.0.0.1:{port}",
-            "metrics_endpoint": f"127.0.0.1:{port + 1}",
+            "endpoint": f"{host}:{port}",
+            "metrics_endpoint": f"{host}:{port + 1}",
         },
         headers=headers,
     )
@@ -39,13 +44,16 @@ def register(client: TestClient, headers: dict[str, str], shard: int, port: int)
 
 
 def test_discovery_from_node_registrations(
-    client: TestClient, admin_headers: dict[str, str], table: str
+    client: TestClient,
+    admin_headers: dict[str, str],
+    provisioner_headers: dict[str, str],
+    table: str,
 ) -> None:
     # Registered out of order: discovery answers in shard order.
-    register(client, admin_headers, 1, 6001)
+    register(client, provisioner_headers, 1, 6001)
     r = client.get(f"/api/v1/tables/{table}/discovery", headers=admin_headers)
     assert r.status_code == 503 and "[0]" in r.json()["detail"] and r.headers["retry-after"]
-    register(client, admin_headers, 0, 5001)
+    register(client, provisioner_headers, 0, 5001)
     found = client.get(f"/api/v1/tables/{table}/discovery", headers=admin_headers).json()
     assert found["endpoints"] == ["127.0.0.1:5001", "127.0.0.1:6001"]
     assert found["dtype"] == "float16" and found["embedding_dim"] == 8
@@ -55,13 +63,16 @@ def test_discovery_from_node_registrations(
 
 
 def test_reregistration_updates_in_place(
-    client: TestClient, admin_headers: dict[str, str], table: str
+    client: TestClient,
+    admin_headers: dict[str, str],
+    provisioner_headers: dict[str, str],
+    table: str,
 ) -> None:
-    first = register(client, admin_headers, 0, 5001)
+    first = register(client, provisioner_headers, 0, 5001)
     r = client.post(
         "/api/v1/nodes",
         json={"table": table, "shard_index": 0, "endpoint": "10.0.0.9:5001"},
-        headers=admin_headers,
+        headers=provisioner_headers,
     )
     assert r.status_code == 200 and r.json()["id"] == first["id"]
     assert r.json()["endpoint"] == "10.0.0.9:5001"
@@ -69,20 +80,23 @@ def test_reregistration_updates_in_place(
 
 
 def test_heartbeat_sizes_and_readiness(
-    client: TestClient, admin_headers: dict[str, str], table: str
+    client: TestClient,
+    admin_headers: dict[str, str],
+    provisioner_headers: dict[str, str],
+    table: str,
 ) -> None:
-    node = register(client, admin_headers, 0, 5001)
-    register(client, admin_headers, 1, 6001)
+    node = register(client, provisioner_headers, 0, 5001)
+    register(client, provisioner_headers, 1, 6001)
     r = client.post(
         f"/api/v1/nodes/{node['id']}/heartbeat",
         json={"ready": True, "rows": 42, "memory_bytes": 4096},
-        headers=admin_headers,
+        headers=provisioner_headers,
     )
     assert r.status_code == 200 and r.json()["ready"] is True and r.json()["last_heartbeat"]
     client.post(
         f"/api/v1/nodes/{node['id']}/heartbeat",
         json={"ready": True, "rows": 50, "memory_bytes": 5000},
-        headers=admin_headers,
+        headers=provisioner_headers,
     )
     got = client.get(f"/api/v1/tables/{table}", headers=admin_headers).json()
     assert got["rows"] == 50 and got["memory_bytes"] == 5000
@@ -114,35 +128,45 @@ def test_heartbeat_sizes_and_readiness(
 def test_bad_registration_writes_nothing(
     client: TestClient,
     admin_headers: dict[str, str],
+    provisioner_headers: dict[str, str],
     table: str,
     body: dict[str, Any],
     status: int,
     fragment: str,
 ) -> None:
-    r = client.post("/api/v1/nodes", json=body, headers=admin_headers)
+    r = client.post("/api/v1/nodes", json=body, headers=provisioner_headers)
     assert r.status_code == status and fragment in r.text
     assert client.get("/api/v1/nodes", headers=admin_headers).json()["total"] == 0
 
 
 def test_bad_heartbeat_and_unknown_node(
-    client: TestClient, admin_headers: dict[str, str], table: str
+    client: TestClient,
+    admin_headers: dict[str, str],
+    provisioner_headers: dict[str, str],
+    table: str,
 ) -> None:
-    node = register(client, admin_headers, 0, 5001)
+    node = register(client, provisioner_headers, 0, 5001)
     r = client.post(
         f"/api/v1/nodes/{node['id']}/heartbeat",
         json={"ready": True, "rows": -1},
-        headers=admin_headers,
+        headers=provisioner_headers,
     )
     assert r.status_code == 422
     assert client.get(f"/api/v1/nodes/{node['id']}", headers=admin_headers).json()["rows"] == 0
-    r = client.post("/api/v1/nodes/9999/heartbeat", json={"ready": True}, headers=admin_headers)
+    r = client.post(
+        "/api/v1/nodes/9999/heartbeat", json={"ready": True}, headers=provisioner_headers
+    )
     assert r.status_code == 404
 
 
-def test_status_then_discovery_prefers_reported_endpoints(
-    client: TestClient, admin_headers: dict[str, str], table: str
+def test_status_then_discovery_of_registered_nodes(
+    client: TestClient,
+    admin_headers: dict[str, str],
+    provisioner_headers: dict[str, str],
+    table: str,
 ) -> None:
-    register(client, admin_headers, 0, 5001)
+    for shard in (0, 1):
+        register(client, provisioner_headers, shard, 50051, host=f"users-{shard}.users")
     status = {
         "phase": "Ready",
         "conditions": [{"type": "Ready", "status": "True", "reason": "AllShardsReady"}],
@@ -154,12 +178,120 @@ def test_status_then_discovery_prefers_reported_endpoints(
         "slotMapEpoch": 1,
         "lastCheckpoint": None,
     }
-    r = client.put(f"/api/v1/tables/{table}/status", json=status, headers=admin_headers)
+    r = client.put(f"/api/v1/tables/{table}/status", json=status, headers=provisioner_headers)
     assert r.status_code == 200, r.text
     assert r.json()["status"]["phase"] == "Ready"
     assert r.json()["status"]["conditions"][0]["reason"] == "AllShardsReady"
     found = client.get(f"/api/v1/tables/{table}/discovery", headers=admin_headers).json()
     assert found["endpoints"] == ["users-0.users:50051", "users-1.users:50051"]
+
+
+@pytest.mark.parametrize("role", ["viewer", "editor", "admin"])
+def test_only_the_provisioner_writes_status_or_registers_nodes(
+    client: TestClient,
+    admin_headers: dict[str, str],
+    provisioner_headers: dict[str, str],
+    tokens: dict[str, str],
+    table: str,
+    role: str,
+) -> None:
+    """An editor (or admin) token cannot point trainers at another address."""
+    register(client, provisioner_headers, 0, 5001)
+    before = client.get(f"/api/v1/tables/{table}", headers=admin_headers).json()
+    headers = {"Authorization": f"Bearer {tokens[role]}"}
+    hijack = {"phase": "Ready", "shards": [{"index": 0, "endpoint": "evil.example:50051"}]}
+    r = client.put(f"/api/v1/tables/{table}/status", json=hijack, headers=headers)
+    assert r.status_code == 403 and "provisioner" in r.json()["detail"]
+    r = client.post(
+        "/api/v1/nodes",
+        json={"table": table, "shard_index": 0, "endpoint": "evil.example:50051"},
+        headers=headers,
+    )
+    assert r.status_code == 403 and "provisioner" in r.json()["detail"]
+    assert client.get(f"/api/v1/tables/{table}", headers=admin_headers).json() == before
+    nodes = client.get("/api/v1/nodes", headers=admin_headers).json()["items"]
+    assert [n["endpoint"] for n in nodes] == ["127.0.0.1:5001"]
+
+
+def test_a_provisioner_token_minted_through_the_api_writes_status(
+    client: TestClient, admin_headers: dict[str, str], tokens: dict[str, str], table: str
+) -> None:
+    minted = {"Authorization": f"Bearer {tokens['provisioner']}"}
+    node = register(client, minted, 0, 5001)
+    assert node["provisioned"] and node["registered_by"] == "provisioner-user (token 4)"
+    status = {"phase": "Ready", "shards": [{"index": 0, "endpoint": "127.0.0.1:5001"}]}
+    r = client.put(f"/api/v1/tables/{table}/status", json=status, headers=minted)
+    assert r.status_code == 200, r.text
+    # It reads, but it cannot create tables.
+    assert client.get("/api/v1/tables", headers=minted).status_code == 200
+    spec = {"name": "other", "numEmbeddings": 1, "embeddingDim": 1}
+    assert client.post("/api/v1/tables", json=spec, headers=minted).status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("shards", "fragment"),
+    [
+        ([{"index": 0, "endpoint": "evil.example:50051"}], "registered at '127.0.0.1:5001'"),
+        ([{"index": 1, "endpoint": "127.0.0.1:5001"}], "no node is registered for shard 1"),
+    ],
+)
+def test_status_endpoint_of_no_registered_node_is_refused(
+    client: TestClient,
+    admin_headers: dict[str, str],
+    provisioner_headers: dict[str, str],
+    table: str,
+    shards: list[dict[str, Any]],
+    fragment: str,
+) -> None:
+    register(client, provisioner_headers, 0, 5001)
+    before = client.get(f"/api/v1/tables/{table}", headers=admin_headers).json()
+    r = client.put(
+        f"/api/v1/tables/{table}/status",
+        json={"phase": "Ready", "shards": shards},
+        headers=provisioner_headers,
+    )
+    assert r.status_code == 422 and fragment in r.json()["detail"], r.text
+    assert client.get(f"/api/v1/tables/{table}", headers=admin_headers).json() == before
+
+
+def test_nodes_of_unknown_registrars_are_not_discovery_endpoints(
+    client: TestClient,
+    app: FastAPI,
+    admin_headers: dict[str, str],
+    provisioner_headers: dict[str, str],
+    table: str,
+) -> None:
+    """Rows from before registrars were recorded (e.g. an editor's) are trusted for nothing."""
+    for shard, port in ((0, 5001), (1, 6001)):
+        register(client, provisioner_headers, shard, port)
+    with app.state.context.sessions() as session:
+        session.execute(update(NodeRecord).where(NodeRecord.shard_index == 1).values(
+            registered_role=None, registered_by=None
+        ))  # fmt: skip
+        session.commit()
+    r = client.get(f"/api/v1/tables/{table}/discovery", headers=admin_headers)
+    assert r.status_code == 503 and "[1]" in r.json()["detail"]
+    status = {"phase": "Ready", "shards": [{"index": 1, "endpoint": "127.0.0.1:6001"}]}
+    r = client.put(f"/api/v1/tables/{table}/status", json=status, headers=provisioner_headers)
+    assert r.status_code == 422 and "no node is registered for shard 1" in r.json()["detail"]
+
+
+def test_a_stored_status_naming_another_address_is_not_served(
+    client: TestClient,
+    app: FastAPI,
+    admin_headers: dict[str, str],
+    provisioner_headers: dict[str, str],
+    table: str,
+) -> None:
+    """A status written before endpoints were checked (by an editor, say) sends no one there."""
+    for shard, port in ((0, 5001), (1, 6001)):
+        register(client, provisioner_headers, shard, port)
+    hijacked = [{"index": 0, "endpoint": "evil.example:50051", "ready": True}]
+    with app.state.context.sessions() as session:
+        session.execute(update(TableRecord).values(status_shards=hijacked))
+        session.commit()
+    found = client.get(f"/api/v1/tables/{table}/discovery", headers=admin_headers).json()
+    assert found["endpoints"] == ["127.0.0.1:5001", "127.0.0.1:6001"]
 
 
 @pytest.mark.parametrize(
@@ -173,16 +305,23 @@ def test_status_then_discovery_prefers_reported_endpoints(
     ],
 )
 def test_bad_status_changes_nothing(
-    client: TestClient, admin_headers: dict[str, str], table: str, status: dict[str, Any]
+    client: TestClient,
+    admin_headers: dict[str, str],
+    provisioner_headers: dict[str, str],
+    table: str,
+    status: dict[str, Any],
 ) -> None:
     before = client.get(f"/api/v1/tables/{table}", headers=admin_headers).json()
-    r = client.put(f"/api/v1/tables/{table}/status", json=status, headers=admin_headers)
+    r = client.put(f"/api/v1/tables/{table}/status", json=status, headers=provisioner_headers)
     assert r.status_code == 422
     assert client.get(f"/api/v1/tables/{table}", headers=admin_headers).json() == before
 
 
 def test_checkpoint_request_and_completion(
-    client: TestClient, admin_headers: dict[str, str], table: str
+    client: TestClient,
+    admin_headers: dict[str, str],
+    provisioner_headers: dict[str, str],
+    table: str,
 ) -> None:
     r = client.post(
         f"/api/v1/tables/{table}/checkpoints",
@@ -200,7 +339,7 @@ def test_checkpoint_request_and_completion(
     client.put(
         f"/api/v1/tables/{table}/status",
         json={"phase": "Ready", "lastCheckpoint": last},
-        headers=admin_headers,
+        headers=provisioner_headers,
     )
     done = client.get(
         f"/api/v1/tables/{table}/checkpoints?state=Completed", headers=admin_headers
@@ -227,9 +366,12 @@ def test_events_filter_and_paginate(
 
 
 def test_deleting_a_table_removes_its_nodes_and_checkpoints(
-    client: TestClient, admin_headers: dict[str, str], table: str
+    client: TestClient,
+    admin_headers: dict[str, str],
+    provisioner_headers: dict[str, str],
+    table: str,
 ) -> None:
-    register(client, admin_headers, 0, 5001)
+    register(client, provisioner_headers, 0, 5001)
     client.post(f"/api/v1/tables/{table}/checkpoints", headers=admin_headers)
     assert client.delete(f"/api/v1/tables/{table}", headers=admin_headers).status_code == 204
     assert client.get("/api/v1/nodes", headers=admin_headers).json()["total"] == 0
@@ -238,14 +380,19 @@ def test_deleting_a_table_removes_its_nodes_and_checkpoints(
 
 
 def test_every_change_names_its_resource_in_the_audit_log(
-    client: TestClient, admin_headers: dict[str, str], table: str
+    client: TestClient,
+    admin_headers: dict[str, str],
+    provisioner_headers: dict[str, str],
+    table: str,
 ) -> None:
-    node = register(client, admin_headers, 0, 5001)
+    node = register(client, provisioner_headers, 0, 5001)
     beat = f"/api/v1/nodes/{node['id']}/heartbeat"
-    client.post(beat, json={"ready": True}, headers=admin_headers)
-    client.post(beat, json={"ready": False}, headers=admin_headers)
+    client.post(beat, json={"ready": True}, headers=provisioner_headers)
+    client.post(beat, json={"ready": False}, headers=provisioner_headers)
     checkpoint = client.post(f"/api/v1/tables/{table}/checkpoints", headers=admin_headers).json()
-    client.put(f"/api/v1/tables/{table}/status", json={"phase": "Ready"}, headers=admin_headers)
+    client.put(
+        f"/api/v1/tables/{table}/status", json={"phase": "Ready"}, headers=provisioner_headers
+    )
     client.patch(f"/api/v1/tables/{table}", json={"optimizer": {"lr": 0.5}}, headers=admin_headers)
     token = client.post("/api/v1/tokens", json={"name": "ci"}, headers=admin_headers).json()
     client.delete(f"/api/v1/tokens/{token['id']}", headers=admin_headers)

@@ -18,6 +18,13 @@ def create(client: TestClient, headers: dict[str, str], **overrides: Any) -> dic
     return r.json()
 
 
+def register_nodes(client: TestClient, headers: dict[str, str], endpoints: list[str]) -> None:
+    """The provisioner registers the node of each shard (status may only name these)."""
+    for index, endpoint in enumerate(endpoints):
+        body = {"table": "clicks", "shard_index": index, "endpoint": endpoint}
+        assert client.post("/api/v1/nodes", json=body, headers=headers).status_code in (200, 201)
+
+
 def snapshot(client: TestClient, headers: dict[str, str]) -> tuple[Any, Any]:
     """Everything a rejected request must leave untouched: tables and the audit log."""
     tables = client.get("/api/v1/tables?limit=500", headers=headers).json()
@@ -61,11 +68,13 @@ def test_snake_case_spec_is_accepted(client: TestClient, admin_headers: dict[str
     assert body["spec"]["numEmbeddings"] == 5 and body["spec"]["embeddingDim"] == 3
 
 
-def test_list_pagination_and_filters(client: TestClient, admin_headers: dict[str, str]) -> None:
+def test_list_pagination_and_filters(
+    client: TestClient, admin_headers: dict[str, str], provisioner_headers: dict[str, str]
+) -> None:
     for i in range(7):
         create(client, admin_headers, name=f"t{i}", shards=1)
     create(client, admin_headers, name="other", shards=1)
-    client.put("/api/v1/tables/t3/status", json={"phase": "Ready"}, headers=admin_headers)
+    client.put("/api/v1/tables/t3/status", json={"phase": "Ready"}, headers=provisioner_headers)
 
     page = client.get("/api/v1/tables?limit=3&offset=2", headers=admin_headers).json()
     assert [t["name"] for t in page["items"]] == ["t1", "t2", "t3"]
@@ -192,7 +201,7 @@ def test_bad_if_match_is_422(client: TestClient, admin_headers: dict[str, str]) 
 
 
 def test_shard_change_is_recorded_as_reshard(
-    client: TestClient, admin_headers: dict[str, str]
+    client: TestClient, admin_headers: dict[str, str], provisioner_headers: dict[str, str]
 ) -> None:
     create(client, admin_headers)
     r = client.patch("/api/v1/tables/clicks", json={"shards": 4}, headers=admin_headers)
@@ -203,6 +212,7 @@ def test_shard_change_is_recorded_as_reshard(
     ]
     assert event["after"]["reshardRequired"] == {"from": 2, "to": 4}
     # Data has not moved: the slot map still routes to the two running shards.
+    register_nodes(client, provisioner_headers, ["a:1", "b:1"])
     client.put(
         "/api/v1/tables/clicks/status",
         json={
@@ -212,12 +222,13 @@ def test_shard_change_is_recorded_as_reshard(
                 {"index": 1, "endpoint": "b:1", "ready": True},
             ],
         },
-        headers=admin_headers,
+        headers=provisioner_headers,
     )
     found = client.get("/api/v1/tables/clicks/discovery", headers=admin_headers).json()
     assert found["shards"] == 2 and found["slot_map"] == SlotMap.initial(2).to_dict()
     # The resharder reports the new map: the catalogue then agrees with the spec again.
     new_map = SlotMap.initial(4).to_dict() | {"epoch": 2}
+    register_nodes(client, provisioner_headers, [f"n{i}:1" for i in range(4)])
     r = client.put(
         "/api/v1/tables/clicks/status",
         json={
@@ -225,7 +236,7 @@ def test_shard_change_is_recorded_as_reshard(
             "slotMap": new_map,
             "shards": [{"index": i, "endpoint": f"n{i}:1", "ready": True} for i in range(4)],
         },
-        headers=admin_headers,
+        headers=provisioner_headers,
     )
     assert r.status_code == 200 and r.json()["reshard_required"] is False
     found = client.get("/api/v1/tables/clicks/discovery", headers=admin_headers).json()

@@ -81,6 +81,13 @@ def test_normalise_keys_recurses_and_keeps_unknown() -> None:
         (Role.editor, Role.admin, False),
         (Role.admin, Role.viewer, True),
         (Role.admin, Role.admin, True),
+        # The provisioner stands apart: it reads, and it alone writes what it guards.
+        (Role.provisioner, Role.viewer, True),
+        (Role.provisioner, Role.provisioner, True),
+        (Role.provisioner, Role.editor, False),
+        (Role.provisioner, Role.admin, False),
+        (Role.admin, Role.provisioner, False),
+        (Role.editor, Role.provisioner, False),
     ],
 )
 def test_role_order(role: Role, required: Role, allowed: bool) -> None:

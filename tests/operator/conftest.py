@@ -146,7 +146,7 @@ async def fake_ps() -> AsyncIterator[FakePS]:
 
 @pytest.fixture
 def admin_api() -> Any:
-    """Stands in for the admin API (plain HTTP): records status PUTs."""
+    """Stands in for the admin API (plain HTTP): records node registrations and status PUTs."""
     return kmock.RawHandler()
 
 
@@ -154,6 +154,7 @@ def admin_api() -> Any:
 async def admin_server(admin_api: kmock.RawHandler) -> AsyncIterator[kmock.RawHandler]:
     async with admin_api, kmock.Server(admin_api):
         admin_api["put"] << {"ok": True}
+        admin_api["post"] << {"id": 1}
         yield admin_api
 
 
@@ -180,7 +181,7 @@ def operator_config(fake_ps: FakePS, admin_server: kmock.RawHandler) -> Operator
         ps_image="registry.example/recstore-ps:1.0",
         ps_token_secret="ps-token",
         admin_url=str(admin_server.url),
-        admin_token="admin-token",
+        provisioner_token="provisioner-token",
         status_interval=0.2,
         ps_port=fake_ps.port,
         rpc_timeout=5,

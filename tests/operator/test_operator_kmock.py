@@ -129,7 +129,12 @@ async def test_apply_creates_children_then_becomes_ready(
 
     await wait_for(mirrored_ready, what="Ready status mirrored to the admin API")
     put = next(r for r in admin_server if r.method == "PUT")
-    assert put.headers["Authorization"] == "Bearer admin-token"
+    assert put.headers["Authorization"] == "Bearer provisioner-token"
+    registrations = [r for r in admin_server if r.method == "POST"]
+    assert {(r.data["shard_index"], r.data["endpoint"]) for r in registrations} == {
+        (i, f"clicks-ps-{i}.clicks-ps.default.svc.cluster.local:50051") for i in range(2)
+    }
+    assert all(r.headers["Authorization"] == "Bearer provisioner-token" for r in registrations)
 
 
 async def _phase_is(api: httpx.AsyncClient, phase: str, name: str = "clicks") -> Any:

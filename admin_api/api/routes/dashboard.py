@@ -1,5 +1,5 @@
 """Server-rendered dashboard (Jinja2 + one small script): tables, shards, charts, checkpoints,
-events, and a token login kept in an HttpOnly, SameSite=Strict cookie."""
+events, and a token login that starts a server-side session (see ``dashboard_auth``)."""
 
 from __future__ import annotations
 
@@ -7,43 +7,33 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Form, Request
+from fastapi import APIRouter, Form, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 
 from recstore.admin import crud, views
-from recstore.admin.api.deps import (
+from recstore.admin.api.dashboard_auth import (
+    CSRF_FIELD,
     SESSION_COOKIE,
-    ContextDep,
-    Principal,
-    SessionDep,
-    principal_for,
+    LoginRequired,
+    UiFormPrincipal,
+    UiPrincipal,
+    check_same_origin,
 )
+from recstore.admin.api.deps import ContextDep, Principal, SessionDep, principal_for
+from recstore.admin.crud.dashboard_sessions import SESSION_LIFETIME, end_session, start_session
 from recstore.admin.errors import ProvisioningError
 from recstore.admin.metrics_scrape import scrape_nodes
-from recstore.admin.security import Role
+from recstore.admin.security import Role, hash_token
 from recstore.core import TableSpec
 from recstore.core.errors import RecStoreError
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).parents[2] / "templates")
 
-
-class LoginRequired(Exception):
-    pass
-
-
-def ui_principal(request: Request, context: ContextDep, session: SessionDep) -> Principal:
-    secret = request.cookies.get(SESSION_COOKIE)
-    principal = principal_for(secret, context, session) if secret else None
-    if principal is None:
-        raise LoginRequired
-    return principal
-
-
-UiPrincipal = Annotated[Principal, Depends(ui_principal)]
+__all__ = ["LoginRequired", "router"]
 
 
 def _render(
@@ -53,7 +43,13 @@ def _render(
     return templates.TemplateResponse(
         request,
         page,
-        {"principal": principal, "can_edit": can_edit, **values},
+        {
+            "principal": principal,
+            "can_edit": can_edit,
+            "csrf_field": CSRF_FIELD,
+            "csrf_token": getattr(request.state, "csrf_token", None),
+            **values,
+        },
         status_code=status,
     )
 
@@ -67,25 +63,29 @@ def login_page(request: Request) -> HTMLResponse:
 def login(
     request: Request, context: ContextDep, session: SessionDep, token: Annotated[str, Form()]
 ) -> Response:
+    check_same_origin(request)  # a forged login would plant another user's session
     principal = principal_for(token.strip(), context, session) if token.strip() else None
     if principal is None:
         # The form is shown again with the reason (status 200: a browser logs any 4xx page load
         # as a console error, and the page itself is a normal answer to a form post).
         return _render(request, "login.html", None, error="That token is not valid.")
+    _, secret = start_session(session, token_digest=hash_token(token.strip()))
     response = RedirectResponse("/ui/", status_code=303)
     response.set_cookie(
         SESSION_COOKIE,
-        token.strip(),
+        secret,
         httponly=True,
         samesite="strict",
         secure=context.settings.secure_cookies,
-        max_age=12 * 3600,
+        max_age=int(SESSION_LIFETIME.total_seconds()),
     )
     return response
 
 
 @router.post("/logout")
-def logout() -> Response:
+def logout(request: Request, session: SessionDep, _: UiFormPrincipal) -> Response:
+    """End the session on the server: the cookie no longer works, even if replayed."""
+    end_session(session, secret=request.cookies[SESSION_COOKIE])
     response = RedirectResponse("/ui/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE)
     return response
@@ -118,7 +118,9 @@ def _spec_from_form(form: dict[str, str]) -> dict[str, Any]:
 
 
 @router.post("/tables")
-async def create_table(request: Request, context: ContextDep, principal: UiPrincipal) -> Response:
+async def create_table(
+    request: Request, context: ContextDep, principal: UiFormPrincipal
+) -> Response:
     form = {k: str(v) for k, v in (await request.form()).items()}
     errors: list[str] = []
     if not principal.role.allows(Role.editor):
@@ -178,7 +180,7 @@ def table_page(
 
 @router.post("/tables/{name}/checkpoints")
 def trigger_checkpoint(
-    name: str, context: ContextDep, session: SessionDep, principal: UiPrincipal
+    name: str, context: ContextDep, session: SessionDep, principal: UiFormPrincipal
 ) -> Response:
     if not principal.role.allows(Role.editor):
         return Response("Requesting a checkpoint needs the editor role.", status_code=403)
@@ -205,7 +207,8 @@ async def table_metrics(name: str, context: ContextDep, principal: UiPrincipal) 
                     "ready": n.ready,
                     "rows": n.rows,
                     "memory_bytes": n.memory_bytes,
-                    "metrics_endpoint": n.metrics_endpoint,
+                    # Only the provisioner's nodes are fetched (the fetch runs for a viewer).
+                    "metrics_endpoint": n.metrics_endpoint if n.provisioned else None,
                 }
                 for n in table.nodes
             ]

@@ -1,4 +1,9 @@
-"""PS nodes: registration, heartbeat (readiness and sizes), listing, removal."""
+"""PS nodes: registration, heartbeat (readiness and sizes), listing, removal.
+
+Registration and heartbeats come from the provisioner identity only: a node's
+endpoint becomes a discovery address and its metrics URL is fetched by the
+dashboard, so no human token may set either. Removing a node takes admin.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response, status
 
 from recstore.admin import crud, views
-from recstore.admin.api.deps import EditorDep, SessionDep, ViewerDep
+from recstore.admin.api.deps import AdminDep, ProvisionerRoleDep, SessionDep, ViewerDep
 from recstore.admin.schemas import NodeHeartbeat, NodePublic, NodeRegister, Page
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])
@@ -17,10 +22,12 @@ NodeId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=NodePublic)
 def register_node(
-    body: NodeRegister, response: Response, session: SessionDep, principal: EditorDep
+    body: NodeRegister, response: Response, session: SessionDep, principal: ProvisionerRoleDep
 ) -> NodePublic:
     """Register the node serving one shard; re-registering the same shard answers 200."""
-    node, created = crud.register_node(session, body=body, actor=principal.actor)
+    node, created = crud.register_node(
+        session, body=body, actor=principal.actor, role=principal.role
+    )
     crud.commit(session)
     if not created:
         response.status_code = status.HTTP_200_OK
@@ -49,7 +56,7 @@ def get_node(node_id: NodeId, session: SessionDep, _: ViewerDep) -> NodePublic:
 
 @router.post("/{node_id}/heartbeat", response_model=NodePublic)
 def heartbeat(
-    node_id: NodeId, body: NodeHeartbeat, session: SessionDep, principal: EditorDep
+    node_id: NodeId, body: NodeHeartbeat, session: SessionDep, principal: ProvisionerRoleDep
 ) -> NodePublic:
     node = crud.heartbeat(
         session, node=crud.get_node(session, node_id=node_id), body=body, actor=principal.actor
@@ -59,6 +66,6 @@ def heartbeat(
 
 
 @router.delete("/{node_id}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_node(node_id: NodeId, session: SessionDep, principal: EditorDep) -> None:
+def delete_node(node_id: NodeId, session: SessionDep, principal: AdminDep) -> None:
     crud.delete_node(session, node=crud.get_node(session, node_id=node_id), actor=principal.actor)
     crud.commit(session)

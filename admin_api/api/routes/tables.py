@@ -10,6 +10,7 @@ from recstore.admin import crud, views
 from recstore.admin.api.deps import (
     EditorDep,
     ProvisionerDep,
+    ProvisionerRoleDep,
     SessionDep,
     ViewerDep,
     parse_version,
@@ -124,11 +125,26 @@ def delete_table(
     crud.commit(session)
 
 
-@router.put("/{name}/status", response_model=TablePublic)
+@router.put(
+    "/{name}/status",
+    response_model=TablePublic,
+    responses={
+        403: {"description": "the token is not the provisioner's"},
+        422: {"description": "a shard endpoint is not the one its registered node serves"},
+    },
+)
 def put_status(
-    name: str, body: TableStatus, response: Response, session: SessionDep, principal: EditorDep
+    name: str,
+    body: TableStatus,
+    response: Response,
+    session: SessionDep,
+    principal: ProvisionerRoleDep,
 ) -> TablePublic:
-    """Written by the operator or the local provisioner."""
+    """Written by the provisioner identity only (the operator or the local provisioner).
+
+    Each shard endpoint must be the one the provisioner registered for that
+    shard (``POST /nodes``): discovery sends trainers, and their tokens, there.
+    """
     table = crud.set_status(
         session, table=crud.get_table(session, name=name), status=body, actor=principal.actor
     )

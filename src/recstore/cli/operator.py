@@ -1,7 +1,7 @@
 """`recstore operator`: run the EmbeddingTable operator (kopf) in this process.
 
 Settings come from the environment (RECSTORE_PS_IMAGE, RECSTORE_ADMIN_URL,
-RECSTORE_ADMIN_TOKEN, RECSTORE_PS_TOKEN_SECRET, RECSTORE_STATUS_INTERVAL);
+RECSTORE_PROVISIONER_TOKEN, RECSTORE_PS_TOKEN_SECRET, RECSTORE_STATUS_INTERVAL);
 credentials from the pod's service account, or KUBECONFIG outside a cluster.
 """
 

@@ -5,6 +5,10 @@ cluster. The admin API is the same app a cluster runs; only its provisioner
 differs (PS node processes here instead of EmbeddingTable resources). On start
 the tables already in the catalogue are provisioned again, so their nodes
 come back with the rows of their data directories.
+
+Two secrets live in the state dir: the admin token (for the user, the CLI and
+the dashboard) and the provisioner token, the local provisioner's own identity,
+the only one the admin API lets register nodes and write shard status.
 """
 
 from __future__ import annotations
@@ -31,19 +35,20 @@ log = logging.getLogger(__name__)
 
 DEFAULT_STATE_DIR = Path.home() / ".recstore"
 TOKEN_FILE = "admin-token"
+PROVISIONER_TOKEN_FILE = "provisioner-token"
 
 
 class InsecureStateDir(RuntimeError):
-    """The admin token file can be read by other users: refused, not used."""
+    """A token file can be read by other users: refused, not used."""
 
 
-def ensure_token(state_dir: Path) -> str:
-    """The platform's admin token: created once, readable by its owner only.
+def ensure_token(state_dir: Path, name: str = TOKEN_FILE) -> str:
+    """A platform token (``admin-token`` by default): created once, readable by its owner only.
 
-    A token file others can read is refused: anyone who read it is an admin.
+    A token file others can read is refused: anyone who read it holds its rights.
     """
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the token and all the data
-    path = state_dir / TOKEN_FILE
+    path = state_dir / name
     if not path.exists():
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as handle:
@@ -51,8 +56,9 @@ def ensure_token(state_dir: Path) -> str:
     mode = stat.S_IMODE(path.stat().st_mode)
     if mode & 0o077:
         raise InsecureStateDir(
-            f"token file {path} is readable by other users (mode {mode:04o}); it grants admin "
-            f"rights: run `chmod 600 {path}` (or remove it for a new token), then start again"
+            f"token file {path} is readable by other users (mode {mode:04o}); it grants "
+            f"{name.removesuffix('-token')} rights: run `chmod 600 {path}` (or remove it "
+            "for a new token), then start again"
         )
     return path.read_text().strip()
 
@@ -71,18 +77,20 @@ class LocalPlatform:
     ) -> None:
         self.state_dir = Path(state_dir)
         self.token = ensure_token(self.state_dir)
+        provisioner_token = ensure_token(self.state_dir, PROVISIONER_TOKEN_FILE)
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.host, self.port = host, int(self._socket.getsockname()[1])
         self.url = f"http://{self.host}:{self.port}"
-        self._reporter = AdminReporter(self.url, self.token)
+        self._reporter = AdminReporter(self.url, provisioner_token)
         self.provisioner = LocalProvisioner(
             self.state_dir, self._reporter, device=device, poll_interval=poll_interval
         )
         settings = Settings(
             database_url=f"sqlite:///{self.state_dir / 'admin.db'}",
             bootstrap_token_file=self.state_dir / TOKEN_FILE,
+            provisioner_token_file=self.state_dir / PROVISIONER_TOKEN_FILE,
         )
         app = create_app(settings, provisioner=self.provisioner)
         config = uvicorn.Config(app, log_level="warning", lifespan="on")

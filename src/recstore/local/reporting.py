@@ -23,7 +23,7 @@ class Reporter(Protocol):
 
 
 class AdminReporter:
-    """Reports to an admin API with an editor (or admin) token."""
+    """Reports to an admin API with a provisioner token (no other role may write these)."""
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 10.0) -> None:
         self._client = httpx.Client(
