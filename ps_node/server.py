@@ -27,6 +27,7 @@ from grpc_reflection.v1alpha import reflection
 
 from recstore.core import TableSpec, WritesStopped
 from recstore.core.data_dir import DataDirInUse, DataDirLock, DataDirUnusable
+from recstore.core.reconcile import LIVENESS_SERVICE
 from recstore.ps import failstop, persistence, table_specs
 from recstore.ps import metrics as metrics_module
 from recstore.ps.auth import TokenAuth
@@ -140,6 +141,7 @@ class PsServer:
             loop.call_soon_threadsafe(changed.set)
 
         self.node.write_gate.subscribe(on_change)
+        await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         await self._publish_health()
         self._writes_watch = asyncio.create_task(self._keep_writes_going(changed))
         if self.config.metrics_port is not None:

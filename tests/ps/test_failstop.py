@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -19,11 +20,14 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import generate_latest
 
+from recstore.client import WriteAppliedNotDurable, WriteNotApplied
+from recstore.client.remote.nodes import NodeCalls
+from recstore.core import wire
 from recstore.core.wire import WireClient
 from recstore.ps import native_path
 from recstore.ps.server import ServerHandle, start_in_thread
 
-from .conftest import MountTmpfs, spec
+from .conftest import Client, MountTmpfs, spec
 from .wal_faults import FailingDisk
 
 TABLES = [
@@ -39,10 +43,10 @@ def rows(value: float) -> np.ndarray:
     return np.full((len(KEYS), 4), value, np.float32)
 
 
-def wait_health(channel: grpc.Channel, wanted: int) -> None:
+def wait_health(channel: grpc.Channel, wanted: int, service: str = "") -> None:
     """Wait (on the health Watch stream) until the node reports ``wanted``."""
     stub = health_pb2_grpc.HealthStub(channel)
-    for reply in stub.Watch(health_pb2.HealthCheckRequest(service=""), timeout=30):
+    for reply in stub.Watch(health_pb2.HealthCheckRequest(service=service), timeout=30):
         if reply.status == wanted:
             return
 
@@ -161,6 +165,9 @@ def test_writes_resume_once_the_disk_works_again(node: Node, disk: FailingDisk) 
     disk.fail_writes(errno.ENOSPC)
     refused(lambda: node.wire.push("a", KEYS, rows(2.0)))
     node.health(NOT_SERVING)
+    assert node.channel is not None
+    wait_health(node.channel, NOT_SERVING, "recstore.v1.ParameterServer")
+    wait_health(node.channel, SERVING, "liveness")  # alive: reads go on, no restart wanted
     refused(lambda: node.wire.update("a", KEYS, rows(-1.0)))  # the probe keeps failing
     disk.heal()
     node.health(SERVING)
@@ -217,6 +224,35 @@ def test_resuming_after_a_failed_fsync_checkpoints_what_memory_holds(
     node.wire.update("a", KEYS, rows(-100.0))
     node.restart()
     np.testing.assert_array_equal(node.pull("a"), rows(111.0))  # what the node served
+
+
+def test_the_sdk_tells_a_refused_write_from_an_applied_one(node: Node, disk: FailingDisk) -> None:
+    assert node.handle is not None
+    with ThreadPoolExecutor(1) as senders:
+        calls = NodeCalls(node.handle.address, (), 30.0, senders)
+        request = wire.encode_update_request("a", KEYS, rows(-1.0))
+        disk.fail_syncs(errno.EIO)
+        with pytest.raises(WriteAppliedNotDurable, match="DATA_LOSS") as applied_error:
+            calls.start("Update", request, "a", blocking=True)()
+        with pytest.raises(WriteNotApplied, match="UNAVAILABLE") as refused_error:
+            calls.start("Update", request, "a", blocking=True)()
+        calls.close()
+    assert applied_error.value.applied and not refused_error.value.applied
+    np.testing.assert_array_equal(node.pull("a"), rows(1.0))  # the first one only
+
+
+def test_a_write_the_engine_refuses_leaves_no_record_behind(node: Node) -> None:
+    assert node.handle is not None
+    admin = Client(node.handle.address)
+    admin.create(spec("full", embedding_dim=4, keys={"mode": "hashed", "capacity": 2}))
+    admin.close()
+    error = refused(lambda: node.wire.push("full", KEYS, rows(1.0)))  # 3 keys, room for 2
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    node.wire.push("full", KEYS[:2], rows(2.0)[:2])
+    node.restart()  # the refused push's record was cut back out: replay does not meet it
+    values, found = node.wire.pull("full", KEYS, read_only=True)
+    assert list(np.asarray(found)) == [True, True, False]
+    np.testing.assert_array_equal(np.asarray(values)[:2], rows(2.0)[:2])
 
 
 def test_a_full_filesystem_stops_writes_until_space_is_freed(
