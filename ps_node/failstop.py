@@ -33,7 +33,7 @@ def try_resume(node: Node, keep: int = 3) -> bool:
                     with hosted.lock:
                         hosted.wal.reopen()
                     log.info("wal: table %r continues on a fresh segment", name)
-            if gate.needs_checkpoint:  # memory is ahead of (or behind) the log: save it
+            if gate.needs_checkpoint:  # memory and log disagree: memory is what was answered
                 persistence.save(node, None, keep)
         except (OSError, WritesStopped) as error:
             log.warning("write-ahead log still failing: %s", error)

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import math
 import os
+import shutil
 import struct
 import threading
 import zlib
@@ -164,6 +166,7 @@ class TableWal:
         self._lost: list[tuple[int, int]] = []  # (first, last) applied, never durable
         self._syncing = False
         self._failed: LogFault | None = None
+        self._refused_size = 0  # bytes of the record whose write failed
         self._waiters: list[Waiter] = []
         self._closed = False
         existing = generations(directory)
@@ -211,6 +214,7 @@ class TableWal:
             try:
                 handle.write(record)
             except OSError as error:
+                self._refused_size = len(record)
                 fault = self._fail("write", error, cut_to=start)
                 raise WritesStopped(refusal(fault)) from error
             with self._cond:
@@ -234,7 +238,7 @@ class TableWal:
                     handle.truncate(appended.start)
                     handle.sync()
             except OSError as error:
-                self._fail("truncate", error, cut_to=None, memory_behind=True)
+                self._fail("truncate", error, cut_to=None, diverged=True)
                 return
             with self._cond:
                 self._written_size = handle.size
@@ -284,14 +288,24 @@ class TableWal:
 
     def reopen(self) -> None:
         """Continue a failed log on a fresh segment (its segment was abandoned): the probe
-        of a disk that failed. Raises ``OSError`` while the disk still fails."""
+        of a disk that failed. Raises ``OSError`` while the disk still fails, or still
+        lacks room for the record whose write failed (a disk with room for the probe
+        alone would stop writes again at once)."""
         with self._cond:  # nothing can be appended to a failed log; let the flusher finish
             self._cond.wait_for(lambda: not self._syncing and self._settled >= self._appended)
         with self._write_lock:
             if self._failed is None:
                 return
+            free = shutil.disk_usage(self.directory).free
+            if free < self._refused_size + len(MAGIC):
+                raise OSError(
+                    errno.ENOSPC,
+                    f"{free} bytes free, the record that failed needs {self._refused_size}",
+                    str(self.directory),
+                )
             self._switch_segment()
             self._failed = None
+            self._refused_size = 0
 
     def _switch_segment(self) -> int:
         fresh = self._open_segment(self.generation + 1)
@@ -320,9 +334,10 @@ class TableWal:
 
     def _fail(
         self, operation: str, error: BaseException, *, cut_to: int | None,
-        memory_behind: bool = False,
+        diverged: bool = False,
     ) -> LogFault:  # fmt: skip
-        """Stop this log (caller holds ``_write_lock``) and shut the node's gate.
+        """Stop this log (caller holds ``_write_lock``) and shut the node's gate;
+        ``diverged``: memory and log no longer agree (see ``WriteGate.trip``).
 
         ``cut_to``: cut the segment back to that size first, so a restart never
         replays what was not acknowledged (a failed cut is only logged: the segment
@@ -337,11 +352,13 @@ class TableWal:
                 handle.truncate(cut_to)
                 handle.sync()
             except OSError as cut_error:
-                log.error("wal: could not cut %s back to %d bytes: %s", path, cut_to, cut_error)
+                log.error(
+                    "wal: could not cut %s back to %d bytes durably: %s", path, cut_to, cut_error
+                )
         with self._cond:
             if self._failed is None:
                 self._failed = fault
-        self.gate.trip(fault, memory_ahead=memory_behind)
+        self.gate.trip(fault, diverged=diverged)
         return fault
 
     def _flush_loop(self) -> None:
@@ -379,7 +396,7 @@ class TableWal:
             self._settled = last
             durable_size = self._durable_size
             waiting, self._waiters = self._waiters, []
-        fault = self._fail("fsync", error, cut_to=durable_size, memory_behind=first <= last)
+        fault = self._fail("fsync", error, cut_to=durable_size, diverged=first <= last)
         with self._cond:
             self._syncing = False
             self._cond.notify_all()

@@ -71,7 +71,7 @@ class WriteGate:
 
     @property
     def needs_checkpoint(self) -> bool:
-        """Memory holds writes the log lost: resuming must checkpoint them first."""
+        """Memory and log disagree: resuming must checkpoint memory first."""
         return self._needs_checkpoint
 
     def fault_counts(self) -> dict[str, int]:
@@ -85,11 +85,12 @@ class WriteGate:
         if fault is not None:
             raise WritesStopped(refusal(fault))
 
-    def trip(self, fault: LogFault, *, memory_ahead: bool = False) -> None:
-        """Stop writes after ``fault``; ``memory_ahead``: applied writes are not in the log."""
+    def trip(self, fault: LogFault, *, diverged: bool = False) -> None:
+        """Stop writes after ``fault``; ``diverged``: memory and log disagree (writes
+        applied whose records were lost, or a record of a refused write not cut out)."""
         with self._cond:
             self._faults[fault.operation] += 1
-            self._needs_checkpoint |= memory_ahead
+            self._needs_checkpoint |= diverged
             first = self._fault is None
             if first:
                 self._fault = fault

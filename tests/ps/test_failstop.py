@@ -26,6 +26,7 @@ from recstore.core import wire
 from recstore.core.wire import WireClient
 from recstore.ps import native_path
 from recstore.ps.server import ServerHandle, start_in_thread
+from recstore.v1 import ps_pb2
 
 from .conftest import Client, MountTmpfs, spec
 from .wal_faults import FailingDisk
@@ -169,6 +170,11 @@ def test_writes_resume_once_the_disk_works_again(node: Node, disk: FailingDisk) 
     wait_health(node.channel, NOT_SERVING, "recstore.v1.ParameterServer")
     wait_health(node.channel, SERVING, "liveness")  # alive: reads go on, no restart wanted
     refused(lambda: node.wire.update("a", KEYS, rows(-1.0)))  # the probe keeps failing
+    assert node.handle is not None
+    admin = Client(node.handle.address)
+    load = refused(lambda: admin.call("Load", ps_pb2.LoadRequest()))  # it replaces tables
+    assert load.code() == grpc.StatusCode.UNAVAILABLE and applied(load) == "false"
+    admin.close()
     disk.heal()
     node.health(SERVING)
     assert "recstore_ps_writes_stopped 0.0" in node.metrics()
