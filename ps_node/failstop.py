@@ -26,6 +26,7 @@ def try_resume(node: Node, keep: int = 3) -> bool:
     gate = node.write_gate
     if gate.fault is None:
         return True
+    trips = gate.trips()  # a log failing meanwhile keeps writes stopped (the next probe)
     with node.registry_lock:
         try:
             for name, hosted in sorted(node.tables.items()):
@@ -38,5 +39,4 @@ def try_resume(node: Node, keep: int = 3) -> bool:
         except (OSError, WritesStopped) as error:
             log.warning("write-ahead log still failing: %s", error)
             return False
-        gate.reopen()
-    return True
+        return gate.reopen(trips)

@@ -11,7 +11,6 @@ failed. Persistence (save, load, recovery) lives in ``recstore.ps.persistence``.
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import threading
 import uuid
@@ -40,8 +39,6 @@ from recstore.ps.wal import OP_PUSH, OP_UPDATE, Appended, TableWal, encode_recor
 from recstore.ps.wal_io import SegmentFile, SegmentOpener
 from recstore.ps.write_gate import WriteGate
 from recstore.store import Store, Table
-
-log = logging.getLogger(__name__)
 
 
 @dataclass

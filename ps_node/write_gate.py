@@ -105,15 +105,24 @@ class WriteGate:
         else:
             log.warning("write-ahead log failed again: %s", fault.describe())
 
-    def reopen(self) -> None:
-        """Accept writes again (the log works and memory is durable)."""
+    def trips(self) -> int:
+        """How many faults were seen so far (``reopen`` compares it)."""
         with self._cond:
+            return sum(self._faults.values())
+
+    def reopen(self, trips: int | None = None) -> bool:
+        """Accept writes again (the logs work and memory is durable); False, changing
+        nothing, when a fault came after ``trips`` (as ``trips()`` said) was read."""
+        with self._cond:
+            if trips is not None and sum(self._faults.values()) != trips:
+                return False
             fault, self._fault = self._fault, None
             self._needs_checkpoint = False
             self._cond.notify_all()
         if fault is not None:
             log.info("write-ahead log works again: writes resumed", extra={"table": fault.table})
             self._notify()
+        return True
 
     def wait(self, *, stopped: bool, timeout: float) -> bool:
         """Block until writes are stopped (or accepted); False on timeout."""

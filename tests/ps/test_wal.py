@@ -13,7 +13,7 @@ import pytest
 from recstore.core import WriteNotDurable, WritesStopped
 from recstore.ps import wal
 from recstore.ps.wal import OP_PUSH, OP_UPDATE, TableWal, WalRecord
-from recstore.ps.write_gate import WriteGate
+from recstore.ps.write_gate import LogFault, WriteGate
 
 from .wal_faults import FailingDisk
 
@@ -226,3 +226,18 @@ def test_retract_cuts_the_last_records_back_out(tmp_path: Path) -> None:
     log.wait_durable()
     log.close()
     assert first_keys(tmp_path) == [1, 4]
+
+
+def test_the_gate_stays_shut_when_a_log_fails_while_writes_resume() -> None:
+    gate = WriteGate()
+    first = LogFault.of("a", "write", "/a", OSError(errno.ENOSPC, "No space left on device"))
+    gate.trip(first)
+    seen = gate.trips()  # the probe starts: every failed log is reopened ...
+    gate.trip(LogFault.of("b", "fsync", "/b", OSError(errno.EIO, "Input/output error")))
+    assert not gate.reopen(seen)  # ... but another log failed meanwhile
+    assert gate.fault == first
+    with pytest.raises(WritesStopped, match=r"table 'a'.*\[ENOSPC\]"):
+        gate.check()
+    assert gate.reopen(gate.trips())
+    gate.check()
+    assert gate.fault_counts() == {"write": 1, "fsync": 1}
