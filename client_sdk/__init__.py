@@ -9,7 +9,13 @@ several bags with one request per PS node.
 
 from recstore.client.client import RecStoreClient
 from recstore.client.collection import EmbeddingBagCollection, EmbeddingBagConfig
-from recstore.client.errors import BackendError, TableNotInitialized, TableShapeMismatch
+from recstore.client.errors import (
+    BackendError,
+    TableNotInitialized,
+    TableShapeMismatch,
+    WriteAppliedNotDurable,
+    WriteNotApplied,
+)
 from recstore.client.nn import Embedding, EmbeddingBag
 
 __all__ = [
@@ -21,4 +27,6 @@ __all__ = [
     "RecStoreClient",
     "TableNotInitialized",
     "TableShapeMismatch",
+    "WriteAppliedNotDurable",
+    "WriteNotApplied",
 ]

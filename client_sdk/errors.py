@@ -18,6 +18,21 @@ class BackendError(RuntimeError):
         self.reason = reason or message
 
 
+class WriteNotApplied(BackendError):
+    """The node refused the write and applied none of it (its write-ahead log failed):
+    sending it again later, or to the restarted node, is safe."""
+
+    applied = False
+
+
+class WriteAppliedNotDurable(BackendError):
+    """The node applied the write in memory but could not make it durable, and stopped
+    accepting writes. Do not resend it: it is applied (and lost if the node restarts
+    before it resumes)."""
+
+    applied = True
+
+
 class TableNotInitialized(BackendError):
     """The table is unknown to this client or to the backend."""
 

@@ -18,6 +18,7 @@ from recstore.core.placement import Spread
 from recstore.core.reconcile import (
     DATA_DIR,
     GRPC_PORT,
+    LIVENESS_SERVICE,
     METRICS_PORT,
     Declaration,
     ps_node_args,
@@ -236,7 +237,12 @@ def render_pod_template(owner: Owner, decl: Declaration, options: RenderOptions)
         # Loading a large checkpoint takes a while: the startup probe covers it (10 min).
         "startupProbe": {**probe, "failureThreshold": 60},
         "readinessProbe": {**probe, "failureThreshold": 2},
-        "livenessProbe": {**probe, "failureThreshold": 6},
+        # alive while writes are stopped by a log failure: a restart would not serve reads
+        "livenessProbe": {
+            **probe,
+            "grpc": {"port": GRPC_PORT, "service": LIVENESS_SERVICE},
+            "failureThreshold": 6,
+        },
         "securityContext": container_security_context(),
         "volumeMounts": [
             {"name": "data", "mountPath": DATA_DIR},

@@ -1,7 +1,8 @@
-"""Prometheus metrics of a node: requests, rows, latency, table sizes, memory.
+"""Prometheus metrics of a node: requests, rows, latency, table sizes, memory, log faults.
 
 Each node owns a registry (several in-process nodes in one test must not share
-counters); table sizes are read from the engine at scrape time.
+counters); table sizes are read from the engine and the write-ahead log's
+state from the node's write gate at scrape time.
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from recstore.ps.checkpoint import CheckpointInfo
     from recstore.ps.node import HostedTable
+    from recstore.ps.write_gate import WriteGate
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 
@@ -39,8 +41,42 @@ class _TableCollector(Collector):
         yield from (rows, capacity, memory)
 
 
+class _WriteGateCollector(Collector):
+    """Whether writes are stopped, the fault that stopped them, the faults seen."""
+
+    def __init__(self, gate: WriteGate) -> None:
+        self._gate = gate
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        fault = self._gate.fault
+        yield GaugeMetricFamily(
+            "recstore_ps_writes_stopped",
+            "1 while the node refuses writes after a write-ahead log failure",
+            value=0 if fault is None else 1,
+        )
+        condition = GaugeMetricFamily(
+            "recstore_ps_wal_fault_since_timestamp_seconds",
+            "Unix time of the log failure that stopped writes (absent while writes are accepted)",
+            labels=["table", "operation", "errno", "error"],
+        )
+        if fault is not None:
+            labels = [fault.table, fault.operation, fault.errno_name, fault.error]
+            condition.add_metric(labels, fault.since)
+        yield condition
+        faults = CounterMetricFamily(
+            "recstore_ps_wal_faults", "Write-ahead log failures by operation", labels=["operation"]
+        )
+        for operation, count in sorted(self._gate.fault_counts().items()):
+            faults.add_metric([operation], count)
+        yield faults
+
+
 class Metrics:
-    def __init__(self, tables: Callable[[], dict[str, HostedTable]] | None = None) -> None:
+    def __init__(
+        self,
+        tables: Callable[[], dict[str, HostedTable]] | None = None,
+        gate: WriteGate | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)  # resident memory, CPU seconds, open fds
         self.requests = Counter(
@@ -74,6 +110,8 @@ class Metrics:
         )
         if tables is not None:
             self.registry.register(_TableCollector(tables))
+        if gate is not None:
+            self.registry.register(_WriteGateCollector(gate))
         # Children by label values: ``labels()`` costs a lock and a few dict lookups
         # per call, several times per request on the data path. Children are never
         # removed, so a cached one stays the registered one.

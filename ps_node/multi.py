@@ -7,8 +7,10 @@ native validator (``recstore.ps.native_path``, ``csrc/node_serve.h``), which
 also parses the request. Most requests it serves itself; the checked items of
 those it cannot apply (a table on a GPU or with an injected clock, a
 write-ahead log to append, read-only pulls) come here, as offsets into the
-request, with the update tables' locks held by the caller. Updates apply in
-order and append their log records (the caller waits for every record to be
+request, with the update tables' locks held by the caller. Every update's log
+record is appended before any update is applied (``Node.write_logged``: a
+record that cannot be written refuses the whole request, nothing applied),
+then the updates apply in order (the caller waits for every record to be
 durable before it replies), then the pulls are written into the reply.
 
 The validator counts the room left in a table that cannot evict only where it
@@ -18,6 +20,7 @@ before anything is applied.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -25,7 +28,7 @@ import numpy as np
 
 from recstore.core import CapacityExhausted, RecStoreError, wire
 from recstore.ps import codec
-from recstore.ps.node import HostedTable, Node, WriteAck
+from recstore.ps.node import HostedTable, Node, Write, WriteAck
 from recstore.ps.wal import OP_UPDATE
 
 
@@ -94,7 +97,7 @@ def apply_checked(
         hosted = tables[table]
         assert hosted is not None  # the validator refused items of tables not hosted
         pulled.append((hosted, codec.decode_keys(buffer[keys_at : keys_at + 8 * rows]), read_only))
-    checked = []
+    checked: list[tuple[Write, np.ndarray]] = []  # each update and its keys
     for table, keys_at, rows, grads_at, grads_size, grad_dtype, lr in updates:
         hosted = tables[table]
         assert hosted is not None
@@ -102,20 +105,19 @@ def apply_checked(
         grads_buffer = buffer[grads_at : grads_at + grads_size]
         keys = codec.decode_keys(keys_buffer)
         grads = codec.decode_rows(grads_buffer, rows, hosted.dim, grad_dtype, "grads")
-        checked.append((hosted, keys_buffer, grads_buffer, keys, grads, grad_dtype, lr))
+        apply = functools.partial(hosted.table.update, keys, grads, lr)
+        write = Write(hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr, apply)
+        checked.append((write, keys))
     inserting: dict[str, tuple[HostedTable, list[np.ndarray]]] = {}
-    for hosted, keys in [(c[0], c[3]) for c in checked] + [
+    for hosted, keys in [(w.hosted, k) for w, k in checked] + [
         (p[0], p[1]) for p in pulled if not p[2]
     ]:
         if hosted.table.host_engine is None and not hosted.evicts and hosted.id_limit is None:
             inserting.setdefault(hosted.entry.spec.name, (hosted, []))[1].append(keys)
     for hosted, keys_list in inserting.values():
         check_room(hosted, keys_list)
-    acks = []
-    for hosted, keys_buffer, grads_buffer, keys, grads, grad_dtype, lr in checked:
-        hosted.table.update(keys, grads, lr)
-        acks.append(node.log_write(hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr))
-    updated = [(c[0].entry.spec.name, ack.rows) for c, ack in zip(checked, acks, strict=True)]
+    acks = node.write_logged([write for write, _ in checked])
+    updated = [(w.hosted.entry.spec.name, a.rows) for (w, _), a in zip(checked, acks, strict=True)]
     if method == "MultiUpdate":
         return Served(wire.encode_multi_rows_response(ack.rows for ack in acks), [], updated, acks)
     shapes = [(len(keys), h.dim, h.dtype, read_only) for h, keys, read_only in pulled]

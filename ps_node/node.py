@@ -3,7 +3,9 @@
 Every method is blocking and thread-safe; the servicer runs them on a thread
 pool so the event loop never waits on the engine or the disk. A table's lock
 orders its writes, so the write-ahead log replays them in the order they were
-applied. Persistence (save, load, recovery) lives in ``recstore.ps.persistence``.
+applied. In WAL mode a write is applied only once its record is in the log
+(``write_logged``); the node's ``WriteGate`` refuses every write after the log
+failed. Persistence (save, load, recovery) lives in ``recstore.ps.persistence``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import functools
 import math
 import threading
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +35,9 @@ from recstore.core import (
 from recstore.core.wire import Buffer
 from recstore.ps import catalogue, codec
 from recstore.ps.catalogue import CatalogueEntry
-from recstore.ps.wal import OP_PUSH, OP_UPDATE, TableWal, encode_record
+from recstore.ps.wal import OP_PUSH, OP_UPDATE, Appended, TableWal, encode_record
+from recstore.ps.wal_io import SegmentFile, SegmentOpener
+from recstore.ps.write_gate import WriteGate
 from recstore.store import Store, Table
 
 
@@ -75,6 +80,19 @@ class WriteAck:
     seq: int = 0
 
 
+@dataclass(frozen=True)
+class Write:
+    """One table's write: its log record's fields, and how to apply it in memory."""
+
+    hosted: HostedTable
+    op: int
+    keys: Buffer
+    values: Buffer  # values of a push, grads of an update
+    dtype: str
+    lr: float | None
+    apply: Callable[[], None]
+
+
 @functools.lru_cache(maxsize=64)
 def owned_slots(slot_map: SlotMap, shard_index: int) -> np.ndarray | None:
     """Read-only and shared by the tables of one slot map, so a multi-table request
@@ -115,6 +133,7 @@ class Node:
         num_shards: int = 1,
         device: str = "cpu",
         wal_enabled: bool = False,
+        wal_files: SegmentOpener = SegmentFile,
     ) -> None:
         if not 0 <= shard_index < num_shards:
             raise ValueError(f"shard index {shard_index} is not in 0..{num_shards - 1}")
@@ -123,6 +142,10 @@ class Node:
         self.num_shards = num_shards
         self.device = device
         self.wal_enabled = wal_enabled
+        #: how log segments are opened: the seam where tests inject a failing disk
+        self.wal_files = wal_files
+        #: shut by the first log failure: no write is accepted until the log works again
+        self.write_gate = WriteGate()
         self.store = Store()
         self.tables: dict[str, HostedTable] = {}
         #: guards the set of tables and the catalogue (create, drop, save, load)
@@ -131,6 +154,12 @@ class Node:
     # -- tables ---------------------------------------------------------------
     def wal_dir(self, entry: CatalogueEntry) -> Path:
         return self.data_dir / "wal" / f"{entry.spec.name}-{entry.incarnation}"
+
+    def open_wal(self, entry: CatalogueEntry) -> TableWal:
+        """A table's log on a fresh segment, sharing the node's write gate."""
+        return TableWal(
+            self.wal_dir(entry), table=entry.spec.name, gate=self.write_gate, files=self.wal_files
+        )
 
     def host(self, entry: CatalogueEntry) -> HostedTable:
         """Create the engine table for ``entry`` and register it (no catalogue write)."""
@@ -174,7 +203,7 @@ class Node:
             hosted = self.host(entry)
             try:
                 if self.wal_enabled:
-                    hosted.wal = TableWal(self.wal_dir(entry))
+                    hosted.wal = self.open_wal(entry)
                 self.save_catalogue()
             except BaseException:
                 self.unhost(spec.name)
@@ -231,9 +260,13 @@ class Node:
         keys = codec.decode_keys(keys_buffer)
         values = codec.decode_rows(values_buffer, len(keys), hosted.dim, hosted.dtype)
         check_owned(hosted, keys)
+        write = Write(
+            hosted, OP_PUSH, keys_buffer, values_buffer, hosted.dtype, None,
+            functools.partial(hosted.table.push, keys, values),
+        )  # fmt: skip
         with hosted.lock:
-            hosted.table.push(keys, values)
-            return self.log_write(hosted, OP_PUSH, keys_buffer, values_buffer, hosted.dtype, None)
+            (ack,) = self.write_logged([write])
+            return ack
 
     def update(
         self,
@@ -251,21 +284,53 @@ class Node:
         grads = codec.decode_rows(grads_buffer, len(keys), hosted.dim, grad_dtype, "grads")
         check_lr(lr)
         check_owned(hosted, keys)
+        write = Write(
+            hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr,
+            functools.partial(hosted.table.update, keys, grads, lr),
+        )  # fmt: skip
         with hosted.lock:
-            hosted.table.update(keys, grads, lr)
-            return self.log_write(hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr)
+            (ack,) = self.write_logged([write])
+            return ack
 
-    def log_write(
-        self,
-        hosted: HostedTable,
-        op: int,
-        keys: Buffer,
-        values: Buffer,
-        dtype: str,
-        lr: float | None,
-    ) -> WriteAck:
-        rows = len(keys) // codec.KEY_DTYPE.itemsize
-        if hosted.wal is None:
-            return WriteAck(rows)
-        record = encode_record(op, keys, values, dtype, rows, hosted.dim, lr)
-        return WriteAck(rows, hosted.wal, hosted.wal.append(record))
+    def write_logged(self, writes: Sequence[Write]) -> list[WriteAck]:
+        """Log every write, then apply them in order (callers hold the tables' locks).
+
+        All records are appended before any write is applied: when one cannot be
+        appended (``WritesStopped``) the ones already appended are cut back out and
+        nothing is applied. A write the engine refuses has its record, and those of
+        the writes after it, cut back out; the writes before it stay applied and logged.
+        """
+        appended: list[Appended | None] = []
+        try:
+            for write in writes:
+                appended.append(self._append(write))
+        except BaseException:
+            self._retract(writes, appended)
+            raise
+        for done, write in enumerate(writes):
+            try:
+                write.apply()
+            except BaseException:
+                self._retract(writes[done:], appended[done:])
+                raise
+        return [
+            WriteAck(len(w.keys) // codec.KEY_DTYPE.itemsize, w.hosted.wal, a.seq if a else 0)
+            for w, a in zip(writes, appended, strict=True)
+        ]
+
+    def _append(self, write: Write) -> Appended | None:
+        wal = write.hosted.wal
+        if wal is None:
+            return None
+        rows = len(write.keys) // codec.KEY_DTYPE.itemsize
+        dim = write.hosted.dim
+        return wal.append(
+            encode_record(write.op, write.keys, write.values, write.dtype, rows, dim, write.lr)
+        )
+
+    @staticmethod
+    def _retract(writes: Sequence[Write], appended: Sequence[Appended | None]) -> None:
+        """Cut the records of writes that were not applied back out, last first."""
+        for write, record in reversed(list(zip(writes, appended, strict=False))):
+            if record is not None and write.hosted.wal is not None:
+                write.hosted.wal.retract(record)

@@ -22,7 +22,7 @@ from recstore.ps import catalogue, checkpoint
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.checkpoint import CheckpointInfo, CheckpointNotFound
 from recstore.ps.node import HostedTable, Node
-from recstore.ps.wal import OP_PUSH, TableWal, WalRecord, replay
+from recstore.ps.wal import OP_PUSH, WalRecord, replay
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def load(node: Node, checkpoint_id: str | None, keep: int = 3) -> CheckpointInfo
             hosted = node.host(_entry_of(meta))
             _restore_rows(hosted, info, name)
             if node.wal_enabled:
-                hosted.wal = TableWal(node.wal_dir(hosted.entry))
+                hosted.wal = node.open_wal(hosted.entry)
         node.save_catalogue()
         if node.wal_enabled:  # the logs now follow the loaded state: make it the newest base
             save(node, None, keep)
@@ -158,7 +158,7 @@ def recover(node: Node) -> CheckpointInfo | None:
             if node.wal_enabled:
                 wal_dir = node.wal_dir(entry)
                 replayed = replay(wal_dir, start_generation, functools.partial(_apply, hosted))
-                hosted.wal = TableWal(wal_dir)
+                hosted.wal = node.open_wal(entry)
                 log.info("wal replayed", extra={"table": name, "records": replayed})
         node.save_catalogue()
         if node.wal_enabled:

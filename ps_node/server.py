@@ -2,7 +2,9 @@
 
 ``run`` is the ``recstore ps-node`` path (SIGTERM: stop accepting, drain
 in-flight calls, write a final checkpoint, exit 0); ``start_in_thread`` runs
-the same server on its own event-loop thread for synchronous callers.
+the same server on its own event-loop thread for synchronous callers. While
+the write-ahead log has failed, health says NOT_SERVING and a probe tries to
+resume writes (``recstore.ps.failstop``).
 """
 
 from __future__ import annotations
@@ -23,15 +25,17 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from recstore.core import TableSpec
+from recstore.core import TableSpec, WritesStopped
 from recstore.core.data_dir import DataDirInUse, DataDirLock, DataDirUnusable
 from recstore.core.limits import DEFAULT_MAX_BATCH_BYTES, message_limit
-from recstore.ps import limits, persistence, table_specs
+from recstore.core.reconcile import LIVENESS_SERVICE
+from recstore.ps import failstop, limits, persistence, table_specs
 from recstore.ps import metrics as metrics_module
 from recstore.ps.auth import TokenAuth
 from recstore.ps.node import Node
 from recstore.ps.offload import Offload
 from recstore.ps.servicer import PsServicer, add_to_server
+from recstore.ps.wal_io import SegmentFile, SegmentOpener
 from recstore.v1 import ps_pb2
 
 log = logging.getLogger(__name__)
@@ -60,6 +64,10 @@ class NodeConfig:
     table_specs: list[TableSpec] = field(default_factory=list)
     #: payload bytes of one request or reply, at most (``--max-batch-bytes``; recstore.ps.limits)
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+    #: seconds between attempts to resume writes after the write-ahead log failed
+    wal_probe_interval: float = 5.0
+    #: how log segments are opened (tests pass files that fail like a broken disk)
+    wal_files: SegmentOpener = SegmentFile
 
     def __post_init__(self) -> None:
         if self.durability not in ("checkpoint", "wal"):
@@ -67,6 +75,8 @@ class NodeConfig:
         if self.keep_checkpoints < 1:
             raise ValueError("keep_checkpoints must be at least 1")
         message_limit(self.max_batch_bytes)  # refuses a bound gRPC cannot carry
+        if not self.wal_probe_interval > 0:
+            raise ValueError("wal_probe_interval must be positive")
 
 
 class PsServer:
@@ -81,11 +91,12 @@ class PsServer:
                 num_shards=config.num_shards,
                 device=config.device,
                 wal_enabled=config.durability == "wal",
+                wal_files=config.wal_files,
             )
         except BaseException:
             self._lock.release()
             raise
-        self.metrics = metrics_module.Metrics(lambda: dict(self.node.tables))
+        self.metrics = metrics_module.Metrics(lambda: dict(self.node.tables), self.node.write_gate)
         self.executor = ThreadPoolExecutor(max_workers=2 * (os.cpu_count() or 2) + 2)
         self.offload = Offload(self.executor)
         self.health = health.aio.HealthServicer()
@@ -94,6 +105,7 @@ class PsServer:
         self._grpc: grpc.aio.Server | None = None
         self._metrics_http: Any = None
         self._periodic: asyncio.Task[None] | None = None
+        self._writes_watch: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
         try:
@@ -129,8 +141,15 @@ class PsServer:
         self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         await server.start()
         self._grpc = server
-        for service in ("", SERVICE_NAME):
-            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        changed = asyncio.Event()
+
+        def on_change() -> None:  # on the thread that stopped or resumed writes
+            loop.call_soon_threadsafe(changed.set)
+
+        self.node.write_gate.subscribe(on_change)
+        await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        await self._publish_health()
+        self._writes_watch = asyncio.create_task(self._keep_writes_going(changed))
         if self.config.metrics_port is not None:
             self._metrics_http, self.metrics_port = metrics_module.serve(
                 self.metrics, self.config.metrics_port, self.config.host
@@ -152,6 +171,29 @@ class PsServer:
         )
         return self.port
 
+    async def _publish_health(self) -> None:
+        """SERVING while writes are accepted, NOT_SERVING while the log has failed."""
+        stopped = self.node.write_gate.fault is not None
+        status = health_pb2.HealthCheckResponse
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, status.NOT_SERVING if stopped else status.SERVING)
+
+    async def _keep_writes_going(self, changed: asyncio.Event) -> None:
+        """Follow the write gate: publish health, probe a failed log until writes resume."""
+        while True:
+            await changed.wait()
+            changed.clear()
+            await self._publish_health()
+            while self.node.write_gate.fault is not None:
+                await asyncio.sleep(self.config.wal_probe_interval)
+                try:
+                    await self.offload.run(self._try_resume)
+                except Exception:  # a bug: keep probing, never leave health stale
+                    log.exception("resuming writes failed")
+
+    def _try_resume(self) -> bool:
+        return failstop.try_resume(self.node, self.config.keep_checkpoints)
+
     async def _save(self) -> None:
         info = await self.offload.run(
             persistence.save, self.node, None, self.config.keep_checkpoints
@@ -161,7 +203,7 @@ class PsServer:
     async def _checkpoint_periodically(self) -> None:
         while True:
             await asyncio.sleep(self.config.checkpoint_interval)
-            if self.node.tables:
+            if self.node.tables and self.node.write_gate.fault is None:  # else: the probe
                 try:
                     await self._save()
                 except Exception:
@@ -174,16 +216,18 @@ class PsServer:
         server, self._grpc = self._grpc, None
         await self.health.enter_graceful_shutdown()
         await server.stop(self.config.drain_seconds)
-        if self._periodic is not None:
-            self._periodic.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._periodic
-        failure: OSError | None = None
+        for task in (self._periodic, self._writes_watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        failure: Exception | None = None
         if final_checkpoint and self.node.tables:
             try:
+                await self.offload.run(self._try_resume)  # a failed log is reopened first
                 await self._save()
                 log.info("final checkpoint written")
-            except OSError as error:  # e.g. a read-only or full data dir: say so, then stop
+            except (OSError, WritesStopped) as error:  # e.g. a read-only or full data dir
                 failure = error
                 log.error(
                     "final checkpoint failed: %s; the data dir keeps the previous checkpoint",
@@ -315,6 +359,8 @@ def start_in_thread(
     metrics_port: int | None = None,
     table_specs: list[TableSpec] | None = None,
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+    wal_probe_interval: float = 5.0,
+    wal_files: SegmentOpener = SegmentFile,
 ) -> ServerHandle:
     """Start a node in a background thread; returns once it serves (``.port``, ``.stop()``)."""
     config = NodeConfig(
@@ -331,6 +377,8 @@ def start_in_thread(
         metrics_port=metrics_port,
         table_specs=list(table_specs or []),
         max_batch_bytes=max_batch_bytes,
+        wal_probe_interval=wal_probe_interval,
+        wal_files=wal_files,
     )
     server = PsServer(config)
     loop = asyncio.new_event_loop()

@@ -210,6 +210,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
 
     @rpc
     async def Load(self, request, context):
+        self.node.write_gate.check()  # a load replaces tables: refused while writes are stopped
         info = await self._run(
             persistence.load, self.node, request.checkpoint_id or None, self.keep
         )

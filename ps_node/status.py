@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 
 from recstore.core import (
+    APPLIED_METADATA_KEY,
     CapacityExhausted,
     DeviceUnavailable,
     InvalidArgument,
@@ -12,6 +13,8 @@ from recstore.core import (
     TableExists,
     TableNotFound,
     Unauthenticated,
+    WriteNotDurable,
+    WritesStopped,
     WrongShard,
 )
 from recstore.core.routing import EPOCH_METADATA_KEY
@@ -22,6 +25,10 @@ from recstore.ps.multi import CarriedUpdatesApplied
 STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (WrongShard, grpc.StatusCode.FAILED_PRECONDITION),
     (CarriedUpdatesApplied, grpc.StatusCode.ABORTED),
+    # a write refused after a log failure: nothing applied, safe to send again later
+    (WritesStopped, grpc.StatusCode.UNAVAILABLE),
+    # applied in memory, its log record not durable: never resend it blindly
+    (WriteNotDurable, grpc.StatusCode.DATA_LOSS),
     (TableNotFound, grpc.StatusCode.NOT_FOUND),
     (CheckpointNotFound, grpc.StatusCode.NOT_FOUND),
     (TableExists, grpc.StatusCode.ALREADY_EXISTS),
@@ -46,7 +53,18 @@ def status_of(error: BaseException) -> grpc.StatusCode | None:
     return None
 
 
+#: whether a failed write was applied, for the failures that say (``x-recstore-applied``)
+APPLIED_OF: tuple[tuple[type[BaseException], bool], ...] = (
+    (WritesStopped, False),
+    (WriteNotDurable, True),
+    (CarriedUpdatesApplied, True),
+)
+
+
 def trailing_metadata_of(error: BaseException) -> tuple[tuple[str, str], ...]:
     if isinstance(error, WrongShard):
         return ((EPOCH_METADATA_KEY, str(error.epoch)),)
+    for cls, applied in APPLIED_OF:
+        if isinstance(error, cls):
+            return ((APPLIED_METADATA_KEY, "true" if applied else "false"),)
     return ()

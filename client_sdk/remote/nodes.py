@@ -21,8 +21,13 @@ from typing import Any
 
 import grpc
 
-from recstore.client.errors import BackendError, TableNotInitialized
-from recstore.core import WrongShard, wire
+from recstore.client.errors import (
+    BackendError,
+    TableNotInitialized,
+    WriteAppliedNotDurable,
+    WriteNotApplied,
+)
+from recstore.core import APPLIED_METADATA_KEY, WrongShard, wire
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.core.routing import EPOCH_METADATA_KEY
 from recstore.v1 import ps_pb2_grpc
@@ -126,6 +131,14 @@ def node_epoch(trailing_metadata: object) -> int | None:
     return None
 
 
+def applied_of(trailing_metadata: object) -> bool | None:
+    """Whether a failed write was applied (``x-recstore-applied``), None when unsaid."""
+    for key, value in trailing_metadata or ():  # type: ignore[attr-defined]
+        if key == APPLIED_METADATA_KEY:
+            return {"true": True, "false": False}.get(str(value))
+    return None
+
+
 def map_rpc_error(
     code_name: str,
     details: str,
@@ -143,4 +156,10 @@ def map_rpc_error(
         epoch = node_epoch(trailing_metadata)
         if epoch is not None:
             return WrongShard(f"{where}: {details}", epoch)
-    return BackendError(f"{where} failed: {code_name}: {details}", code=code_name, reason=details)
+    message = f"{where} failed: {code_name}: {details}"
+    applied = applied_of(trailing_metadata)
+    if code_name == "UNAVAILABLE" and applied is False:
+        return WriteNotApplied(message, code=code_name, reason=details)
+    if code_name == "DATA_LOSS" and applied is True:
+        return WriteAppliedNotDurable(message, code=code_name, reason=details)
+    return BackendError(message, code=code_name, reason=details)

@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from recstore.client import connection as conn
-from recstore.client.errors import BackendError, TableNotInitialized
+from recstore.client.errors import (
+    BackendError,
+    TableNotInitialized,
+    WriteAppliedNotDurable,
+    WriteNotApplied,
+)
 from recstore.client.initial_data import chunk_bounds
 from recstore.client.remote.nodes import map_rpc_error
 from recstore.client.remote.tables import parse_discovery, parse_endpoints
@@ -220,7 +225,11 @@ def test_rows_roundtrip_through_wire_bytes(dtype) -> None:
         ("FAILED_PRECONDITION", (("x-recstore-epoch", "7"),), WrongShard),
         ("FAILED_PRECONDITION", (), BackendError),
         ("INVALID_ARGUMENT", (), BackendError),
-        ("UNAVAILABLE", (), BackendError),
+        ("UNAVAILABLE", (), BackendError),  # e.g. the connection dropped: outcome unknown
+        ("UNAVAILABLE", (("x-recstore-applied", "false"),), WriteNotApplied),
+        ("DATA_LOSS", (("x-recstore-applied", "true"),), WriteAppliedNotDurable),
+        ("DATA_LOSS", (), BackendError),
+        ("UNAVAILABLE", (("x-recstore-applied", "maybe"),), BackendError),
     ],
 )
 def test_rpc_errors_map_to_sdk_errors(code, metadata, expected) -> None:
@@ -230,6 +239,9 @@ def test_rpc_errors_map_to_sdk_errors(code, metadata, expected) -> None:
         assert error.epoch == 7
     else:
         assert isinstance(error, BackendError) and "why" in str(error) and error.reason == "why"
+        assert error.code == code
+    if isinstance(error, WriteNotApplied | WriteAppliedNotDurable):
+        assert error.applied is (expected is WriteAppliedNotDurable)
 
 
 @pytest.mark.parametrize(

@@ -133,8 +133,10 @@ def test_statefulset_wiring():
     assert env["valueFrom"]["fieldRef"]["fieldPath"] == (
         "metadata.labels['apps.kubernetes.io/pod-index']"
     )
-    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+    for probe in ("readinessProbe", "startupProbe"):
         assert c[probe]["grpc"] == {"port": 50051}
+    # a node whose log failed is not ready (no writes) but alive (reads): never restarted
+    assert c["livenessProbe"]["grpc"] == {"port": 50051, "service": "liveness"}
     (claim,) = sts["spec"]["volumeClaimTemplates"]
     assert claim["metadata"]["name"] == "data"
     assert {"name": "data", "mountPath": "/data"} in c["volumeMounts"]

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -164,3 +164,33 @@ def spawn() -> Iterator[Any]:
     yield start
     for process in started:
         process.kill()
+
+
+MountTmpfs = Callable[[Path, str], None]
+
+
+@pytest.fixture
+def mounts() -> Iterator[MountTmpfs]:
+    """Mount a tmpfs (``mounts(path, "size=1m")``), unmounted after the test.
+
+    Needs root: elsewhere the test is skipped, saying why; in CI (``CI`` set), where
+    the tests run as root on machines that allow it, it fails instead.
+    """
+    made: list[Path] = []
+
+    def mount(mount_point: Path, options: str) -> None:
+        mount_point.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            why = f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}"
+            if os.environ.get("CI"):
+                pytest.fail(why)
+            pytest.skip(why)
+        made.append(mount_point)
+
+    yield mount
+    for mount_point in reversed(made):
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)

@@ -17,6 +17,8 @@ from recstore.core import (
     TableExists,
     TableNotFound,
     TableSpec,
+    WriteNotDurable,
+    WritesStopped,
     WrongShard,
 )
 from recstore.ps.auth import is_authorized, read_token_file
@@ -72,6 +74,8 @@ def _validation_error() -> ValidationError:
         (WrongShard("moved", 7), grpc.StatusCode.FAILED_PRECONDITION),
         (DeviceUnavailable("no GPU"), grpc.StatusCode.FAILED_PRECONDITION),
         (MemoryError("cannot reserve"), grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (WritesStopped("log failed"), grpc.StatusCode.UNAVAILABLE),
+        (WriteNotDurable("fsync failed"), grpc.StatusCode.DATA_LOSS),
         (RuntimeError("bug"), None),
     ],
 )
@@ -82,3 +86,9 @@ def test_status_of(error: BaseException, code: grpc.StatusCode | None) -> None:
 def test_wrong_shard_carries_epoch() -> None:
     assert trailing_metadata_of(WrongShard("moved", 7)) == (("x-recstore-epoch", "7"),)
     assert trailing_metadata_of(TableNotFound("t")) == ()
+
+
+def test_a_failed_write_says_whether_it_was_applied() -> None:
+    assert trailing_metadata_of(WritesStopped("log failed")) == (("x-recstore-applied", "false"),)
+    assert trailing_metadata_of(WriteNotDurable("fsync")) == (("x-recstore-applied", "true"),)
+    assert trailing_metadata_of(OSError(28, "No space left on device")) == ()

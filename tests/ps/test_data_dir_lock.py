@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ import pytest
 from recstore.core.data_dir import DataDirInUse, holder
 from recstore.ps.server import start_in_thread
 
-from .conftest import Client, spec
+from .conftest import Client, MountTmpfs, spec
 
 
 def _files(data_dir: Path) -> dict[str, tuple[int, int, str]]:
@@ -99,29 +98,8 @@ def test_a_node_whose_parent_is_already_gone_does_not_serve(tmp_path: Path) -> N
     assert f"parent process {gone.pid} is gone" in node.stderr
 
 
-def _mount_tmpfs(mount_point: Path, options: str) -> None:
-    mount_point.mkdir(parents=True, exist_ok=True)
-    made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if made.returncode != 0:
-        why = f"cannot mount a tmpfs here (needs root): {made.stderr.strip()}"
-        if os.environ.get("CI"):  # CI runs as root on machines that allow it: never skip there
-            pytest.fail(why)
-        pytest.skip(why)
-
-
-@pytest.fixture
-def mounts() -> Iterator[list[Path]]:
-    made: list[Path] = []
-    yield made
-    for mount_point in reversed(made):
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
-
-
 def test_sigterm_when_checkpoints_cannot_be_written_ends_with_a_clear_error(
-    tmp_path: Path, spawn, mounts: list[Path]
+    tmp_path: Path, spawn, mounts: MountTmpfs
 ) -> None:
     data_dir = tmp_path / "node"
     node = spawn(data_dir)
@@ -130,8 +108,7 @@ def test_sigterm_when_checkpoints_cannot_be_written_ends_with_a_clear_error(
     client.push("emb", [1], np.full((1, 4), 2.0, np.float32))
     client.close()
     checkpoints = data_dir / "checkpoints"
-    _mount_tmpfs(checkpoints, "ro,size=1m")  # the node's checkpoints now land on a read-only fs
-    mounts.append(checkpoints)
+    mounts(checkpoints, "ro,size=1m")  # the node's checkpoints now land on a read-only fs
     assert node.terminate() == 1
     node.wait_for("ps node stopped", 10)
     log = "".join(node.log)
@@ -140,11 +117,10 @@ def test_sigterm_when_checkpoints_cannot_be_written_ends_with_a_clear_error(
 
 
 def test_a_node_on_a_read_only_data_dir_says_so_and_exits(
-    tmp_path: Path, mounts: list[Path]
+    tmp_path: Path, mounts: MountTmpfs
 ) -> None:
     data_dir = tmp_path / "ro"
-    _mount_tmpfs(data_dir, "ro,size=1m")
-    mounts.append(data_dir)
+    mounts(data_dir, "ro,size=1m")
     node = subprocess.run(
         [sys.executable, "-m", "recstore.ps", "--host", "127.0.0.1", "--port", "0",
          "--data-dir", str(data_dir)],

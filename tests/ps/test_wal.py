@@ -1,16 +1,21 @@
-"""Write-ahead log format, group commit and replay, on plain numpy arrays."""
+"""Write-ahead log format, group commit, replay and fail-stop, on plain numpy arrays."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from recstore.core import WriteNotDurable, WritesStopped
 from recstore.ps import wal
 from recstore.ps.wal import OP_PUSH, OP_UPDATE, TableWal, WalRecord
+from recstore.ps.write_gate import LogFault, WriteGate
+
+from .wal_faults import FailingDisk
 
 
 def record(op: int, keys: list[int], dim: int = 4, lr: float | None = None) -> bytes:
@@ -43,7 +48,7 @@ def test_no_lr_roundtrips_as_none() -> None:
 
 async def test_appends_are_durable_and_replay_in_order(tmp_path: Path) -> None:
     log = TableWal(tmp_path)
-    seqs = [log.append(record(OP_PUSH if i % 2 else OP_UPDATE, [i, i + 1])) for i in range(50)]
+    seqs = [log.append(record(OP_PUSH if i % 2 else OP_UPDATE, [i, i + 1])).seq for i in range(50)]
     await asyncio.gather(*(log.durable(s) for s in seqs))
     log.close()
     out = replayed(tmp_path)
@@ -64,7 +69,7 @@ async def test_concurrent_writers_share_fsyncs(tmp_path: Path, monkeypatch) -> N
     monkeypatch.setattr(wal.os, "fsync", counting_fsync)
 
     async def writer(i: int) -> None:
-        await log.durable(log.append(record(OP_PUSH, [i])))
+        await log.durable(log.append(record(OP_PUSH, [i])).seq)
 
     await asyncio.gather(*(writer(i) for i in range(200)))
     log.close()
@@ -115,3 +120,124 @@ def test_rotate_and_restart_use_new_segments(tmp_path: Path) -> None:
     reopened.close()
     assert wal.generations(tmp_path) == [2]
     assert replayed(tmp_path) == []
+
+
+def first_keys(directory: Path) -> list[int]:
+    return [int(r.keys[0]) for r in replayed(directory)]
+
+
+def test_a_record_that_cannot_be_written_is_refused_and_cut_back_out(tmp_path: Path) -> None:
+    disk = FailingDisk()
+    log = TableWal(tmp_path, table="emb", files=disk)
+    log.append(record(OP_PUSH, [1]))
+    log.wait_durable()
+    segment = wal.segment_path(tmp_path, log.generation)
+    size = segment.stat().st_size
+    disk.fail_writes(errno.ENOSPC, torn=True)  # half the record reaches the file
+    with pytest.raises(WritesStopped, match="No space left on device") as refused:
+        log.append(record(OP_PUSH, [2]))
+    assert "nothing of this request was applied" in str(refused.value)
+    assert segment.stat().st_size == size  # the torn half was cut back out
+    fault = log.gate.fault
+    assert fault is not None and (fault.table, fault.operation, fault.errno_name) == (
+        "emb",
+        "write",
+        "ENOSPC",
+    )
+    assert not log.gate.needs_checkpoint  # nothing was applied that the log lacks
+    disk.heal()
+    with pytest.raises(WritesStopped):  # the log stays stopped until it is reopened
+        log.append(record(OP_PUSH, [3]))
+    log.reopen()
+    log.gate.reopen()
+    log.append(record(OP_PUSH, [4]))
+    log.wait_durable()
+    log.close()
+    assert wal.generations(tmp_path) == [0, 1]  # it continued on a fresh segment
+    assert first_keys(tmp_path) == [1, 4]
+
+
+async def test_a_failed_fsync_fails_the_waiting_writer_and_cuts_the_segment_back(
+    tmp_path: Path,
+) -> None:
+    disk = FailingDisk()
+    log = TableWal(tmp_path, table="emb", files=disk)
+    await log.durable(log.append(record(OP_PUSH, [1])).seq)
+    disk.fail_syncs(errno.EIO)
+    late = log.append(record(OP_PUSH, [2]))  # written, so its writer applies it
+    with pytest.raises(WriteNotDurable, match="Input/output error"):
+        await log.durable(late.seq)
+    with pytest.raises(WriteNotDurable):  # asked again, the answer stays
+        log.wait_durable(late.seq)
+    log.wait_durable(1)  # the record fsynced before stays acknowledged
+    assert log.gate.fault is not None and log.gate.fault.operation == "fsync"
+    assert log.gate.needs_checkpoint  # memory holds a write the log lost
+    with pytest.raises(WritesStopped):
+        log.append(record(OP_PUSH, [3]))
+    disk.heal()
+    log.reopen()
+    with pytest.raises(WriteNotDurable):  # a fresh segment does not make it durable
+        await log.durable(late.seq)
+    log.close()
+    assert first_keys(tmp_path) == [1]  # a restart replays only what was acknowledged
+
+
+def test_reopening_fails_while_the_disk_still_fails_and_leaves_no_segment(tmp_path: Path) -> None:
+    disk = FailingDisk()
+    log = TableWal(tmp_path, table="emb", files=disk)
+    disk.fail_writes(errno.ENOSPC, torn=False)
+    with pytest.raises(WritesStopped):
+        log.append(record(OP_PUSH, [1]))
+    with pytest.raises(OSError, match="No space left"):
+        log.reopen()
+    assert wal.generations(tmp_path) == [0]  # the probe's half-made segment is gone
+    assert log.fault is not None
+    disk.heal()
+    log.reopen()
+    assert log.fault is None and wal.generations(tmp_path) == [0, 1]
+    log.close()
+
+
+def test_a_failure_in_one_log_stops_the_logs_sharing_its_gate(tmp_path: Path) -> None:
+    gate, disk = WriteGate(), FailingDisk()
+    first = TableWal(tmp_path / "a", table="a", gate=gate, files=disk)
+    second = TableWal(tmp_path / "b", table="b", gate=gate, files=disk)
+    disk.fail_writes(errno.ENOSPC, where=lambda path: path.parent.name == "a")
+    with pytest.raises(WritesStopped):
+        first.append(record(OP_PUSH, [1]))
+    with pytest.raises(WritesStopped, match="table 'a'"):  # its own disk works, still refused
+        second.append(record(OP_PUSH, [2]))
+    assert gate.fault_counts() == {"write": 1}
+    first.close()
+    second.close()
+    assert replayed(tmp_path / "b") == []
+
+
+def test_retract_cuts_the_last_records_back_out(tmp_path: Path) -> None:
+    log = TableWal(tmp_path)
+    log.append(record(OP_PUSH, [1]))
+    second = log.append(record(OP_PUSH, [2]))
+    third = log.append(record(OP_PUSH, [3]))
+    with pytest.raises(RuntimeError, match="only the last record"):
+        log.retract(second)
+    log.retract(third)
+    log.retract(second)
+    log.append(record(OP_PUSH, [4]))
+    log.wait_durable()
+    log.close()
+    assert first_keys(tmp_path) == [1, 4]
+
+
+def test_the_gate_stays_shut_when_a_log_fails_while_writes_resume() -> None:
+    gate = WriteGate()
+    first = LogFault.of("a", "write", "/a", OSError(errno.ENOSPC, "No space left on device"))
+    gate.trip(first)
+    seen = gate.trips()  # the probe starts: every failed log is reopened ...
+    gate.trip(LogFault.of("b", "fsync", "/b", OSError(errno.EIO, "Input/output error")))
+    assert not gate.reopen(seen)  # ... but another log failed meanwhile
+    assert gate.fault == first
+    with pytest.raises(WritesStopped, match=r"table 'a'.*\[ENOSPC\]"):
+        gate.check()
+    assert gate.reopen(gate.trips())
+    gate.check()
+    assert gate.fault_counts() == {"write": 1, "fsync": 1}

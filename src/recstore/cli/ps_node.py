@@ -29,6 +29,14 @@ def ps_node(
         float, typer.Option("--checkpoint-interval", help="Seconds between checkpoints; 0: off.")
     ] = 0.0,
     keep_checkpoints: Annotated[int, typer.Option("--keep-checkpoints", min=1)] = 3,
+    wal_probe_interval: Annotated[
+        float,
+        typer.Option(
+            "--wal-probe-interval",
+            min=0.001,
+            help="Seconds between attempts to resume writes after the write-ahead log failed.",
+        ),
+    ] = 5.0,
     metrics_port: Annotated[
         int | None, typer.Option("--metrics-port", help="Prometheus /metrics port.")
     ] = None,
@@ -104,6 +112,7 @@ def ps_node(
         table_specs=declared,
         parent_pid=parent_pid,
         max_batch_bytes=max_batch_bytes,
+        wal_probe_interval=wal_probe_interval,
     )
     raise typer.Exit(run(config))
 

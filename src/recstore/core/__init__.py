@@ -1,6 +1,7 @@
 """Shared core: table spec, routing, errors. Imports neither torch nor any service."""
 
 from recstore.core.errors import (
+    APPLIED_METADATA_KEY,
     CapacityExhausted,
     DeviceUnavailable,
     InvalidArgument,
@@ -9,6 +10,8 @@ from recstore.core.errors import (
     TableExists,
     TableNotFound,
     Unauthenticated,
+    WriteNotDurable,
+    WritesStopped,
     WrongShard,
 )
 from recstore.core.routing import NUM_SLOTS, SlotMap, SlotRange, hash_keys, slot_of
@@ -26,6 +29,7 @@ from recstore.core.spec import (
 )
 
 __all__ = [
+    "APPLIED_METADATA_KEY",
     "NUM_SLOTS",
     "CapacityExhausted",
     "Checkpoint",
@@ -47,6 +51,8 @@ __all__ = [
     "TableNotFound",
     "TableSpec",
     "Unauthenticated",
+    "WriteNotDurable",
+    "WritesStopped",
     "WrongShard",
     "hash_keys",
     "slot_of",

@@ -55,3 +55,25 @@ class WrongShard(RecStoreError):
     def __init__(self, message: str, epoch: int) -> None:
         super().__init__(message)
         self.epoch = epoch
+
+
+#: trailing metadata of a refused or failed write: "false" when nothing of it was
+#: applied (safe to send again), "true" when it was applied in memory but is not durable
+APPLIED_METADATA_KEY = "x-recstore-applied"
+
+
+class WritesStopped(RecStoreError):
+    """The node's write-ahead log failed: it accepts no writes until the log works again.
+
+    Nothing of the refused request was applied (gRPC UNAVAILABLE, ``x-recstore-applied:
+    false``): sending it again later, or after the node restarts, is safe.
+    """
+
+
+class WriteNotDurable(RecStoreError):
+    """The write was applied in memory, but its log record could not be made durable.
+
+    The node stops accepting writes (gRPC DATA_LOSS, ``x-recstore-applied: true``); the
+    write is durable once the node resumes and lost if it restarts before. Never resend
+    it blindly: it is applied.
+    """

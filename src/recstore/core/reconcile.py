@@ -27,6 +27,10 @@ GRPC_PORT = 50051
 #: a PS pod listens on all its addresses (loopback is the node's own default)
 POD_LISTEN_HOST = "0.0.0.0"
 METRICS_PORT = 9100
+#: the gRPC health service a liveness probe asks: SERVING while the node process serves,
+#: also while writes are stopped after a log failure ("" and the ParameterServer service
+#: then say NOT_SERVING: not ready for writes, yet alive and serving reads)
+LIVENESS_SERVICE = "liveness"
 DATA_DIR = "/data"
 
 
