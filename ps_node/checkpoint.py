@@ -3,9 +3,11 @@
 Layout: ``<data_dir>/checkpoints/<id>/manifest.json`` plus, per table, raw
 little-endian ``keys.bin``, ``values.bin`` and ``state.bin`` (optimizer state).
 The manifest records each table's spec, slot map and optimizer state, and each
-file's dtype, shape and sha256. A checkpoint is written into a temporary
-directory, fsynced and renamed into place, so a crash mid-save leaves the
-previous checkpoints untouched; the last ``keep`` are kept.
+file's dtype, shape and sha256, and its own sha256. A checkpoint is written
+into a temporary directory, fsynced and renamed into place, so a crash mid-save
+leaves the previous checkpoints untouched; the last ``keep`` are kept. Nothing
+is trusted on read: ``scan`` reports manifests that do not parse or verify,
+``verify_table`` checks a table's files before a row of it is used.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from recstore.ps.wal import fsync_dir
 FORMAT = "recstore-checkpoint"
 VERSION = 1
 MANIFEST = "manifest.json"
+MANIFEST_DIGEST = "manifest_sha256"  # the manifest's own checksum, a field of it
 TEMP_PREFIX = ".tmp-"
 CHECKPOINT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -37,7 +40,14 @@ Chunk = tuple[np.ndarray, np.ndarray, np.ndarray]  # keys, values, state
 
 
 class CheckpointCorrupt(RecStoreError):
-    """A checkpoint whose manifest or files do not verify."""
+    """A checkpoint whose manifest or files do not verify (gRPC DATA_LOSS)."""
+
+    def __init__(self, checkpoint_id: str, table: str | None, reason: str) -> None:
+        where = f"checkpoint {checkpoint_id!r}" + (f", table {table!r}" if table else "")
+        super().__init__(f"{where}: {reason}")
+        self.checkpoint_id = checkpoint_id
+        self.table = table  # None: the manifest itself
+        self.reason = reason
 
 
 class CheckpointNotFound(RecStoreError):
@@ -163,6 +173,7 @@ class CheckpointWriter:
 
     def commit(self) -> CheckpointInfo:
         self.manifest["created_unix"] = time.time()
+        self.manifest[MANIFEST_DIGEST] = _manifest_digest(self.manifest)
         path = self.temp / MANIFEST
         with open(path, "w") as handle:
             json.dump(self.manifest, handle, indent=1, sort_keys=True)
@@ -194,55 +205,122 @@ def _info(path: Path, manifest: dict[str, Any]) -> CheckpointInfo:
     )
 
 
-def list_checkpoints(root: Path) -> list[CheckpointInfo]:
-    """Checkpoints with a readable manifest, oldest first (files not verified)."""
-    found: list[CheckpointInfo] = []
+def _manifest_digest(manifest: dict[str, Any]) -> str:
+    body = {k: v for k, v in manifest.items() if k != MANIFEST_DIGEST}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _read_manifest(path: Path) -> CheckpointInfo:
+    """The checkpoint at ``path``; CheckpointCorrupt when its manifest is unusable."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+            raise ValueError(f"not a {FORMAT} version {VERSION} manifest")
+        digest = manifest.get(MANIFEST_DIGEST)  # absent in checkpoints of older releases
+        if digest is not None and digest != _manifest_digest(manifest):
+            raise ValueError("manifest sha256 mismatch")
+        return _info(path, manifest)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise CheckpointCorrupt(path.name, None, f"unreadable manifest: {error}") from None
+
+
+@dataclass
+class Scan:
+    """The checkpoints under a root: readable ones oldest first, and damaged manifests."""
+
+    infos: list[CheckpointInfo]
+    damaged: list[CheckpointCorrupt]
+
+
+def scan(root: Path) -> Scan:
+    """Every committed checkpoint under ``root`` (files not verified, manifests are)."""
+    found = Scan([], [])
     if not root.is_dir():
         return found
-    for path in root.iterdir():
+    for path in sorted(root.iterdir()):
         if path.name.startswith(TEMP_PREFIX) or not (path / MANIFEST).is_file():
             continue
         try:
-            manifest = json.loads((path / MANIFEST).read_text())
-            if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-                continue
-            found.append(_info(path, manifest))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return sorted(found, key=lambda info: info.sequence)
+            found.infos.append(_read_manifest(path))
+        except CheckpointCorrupt as error:
+            found.damaged.append(error)
+    found.infos.sort(key=lambda info: info.sequence)
+    return found
 
 
-def verify(info: CheckpointInfo) -> None:
-    """Check every file's size and sha256 against the manifest."""
-    for name, table in info.manifest["tables"].items():
-        for part, meta in table["files"].items():
+def list_checkpoints(root: Path) -> list[CheckpointInfo]:
+    """Checkpoints with a readable manifest, oldest first (files not verified)."""
+    return scan(root).infos
+
+
+def _sha256_of(path: Path, from_disk: bool) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        if from_disk:  # drop the (clean, fsynced) cached pages so the read hits the device
+            os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        while block := handle.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_table(info: CheckpointInfo, name: str, *, from_disk: bool = False) -> None:
+    """Check a table's files (size, shape, sha256) against the manifest, whole."""
+    table = info.manifest["tables"][name]
+    for part, meta in table["files"].items():
+        try:
+            dtype = np.dtype(meta["dtype"])
+            expected = int(np.prod(meta["shape"])) * dtype.itemsize
+            if expected != int(meta["bytes"]):
+                raise CheckpointCorrupt(info.checkpoint_id, name, f"{part}: shape and size differ")
             path = info.path / meta["file"]
-            digest = hashlib.sha256()
-            try:
-                with open(path, "rb") as handle:
-                    while block := handle.read(1 << 22):
-                        digest.update(block)
-            except OSError as exc:
-                raise CheckpointCorrupt(f"{info.checkpoint_id}: {name}/{part}: {exc}") from exc
-            if digest.hexdigest() != meta["sha256"]:
-                raise CheckpointCorrupt(f"{info.checkpoint_id}: {name}/{part}: sha256 mismatch")
+            if path.stat().st_size != expected:
+                raise CheckpointCorrupt(
+                    info.checkpoint_id, name, f"{part}: {path.stat().st_size} bytes, not {expected}"
+                )
+            if _sha256_of(path, from_disk) != meta["sha256"]:
+                raise CheckpointCorrupt(info.checkpoint_id, name, f"{part}: sha256 mismatch")
+        except (OSError, KeyError, TypeError, ValueError) as error:
+            raise CheckpointCorrupt(info.checkpoint_id, name, f"{part}: {error}") from None
 
 
-def find(root: Path, checkpoint_id: str | None) -> CheckpointInfo:
-    """A verified checkpoint: the given id, or the newest one that verifies."""
-    candidates = list_checkpoints(root)
+def verify(info: CheckpointInfo, *, from_disk: bool = False) -> None:
+    """Check every table's files against the manifest."""
+    for name in info.manifest["tables"]:
+        verify_table(info, name, from_disk=from_disk)
+
+
+def find(
+    root: Path,
+    checkpoint_id: str | None,
+    on_damaged: Callable[[CheckpointCorrupt], None] | None = None,
+) -> CheckpointInfo:
+    """A verified checkpoint: the given id, or the newest one that verifies.
+
+    ``on_damaged`` hears of each damaged checkpoint passed over on the way.
+    """
+    found = scan(root)
+    report = on_damaged or (lambda error: None)
     if checkpoint_id:
-        candidates = [c for c in candidates if c.checkpoint_id == checkpoint_id]
-        if not candidates:
-            raise CheckpointNotFound(f"no checkpoint {checkpoint_id!r} under {root}")
-        verify(candidates[0])
-        return candidates[0]
-    for info in reversed(candidates):
+        named = [c for c in found.infos if c.checkpoint_id == checkpoint_id]
+        try:
+            for damaged in found.damaged:
+                if damaged.checkpoint_id == checkpoint_id:
+                    raise damaged
+            if not named:
+                raise CheckpointNotFound(f"no checkpoint {checkpoint_id!r} under {root}")
+            verify(named[0])
+        except CheckpointCorrupt as error:
+            report(error)
+            raise
+        return named[0]
+    for damaged in found.damaged:
+        report(damaged)
+    for info in reversed(found.infos):
         try:
             verify(info)
             return info
-        except CheckpointCorrupt:
-            continue
+        except CheckpointCorrupt as error:
+            report(error)
     raise CheckpointNotFound(f"no valid checkpoint under {root}")
 
 
@@ -271,10 +349,12 @@ def next_sequence(root: Path) -> int:
     return existing[-1].sequence + 1 if existing else 1
 
 
-def prune(root: Path, keep: int) -> list[str]:
-    """Delete all but the newest ``keep`` checkpoints, and leftover temporaries."""
+def prune(root: Path, keep: int, protect: Collection[str] = ()) -> list[str]:
+    """Delete all but the newest ``keep`` checkpoints, sparing the ids in ``protect``."""
     removed = []
     for info in list_checkpoints(root)[:-keep] if keep > 0 else []:
+        if info.checkpoint_id in protect:
+            continue
         shutil.rmtree(info.path, ignore_errors=True)
         removed.append(info.checkpoint_id)
     return removed

@@ -76,6 +76,7 @@ def serve(node: Node, method: str, request: bytes) -> Served:
     except ValueError as error:
         raise InvalidArgument(f"malformed {method}Request: {error}") from None
     names = parsed.tables
+    node.check_servable(names)
     hosted = [node.tables.get(name) for name in names]
     by_name = dict(zip(names, hosted, strict=True))
     with contextlib.ExitStack() as locks:

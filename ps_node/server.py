@@ -26,7 +26,7 @@ from grpc_reflection.v1alpha import reflection
 from recstore.core import TableSpec
 from recstore.core.data_dir import DataDirInUse, DataDirLock, DataDirUnusable
 from recstore.ps import metrics as metrics_module
-from recstore.ps import persistence, table_specs
+from recstore.ps import persistence, recovery, table_specs
 from recstore.ps.auth import TokenAuth
 from recstore.ps.node import Node
 from recstore.ps.offload import Offload
@@ -86,7 +86,9 @@ class PsServer:
         except BaseException:
             self._lock.release()
             raise
-        self.metrics = metrics_module.Metrics(lambda: dict(self.node.tables))
+        self.metrics = metrics_module.Metrics(
+            lambda: dict(self.node.tables), lambda: dict(self.node.refused)
+        )
         self.executor = ThreadPoolExecutor(max_workers=2 * (os.cpu_count() or 2) + 2)
         self.offload = Offload(self.executor)
         self.health = health.aio.HealthServicer()
@@ -105,7 +107,9 @@ class PsServer:
 
     async def _start(self) -> int:
         loop = asyncio.get_running_loop()
-        restored = await loop.run_in_executor(self.executor, persistence.recover, self.node)
+        restored = await loop.run_in_executor(
+            self.executor, recovery.recover, self.node, self.metrics.checkpoint_damaged
+        )
         declared = await loop.run_in_executor(
             self.executor, table_specs.declare, self.node, self.config.table_specs
         )
@@ -140,7 +144,8 @@ class PsServer:
                 "num_shards": self.config.num_shards,
                 "durability": self.config.durability,
                 "tables": sorted(self.node.tables),
-                "restored_checkpoint": restored.checkpoint_id if restored else None,
+                "restored_checkpoint": restored.newest.checkpoint_id if restored.newest else None,
+                "refused_tables": restored.refused,
                 "declared_tables_created": declared,
             },
         )
@@ -148,7 +153,11 @@ class PsServer:
 
     async def _save(self) -> None:
         info = await self.offload.run(
-            persistence.save, self.node, None, self.config.keep_checkpoints
+            persistence.save,
+            self.node,
+            None,
+            self.config.keep_checkpoints,
+            self.metrics.checkpoint_damaged,
         )
         self.metrics.checkpointed(info)
 

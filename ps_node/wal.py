@@ -4,8 +4,10 @@ A log is a directory of segments ``<generation>.wal``; each segment starts with
 a magic and holds length-prefixed records with a CRC32. Writers append under
 the table lock (so the log order is the apply order) and then wait for a
 background flusher that writes everything pending with one fsync (group
-commit) before they reply. A checkpoint rotates to a new segment; segments
-older than the newest checkpoint's generation are deleted. Replay stops a
+commit) before they reply. A checkpoint rotates to a new segment and records
+its generation; segments are deleted only below the generation of the oldest
+checkpoint kept (``recstore.ps.persistence``), so a damaged newer checkpoint
+can be passed over and an older one brought forward by the log. Replay stops a
 segment at the first torn or corrupt record: it was never acknowledged.
 """
 
@@ -94,6 +96,13 @@ def generations(directory: Path) -> list[int]:
     if not directory.is_dir():
         return []
     return sorted(int(p.stem) for p in directory.glob("*.wal") if p.stem.isdigit())
+
+
+def reaches_back(directory: Path, generation: int) -> bool:
+    """Whether every segment from ``generation`` to the newest is there, so that a
+    replay from ``generation`` brings back every write logged since."""
+    present = [g for g in generations(directory) if g >= generation]
+    return bool(present) and present == list(range(generation, present[-1] + 1))
 
 
 def replay(directory: Path, start_generation: int, apply: Callable[[WalRecord], None]) -> int:
