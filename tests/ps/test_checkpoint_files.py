@@ -104,3 +104,35 @@ def test_missing_checkpoint(tmp_path: Path) -> None:
         checkpoint.find(tmp_path, "b")
     with pytest.raises(InvalidArgument, match="already exists"):
         write(tmp_path, "a", {"t": 1})
+
+
+def test_a_damaged_manifest_is_reported_not_skipped(tmp_path: Path) -> None:
+    write(tmp_path, "old", {"t": 2})
+    info = write(tmp_path, "new", {"t": 3})
+    manifest = info.path / checkpoint.MANIFEST
+    # still valid JSON, one digit changed: only the manifest's own checksum catches it
+    manifest.write_text(manifest.read_text().replace('"rows": 3', '"rows": 2'))
+    found = checkpoint.scan(tmp_path)
+    assert [i.checkpoint_id for i in found.infos] == ["old"]
+    assert [(d.checkpoint_id, d.table) for d in found.damaged] == [("new", None)]
+    assert "manifest sha256 mismatch" in str(found.damaged[0])
+    with pytest.raises(CheckpointCorrupt, match="checkpoint 'new'"):
+        checkpoint.find(tmp_path, "new")
+    seen: list[CheckpointCorrupt] = []
+    assert checkpoint.find(tmp_path, None, seen.append).checkpoint_id == "old"
+    assert [d.checkpoint_id for d in seen] == ["new"]
+
+
+def test_a_truncated_file_does_not_verify(tmp_path: Path) -> None:
+    info = write(tmp_path, "a", {"t": 5, "u": 5})
+    keys = info.path / "tables" / "t" / "keys.bin"
+    keys.write_bytes(keys.read_bytes()[:-8])
+    with pytest.raises(CheckpointCorrupt, match="table 't': keys: 32 bytes, not 40"):
+        checkpoint.verify_table(info, "t")
+    checkpoint.verify_table(info, "u", from_disk=True)  # the other table is intact
+
+
+def test_prune_spares_protected_checkpoints(tmp_path: Path) -> None:
+    for i in range(4):
+        write(tmp_path, f"c{i}", {"t": 2})
+    assert checkpoint.prune(tmp_path, 1, protect={"c1"}) == ["c0", "c2"]

@@ -235,6 +235,11 @@ def test_checkpoint_mode_with_every_checkpoint_damaged_refuses(tmp_path: Path, s
     assert "'emb'" in refused.value.details() and "sha256" in refused.value.details()
     again.pull("intact", KEYS)  # the other table of the checkpoint verified: served
     assert again.names() == ["emb", "intact"]
+    # a node that declares the table at start hosts it refused, not created anew
+    _, declared = start(table_specs=[table_spec()])
+    with pytest.raises(grpc.RpcError) as still:
+        declared.pull("emb", KEYS)
+    assert still.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
 @pytest.mark.parametrize("part", ["values", "state", "manifest"])

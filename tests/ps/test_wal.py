@@ -115,3 +115,15 @@ def test_rotate_and_restart_use_new_segments(tmp_path: Path) -> None:
     reopened.close()
     assert wal.generations(tmp_path) == [2]
     assert replayed(tmp_path) == []
+
+
+def test_reaches_back_needs_every_segment_from_the_generation(tmp_path: Path) -> None:
+    assert not wal.reaches_back(tmp_path, 0)  # no log at all
+    log = TableWal(tmp_path)
+    for _ in range(3):
+        log.rotate()
+    log.close()
+    assert wal.reaches_back(tmp_path, 0) and wal.reaches_back(tmp_path, 2)
+    assert not wal.reaches_back(tmp_path, 4)  # beyond the newest segment
+    wal.segment_path(tmp_path, 1).unlink()  # a gap
+    assert not wal.reaches_back(tmp_path, 0) and wal.reaches_back(tmp_path, 2)
