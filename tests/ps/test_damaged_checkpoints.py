@@ -9,6 +9,7 @@ in-process nodes stopped without a final checkpoint.
 
 from __future__ import annotations
 
+import functools
 import json
 import urllib.request
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 
 from recstore.core.proto_convert import table_stats_from_proto
+from recstore.core.wire import WireClient
 from recstore.ps import checkpoint
 from recstore.ps.server import ServerHandle, start_in_thread
 from recstore.store import Table
@@ -48,19 +50,21 @@ def damage(data_dir: Path, checkpoint_id: str, part: str = "values", table: str 
 class Writes:
     """r0, r1, r2 of the scenario, applied to the node and to an in-process oracle."""
 
-    def __init__(self, client: Client) -> None:
-        self.client = client
+    def __init__(self, client: Client | None) -> None:
+        self.client = client  # None: the oracle alone
         self.oracle = Table(table_spec())
         self.rng = np.random.default_rng(7)
 
     def push(self, keys: np.ndarray) -> None:
         values = self.rng.standard_normal((len(keys), 8)).astype(np.float32)
-        self.client.push("emb", keys, values)
+        if self.client is not None:
+            self.client.push("emb", keys, values)
         self.oracle.push(keys, values)
 
     def update(self, keys: np.ndarray) -> None:
         grads = self.rng.standard_normal((len(keys), 8)).astype(np.float32)
-        self.client.update("emb", keys, grads)
+        if self.client is not None:
+            self.client.update("emb", keys, grads)
         self.oracle.update(keys, grads)
 
     def r(self, step: int) -> None:
@@ -181,6 +185,7 @@ def start(tmp_path: Path) -> Iterator[Any]:
     running: list[ServerHandle] = []
 
     def run(durability: str = "checkpoint", **options: Any) -> tuple[ServerHandle, Client]:
+        """Start a node on the data dir (stopping the running one as a crash would)."""
         for handle in running:
             handle.stop(final_checkpoint=False)  # as a crash: no checkpoint on the way out
         running.clear()
@@ -228,13 +233,25 @@ def test_checkpoint_mode_with_every_checkpoint_damaged_refuses(tmp_path: Path, s
     Writes(client).r(0)
     client.save("A")
     damage(tmp_path, "A")
-    _, again = start()
+    handle, again = start()
     with pytest.raises(grpc.RpcError) as refused:
         again.pull("emb", KEYS)
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "'emb'" in refused.value.details() and "sha256" in refused.value.details()
     again.pull("intact", KEYS)  # the other table of the checkpoint verified: served
     assert again.names() == ["emb", "intact"]
+    with grpc.insecure_channel(handle.address) as channel:
+        fast = WireClient(channel, timeout=60)
+        grads = np.ones((2, 8), np.float32)
+        for call in (
+            functools.partial(fast.multi_pull, [("intact", KEYS[:2]), ("emb", KEYS[:2])]),
+            functools.partial(
+                fast.multi_update, [("intact", KEYS[:2], grads), ("emb", KEYS[:2], grads)]
+            ),
+        ):
+            with pytest.raises(grpc.RpcError) as multi:
+                call()
+            assert multi.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     # a node that declares the table at start hosts it refused, not created anew
     _, declared = start(table_specs=[table_spec()])
     with pytest.raises(grpc.RpcError) as still:
@@ -312,3 +329,32 @@ def test_the_log_reaches_back_to_the_oldest_kept_checkpoint(tmp_path: Path, star
     damage(tmp_path, "c3")
     _, again = start("wal")
     np.testing.assert_array_equal(again.pull("emb", KEYS), writes.oracle.pull(KEYS))
+
+
+def test_after_a_load_no_checkpoint_before_it_is_a_base_for_the_log(
+    tmp_path: Path, start: Any
+) -> None:
+    _, client = start("wal")
+    client.create(table_spec())
+    writes = Writes(client)
+    writes.r(0)
+    client.save("A")
+    writes.r(1)
+    client.save("B")
+    client.call("Load", ps_pb2.LoadRequest(checkpoint_id="A"))
+    loaded = Writes(None)  # the same r0 as the node's: its oracle is at A
+    loaded.r(0)
+    loaded.client = client
+    loaded.r(2)
+    _, again = start("wal")
+    np.testing.assert_array_equal(again.pull("emb", KEYS), loaded.oracle.pull(KEYS))
+    (after_load,) = [c for c in again.call("ListCheckpoints", ps_pb2.ListCheckpointsRequest())
+                     .checkpoints if c.checkpoint_id not in ("A", "B")]  # fmt: skip
+    damage(tmp_path, after_load.checkpoint_id)
+    # B plus the log would be a state that never existed (the writes before the Load
+    # and after it): refused, not served
+    _, refused = start("wal")
+    with pytest.raises(grpc.RpcError) as error:
+        refused.pull("emb", KEYS)
+    assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "no longer reaches back" in error.value.details()
