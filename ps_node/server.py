@@ -28,6 +28,7 @@ from recstore.core.data_dir import DataDirInUse, DataDirLock, DataDirUnusable
 from recstore.ps import metrics as metrics_module
 from recstore.ps import persistence, recovery, table_specs
 from recstore.ps.auth import TokenAuth
+from recstore.ps.checkpoint import CheckpointCorrupt
 from recstore.ps.node import Node
 from recstore.ps.offload import Offload
 from recstore.ps.servicer import PsServicer, add_to_server
@@ -181,12 +182,13 @@ class PsServer:
             self._periodic.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._periodic
-        failure: OSError | None = None
+        failure: OSError | CheckpointCorrupt | None = None
         if final_checkpoint and self.node.tables:
             try:
                 await self._save()
                 log.info("final checkpoint written")
-            except OSError as error:  # e.g. a read-only or full data dir: say so, then stop
+            # e.g. a read-only or full data dir, or a write that did not verify: say so, stop
+            except (OSError, CheckpointCorrupt) as error:
                 failure = error
                 log.error(
                     "final checkpoint failed: %s; the data dir keeps the previous checkpoint",

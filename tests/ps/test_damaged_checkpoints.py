@@ -311,6 +311,30 @@ def test_a_checkpoint_that_does_not_verify_after_writing_keeps_the_log(
     assert conditions(again) == []  # the damaged one was never kept
 
 
+def test_a_final_checkpoint_that_does_not_verify_still_releases_the_data_dir(
+    tmp_path: Path, start: Any, monkeypatch: Any
+) -> None:
+    from recstore.ps.server import FinalCheckpointFailed
+
+    handle, client = start("wal")
+    client.create(table_spec())
+    writes = Writes(client)
+    writes.r(0)
+    commit = checkpoint.CheckpointWriter.commit
+
+    def torn_commit(self: checkpoint.CheckpointWriter) -> checkpoint.CheckpointInfo:
+        info = commit(self)
+        damage(tmp_path, info.checkpoint_id)
+        return info
+
+    monkeypatch.setattr(checkpoint.CheckpointWriter, "commit", torn_commit)
+    with pytest.raises(FinalCheckpointFailed, match="did not verify"):
+        handle.stop(final_checkpoint=True)
+    monkeypatch.undo()
+    _, again = start("wal")  # the lock was released; the log still holds every write
+    np.testing.assert_array_equal(again.pull("emb", KEYS), writes.oracle.pull(KEYS))
+
+
 def test_the_log_reaches_back_to_the_oldest_kept_checkpoint(tmp_path: Path, start: Any) -> None:
     from recstore.ps import wal
 
