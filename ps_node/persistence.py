@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from recstore.core import SlotMap, TableSpec
-from recstore.ps import checkpoint
+from recstore.ps import checkpoint, checkpoint_read
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
 from recstore.ps.node import HostedTable, Node
@@ -68,7 +68,7 @@ def save(
     root.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with node.registry_lock:
-        sequence = checkpoint.next_sequence(root)
+        sequence = checkpoint_read.next_sequence(root)
         writer = checkpoint.CheckpointWriter(
             root,
             checkpoint_id or f"ckpt-{sequence:08d}",
@@ -89,14 +89,14 @@ def save(
             writer.abort()
             raise
     try:  # the log it would let go of is still whole: a bad write loses nothing
-        checkpoint.verify(info, from_disk=True)
+        checkpoint_read.verify(info, from_disk=True)
     except CheckpointCorrupt as error:
         shutil.rmtree(info.path, ignore_errors=True)
         reporter(on_damaged)(error)
         raise CheckpointCorrupt(
             info.checkpoint_id, error.table, f"did not verify after writing ({error.reason})"
         ) from error
-    checkpoint.prune(root, keep, protect=_holding_refused(node, root))
+    checkpoint_read.prune(root, keep, protect=_holding_refused(node, root))
     _trim_logs(root, rotated, history_restarts)
     log.info(
         "checkpoint saved",
@@ -125,7 +125,7 @@ def _trim_logs(
     """Delete each table's segments below what the oldest kept checkpoint needs: its
     generation, or 0 when it does not hold the table (created after it) or holds it
     without a log (written in checkpoint durability)."""
-    kept = checkpoint.list_checkpoints(root)
+    kept = checkpoint_read.list_checkpoints(root)
     for hosted, generation in rotated:
         floor = generation
         if hosted.entry.spec.name not in history_restarts:
@@ -138,7 +138,7 @@ def _holding_refused(node: Node, root: Path) -> set[str]:
     """Checkpoints holding a refused table: kept, they are all that is left of its data."""
     return {
         info.checkpoint_id
-        for info in checkpoint.list_checkpoints(root)
+        for info in checkpoint_read.list_checkpoints(root)
         for refusal in node.refused.values()
         if logged_generation(info, refusal.entry) is not None
     }
@@ -169,7 +169,7 @@ def _value_dtype(hosted: HostedTable) -> np.dtype:
 
 def restore_rows(hosted: HostedTable, info: CheckpointInfo, name: str) -> int:
     """Import a table's rows and optimizer state from a (verified) checkpoint."""
-    for keys, values, state in checkpoint.table_chunks(info, name):
+    for keys, values, state in checkpoint_read.table_chunks(info, name):
         hosted.table.import_chunk(keys, values, state)
     hosted.table.load_optimizer_state(info.manifest["tables"][name].get("optimizer_state", {}))
     return int(info.manifest["tables"][name]["rows"])
@@ -200,7 +200,7 @@ def load(
     refused (CheckpointCorrupt) and the node keeps its state.
     """
     with node.registry_lock:
-        info = checkpoint.find(checkpoint_root(node), checkpoint_id, reporter(on_damaged))
+        info = checkpoint_read.find(checkpoint_root(node), checkpoint_id, reporter(on_damaged))
         for name, meta in info.manifest["tables"].items():
             if name in node.tables:
                 with node.tables[name].lock:

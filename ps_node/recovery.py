@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recstore.core.proto_convert import TableCondition
-from recstore.ps import catalogue, checkpoint, wal
+from recstore.ps import catalogue, checkpoint_read, wal
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
 from recstore.ps.node import Node, Refusal
@@ -53,8 +53,8 @@ def recover(node: Node, on_damaged: OnDamaged | None = None) -> Recovery:
     """Bring a starting node back: per table, the newest valid base and its log."""
     report = reporter(on_damaged)
     root = checkpoint_root(node)
-    checkpoint.remove_temporaries(root)
-    found = checkpoint.scan(root)
+    checkpoint_read.remove_temporaries(root)
+    found = checkpoint_read.scan(root)
     for damaged in found.damaged:
         report(damaged)
     entries = catalogue.load(node.data_dir)
@@ -81,7 +81,7 @@ def recover(node: Node, on_damaged: OnDamaged | None = None) -> Recovery:
 
 
 def _recover_table(
-    node: Node, entry: CatalogueEntry, found: checkpoint.Scan, report: OnDamaged
+    node: Node, entry: CatalogueEntry, found: checkpoint_read.Scan, report: OnDamaged
 ) -> CheckpointInfo | None:
     """Host one table from its newest valid base (or refuse it); returns the checkpoint used."""
     name = entry.spec.name
@@ -97,7 +97,7 @@ def _recover_table(
             )
             continue
         try:
-            checkpoint.verify_table(info, name)
+            checkpoint_read.verify_table(info, name)
         except CheckpointCorrupt as error:
             report(error)
             passed_over.append(str(error))

@@ -26,7 +26,8 @@ from recstore.core.proto_convert import (
     table_stats_to_proto,
 )
 from recstore.ps import codec, native_path, persistence
-from recstore.ps.checkpoint import CheckpointInfo, list_checkpoints
+from recstore.ps.checkpoint import CheckpointInfo
+from recstore.ps.checkpoint_read import list_checkpoints
 from recstore.ps.metrics import Metrics
 from recstore.ps.node import HostedTable, Node, Refusal, WriteAck
 from recstore.ps.offload import Offload

@@ -22,7 +22,7 @@ import pytest
 
 from recstore.core.proto_convert import table_stats_from_proto
 from recstore.core.wire import WireClient
-from recstore.ps import checkpoint
+from recstore.ps import checkpoint, checkpoint_read
 from recstore.ps.server import ServerHandle, start_in_thread
 from recstore.store import Table
 from recstore.v1 import ps_pb2
@@ -345,7 +345,7 @@ def test_the_log_reaches_back_to_the_oldest_kept_checkpoint(tmp_path: Path, star
     for step in range(4):
         writes.r(step % 3)
         saved.append(client.save(f"c{step}").checkpoint_id)
-        kept = checkpoint.list_checkpoints(tmp_path / "checkpoints")
+        kept = checkpoint_read.list_checkpoints(tmp_path / "checkpoints")
         assert [c.checkpoint_id for c in kept] == saved[-2:]
         (log_dir,) = (tmp_path / "wal").iterdir()
         oldest = kept[0].manifest["tables"]["emb"]["wal_generation"]
