@@ -194,9 +194,7 @@ class Node:
                 )
             slot_map = SlotMap.initial(self.num_shards)
         with self.registry_lock:
-            refusal = self.refused.get(spec.name)
-            if refusal is not None:
-                raise refusal.error
+            self.check_servable((spec.name,))  # a refused table is never recreated empty
             existing = self.tables.get(spec.name)
             if existing is not None:
                 if existing.entry.spec != spec:
@@ -232,9 +230,7 @@ class Node:
     def get(self, name: str) -> HostedTable:
         hosted = self.tables.get(name)
         if hosted is None:
-            refusal = self.refused.get(name)
-            if refusal is not None:
-                raise refusal.error
+            self.check_servable((name,))
             raise TableNotFound(f"table {name!r} is not hosted on this node")
         return hosted
 

@@ -382,3 +382,30 @@ def test_after_a_load_no_checkpoint_before_it_is_a_base_for_the_log(
         refused.pull("emb", KEYS)
     assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "no longer reaches back" in error.value.details()
+
+
+def test_a_load_of_a_valid_checkpoint_ends_a_refusal(tmp_path: Path, start: Any) -> None:
+    from recstore.ps import wal
+
+    _, client = start("wal")
+    client.create(table_spec())
+    writes = Writes(client)
+    writes.r(0)
+    client.save("A")
+    writes.r(1)
+    at_b = client.save("B")
+    expected = writes.oracle.find(KEYS)[0]
+    writes.r(2)
+    (log_dir,) = (tmp_path / "wal").iterdir()
+    start("wal")  # a restart opens a fresh segment: B's own is closed now
+    wal.segment_path(log_dir, wal.generations(log_dir)[-2]).unlink()  # lost with r2
+    _, refused = start("wal")
+    with pytest.raises(grpc.RpcError) as error:
+        refused.pull("emb", KEYS)
+    assert "no longer reaches back" in error.value.details()
+    refused.call("Load", ps_pb2.LoadRequest(checkpoint_id=at_b.checkpoint_id))  # accept B
+    values, found = refused.find("emb", KEYS)
+    np.testing.assert_array_equal(values[found], expected[found])
+    assert conditions(refused) == []
+    _, restarted = start("wal")  # and served over restarts from the new base
+    np.testing.assert_array_equal(restarted.find("emb", KEYS)[0][found], expected[found])
