@@ -74,6 +74,18 @@ inline constexpr uint32_t kTableStats_slot_map = 10;  // message
 inline constexpr int kTableStats_slot_map_wire = 2;
 inline constexpr uint32_t kTableStats_engine = 11;  // message
 inline constexpr int kTableStats_engine_wire = 2;
+inline constexpr uint32_t kTableStats_conditions = 12;  // message
+inline constexpr int kTableStats_conditions_wire = 2;
+
+// TableCondition
+inline constexpr uint32_t kTableCondition_type = 1;  // string
+inline constexpr int kTableCondition_type_wire = 2;
+inline constexpr uint32_t kTableCondition_status = 2;  // bool
+inline constexpr int kTableCondition_status_wire = 0;
+inline constexpr uint32_t kTableCondition_reason = 3;  // string
+inline constexpr int kTableCondition_reason_wire = 2;
+inline constexpr uint32_t kTableCondition_message = 4;  // string
+inline constexpr int kTableCondition_message_wire = 2;
 
 // PullRequest
 inline constexpr uint32_t kPullRequest_table = 1;  // string

@@ -3,9 +3,10 @@
 Layout: ``<data_dir>/checkpoints/<id>/manifest.json`` plus, per table, raw
 little-endian ``keys.bin``, ``values.bin`` and ``state.bin`` (optimizer state).
 The manifest records each table's spec, slot map and optimizer state, and each
-file's dtype, shape and sha256. A checkpoint is written into a temporary
-directory, fsynced and renamed into place, so a crash mid-save leaves the
-previous checkpoints untouched; the last ``keep`` are kept.
+file's dtype, shape and sha256, and its own sha256. A checkpoint is written
+into a temporary directory, fsynced and renamed into place, so a crash mid-save
+leaves the previous checkpoints untouched. Reading, verifying and pruning them is
+``recstore.ps.checkpoint_read``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from recstore.ps.wal import fsync_dir
 FORMAT = "recstore-checkpoint"
 VERSION = 1
 MANIFEST = "manifest.json"
+MANIFEST_DIGEST = "manifest_sha256"  # the manifest's own checksum, a field of it
 TEMP_PREFIX = ".tmp-"
 CHECKPOINT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -37,7 +39,14 @@ Chunk = tuple[np.ndarray, np.ndarray, np.ndarray]  # keys, values, state
 
 
 class CheckpointCorrupt(RecStoreError):
-    """A checkpoint whose manifest or files do not verify."""
+    """A checkpoint whose manifest or files do not verify (gRPC DATA_LOSS)."""
+
+    def __init__(self, checkpoint_id: str, table: str | None, reason: str) -> None:
+        where = f"checkpoint {checkpoint_id!r}" + (f", table {table!r}" if table else "")
+        super().__init__(f"{where}: {reason}")
+        self.checkpoint_id = checkpoint_id
+        self.table = table  # None: the manifest itself
+        self.reason = reason
 
 
 class CheckpointNotFound(RecStoreError):
@@ -163,6 +172,7 @@ class CheckpointWriter:
 
     def commit(self) -> CheckpointInfo:
         self.manifest["created_unix"] = time.time()
+        self.manifest[MANIFEST_DIGEST] = manifest_digest(self.manifest)
         path = self.temp / MANIFEST
         with open(path, "w") as handle:
             json.dump(self.manifest, handle, indent=1, sort_keys=True)
@@ -174,13 +184,13 @@ class CheckpointWriter:
         final = self.root / self.checkpoint_id
         os.rename(self.temp, final)
         fsync_dir(self.root)
-        return _info(final, self.manifest)
+        return info_of(final, self.manifest)
 
     def abort(self) -> None:
         shutil.rmtree(self.temp, ignore_errors=True)
 
 
-def _info(path: Path, manifest: dict[str, Any]) -> CheckpointInfo:
+def info_of(path: Path, manifest: dict[str, Any]) -> CheckpointInfo:
     tables = manifest["tables"]
     return CheckpointInfo(
         checkpoint_id=manifest["checkpoint_id"],
@@ -194,94 +204,7 @@ def _info(path: Path, manifest: dict[str, Any]) -> CheckpointInfo:
     )
 
 
-def list_checkpoints(root: Path) -> list[CheckpointInfo]:
-    """Checkpoints with a readable manifest, oldest first (files not verified)."""
-    found: list[CheckpointInfo] = []
-    if not root.is_dir():
-        return found
-    for path in root.iterdir():
-        if path.name.startswith(TEMP_PREFIX) or not (path / MANIFEST).is_file():
-            continue
-        try:
-            manifest = json.loads((path / MANIFEST).read_text())
-            if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-                continue
-            found.append(_info(path, manifest))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return sorted(found, key=lambda info: info.sequence)
-
-
-def verify(info: CheckpointInfo) -> None:
-    """Check every file's size and sha256 against the manifest."""
-    for name, table in info.manifest["tables"].items():
-        for part, meta in table["files"].items():
-            path = info.path / meta["file"]
-            digest = hashlib.sha256()
-            try:
-                with open(path, "rb") as handle:
-                    while block := handle.read(1 << 22):
-                        digest.update(block)
-            except OSError as exc:
-                raise CheckpointCorrupt(f"{info.checkpoint_id}: {name}/{part}: {exc}") from exc
-            if digest.hexdigest() != meta["sha256"]:
-                raise CheckpointCorrupt(f"{info.checkpoint_id}: {name}/{part}: sha256 mismatch")
-
-
-def find(root: Path, checkpoint_id: str | None) -> CheckpointInfo:
-    """A verified checkpoint: the given id, or the newest one that verifies."""
-    candidates = list_checkpoints(root)
-    if checkpoint_id:
-        candidates = [c for c in candidates if c.checkpoint_id == checkpoint_id]
-        if not candidates:
-            raise CheckpointNotFound(f"no checkpoint {checkpoint_id!r} under {root}")
-        verify(candidates[0])
-        return candidates[0]
-    for info in reversed(candidates):
-        try:
-            verify(info)
-            return info
-        except CheckpointCorrupt:
-            continue
-    raise CheckpointNotFound(f"no valid checkpoint under {root}")
-
-
-def table_chunks(info: CheckpointInfo, name: str, chunk_rows: int = 65536) -> Iterator[Chunk]:
-    """A table's rows from a checkpoint, in chunks ready for ``Table.import_chunk``."""
-    table = info.manifest["tables"][name]
-    rows = int(table["rows"])
-    if rows == 0:
-        return
-    arrays = {}
-    for part, meta in table["files"].items():
-        shape = tuple(meta["shape"])
-        if 0 in shape:  # a zero-width state (sgd) cannot be memory-mapped
-            arrays[part] = np.zeros(shape, dtype=np.dtype(meta["dtype"]))
-        else:
-            arrays[part] = np.memmap(
-                info.path / meta["file"], np.dtype(meta["dtype"]), "r", 0, shape
-            )
-    for start in range(0, rows, chunk_rows):
-        stop = min(start + chunk_rows, rows)
-        yield tuple(np.array(arrays[p][start:stop]) for p in ("keys", "values", "state"))  # type: ignore[misc]
-
-
-def next_sequence(root: Path) -> int:
-    existing = list_checkpoints(root)
-    return existing[-1].sequence + 1 if existing else 1
-
-
-def prune(root: Path, keep: int) -> list[str]:
-    """Delete all but the newest ``keep`` checkpoints, and leftover temporaries."""
-    removed = []
-    for info in list_checkpoints(root)[:-keep] if keep > 0 else []:
-        shutil.rmtree(info.path, ignore_errors=True)
-        removed.append(info.checkpoint_id)
-    return removed
-
-
-def remove_temporaries(root: Path) -> None:
-    """Half-written checkpoints of a save that crashed."""
-    if root.is_dir():
-        for path in root.glob(f"{TEMP_PREFIX}*"):
-            shutil.rmtree(path, ignore_errors=True)
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """The manifest's own checksum (over every field but the checksum)."""
+    body = {k: v for k, v in manifest.items() if k != MANIFEST_DIGEST}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()

@@ -15,16 +15,21 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from recstore.ps.checkpoint import CheckpointInfo
-    from recstore.ps.node import HostedTable
+    from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
+    from recstore.ps.node import HostedTable, Refusal
     from recstore.ps.write_gate import WriteGate
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 
 
 class _TableCollector(Collector):
-    def __init__(self, tables: Callable[[], dict[str, HostedTable]]) -> None:
+    def __init__(
+        self,
+        tables: Callable[[], dict[str, HostedTable]],
+        refused: Callable[[], dict[str, Refusal]],
+    ) -> None:
         self._tables = tables
+        self._refused = refused
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         rows = GaugeMetricFamily("recstore_ps_table_rows", "Rows held", labels=["table"])
@@ -38,7 +43,14 @@ class _TableCollector(Collector):
             rows.add_metric([name], hosted.table.size)
             capacity.add_metric([name], hosted.table.capacity)
             memory.add_metric([name], hosted.table.memory_bytes)
-        yield from (rows, capacity, memory)
+        unrecoverable = GaugeMetricFamily(
+            "recstore_ps_table_unrecoverable",
+            "1 for a table the node refuses to serve: nothing valid restored it",
+            labels=["table"],
+        )
+        for name in sorted(self._refused()):
+            unrecoverable.add_metric([name], 1)
+        yield from (rows, capacity, memory, unrecoverable)
 
 
 class _WriteGateCollector(Collector):
@@ -76,6 +88,7 @@ class Metrics:
         self,
         tables: Callable[[], dict[str, HostedTable]] | None = None,
         gate: WriteGate | None = None,
+        refused: Callable[[], dict[str, Refusal]] = dict,
     ) -> None:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)  # resident memory, CPU seconds, open fds
@@ -108,8 +121,14 @@ class Metrics:
             "Size of the last checkpoint",
             registry=self.registry,
         )
+        self.checkpoint_corrupt = Counter(
+            "recstore_ps_checkpoint_corrupt",
+            "Damaged checkpoints met (table: the damaged table; empty: the manifest)",
+            ["table"],
+            registry=self.registry,
+        )
         if tables is not None:
-            self.registry.register(_TableCollector(tables))
+            self.registry.register(_TableCollector(tables, refused))
         if gate is not None:
             self.registry.register(_WriteGateCollector(gate))
         # Children by label values: ``labels()`` costs a lock and a few dict lookups
@@ -134,6 +153,9 @@ class Metrics:
         if child is None:
             child = self._rows[method, table] = self.rows_moved.labels(method, table)
         child.inc(count)
+
+    def checkpoint_damaged(self, error: CheckpointCorrupt) -> None:
+        self.checkpoint_corrupt.labels(error.table or "").inc()
 
     def checkpointed(self, info: CheckpointInfo) -> None:
         self.last_checkpoint.set(info.created_unix)

@@ -85,6 +85,7 @@ def serve(
     except ValueError as error:
         raise InvalidArgument(f"malformed {method}Request: {error}") from None
     names = parsed.tables
+    node.check_servable(names)
     hosted = [node.tables.get(name) for name in names]
     by_name = dict(zip(names, hosted, strict=True))
     with contextlib.ExitStack() as locks:

@@ -5,16 +5,19 @@ pool so the event loop never waits on the engine or the disk. A table's lock
 orders its writes, so the write-ahead log replays them in the order they were
 applied. In WAL mode a write is applied only once its record is in the log
 (``write_logged``); the node's ``WriteGate`` refuses every write after the log
-failed. Persistence (save, load, recovery) lives in ``recstore.ps.persistence``.
+failed. Persistence (save, load) lives in ``recstore.ps.persistence``, crash
+recovery in ``recstore.ps.recovery``; a table recovery could not restore is
+kept as refused (catalogued, never served, never silently recreated empty).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import shutil
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from recstore.core import (
     Eviction,
     InvalidArgument,
     KeyMode,
+    RecStoreError,
     SlotMap,
     TableExists,
     TableNotFound,
@@ -32,6 +36,7 @@ from recstore.core import (
     WrongShard,
     slot_of,
 )
+from recstore.core.proto_convert import TableCondition
 from recstore.core.wire import Buffer
 from recstore.ps import catalogue, codec
 from recstore.ps.catalogue import CatalogueEntry
@@ -69,6 +74,22 @@ class HostedTable:
     def evicts(self) -> bool:
         """Whether the table makes room by evicting rows (else inserts can fill it)."""
         return self.entry.spec.keys.eviction != Eviction.none
+
+
+class TableUnrecoverable(RecStoreError):
+    """A table whose saved state could not be restored: refused (gRPC FAILED_PRECONDITION)."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a catalogued table is not served; ``condition`` is its ``Recovered=False``."""
+
+    entry: CatalogueEntry
+    condition: TableCondition
+
+    @property
+    def error(self) -> TableUnrecoverable:
+        return TableUnrecoverable(self.condition.message)
 
 
 @dataclass(frozen=True)
@@ -148,6 +169,10 @@ class Node:
         self.write_gate = WriteGate()
         self.store = Store()
         self.tables: dict[str, HostedTable] = {}
+        #: catalogued tables recovery could not restore; their data calls are refused
+        self.refused: dict[str, Refusal] = {}
+        #: conditions of hosted tables (e.g. restored from an older checkpoint)
+        self.conditions: dict[str, list[TableCondition]] = {}
         #: guards the set of tables and the catalogue (create, drop, save, load)
         self.registry_lock = threading.RLock()
 
@@ -174,16 +199,19 @@ class Node:
             wal=None,
         )
         self.tables[entry.spec.name] = hosted
+        self.refused.pop(entry.spec.name, None)  # e.g. an explicit Load repaired it
         return hosted
 
     def unhost(self, name: str) -> None:
         hosted = self.tables.pop(name)
+        self.conditions.pop(name, None)
         if hosted.wal is not None:
             hosted.wal.close()
         self.store.drop(name)
 
     def save_catalogue(self) -> None:
-        catalogue.save(self.data_dir, {n: h.entry for n, h in self.tables.items()})
+        entries = {n: r.entry for n, r in self.refused.items()}
+        catalogue.save(self.data_dir, entries | {n: h.entry for n, h in self.tables.items()})
 
     def create_table(self, spec: TableSpec, slot_map: SlotMap | None) -> tuple[HostedTable, bool]:
         if slot_map is None:
@@ -194,6 +222,7 @@ class Node:
                 )
             slot_map = SlotMap.initial(self.num_shards)
         with self.registry_lock:
+            self.check_servable((spec.name,))  # a refused table is never recreated empty
             existing = self.tables.get(spec.name)
             if existing is not None:
                 if existing.entry.spec != spec:
@@ -212,6 +241,11 @@ class Node:
 
     def drop_table(self, name: str) -> None:
         with self.registry_lock:
+            refusal = self.refused.pop(name, None)
+            if refusal is not None:  # the operator gives up on its data
+                self.save_catalogue()
+                shutil.rmtree(self.wal_dir(refusal.entry), ignore_errors=True)
+                return
             hosted = self.get(name)
             with hosted.lock:
                 self.unhost(name)
@@ -224,8 +258,16 @@ class Node:
     def get(self, name: str) -> HostedTable:
         hosted = self.tables.get(name)
         if hosted is None:
+            self.check_servable((name,))
             raise TableNotFound(f"table {name!r} is not hosted on this node")
         return hosted
+
+    def check_servable(self, names: Iterable[str]) -> None:
+        """Refuse a request naming a table recovery could not restore."""
+        for name in names:
+            refusal = self.refused.get(name)
+            if refusal is not None:
+                raise refusal.error
 
     # -- data path --------------------------------------------------------------
     def pull(

@@ -1,43 +1,74 @@
-"""Save, load and crash recovery of a node's tables (checkpoints + write-ahead logs).
+"""Save and load of a node's tables (checkpoints + write-ahead logs).
 
 A save holds each table's lock while its rows stream to disk and, in WAL mode,
 rotates that table's log at the same instant, so a checkpoint plus the log
-segments from its recorded generation reproduce the table exactly. Recovery
-on start: newest valid checkpoint, then the catalogue's tables, then the logs.
+segments from its recorded generation reproduce the table exactly. A written
+checkpoint is read back from the device and verified before anything relies
+on it; the log is then trimmed only below the generation of the oldest
+checkpoint kept, so each kept checkpoint can still be brought forward to the
+present if a newer one turns out damaged (see ``recstore.ps.recovery``).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import shutil
 import time
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from recstore.core import SlotMap, TableSpec
-from recstore.ps import catalogue, checkpoint
+from recstore.ps import checkpoint, checkpoint_read
 from recstore.ps.catalogue import CatalogueEntry
-from recstore.ps.checkpoint import CheckpointInfo, CheckpointNotFound
+from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
 from recstore.ps.node import HostedTable, Node
-from recstore.ps.wal import OP_PUSH, WalRecord, replay
+from recstore.ps.wal import OP_PUSH, WalRecord
 
 log = logging.getLogger(__name__)
+
+#: hears of every damaged checkpoint met (the node counts them in its metrics)
+OnDamaged = Callable[[CheckpointCorrupt], None]
 
 
 def checkpoint_root(node: Node) -> Path:
     return node.data_dir / "checkpoints"
 
 
-def save(node: Node, checkpoint_id: str | None = None, keep: int = 3) -> CheckpointInfo:
-    """Write every table of the node as one new checkpoint; keep the newest ``keep``."""
+def reporter(on_damaged: OnDamaged | None) -> OnDamaged:
+    """Log a damaged checkpoint loudly, then pass it on."""
+
+    def report(error: CheckpointCorrupt) -> None:
+        log.error(
+            "checkpoint damaged: %s", error,
+            extra={"checkpoint": error.checkpoint_id, "table": error.table},
+        )  # fmt: skip
+        if on_damaged is not None:
+            on_damaged(error)
+
+    return report
+
+
+def save(
+    node: Node,
+    checkpoint_id: str | None = None,
+    keep: int = 3,
+    on_damaged: OnDamaged | None = None,
+    *,
+    history_restarts: Collection[str] = (),
+) -> CheckpointInfo:
+    """Write every table of the node as one new checkpoint; keep the newest ``keep``.
+
+    ``history_restarts``: tables whose state was just replaced (a Load), so no
+    older checkpoint is a base for their log any more.
+    """
     root = checkpoint_root(node)
     root.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with node.registry_lock:
-        sequence = checkpoint.next_sequence(root)
+        sequence = checkpoint_read.next_sequence(root)
         writer = checkpoint.CheckpointWriter(
             root,
             checkpoint_id or f"ckpt-{sequence:08d}",
@@ -57,9 +88,16 @@ def save(node: Node, checkpoint_id: str | None = None, keep: int = 3) -> Checkpo
         except BaseException:
             writer.abort()
             raise
-    for hosted, generation in rotated:
-        hosted.wal.remove_before(generation)  # type: ignore[union-attr]
-    checkpoint.prune(root, keep)
+    try:  # the log it would let go of is still whole: a bad write loses nothing
+        checkpoint_read.verify(info, from_disk=True)
+    except CheckpointCorrupt as error:
+        shutil.rmtree(info.path, ignore_errors=True)
+        reporter(on_damaged)(error)
+        raise CheckpointCorrupt(
+            info.checkpoint_id, error.table, f"did not verify after writing ({error.reason})"
+        ) from error
+    checkpoint_read.prune(root, keep, protect=_holding_refused(node, root))
+    _trim_logs(root, rotated, history_restarts)
     log.info(
         "checkpoint saved",
         extra={
@@ -70,6 +108,40 @@ def save(node: Node, checkpoint_id: str | None = None, keep: int = 3) -> Checkpo
         },
     )
     return info
+
+
+def logged_generation(info: CheckpointInfo, entry: CatalogueEntry) -> int | None:
+    """The log generation ``info`` records for this incarnation of the table (0: none);
+    None when the checkpoint does not hold it."""
+    meta = info.manifest["tables"].get(entry.spec.name)
+    if meta is None or meta.get("incarnation") != entry.incarnation:
+        return None
+    return int(meta.get("wal_generation", 0))
+
+
+def _trim_logs(
+    root: Path, rotated: list[tuple[HostedTable, int]], history_restarts: Collection[str]
+) -> None:
+    """Delete each table's segments below what the oldest kept checkpoint needs: its
+    generation, or 0 when it does not hold the table (created after it) or holds it
+    without a log (written in checkpoint durability)."""
+    kept = checkpoint_read.list_checkpoints(root)
+    for hosted, generation in rotated:
+        floor = generation
+        if hosted.entry.spec.name not in history_restarts:
+            needed = (logged_generation(info, hosted.entry) or 0 for info in kept)
+            floor = min(needed, default=generation)
+        hosted.wal.remove_before(floor)  # type: ignore[union-attr]
+
+
+def _holding_refused(node: Node, root: Path) -> set[str]:
+    """Checkpoints holding a refused table: kept, they are all that is left of its data."""
+    return {
+        info.checkpoint_id
+        for info in checkpoint_read.list_checkpoints(root)
+        for refusal in node.refused.values()
+        if logged_generation(info, refusal.entry) is not None
+    }
 
 
 def _write_table(writer: checkpoint.CheckpointWriter, name: str, hosted: HostedTable) -> None:
@@ -95,14 +167,15 @@ def _value_dtype(hosted: HostedTable) -> np.dtype:
     return wire_dtype(hosted.dtype)
 
 
-def _restore_rows(hosted: HostedTable, info: CheckpointInfo, name: str) -> int:
-    for keys, values, state in checkpoint.table_chunks(info, name):
+def restore_rows(hosted: HostedTable, info: CheckpointInfo, name: str) -> int:
+    """Import a table's rows and optimizer state from a (verified) checkpoint."""
+    for keys, values, state in checkpoint_read.table_chunks(info, name):
         hosted.table.import_chunk(keys, values, state)
     hosted.table.load_optimizer_state(info.manifest["tables"][name].get("optimizer_state", {}))
     return int(info.manifest["tables"][name]["rows"])
 
 
-def _entry_of(meta: dict[str, Any]) -> CatalogueEntry:
+def entry_of(meta: dict[str, Any]) -> CatalogueEntry:
     return CatalogueEntry(
         TableSpec.model_validate(meta["spec"]),
         SlotMap.from_dict(meta["slot_map"]),
@@ -110,60 +183,33 @@ def _entry_of(meta: dict[str, Any]) -> CatalogueEntry:
     )
 
 
-def _apply(hosted: HostedTable, record: WalRecord) -> None:
+def apply(hosted: HostedTable, record: WalRecord) -> None:
+    """Apply one replayed log record to a table."""
     if record.op == OP_PUSH:
         hosted.table.push(record.keys, record.values)
     else:
         hosted.table.update(record.keys, record.values, record.lr)
 
 
-def load(node: Node, checkpoint_id: str | None, keep: int = 3) -> CheckpointInfo:
-    """Replace the checkpoint's tables by their saved state (other tables stay)."""
+def load(
+    node: Node, checkpoint_id: str | None, keep: int = 3, on_damaged: OnDamaged | None = None
+) -> CheckpointInfo:
+    """Replace the checkpoint's tables by their saved state (other tables stay).
+
+    The checkpoint is verified whole before anything changes: a damaged one is
+    refused (CheckpointCorrupt) and the node keeps its state.
+    """
     with node.registry_lock:
-        info = checkpoint.find(checkpoint_root(node), checkpoint_id)  # verified before any change
+        info = checkpoint_read.find(checkpoint_root(node), checkpoint_id, reporter(on_damaged))
         for name, meta in info.manifest["tables"].items():
             if name in node.tables:
                 with node.tables[name].lock:
                     node.unhost(name)
-            hosted = node.host(_entry_of(meta))
-            _restore_rows(hosted, info, name)
+            hosted = node.host(entry_of(meta))
+            restore_rows(hosted, info, name)
             if node.wal_enabled:
                 hosted.wal = node.open_wal(hosted.entry)
         node.save_catalogue()
         if node.wal_enabled:  # the logs now follow the loaded state: make it the newest base
-            save(node, None, keep)
-    return info
-
-
-def recover(node: Node) -> CheckpointInfo | None:
-    """Bring a starting node back: newest valid checkpoint, catalogue, write-ahead logs."""
-    root = checkpoint_root(node)
-    checkpoint.remove_temporaries(root)
-    try:
-        info: CheckpointInfo | None = checkpoint.find(root, None)
-    except CheckpointNotFound:
-        info = None
-    saved = info.manifest["tables"] if info else {}
-    entries = catalogue.load(node.data_dir)
-    if entries is None:
-        entries = {name: _entry_of(meta) for name, meta in saved.items()}
-    with node.registry_lock:
-        for name, entry in entries.items():
-            hosted = node.host(entry)
-            start_generation = 0
-            meta = saved.get(name)
-            if meta is not None and meta["incarnation"] == entry.incarnation:
-                _restore_rows(hosted, info, name)  # type: ignore[arg-type]
-                start_generation = int(meta.get("wal_generation", 0))
-            if node.wal_enabled:
-                wal_dir = node.wal_dir(entry)
-                replayed = replay(wal_dir, start_generation, functools.partial(_apply, hosted))
-                hosted.wal = node.open_wal(entry)
-                log.info("wal replayed", extra={"table": name, "records": replayed})
-        node.save_catalogue()
-        if node.wal_enabled:
-            live = {node.wal_dir(h.entry).name for h in node.tables.values()}
-            for stale in (node.data_dir / "wal").glob("*"):
-                if stale.name not in live:
-                    shutil.rmtree(stale, ignore_errors=True)
+            save(node, None, keep, on_damaged, history_restarts=set(info.manifest["tables"]))
     return info

@@ -29,9 +29,10 @@ from recstore.core import TableSpec, WritesStopped
 from recstore.core.data_dir import DataDirInUse, DataDirLock, DataDirUnusable
 from recstore.core.limits import DEFAULT_MAX_BATCH_BYTES, message_limit
 from recstore.core.reconcile import LIVENESS_SERVICE
-from recstore.ps import failstop, limits, persistence, table_specs
+from recstore.ps import failstop, limits, persistence, recovery, table_specs
 from recstore.ps import metrics as metrics_module
 from recstore.ps.auth import TokenAuth
+from recstore.ps.checkpoint import CheckpointCorrupt
 from recstore.ps.node import Node
 from recstore.ps.offload import Offload
 from recstore.ps.servicer import PsServicer, add_to_server
@@ -96,7 +97,11 @@ class PsServer:
         except BaseException:
             self._lock.release()
             raise
-        self.metrics = metrics_module.Metrics(lambda: dict(self.node.tables), self.node.write_gate)
+        self.metrics = metrics_module.Metrics(
+            lambda: dict(self.node.tables),
+            self.node.write_gate,
+            lambda: dict(self.node.refused),
+        )
         self.executor = ThreadPoolExecutor(max_workers=2 * (os.cpu_count() or 2) + 2)
         self.offload = Offload(self.executor)
         self.health = health.aio.HealthServicer()
@@ -116,7 +121,9 @@ class PsServer:
 
     async def _start(self) -> int:
         loop = asyncio.get_running_loop()
-        restored = await loop.run_in_executor(self.executor, persistence.recover, self.node)
+        restored = await loop.run_in_executor(
+            self.executor, recovery.recover, self.node, self.metrics.checkpoint_damaged
+        )
         declared = await loop.run_in_executor(
             self.executor, table_specs.declare, self.node, self.config.table_specs
         )
@@ -165,7 +172,8 @@ class PsServer:
                 "num_shards": self.config.num_shards,
                 "durability": self.config.durability,
                 "tables": sorted(self.node.tables),
-                "restored_checkpoint": restored.checkpoint_id if restored else None,
+                "restored_checkpoint": restored.newest.checkpoint_id if restored.newest else None,
+                "refused_tables": restored.refused,
                 "declared_tables_created": declared,
             },
         )
@@ -196,7 +204,11 @@ class PsServer:
 
     async def _save(self) -> None:
         info = await self.offload.run(
-            persistence.save, self.node, None, self.config.keep_checkpoints
+            persistence.save,
+            self.node,
+            None,
+            self.config.keep_checkpoints,
+            self.metrics.checkpoint_damaged,
         )
         self.metrics.checkpointed(info)
 
@@ -227,7 +239,8 @@ class PsServer:
                 await self.offload.run(self._try_resume)  # a failed log is reopened first
                 await self._save()
                 log.info("final checkpoint written")
-            except (OSError, WritesStopped) as error:  # e.g. a read-only or full data dir
+            # e.g. a read-only or full data dir, or a write that did not verify: say so, stop
+            except (OSError, WritesStopped, CheckpointCorrupt) as error:
                 failure = error
                 log.error(
                     "final checkpoint failed: %s; the data dir keeps the previous checkpoint",

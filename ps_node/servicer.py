@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from recstore.core import wire
+from recstore.core import DType, wire
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.core.proto_convert import (
     TableStats,
@@ -28,9 +28,10 @@ from recstore.core.proto_convert import (
     table_stats_to_proto,
 )
 from recstore.ps import codec, limits, native_path, persistence
-from recstore.ps.checkpoint import CheckpointInfo, list_checkpoints
+from recstore.ps.checkpoint import CheckpointInfo
+from recstore.ps.checkpoint_read import list_checkpoints
 from recstore.ps.metrics import Metrics
-from recstore.ps.node import HostedTable, Node, WriteAck
+from recstore.ps.node import HostedTable, Node, Refusal, WriteAck
 from recstore.ps.offload import Offload
 from recstore.ps.status import status_of, trailing_metadata_of
 from recstore.v1 import ps_pb2, ps_pb2_grpc
@@ -84,6 +85,26 @@ def stats_of(node: Node, hosted: HostedTable) -> ps_pb2.TableStats:
         num_shards=node.num_shards,
         slot_map=entry.slot_map,
         engine=table.stats(),
+        conditions=node.conditions.get(entry.spec.name, ()),
+    )
+    return table_stats_to_proto(stats)
+
+
+def refused_stats_of(node: Node, refusal: Refusal) -> ps_pb2.TableStats:
+    """A refused table as ListTables shows it: no rows, and why (its condition)."""
+    entry = refusal.entry
+    stats = TableStats(
+        table=entry.spec.name,
+        size=0,
+        capacity=0,
+        memory_bytes=0,
+        dtype=DType(entry.spec.dtype).value,
+        dim=entry.spec.embedding_dim,
+        spec=entry.spec,
+        shard_index=node.shard_index,
+        num_shards=node.num_shards,
+        slot_map=entry.slot_map,
+        conditions=(refusal.condition,),
     )
     return table_stats_to_proto(stats)
 
@@ -140,9 +161,11 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
 
     @rpc
     async def ListTables(self, request, context):
-        hosted = sorted(self.node.tables.items())
+        node = self.node
+        tables = {n: stats_of(node, h) for n, h in list(node.tables.items())}
+        tables |= {n: refused_stats_of(node, r) for n, r in list(node.refused.items())}
         return ps_pb2.ListTablesResponse(
-            names=[name for name, _ in hosted], tables=[stats_of(self.node, h) for _, h in hosted]
+            names=sorted(tables), tables=[tables[n] for n in sorted(tables)]
         )
 
     @rpc
@@ -203,7 +226,11 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
     @rpc
     async def Save(self, request, context):
         info = await self._run(
-            persistence.save, self.node, request.checkpoint_id or None, self.keep
+            persistence.save,
+            self.node,
+            request.checkpoint_id or None,
+            self.keep,
+            self.metrics.checkpoint_damaged,
         )
         self.metrics.checkpointed(info)
         return ps_pb2.SaveResponse(checkpoint=self._public(info))
@@ -212,7 +239,11 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
     async def Load(self, request, context):
         self.node.write_gate.check()  # a load replaces tables: refused while writes are stopped
         info = await self._run(
-            persistence.load, self.node, request.checkpoint_id or None, self.keep
+            persistence.load,
+            self.node,
+            request.checkpoint_id or None,
+            self.keep,
+            self.metrics.checkpoint_damaged,
         )
         log.info("checkpoint loaded", extra={"checkpoint": info.checkpoint_id})
         return ps_pb2.LoadResponse(checkpoint=self._public(info))

@@ -20,6 +20,7 @@ from recstore.core import (
 from recstore.core.routing import EPOCH_METADATA_KEY
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointNotFound
 from recstore.ps.multi import CarriedUpdatesApplied
+from recstore.ps.node import TableUnrecoverable
 
 #: checked in order: the first matching class wins (subclasses before bases).
 STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
@@ -36,6 +37,7 @@ STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (MessageTooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),  # over the node's message limit
     (MemoryError, grpc.StatusCode.RESOURCE_EXHAUSTED),  # a table larger than this host
     (DeviceUnavailable, grpc.StatusCode.FAILED_PRECONDITION),  # e.g. a GPU table, no GPU
+    (TableUnrecoverable, grpc.StatusCode.FAILED_PRECONDITION),  # damaged data, never empty
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (CheckpointCorrupt, grpc.StatusCode.DATA_LOSS),
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),

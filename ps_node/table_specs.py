@@ -73,6 +73,14 @@ def differing_fields(hosted: TableSpec, declared: TableSpec) -> list[str]:
     ]
 
 
+def node_spec(node: Node, name: str) -> TableSpec | None:
+    """The spec the node has catalogued under ``name``: hosted, or refused (a table
+    recovery could not restore is never recreated by a declaration)."""
+    hosted, refusal = node.tables.get(name), node.refused.get(name)
+    entry = hosted.entry if hosted is not None else refusal.entry if refusal else None
+    return entry.spec if entry is not None else None
+
+
 def check(node: Node, specs: list[TableSpec]) -> list[TableSpec]:
     """The declared specs the node must create; raises before anything is created."""
     wanted: dict[str, TableSpec] = {}
@@ -86,16 +94,16 @@ def check(node: Node, specs: list[TableSpec]) -> list[TableSpec]:
         wanted[spec.name] = spec
     missing = []
     for name, spec in wanted.items():
-        hosted = node.tables.get(name)
-        if hosted is None:
+        hosted_spec = node_spec(node, name)
+        if hosted_spec is None:
             if spec.shards != node.num_shards:
                 raise TableDeclarationError(
                     name, f"has {spec.shards} shards but the node runs with --num-shards "
                     f"{node.num_shards}", ["shards"],
                 )  # fmt: skip
             missing.append(spec)
-        elif hosted.entry.spec != spec:
-            fields = differing_fields(hosted.entry.spec, spec)
+        elif hosted_spec != spec:
+            fields = differing_fields(hosted_spec, spec)
             raise TableDeclarationError(
                 name, "hosted with a different spec: " + "; ".join(fields), fields
             )

@@ -5,8 +5,10 @@ a magic and holds length-prefixed records with a CRC32. A writer appends its
 record under the table lock (so the log order is the apply order) and only
 then applies the write; it replies once a background flusher has fsynced
 everything written so far with one fsync (group commit). A checkpoint rotates
-to a new segment; segments older than the newest checkpoint's generation are
-deleted. Replay stops a segment at the first torn or corrupt record: it was
+to a new segment and records its generation; segments are deleted only below
+the generation of the oldest checkpoint kept (``recstore.ps.persistence``), so
+a damaged newer checkpoint can be passed over and an older one brought forward
+by the log. Replay stops a segment at the first torn or corrupt record: it was
 never acknowledged.
 
 Fail-stop: a record that cannot be written is cut back out and refused
@@ -116,6 +118,13 @@ def generations(directory: Path) -> list[int]:
     if not directory.is_dir():
         return []
     return sorted(int(p.stem) for p in directory.glob("*.wal") if p.stem.isdigit())
+
+
+def reaches_back(directory: Path, generation: int) -> bool:
+    """Whether every segment from ``generation`` to the newest is there, so that a
+    replay from ``generation`` brings back every write logged since."""
+    present = [g for g in generations(directory) if g >= generation]
+    return bool(present) and present == list(range(generation, present[-1] + 1))
 
 
 def replay(directory: Path, start_generation: int, apply: Callable[[WalRecord], None]) -> int:

@@ -241,3 +241,15 @@ def test_the_gate_stays_shut_when_a_log_fails_while_writes_resume() -> None:
     assert gate.reopen(gate.trips())
     gate.check()
     assert gate.fault_counts() == {"write": 1, "fsync": 1}
+
+
+def test_reaches_back_needs_every_segment_from_the_generation(tmp_path: Path) -> None:
+    assert not wal.reaches_back(tmp_path, 0)  # no log at all
+    log = TableWal(tmp_path)
+    for _ in range(3):
+        log.rotate()
+    log.close()
+    assert wal.reaches_back(tmp_path, 0) and wal.reaches_back(tmp_path, 2)
+    assert not wal.reaches_back(tmp_path, 4)  # beyond the newest segment
+    wal.segment_path(tmp_path, 1).unlink()  # a gap
+    assert not wal.reaches_back(tmp_path, 0) and wal.reaches_back(tmp_path, 2)

@@ -96,6 +96,16 @@ def read_create_table_request(
 
 # -- table stats ------------------------------------------------------------------
 @dataclass(frozen=True)
+class TableCondition:
+    """One condition of a table on a node (``type``, ``status``, ``reason``, ``message``)."""
+
+    type: str
+    status: bool
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
 class TableStats:
     """What one shard reports about a table (``GetTableStats``, ``CreateTable``)."""
 
@@ -110,6 +120,7 @@ class TableStats:
     num_shards: int
     slot_map: SlotMap | None  # None when the reply carries no slot map
     engine: Mapping[str, float] = field(default_factory=dict)  # the engine's own counters
+    conditions: Sequence[TableCondition] = ()  # what the node wants an operator to know
 
 
 #: TableStats fields the message carries as they are (the rest are converted)
@@ -123,6 +134,7 @@ def table_stats_to_proto(stats: TableStats) -> ps_pb2.TableStats:
         **{name: getattr(stats, name) for name in _PLAIN_STATS_FIELDS},
         spec_json=spec_to_json(stats.spec) if stats.spec is not None else "",
         engine={k: float(v) for k, v in stats.engine.items()},
+        conditions=[ps_pb2.TableCondition(**vars(c)) for c in stats.conditions],
     )
     if stats.slot_map is not None:
         message.slot_map.CopyFrom(slot_map_to_proto(stats.slot_map))
@@ -135,6 +147,9 @@ def table_stats_from_proto(message: ps_pb2.TableStats) -> TableStats:
         spec=spec_from_json(message.spec_json) if message.spec_json else None,
         slot_map=slot_map_from_proto_or_none(message.slot_map),
         engine=dict(message.engine),
+        conditions=tuple(
+            TableCondition(c.type, c.status, c.reason, c.message) for c in message.conditions
+        ),
     )
 
 

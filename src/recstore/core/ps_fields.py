@@ -64,6 +64,14 @@ class TableStats:
     num_shards: Final = 9
     slot_map: Final = 10
     engine: Final = 11
+    conditions: Final = 12
+
+
+class TableCondition:
+    type: Final = 1
+    status: Final = 2
+    reason: Final = 3
+    message: Final = 4
 
 
 class PullRequest:
@@ -201,6 +209,13 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
         9: ("num_shards", "uint32"),
         10: ("slot_map", "message"),
         11: ("engine", "message"),
+        12: ("conditions", "message"),
+    },
+    "TableCondition": {
+        1: ("type", "string"),
+        2: ("status", "bool"),
+        3: ("reason", "string"),
+        4: ("message", "string"),
     },
     "PullRequest": {
         1: ("table", "string"),

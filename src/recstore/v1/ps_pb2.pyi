@@ -69,7 +69,7 @@ class GetTableStatsRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ...) -> None: ...
 
 class TableStats(_message.Message):
-    __slots__ = ("table", "size", "capacity", "memory_bytes", "dtype", "dim", "spec_json", "shard_index", "num_shards", "slot_map", "engine")
+    __slots__ = ("table", "size", "capacity", "memory_bytes", "dtype", "dim", "spec_json", "shard_index", "num_shards", "slot_map", "engine", "conditions")
     class EngineEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,7 @@ class TableStats(_message.Message):
     NUM_SHARDS_FIELD_NUMBER: _ClassVar[int]
     SLOT_MAP_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
+    CONDITIONS_FIELD_NUMBER: _ClassVar[int]
     table: str
     size: int
     capacity: int
@@ -99,7 +100,20 @@ class TableStats(_message.Message):
     num_shards: int
     slot_map: SlotMap
     engine: _containers.ScalarMap[str, float]
-    def __init__(self, table: _Optional[str] = ..., size: _Optional[int] = ..., capacity: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., dtype: _Optional[str] = ..., dim: _Optional[int] = ..., spec_json: _Optional[str] = ..., shard_index: _Optional[int] = ..., num_shards: _Optional[int] = ..., slot_map: _Optional[_Union[SlotMap, _Mapping]] = ..., engine: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    conditions: _containers.RepeatedCompositeFieldContainer[TableCondition]
+    def __init__(self, table: _Optional[str] = ..., size: _Optional[int] = ..., capacity: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., dtype: _Optional[str] = ..., dim: _Optional[int] = ..., spec_json: _Optional[str] = ..., shard_index: _Optional[int] = ..., num_shards: _Optional[int] = ..., slot_map: _Optional[_Union[SlotMap, _Mapping]] = ..., engine: _Optional[_Mapping[str, float]] = ..., conditions: _Optional[_Iterable[_Union[TableCondition, _Mapping]]] = ...) -> None: ...
+
+class TableCondition(_message.Message):
+    __slots__ = ("type", "status", "reason", "message")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    status: bool
+    reason: str
+    message: str
+    def __init__(self, type: _Optional[str] = ..., status: _Optional[bool] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class PullRequest(_message.Message):
     __slots__ = ("table", "epoch", "keys", "read_only")
