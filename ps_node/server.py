@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 
 from recstore.core import TableSpec
 from recstore.core.data_dir import DataDirInUse, DataDirLock, DataDirUnusable
+from recstore.core.tls import ServerTls
 from recstore.ps import metrics as metrics_module
 from recstore.ps import persistence, table_specs
 from recstore.ps.auth import TokenAuth
@@ -62,6 +63,8 @@ class NodeConfig:
     parent_pid: int | None = None
     #: tables to host, created at start after recovery (``--table-spec-file``)
     table_specs: list[TableSpec] = field(default_factory=list)
+    #: serve gRPC over TLS (mutual TLS when it names a client CA); None: plaintext
+    tls: ServerTls | None = None
 
     def __post_init__(self) -> None:
         if self.durability not in ("checkpoint", "wal"):
@@ -120,7 +123,11 @@ class PsServer:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
-        self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        address = f"{self.config.host}:{self.config.port}"
+        if self.config.tls is not None:
+            self.port = server.add_secure_port(address, self.config.tls.grpc_credentials())
+        else:
+            self.port = server.add_insecure_port(address)
         await server.start()
         self._grpc = server
         for service in ("", SERVICE_NAME):
@@ -139,6 +146,7 @@ class PsServer:
                 "shard_index": self.config.shard_index,
                 "num_shards": self.config.num_shards,
                 "durability": self.config.durability,
+                "tls": self.config.tls.mode if self.config.tls else "off",
                 "tables": sorted(self.node.tables),
                 "restored_checkpoint": restored.checkpoint_id if restored else None,
                 "declared_tables_created": declared,
@@ -308,6 +316,7 @@ def start_in_thread(
     keep_checkpoints: int = 3,
     metrics_port: int | None = None,
     table_specs: list[TableSpec] | None = None,
+    tls: ServerTls | None = None,
 ) -> ServerHandle:
     """Start a node in a background thread; returns once it serves (``.port``, ``.stop()``)."""
     config = NodeConfig(
@@ -323,6 +332,7 @@ def start_in_thread(
         keep_checkpoints=keep_checkpoints,
         metrics_port=metrics_port,
         table_specs=list(table_specs or []),
+        tls=tls,
     )
     server = PsServer(config)
     loop = asyncio.new_event_loop()

@@ -24,6 +24,7 @@ import grpc
 from recstore.client.errors import BackendError, TableNotInitialized
 from recstore.core import WrongShard, wire
 from recstore.core.routing import EPOCH_METADATA_KEY
+from recstore.core.tls import ClientTls, channel
 from recstore.v1 import ps_pb2_grpc
 
 MAX_MESSAGE_BYTES = 256 << 20
@@ -48,10 +49,11 @@ class NodeCalls:
         metadata: tuple[tuple[str, str], ...],
         timeout: float,
         senders: Executor,
+        tls: ClientTls | None = None,
     ) -> None:
         self.endpoint = endpoint
         self._senders = senders
-        self.channel = grpc.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+        self.channel = channel(endpoint, tls, CHANNEL_OPTIONS)
         self.stub = ps_pb2_grpc.ParameterServerStub(self.channel)
         self._methods = {
             "Pull": self.channel.unary_unary(wire.PULL),

@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 
+from recstore.core.tls import ClientTls, TlsConfigError, http_verify
+
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
 DEFAULT_STATE_DIR = Path.home() / ".recstore"
 
@@ -36,10 +38,25 @@ def resolve_token(token: str | None, state_dir: Path) -> str | None:
 
 
 class AdminClient:
-    def __init__(self, url: str, token: str | None, *, timeout: float = 30.0) -> None:
+    """An https URL is verified with ``tls``'s CA (default: ``RECSTORE_TLS_*``)."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        *,
+        timeout: float = 30.0,
+        tls: ClientTls | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        try:
+            verify = http_verify(tls or ClientTls.from_environment())
+        except TlsConfigError as error:
+            raise CliError(str(error)) from None
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout, verify=verify
+        )
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:

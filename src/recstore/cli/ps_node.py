@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from recstore.cli.tls_options import CertOption, ClientCaOption, KeyOption, server_tls
+
 
 def ps_node(
     data_dir: Annotated[Path, typer.Option("--data-dir", help="Checkpoints, catalogue, WAL.")],
@@ -50,6 +52,9 @@ def ps_node(
             help="Stop (with a final checkpoint) when this process exits, however it exits.",
         ),
     ] = None,
+    tls_cert: CertOption = None,
+    tls_key: KeyOption = None,
+    tls_client_ca: ClientCaOption = None,
 ) -> None:
     """Run a PS node: one shard of any number of embedding tables over gRPC."""
     if durability not in ("checkpoint", "wal"):
@@ -67,6 +72,7 @@ def ps_node(
     from recstore.ps.server import NodeConfig, run
     from recstore.ps.table_specs import load_spec_file
 
+    tls = server_tls(tls_cert, tls_key, tls_client_ca)
     declared = []
     for path in table_spec_file or []:
         try:
@@ -90,6 +96,7 @@ def ps_node(
         metrics_port=metrics_port,
         table_specs=declared,
         parent_pid=parent_pid,
+        tls=tls,
     )
     raise typer.Exit(run(config))
 
