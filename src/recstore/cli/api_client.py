@@ -37,6 +37,18 @@ def resolve_token(token: str | None, state_dir: Path) -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
+def resolve_tls(url: str, state_dir: Path) -> ClientTls | None:
+    """$RECSTORE_TLS_*, else for an https URL the CA `recstore up --tls` keeps in its state dir."""
+    try:
+        tls = ClientTls.from_environment()
+    except TlsConfigError as error:
+        raise CliError(str(error)) from None
+    local_ca = state_dir / "tls" / "ca.pem"
+    if tls is None and url.startswith("https://") and local_ca.exists():
+        tls = ClientTls(local_ca)
+    return tls
+
+
 class AdminClient:
     """An https URL is verified with ``tls``'s CA (default: ``RECSTORE_TLS_*``)."""
 
@@ -50,10 +62,12 @@ class AdminClient:
     ) -> None:
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        try:
-            verify = http_verify(tls or ClientTls.from_environment())
-        except TlsConfigError as error:
-            raise CliError(str(error)) from None
+        if tls is None:
+            try:
+                tls = ClientTls.from_environment()
+            except TlsConfigError as error:
+                raise CliError(str(error)) from None
+        verify = http_verify(tls)
         self._http = httpx.Client(
             base_url=self.url, headers=headers, timeout=timeout, verify=verify
         )
