@@ -9,20 +9,30 @@ retried with the next change, never a reason to hold up reconciling.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
 from recstore.core.reconcile import admin_status
+from recstore.core.tls import ClientTls, http_verify
 
 
 class AdminMirror:
-    def __init__(self, base_url: str, token: str | None, *, timeout: float = 10.0) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+    """``token``: the token itself, or a function read at every call (a mounted Secret)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | Callable[[], str | None] | None,
+        *,
+        timeout: float = 10.0,
+        tls: ClientTls | None = None,
+    ) -> None:
+        self._token = token if callable(token) else (lambda: token)
         self._client = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout
+            base_url=base_url.rstrip("/"), timeout=timeout, verify=http_verify(tls)
         )
 
     async def aclose(self) -> None:
@@ -34,7 +44,9 @@ class AdminMirror:
         """PUT the status; True when the admin API accepted it."""
         url = f"/api/v1/tables/{quote(table, safe='')}/status"
         try:
-            response = await self._client.put(url, json=admin_status(status))
+            token = self._token()
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            response = await self._client.put(url, json=admin_status(status), headers=headers)
         except httpx.HTTPError as exc:
             logger.warning(f"admin API unreachable, status of {table!r} not mirrored: {exc}")
             return False
