@@ -18,9 +18,12 @@ import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import grpc
+# grpc is imported where a channel or credentials are made, so that the CLI's HTTP-only
+# commands start without it.
+if TYPE_CHECKING:
+    import grpc
 
 CA_ENV = "RECSTORE_TLS_CA"
 CERT_ENV = "RECSTORE_TLS_CERT"
@@ -95,6 +98,8 @@ class ServerTls:
         return "mutual" if self.client_ca is not None else "server"
 
     def grpc_credentials(self) -> grpc.ServerCredentials:
+        import grpc
+
         pair = (_read(self.key, "key"), _read(self.cert, "certificate"))
         roots = _read(self.client_ca, "client CA") if self.client_ca else None
         return grpc.ssl_server_credentials(
@@ -142,6 +147,8 @@ class ClientTls:
         )
 
     def grpc_credentials(self) -> grpc.ChannelCredentials:
+        import grpc
+
         identity = (
             (_read(self.key, "client key"), _read(self.cert, "client certificate"))
             if self.key is not None and self.cert is not None
@@ -166,6 +173,8 @@ class ClientTls:
 
 def channel(endpoint: str, tls: ClientTls | None, options: ChannelOptions = ()) -> grpc.Channel:
     """A blocking channel to ``endpoint``: TLS when ``tls`` is given, plaintext otherwise."""
+    import grpc
+
     if tls is None:
         return grpc.insecure_channel(endpoint, options=list(options))
     return grpc.secure_channel(
@@ -177,6 +186,8 @@ def aio_channel(
     endpoint: str, tls: ClientTls | None, options: ChannelOptions = ()
 ) -> grpc.aio.Channel:
     """``channel`` for asyncio callers."""
+    import grpc
+
     if tls is None:
         return grpc.aio.insecure_channel(endpoint, options=list(options))
     return grpc.aio.secure_channel(
