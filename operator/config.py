@@ -67,6 +67,13 @@ class OperatorConfig:
             status_interval=float(env.get("RECSTORE_STATUS_INTERVAL") or defaults.status_interval),
         )
 
+    def __post_init__(self) -> None:
+        # PS pods serving TLS are unreachable to an operator that cannot verify them
+        if self.ps_tls_secret and self.tls is None:
+            raise ValueError("RECSTORE_PS_TLS_SECRET is set but RECSTORE_TLS_CA is not")
+        if self.ps_tls_mutual and (self.tls is None or self.tls.cert is None):
+            raise ValueError("RECSTORE_PS_TLS_MUTUAL needs RECSTORE_TLS_CERT and RECSTORE_TLS_KEY")
+
     def image_problem(self, image: str | None) -> str | None:
         """Why a table may not run ``image`` (None when it may, or names none)."""
         if image is None or self.allowed_images is None or image == self.ps_image:

@@ -5,6 +5,8 @@ what the chart gives it (same paths, same variables)."""
 from __future__ import annotations
 
 import importlib
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -106,7 +108,9 @@ def test_tls_is_off_by_default(chart) -> None:
 
 
 @pytest.mark.parametrize("mutual", [False, True])
-def test_tls_secret_serves_the_admin_api_and_reaches_the_operator(chart, mutual: bool) -> None:
+def test_tls_secret_serves_the_admin_api_and_reaches_the_operator(
+    chart, mutual: bool, tmp_path: Path, tls_files
+) -> None:
     render = importlib.import_module("recstore.operator.render")
     config_module = importlib.import_module("recstore.operator.config")
     manifests = chart.render({"tls": {**TLS["tls"], "mutual": mutual}})
@@ -131,10 +135,16 @@ def test_tls_secret_serves_the_admin_api_and_reaches_the_operator(chart, mutual:
     mounts = {m["name"]: m["mountPath"] for m in operator["volumeMounts"]}
     volumes = {v["name"]: v for v in manifests.pod_spec(operator_deployment)["volumes"]}
     assert mounts["tls"] == tls_dir and volumes["tls"]["secret"]["secretName"] == "my-tls"
-    # What the operator makes of it (files aside: they exist only in the pod).
-    without_files = {k: v for k, v in env.items() if not k.startswith("RECSTORE_TLS_")}
-    config = config_module.OperatorConfig.from_env(without_files)
+    # What the operator makes of it, with a Secret of that layout where the pod mounts it.
+    mounted = tmp_path / "tls"
+    mounted.mkdir()
+    for key, source in (("ca.crt", "ca"), ("tls.crt", "client_cert"), ("tls.key", "client_key")):
+        shutil.copy(getattr(tls_files, source), mounted / key)
+    in_pod = {k: v.replace(tls_dir, str(mounted)) for k, v in env.items()}
+    config = config_module.OperatorConfig.from_env(in_pod)
     assert (config.ps_tls_secret, config.ps_tls_mutual) == ("my-tls", mutual)
+    assert config.tls is not None and config.tls.server_name == "recstore-ps"
+    assert (config.tls.cert is not None) is mutual
 
 
 def test_cert_manager_writes_the_secret_in_every_served_namespace(chart) -> None:

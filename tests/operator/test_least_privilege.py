@@ -96,6 +96,8 @@ def test_allow_list_and_tls_come_from_the_environment(tls_files) -> None:
             "RECSTORE_PS_TLS_SECRET": "recstore-tls",
             "RECSTORE_PS_TLS_MUTUAL": "true",
             "RECSTORE_TLS_CA": str(tls_files.ca),
+            "RECSTORE_TLS_CERT": str(tls_files.client_cert),
+            "RECSTORE_TLS_KEY": str(tls_files.client_key),
             "RECSTORE_TLS_SERVER_NAME": "recstore-ps",
             "RECSTORE_ADMIN_TOKEN_FILE": "/var/run/secrets/recstore/operator-token/token",
         }
@@ -105,6 +107,15 @@ def test_allow_list_and_tls_come_from_the_environment(tls_files) -> None:
     assert config.tls is not None and config.tls.server_name == "recstore-ps"
     assert config.admin_token_file == Path("/var/run/secrets/recstore/operator-token/token")
     assert OperatorConfig.from_env({}).allowed_images is None
+
+
+def test_tls_pods_need_an_operator_that_can_verify_them(tls_files) -> None:
+    with pytest.raises(ValueError, match="RECSTORE_TLS_CA"):
+        OperatorConfig.from_env({"RECSTORE_PS_TLS_SECRET": "recstore-tls"})
+    server_only = {"RECSTORE_PS_TLS_SECRET": "recstore-tls", "RECSTORE_TLS_CA": str(tls_files.ca)}
+    with pytest.raises(ValueError, match="RECSTORE_TLS_CERT"):
+        OperatorConfig.from_env({**server_only, "RECSTORE_PS_TLS_MUTUAL": "true"})
+    assert OperatorConfig.from_env(server_only).ps_tls_secret == "recstore-tls"
 
 
 def test_the_admin_token_file_is_read_at_every_call(tmp_path: Path) -> None:
