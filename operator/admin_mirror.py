@@ -12,25 +12,39 @@ next change, never a reason to hold up reconciling.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
 from recstore.core.reconcile import admin_status
+from recstore.core.tls import ClientTls, http_verify
 
 Logger = logging.Logger | logging.LoggerAdapter
 
 
 class AdminMirror:
-    def __init__(self, base_url: str, token: str | None, *, timeout: float = 10.0) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+    """``token``: the token itself, or a function read at every call (a mounted Secret)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | Callable[[], str | None] | None,
+        *,
+        timeout: float = 10.0,
+        tls: ClientTls | None = None,
+    ) -> None:
+        self._token = token if callable(token) else (lambda: token)
         self._client = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout
+            base_url=base_url.rstrip("/"), timeout=timeout, verify=http_verify(tls)
         )
         #: (table, shard index) -> endpoint registered by this process.
         self._registered: dict[tuple[str, int], str] = {}
+
+    def _headers(self) -> dict[str, str]:
+        token = self._token()
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -43,7 +57,9 @@ class AdminMirror:
                 if not await self._register(table, shard, logger):
                     return False
             response = await self._client.put(
-                f"/api/v1/tables/{quote(table, safe='')}/status", json=body
+                f"/api/v1/tables/{quote(table, safe='')}/status",
+                json=body,
+                headers=self._headers(),
             )
         except httpx.HTTPError as exc:
             logger.warning(f"admin API unreachable, status of {table!r} not mirrored: {exc}")
@@ -55,7 +71,9 @@ class AdminMirror:
         if not endpoint or self._registered.get((table, index)) == endpoint:
             return True
         response = await self._client.post(
-            "/api/v1/nodes", json={"table": table, "shard_index": index, "endpoint": endpoint}
+            "/api/v1/nodes",
+            json={"table": table, "shard_index": index, "endpoint": endpoint},
+            headers=self._headers(),
         )
         if not _accepted(response, f"node {endpoint} of {table!r}", logger):
             return False

@@ -7,11 +7,14 @@ an OperatorConfig directly.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from recstore.core.reconcile import GRPC_PORT
+from recstore.core.tls import ClientTls
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,20 @@ class OperatorConfig:
     #: The operator's identity at the admin API: a token of the ``provisioner`` role (the
     #: only one allowed to register nodes and write shard status), not an admin token.
     provisioner_token: str | None = None
+    #: file holding that token, read at every call, so a token created or rotated after
+    #: start is picked up (what the chart mounts); wins over ``provisioner_token``.
+    provisioner_token_file: Path | None = None
+    #: image patterns (fnmatch) a table's placement.image may name besides ``ps_image``;
+    #: None: any image (development only: whoever writes a table picks what runs with
+    #: the PS token).
+    allowed_images: tuple[str, ...] | None = None
+    #: Secret (in each table's namespace) with the PS pods' certificate: ``tls.crt``,
+    #: ``tls.key`` and ``ca.crt`` (cert-manager's layout); None: the pods serve plaintext.
+    ps_tls_secret: str | None = None
+    #: PS pods require client certificates signed by that ``ca.crt`` (mutual TLS).
+    ps_tls_mutual: bool = False
+    #: how the operator verifies the PS pods and the admin API (``RECSTORE_TLS_*``).
+    tls: ClientTls | None = None
     cluster_domain: str = "cluster.local"
     #: seconds between status refreshes of every table.
     status_interval: float = 10.0
@@ -43,6 +60,45 @@ class OperatorConfig:
             ps_token_secret=env.get("RECSTORE_PS_TOKEN_SECRET") or None,
             admin_url=env.get("RECSTORE_ADMIN_URL") or None,
             provisioner_token=env.get("RECSTORE_PROVISIONER_TOKEN") or None,
+            provisioner_token_file=(
+                Path(file) if (file := env.get("RECSTORE_PROVISIONER_TOKEN_FILE")) else None
+            ),
+            allowed_images=_patterns(env.get("RECSTORE_ALLOWED_IMAGES")),
+            ps_tls_secret=env.get("RECSTORE_PS_TLS_SECRET") or None,
+            ps_tls_mutual=(env.get("RECSTORE_PS_TLS_MUTUAL") or "").lower() in ("1", "true"),
+            tls=ClientTls.from_environment(env),
             cluster_domain=env.get("RECSTORE_CLUSTER_DOMAIN") or defaults.cluster_domain,
             status_interval=float(env.get("RECSTORE_STATUS_INTERVAL") or defaults.status_interval),
         )
+
+    def __post_init__(self) -> None:
+        # PS pods serving TLS are unreachable to an operator that cannot verify them
+        if self.ps_tls_secret and self.tls is None:
+            raise ValueError("RECSTORE_PS_TLS_SECRET is set but RECSTORE_TLS_CA is not")
+        if self.ps_tls_mutual and (self.tls is None or self.tls.cert is None):
+            raise ValueError("RECSTORE_PS_TLS_MUTUAL needs RECSTORE_TLS_CERT and RECSTORE_TLS_KEY")
+
+    def image_problem(self, image: str | None) -> str | None:
+        """Why a table may not run ``image`` (None when it may, or names none)."""
+        if image is None or self.allowed_images is None or image == self.ps_image:
+            return None
+        if any(fnmatch.fnmatchcase(image, pattern) for pattern in self.allowed_images):
+            return None
+        allowed = ", ".join([self.ps_image, *self.allowed_images])
+        return f"spec.placement.image {image!r} is not allowed; allowed images: {allowed}"
+
+    def read_provisioner_token(self) -> str | None:
+        """The operator's admin API token: the file's current content, else the variable."""
+        if self.provisioner_token_file is not None:
+            try:
+                return self.provisioner_token_file.read_text().strip() or None
+            except OSError:
+                return None  # not created yet: see docs/kubernetes.md
+        return self.provisioner_token
+
+
+def _patterns(raw: str | None) -> tuple[str, ...] | None:
+    """``RECSTORE_ALLOWED_IMAGES``: comma-separated patterns; unset: any image."""
+    if raw is None:
+        return None
+    return tuple(p.strip() for p in raw.split(",") if p.strip())

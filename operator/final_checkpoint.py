@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from recstore.core.control import AsyncControlClient, ControlError, Rpc, create_table_rpc, save_rpc
 from recstore.core.spec import TableSpec
+from recstore.core.tls import ClientTls
 
 R = TypeVar("R")
 
@@ -34,12 +35,13 @@ async def _call_each(
     detail: Callable[[R], str],
     token: str | None,
     timeout: float,
+    tls: ClientTls | None,
 ) -> list[ShardResult]:
     """``rpc`` on every (index, host:port) shard at once, each on a channel of its own."""
 
     async def one(index: int, address: str) -> ShardResult:
         try:
-            async with AsyncControlClient(address, token=token, timeout=timeout) as client:
+            async with AsyncControlClient(address, token=token, timeout=timeout, tls=tls) as client:
                 reply = await client.call(rpc)
         except ControlError as error:
             return ShardResult(index, address, False, str(error))
@@ -54,17 +56,23 @@ async def save_all(
     checkpoint_id: str,
     token: str | None,
     timeout: float = 300.0,
+    tls: ClientTls | None = None,
 ) -> list[ShardResult]:
     """Ask every (index, host:port) shard for checkpoint ``checkpoint_id``, all at once."""
     rpc = save_rpc(checkpoint_id)
-    return await _call_each(shards, rpc, lambda saved: saved.checkpoint_id, token, timeout)
+    return await _call_each(shards, rpc, lambda saved: saved.checkpoint_id, token, timeout, tls)
 
 
 async def create_table_on(
-    shards: Sequence[tuple[int, str]], spec: TableSpec, *, token: str | None, timeout: float = 30.0
+    shards: Sequence[tuple[int, str]],
+    spec: TableSpec,
+    *,
+    token: str | None,
+    timeout: float = 30.0,
+    tls: ClientTls | None = None,
 ) -> list[ShardResult]:
     """Create ``spec`` on every (index, host:port) shard (a no-op where it exists)."""
     rpc = create_table_rpc(spec)
     return await _call_each(
-        shards, rpc, lambda reply: "created" if reply.created else "exists", token, timeout
+        shards, rpc, lambda reply: "created" if reply.created else "exists", token, timeout, tls
     )

@@ -21,7 +21,7 @@ from recstore.operator.admin_mirror import AdminMirror
 from recstore.operator.config import OperatorConfig
 from recstore.operator.crd import GROUP, PLURAL, VERSION
 from recstore.operator.kube import Kube, path
-from recstore.operator.reconciler import Reconciler, validate
+from recstore.operator.reconciler import Reconciler
 from recstore.operator.render import Owner
 from recstore.operator.status import applied_generation_current, status_changed
 
@@ -67,7 +67,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
         settings.posting.level = logging.WARNING
         if state.config.admin_url:
-            state.mirror = AdminMirror(state.config.admin_url, state.config.provisioner_token)
+            state.mirror = AdminMirror(
+                state.config.admin_url, state.config.read_provisioner_token, tls=state.config.tls
+            )
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -114,7 +116,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
         if not applied_generation_current(body):
             return  # a spec change is being applied: its handler writes the status
         rec, owner = state.get(), _owner(body)
-        checked = validate(owner, body.get("spec") or {})
+        checked = rec.validate(owner, body.get("spec") or {})
         observation, _pods = await rec.observe(owner, checked, logger)
         previous = body.get("status") or {}
         # The status describes the generation the children were last applied for.
@@ -130,7 +132,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
     @kopf.on.delete(*RESOURCE, id="finalize", backoff=backoff, registry=registry)
     async def finalize(body: kopf.Body, retry: int, logger: Any, **_: Any) -> None:
         rec, owner = state.get(), _owner(body)
-        checked = validate(owner, body.get("spec") or {})
+        checked = rec.validate(owner, body.get("spec") or {})
         observation, _pods = await rec.observe(owner, checked, logger)
         generation = int(body["metadata"].get("generation") or 1)
         deleting = rec.status(

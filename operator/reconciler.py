@@ -32,12 +32,18 @@ class Validated:
     problem: str | None
 
 
-def validate(owner: Owner, spec: Mapping[str, Any]) -> Validated:
+def validate(
+    owner: Owner, spec: Mapping[str, Any], config: OperatorConfig | None = None
+) -> Validated:
+    """The declaration, or why nothing may run for it (``config``: its image allow-list)."""
     problem = render.name_problem(owner.name)
     try:
         declaration = parse_declaration(spec, default_name=owner.name)
     except InvalidArgument as exc:
         return Validated(None, "; ".join(filter(None, [problem, str(exc)])))
+    if config is not None:
+        image = config.image_problem(declaration.placement.image)
+        problem = "; ".join(filter(None, [problem, image])) or None
     return Validated(declaration if problem is None else None, problem)
 
 
@@ -54,11 +60,16 @@ class Reconciler:
             default_image=self.config.ps_image,
             token_secret=self.config.ps_token_secret,
             cluster_domain=self.config.cluster_domain,
+            tls_secret=self.config.ps_tls_secret,
+            tls_mutual=self.config.ps_tls_mutual,
         )
+
+    def validate(self, owner: Owner, spec: Mapping[str, Any]) -> Validated:
+        return validate(owner, spec, self.config)
 
     async def apply(self, owner: Owner, spec: Mapping[str, Any], logger: Logger) -> Validated:
         """Create or update the children; nothing when invalid or the shard count changed."""
-        checked = validate(owner, spec)
+        checked = self.validate(owner, spec)
         decl = checked.declaration
         if decl is None:
             logger.error(f"invalid EmbeddingTable, nothing changed: {checked.problem}")
@@ -109,7 +120,7 @@ class Reconciler:
             return
         token = await self.ps_token(ns)
         results = await final_checkpoint.create_table_on(
-            shards, decl.spec, token=token, timeout=self.config.rpc_timeout
+            shards, decl.spec, token=token, timeout=self.config.rpc_timeout, tls=self.config.tls
         )
         for pod, result in zip(todo, results, strict=False):
             if result.ok:
@@ -159,7 +170,11 @@ class Reconciler:
         token = await self.ps_token(owner.namespace)
         shards = [(_pod_index(p), self._address(p)) for p in serving]
         results = await final_checkpoint.save_all(
-            shards, checkpoint_id=checkpoint_id, token=token, timeout=self.config.save_timeout
+            shards,
+            checkpoint_id=checkpoint_id,
+            token=token,
+            timeout=self.config.save_timeout,
+            tls=self.config.tls,
         )
         for r in results:
             log = logger.info if r.ok else logger.warning

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from recstore.core.placement import Spread
@@ -23,10 +24,14 @@ from recstore.core.reconcile import (
     Declaration,
     ps_node_args,
 )
+from recstore.core.tls import ServerTls
 
 SHARD_INDEX_ENV = "RECSTORE_SHARD_INDEX"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 TOKEN_DIR = "/var/run/secrets/recstore"
+#: where a PS pod mounts its TLS Secret (keys as cert-manager writes them)
+TLS_DIR = "/var/run/secrets/recstore-tls"
+TLS_KEYS = ("tls.crt", "tls.key", "ca.crt")
 GPU_RESOURCE = "nvidia.com/gpu"
 SHARDS_ANNOTATION = "recstore.io/shards"
 #: uid and gid of the ``recstore`` user in the recstore-ps image (docker/ps-node.Dockerfile).
@@ -59,6 +64,18 @@ class RenderOptions:
     #: Secret whose key ``token`` the PS nodes read as their auth token.
     token_secret: str | None = None
     cluster_domain: str = "cluster.local"
+    #: Secret with ``tls.crt``, ``tls.key``, ``ca.crt``: the nodes serve gRPC over TLS.
+    tls_secret: str | None = None
+    #: the nodes require client certificates signed by that ``ca.crt``.
+    tls_mutual: bool = False
+
+    @property
+    def server_tls(self) -> ServerTls | None:
+        """The TLS the PS pods serve with, as paths inside the pod."""
+        if not self.tls_secret:
+            return None
+        cert, key, ca = (Path(TLS_DIR, name) for name in TLS_KEYS)
+        return ServerTls(cert, key, ca if self.tls_mutual else None)
 
 
 def name_problem(name: str) -> str | None:
@@ -215,7 +232,12 @@ def scrape_annotations() -> dict[str, str]:
 
 def render_pod_template(owner: Owner, decl: Declaration, options: RenderOptions) -> dict[str, Any]:
     token_file = f"{TOKEN_DIR}/token" if options.token_secret else None
-    args = ps_node_args(decl, shard_index=f"$({SHARD_INDEX_ENV})", auth_token_file=token_file)
+    args = ps_node_args(
+        decl,
+        shard_index=f"$({SHARD_INDEX_ENV})",
+        auth_token_file=token_file,
+        tls=options.server_tls,
+    )
     probe = {"grpc": {"port": GRPC_PORT}, "periodSeconds": 10, "timeoutSeconds": 5}
     container: dict[str, Any] = {
         "name": "ps",
@@ -250,6 +272,8 @@ def render_pod_template(owner: Owner, decl: Declaration, options: RenderOptions)
         ],
     }
     pod: dict[str, Any] = {
+        # a PS node never calls the Kubernetes API: no service account token in its pods
+        "automountServiceAccountToken": False,
         "securityContext": pod_security_context(),
         "terminationGracePeriodSeconds": decl.placement.termination_grace_seconds,
         "containers": [container],
@@ -265,6 +289,17 @@ def render_pod_template(owner: Owner, decl: Declaration, options: RenderOptions)
                 "secret": {
                     "secretName": options.token_secret,
                     "items": [{"key": "token", "path": "token"}],
+                },
+            }
+        )
+    if options.tls_secret:
+        container["volumeMounts"].append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+        pod["volumes"].append(
+            {
+                "name": "tls",
+                "secret": {
+                    "secretName": options.tls_secret,
+                    "items": [{"key": key, "path": key} for key in TLS_KEYS],
                 },
             }
         )

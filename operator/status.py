@@ -35,6 +35,16 @@ def pod_ready(pod: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+def unschedulable(pod: Mapping[str, Any]) -> str | None:
+    """The scheduler's message when it cannot place ``pod`` (e.g. no node with a free GPU)."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    for c in conditions:
+        scheduled = c.get("type") == "PodScheduled" and c.get("status") == "False"
+        if scheduled and c.get("reason") == "Unschedulable":
+            return str(c.get("message") or "no node fits the pod")
+    return None
+
+
 def observe(
     sts: Mapping[str, Any] | None,
     pods: Sequence[Mapping[str, Any]],
@@ -56,11 +66,19 @@ def observe(
         )
         for i in range(replicas)
     )
+    # A shard the scheduler cannot place fails the table with the scheduler's words (it
+    # stays so until nodes change; the next refresh clears it once the pod is placed).
+    stuck = [
+        f"shard {i} cannot be scheduled: {why}"
+        for i in range(replicas)
+        if (why := unschedulable(by_name.get(f"{name}-{i}", {}))) is not None
+    ]
     return Observation(
         running_shards=replicas,
         rolling=statefulset_rolling(sts),
         shards=shards,
         last_checkpoint=last_checkpoint,
+        refused="; ".join(stuck) or None,
     )
 
 

@@ -29,6 +29,7 @@ from recstore.core import TableSpec, WritesStopped
 from recstore.core.data_dir import DataDirInUse, DataDirLock, DataDirUnusable
 from recstore.core.limits import DEFAULT_MAX_BATCH_BYTES, message_limit
 from recstore.core.reconcile import LIVENESS_SERVICE
+from recstore.core.tls import ServerTls
 from recstore.ps import failstop, limits, persistence, recovery, table_specs
 from recstore.ps import metrics as metrics_module
 from recstore.ps.auth import TokenAuth
@@ -69,6 +70,8 @@ class NodeConfig:
     wal_probe_interval: float = 5.0
     #: how log segments are opened (tests pass files that fail like a broken disk)
     wal_files: SegmentOpener = SegmentFile
+    #: serve gRPC over TLS (mutual TLS when it names a client CA); None: plaintext
+    tls: ServerTls | None = None
 
     def __post_init__(self) -> None:
         if self.durability not in ("checkpoint", "wal"):
@@ -145,7 +148,11 @@ class PsServer:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
-        self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        address = f"{self.config.host}:{self.config.port}"
+        if self.config.tls is not None:
+            self.port = server.add_secure_port(address, self.config.tls.grpc_credentials())
+        else:
+            self.port = server.add_insecure_port(address)
         await server.start()
         self._grpc = server
         changed = asyncio.Event()
@@ -171,6 +178,7 @@ class PsServer:
                 "shard_index": self.config.shard_index,
                 "num_shards": self.config.num_shards,
                 "durability": self.config.durability,
+                "tls": self.config.tls.mode if self.config.tls else "off",
                 "tables": sorted(self.node.tables),
                 "restored_checkpoint": restored.newest.checkpoint_id if restored.newest else None,
                 "refused_tables": restored.refused,
@@ -374,6 +382,7 @@ def start_in_thread(
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
     wal_probe_interval: float = 5.0,
     wal_files: SegmentOpener = SegmentFile,
+    tls: ServerTls | None = None,
 ) -> ServerHandle:
     """Start a node in a background thread; returns once it serves (``.port``, ``.stop()``)."""
     config = NodeConfig(
@@ -392,6 +401,7 @@ def start_in_thread(
         max_batch_bytes=max_batch_bytes,
         wal_probe_interval=wal_probe_interval,
         wal_files=wal_files,
+        tls=tls,
     )
     server = PsServer(config)
     loop = asyncio.new_event_loop()

@@ -41,6 +41,7 @@ from recstore.client.tensors import keys_to_numpy, rows_from_numpy, rows_to_nump
 from recstore.core import DType, SlotMap, TableSpec, wire
 from recstore.core.control import Rpc, create_table_rpc, drop_table_rpc, stats_rpc
 from recstore.core.proto_convert import bearer_metadata
+from recstore.core.tls import ClientTls
 
 PS_TOKEN_ENV = "RECSTORE_PS_TOKEN"
 RPC_TIMEOUT_ENV = "RECSTORE_RPC_TIMEOUT"
@@ -69,6 +70,7 @@ class GrpcBackend:
         max_batch_bytes: int = DEFAULT_BATCH_BYTES,
         max_pending_updates: int | None = None,
         carry_delay: float | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         if not endpoints and not admin_url:
             raise ValueError("the grpc backend needs PS endpoints or an admin API URL")
@@ -78,6 +80,8 @@ class GrpcBackend:
         # PS nodes get the PS token only: the admin token is for the admin API alone.
         token = token or os.environ.get(PS_TOKEN_ENV)
         self._metadata = bearer_metadata(token)
+        # TLS to the nodes and the admin API: given, else RECSTORE_TLS_*, else plaintext
+        self._tls = tls or ClientTls.from_environment()
         self._timeout = rpc_timeout or float(os.environ.get(RPC_TIMEOUT_ENV, "60"))
         self._max_batch_bytes = max_batch_bytes
         self._nodes: dict[str, NodeCalls] = {}
@@ -107,7 +111,7 @@ class GrpcBackend:
             with self._lock:
                 node = self._nodes.get(endpoint)
                 if node is None:
-                    node = NodeCalls(endpoint, self._metadata, self._timeout, self._pool)
+                    node = NodeCalls(endpoint, self._metadata, self._timeout, self._pool, self._tls)
                     self._nodes[endpoint] = node
         return node
 
@@ -135,7 +139,7 @@ class GrpcBackend:
 
     def _discover(self, name: str) -> Discovery:
         if self._admin_url:
-            return discover(self._admin_url, name, self._admin_token)
+            return discover(self._admin_url, name, self._admin_token, self._tls)
         stats = self._each_endpoint(self._endpoints, stats_rpc(name), name)
         spec = stats[0].spec
         if spec is None:
@@ -173,7 +177,7 @@ class GrpcBackend:
     def create_table(self, spec: TableSpec) -> CreateResult:
         slot_map: SlotMap | None = None  # explicit endpoints: each node's default map
         if self._admin_url:
-            found = discover(self._admin_url, spec.name, self._admin_token)
+            found = discover(self._admin_url, spec.name, self._admin_token, self._tls)
             assert found.spec is not None
             if not same_layout(spec, found.spec):  # the caller refuses it: create nothing
                 return CreateResult(found.spec, created=False)

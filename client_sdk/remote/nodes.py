@@ -30,6 +30,7 @@ from recstore.client.errors import (
 from recstore.core import APPLIED_METADATA_KEY, WrongShard, wire
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.core.routing import EPOCH_METADATA_KEY
+from recstore.core.tls import ClientTls, channel
 from recstore.v1 import ps_pb2_grpc
 
 MAX_MESSAGE_BYTES = DEFAULT_MESSAGE_LIMIT  # what a node with the default batch bound sends
@@ -54,10 +55,11 @@ class NodeCalls:
         metadata: tuple[tuple[str, str], ...],
         timeout: float,
         senders: Executor,
+        tls: ClientTls | None = None,
     ) -> None:
         self.endpoint = endpoint
         self._senders = senders
-        self.channel = grpc.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+        self.channel = channel(endpoint, tls, CHANNEL_OPTIONS)
         self.stub = ps_pb2_grpc.ParameterServerStub(self.channel)
         self._methods = {
             "Pull": self.channel.unary_unary(wire.PULL),

@@ -24,6 +24,7 @@ from typing import Any
 from recstore.client.errors import BackendError, TableNotInitialized
 from recstore.client.remote.routing import ShardRouter
 from recstore.core import SlotMap, TableSpec
+from recstore.core.tls import ClientTls
 
 ENDPOINTS_ENV = "RECSTORE_PS_ENDPOINTS"
 ADMIN_URL_ENV = "RECSTORE_ADMIN_URL"
@@ -78,14 +79,19 @@ def parse_discovery(document: dict[str, Any]) -> Discovery:
     return Discovery(spec, endpoints, slot_map)
 
 
-def discover(admin_url: str, name: str, token: str | None) -> Discovery:
-    """Ask the admin API where table ``name`` lives."""
+def discover(
+    admin_url: str, name: str, token: str | None, tls: ClientTls | None = None
+) -> Discovery:
+    """Ask the admin API where table ``name`` lives (an https URL is verified with ``tls``'s CA)."""
     url = f"{admin_url.rstrip('/')}/api/v1/tables/{urllib.parse.quote(name)}/discovery"
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
     if token:  # not carried over a redirect: the token is for this admin API only
         request.add_unredirected_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=DISCOVERY_TIMEOUT_S) as response:
+        context = tls.ssl_context() if tls is not None else None
+        with urllib.request.urlopen(
+            request, timeout=DISCOVERY_TIMEOUT_S, context=context
+        ) as response:
             document = json.loads(response.read())
     except urllib.error.HTTPError as error:
         reason = error.read().decode("utf-8", "replace")[:500]

@@ -66,8 +66,8 @@ def test_token_create_mints_a_provisioner_token(
     from recstore.cli import api_client
     from recstore.cli import app as cli
 
-    def in_process(*, base_url: str, headers: dict[str, str], timeout: float) -> TestClient:
-        return TestClient(app, base_url=base_url, headers=headers)
+    def in_process(*, base_url: str, headers: dict[str, str], **_: Any) -> TestClient:
+        return TestClient(app, base_url=base_url, headers=headers)  # timeout, verify: unused
 
     monkeypatch.setattr(api_client.httpx, "Client", in_process)
     admin = admin_headers["Authorization"].split()[1]

@@ -96,7 +96,9 @@ class RenderedChart:
 
     @property
     def crds(self) -> list[Manifest]:
-        return [yaml.safe_load(crd["data"]) for crd in self.loaded.crds]
+        """The CRDs the chart installs: templates (``helm upgrade`` upgrades them), not crds/."""
+        assert not self.loaded.crds, "a crds/ folder is never upgraded by helm upgrade"
+        return self.render().find("CustomResourceDefinition")
 
 
 #: securityContext fields every container of every pod must carry, with their values.

@@ -2,8 +2,9 @@
 
 Each rendered object is checked with `kubernetes-validate --strict` (unknown fields are
 errors) against the newest Kubernetes version the package ships. Two kinds have no schema
-there: the ServiceMonitor (prometheus-operator's CRD) is checked against a small schema of
-its own below, and EmbeddingTable resources against the chart's own CRD.
+there: the ServiceMonitor (prometheus-operator's CRD) and the Certificate (cert-manager's) are
+checked against small schemas of their own below, and EmbeddingTable resources against the
+chart's own CRD.
 """
 
 from __future__ import annotations
@@ -22,13 +23,77 @@ EXPECTED_SCENARIOS = {
     "bundled-postgres-values.yaml",
     "ingress-servicemonitor-values.yaml",
     "gpu-node-selector-values.yaml",
+    "tls-cert-manager-values.yaml",
+    "tls-mutual-existing-secret-values.yaml",
+    "cluster-wide-values.yaml",
 }
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
 #: kinds kubernetes-validate has no schema for, each validated another way here
-OWN_SCHEMA_KINDS = {"ServiceMonitor", "EmbeddingTable"}
+OWN_SCHEMA_KINDS = {"ServiceMonitor", "Certificate", "EmbeddingTable"}
 
 _DURATION = {"type": "string", "pattern": "^([0-9]+(ms|s|m|h))+$"}
 _STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_SECRET_KEY = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "key"],
+    "properties": {"name": {"type": "string"}, "key": {"type": "string"}},
+}
+_METADATA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "namespace"],
+    "properties": {
+        "name": {"type": "string"},
+        "namespace": {"type": "string"},
+        "labels": _STRING_MAP,
+    },
+}
+#: The part of cert-manager.io/v1 Certificate the chart uses, closed to typos.
+CERTIFICATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "cert-manager.io/v1"},
+        "kind": {"const": "Certificate"},
+        "metadata": _METADATA,
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["secretName", "issuerRef", "dnsNames"],
+            "properties": {
+                "secretName": {"type": "string", "minLength": 1},
+                "duration": _DURATION,
+                "renewBefore": _DURATION,
+                "privateKey": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]},
+                        "size": {"type": "integer"},
+                        "rotationPolicy": {"enum": ["Never", "Always"]},
+                    },
+                },
+                "usages": {
+                    "type": "array",
+                    "items": {"enum": ["server auth", "client auth", "digital signature"]},
+                },
+                "dnsNames": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                "issuerRef": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["name"],
+                    "properties": {
+                        "name": {"type": "string", "minLength": 1},
+                        "kind": {"enum": ["Issuer", "ClusterIssuer"]},
+                        "group": {"type": "string"},
+                    },
+                },
+            },
+        },
+    },
+}
 #: The part of monitoring.coreos.com/v1 ServiceMonitor the chart uses, closed to typos.
 SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -77,6 +142,19 @@ SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
                             "path": {"type": "string", "pattern": "^/"},
                             "interval": _DURATION,
                             "scrapeTimeout": _DURATION,
+                            "scheme": {"enum": ["http", "https"]},
+                            "tlsConfig": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "properties": {
+                                    "ca": {
+                                        "type": "object",
+                                        "additionalProperties": False,
+                                        "properties": {"secret": _SECRET_KEY},
+                                    },
+                                    "serverName": {"type": "string"},
+                                },
+                            },
                         },
                     },
                 },
@@ -132,6 +210,8 @@ def test_scenario_validates_strictly(chart, scenario) -> None:
             assert meta["namespace"]
         if obj["kind"] == "ServiceMonitor":
             jsonschema.validate(obj, SERVICE_MONITOR_SCHEMA)
+        elif obj["kind"] == "Certificate":
+            jsonschema.validate(obj, CERTIFICATE_SCHEMA)
         elif obj["kind"] != "EmbeddingTable":  # checked against the CRD below
             _validate_strict(obj, chart.kube_version)
 
@@ -144,7 +224,7 @@ def test_tables_installed_by_scenarios_match_the_crd(chart) -> None:
     ]
     assert tables, "no scenario installs an EmbeddingTable through values.tables"
     schema = _crd_schema(chart.crds, "EmbeddingTable")
-    assert schema is not None, "crds/embeddingtables.recstore.io.yaml is missing"
+    assert schema is not None, "templates/crd.yaml is missing"
     # A CRD schema is OpenAPI 3.0 (boolean exclusiveMinimum etc.): JSON Schema draft 4 rules.
     validator = jsonschema.Draft4Validator(schema)
     for table in tables:
@@ -157,7 +237,7 @@ def test_tables_installed_by_scenarios_match_the_crd(chart) -> None:
 
 def test_chart_crds_validate_strictly(chart) -> None:
     crds = chart.crds
-    assert crds, "crds/embeddingtables.recstore.io.yaml is missing"
+    assert crds, "templates/crd.yaml is missing"
     names = {crd["metadata"]["name"] for crd in crds}
     assert "embeddingtables.recstore.io" in names
     for crd in crds:

@@ -129,14 +129,27 @@ def test_generated_tokens_are_random_secrets_wired_to_their_users(chart) -> None
     mounts = {m["name"]: m for m in admin["volumeMounts"]}
     token_file = manifests.env(admin)["RECSTORE_BOOTSTRAP_TOKEN_FILE"]["value"]
     assert token_file == mounts["bootstrap-token"]["mountPath"] + "/token"
-    _, operator = _operator(manifests)
+    operator_deployment, operator = _operator(manifests)
     env = manifests.env(operator)
-    assert env["RECSTORE_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {
-        "name": "rel-recstore-admin-token",
-        "key": "token",
-    }
+    # The operator never holds the bootstrap admin token: it reads a token of its own.
+    assert "RECSTORE_ADMIN_TOKEN" not in env
+    assert _operator_token_secret(manifests, operator_deployment) == "rel-recstore-operator-token"
     assert env["RECSTORE_PS_TOKEN_SECRET"]["value"] == "rel-recstore-ps-token"
     assert env["RECSTORE_ADMIN_URL"]["value"] == "http://rel-recstore-admin.recstore.svc:8080"
+
+
+def _operator_token_secret(manifests, deployment) -> str:
+    """The Secret the operator's RECSTORE_PROVISIONER_TOKEN_FILE comes from."""
+    container = manifests.container(deployment, "operator")
+    token_file = manifests.env(container)["RECSTORE_PROVISIONER_TOKEN_FILE"]["value"]
+    mount = next(m for m in container["volumeMounts"] if token_file.startswith(m["mountPath"]))
+    assert mount["readOnly"] is True
+    volume = next(
+        v for v in manifests.pod_spec(deployment)["volumes"] if v["name"] == mount["name"]
+    )
+    assert volume["secret"]["optional"] is True
+    name: str = volume["secret"]["secretName"]
+    return name
 
 
 def test_each_install_generates_fresh_tokens(chart) -> None:
@@ -158,14 +171,15 @@ def test_existing_secrets_replace_generated_ones(chart) -> None:
             "auth": {
                 "bootstrapToken": {"existingSecret": "my-admin"},
                 "psToken": {"existingSecret": "my-ps"},
+                "operatorToken": {"existingSecret": "my-operator"},
             },
             "postgresql": {"enabled": True, "existingSecret": "my-pg"},
         }
     )
     assert manifests.find("Secret") == []
-    _, operator = _operator(manifests)
+    operator_deployment, operator = _operator(manifests)
     env = manifests.env(operator)
-    assert env["RECSTORE_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "my-admin"
+    assert _operator_token_secret(manifests, operator_deployment) == "my-operator"
     assert env["RECSTORE_PS_TOKEN_SECRET"]["value"] == "my-ps"
     deployment, admin = _admin(manifests)
     volumes = {v["name"]: v for v in manifests.pod_spec(deployment)["volumes"]}
@@ -194,7 +208,8 @@ def test_operator_environment_follows_values(
         "rel-recstore-ps-token" in {s["metadata"]["name"] for s in manifests.find("Secret")}
     ) is ps_secret
     assert ("RECSTORE_ADMIN_URL" in env) is admin_url
-    assert ("RECSTORE_ADMIN_TOKEN" in env) is admin_url
+    assert ("RECSTORE_PROVISIONER_TOKEN_FILE" in env) is admin_url
+    assert "RECSTORE_ADMIN_TOKEN" not in env
 
 
 # --- images ---------------------------------------------------------------------------------
@@ -286,38 +301,53 @@ def test_no_rule_anywhere_uses_wildcards(chart, scenario) -> None:
                 assert "*" not in rule[field], f"{obj['kind']}/{obj['metadata']['name']}: {rule}"
 
 
+CLUSTER_WIDE = {"rbac": {"clusterWide": True}}
+
+
 @pytest.mark.parametrize(
     ("values", "cluster_rules", "role_namespaces", "role_rules", "args"),
     [
+        # by default: nothing cluster-wide, a Role in the release namespace, watched alone
+        ({}, None, ["recstore"], [*NAMESPACED_RULES, PS_TOKEN_RULE], ["--namespace=recstore"]),
+        (NO_PS_TOKEN, None, ["recstore"], NAMESPACED_RULES, ["--namespace=recstore"]),
         (
-            {},
+            {"operator": {"watchNamespaces": ["ml", "recstore"]}},
+            None,
+            ["ml", "recstore"],
+            [*NAMESPACED_RULES, PS_TOKEN_RULE],
+            ["--namespace=ml", "--namespace=recstore"],
+        ),
+        (
+            CLUSTER_WIDE,
             [*DISCOVERY_RULES, *NAMESPACED_RULES, PS_TOKEN_RULE],
             [],
             None,
             ["--all-namespaces"],
         ),
-        (NO_PS_TOKEN, DISCOVERY_RULES + NAMESPACED_RULES, [], None, ["--all-namespaces"]),
         (
-            {"operator": {"watchNamespaces": ["ml", "recstore"]}},
-            DISCOVERY_RULES,
-            ["ml", "recstore"],
-            [*NAMESPACED_RULES, PS_TOKEN_RULE],
-            ["--namespace=ml", "--namespace=recstore"],
+            {**CLUSTER_WIDE, **NO_PS_TOKEN},
+            DISCOVERY_RULES + NAMESPACED_RULES,
+            [],
+            None,
+            ["--all-namespaces"],
         ),
     ],
 )
 def test_operator_rbac_is_least_privilege(
-    chart, values: dict, cluster_rules: list, role_namespaces: list, role_rules, args: list
+    chart, values: dict, cluster_rules: list | None, role_namespaces: list, role_rules, args: list
 ) -> None:
     manifests = chart.render(values)
-    cluster_role = manifests.one("ClusterRole")
-    assert _rules(cluster_role) == cluster_rules
-    assert cluster_role["metadata"]["name"] == "recstore-rel-recstore-operator"  # per namespace
-    binding = manifests.one("ClusterRoleBinding")
-    assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "rel-recstore-operator", "namespace": "recstore"}
-    ]
+    if cluster_rules is None:
+        assert manifests.find("ClusterRole") == manifests.find("ClusterRoleBinding") == []
+    else:
+        cluster_role = manifests.one("ClusterRole")
+        assert _rules(cluster_role) == cluster_rules
+        assert cluster_role["metadata"]["name"] == "recstore-rel-recstore-operator"
+        binding = manifests.one("ClusterRoleBinding")
+        assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "rel-recstore-operator", "namespace": "recstore"}
+        ]
     roles = manifests.find("Role", "-operator")
     assert sorted(r["metadata"]["namespace"] for r in roles) == role_namespaces
     for role in roles:
@@ -384,8 +414,9 @@ def test_admin_listens_where_the_service_probes_and_scrapes_point(chart) -> None
     deployment, admin = _admin(manifests)
     assert admin["args"] == ["admin", "--host", "0.0.0.0", "--port", "8080"]
     assert admin["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
-    assert admin["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
-    assert admin["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    http = {"port": "http", "scheme": "HTTP"}
+    assert admin["readinessProbe"]["httpGet"] == {"path": "/readyz", **http}
+    assert admin["livenessProbe"]["httpGet"] == {"path": "/healthz", **http}
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations == {
         "prometheus.io/scrape": "true",
@@ -434,8 +465,8 @@ def test_ingress_and_service_monitor_target_the_admin_service(chart) -> None:
 
 def test_optional_objects_are_off_by_default(chart) -> None:
     manifests = chart.render()
-    for kind in ("Ingress", "ServiceMonitor", "StatefulSet", "EmbeddingTable", "Role"):
-        assert manifests.find(kind, "-operator" if kind == "Role" else "") == [], kind
+    for kind in ("Ingress", "ServiceMonitor", "StatefulSet", "EmbeddingTable", "Certificate"):
+        assert manifests.find(kind) == [], kind
 
 
 def test_tables_are_installed_verbatim(chart) -> None:
@@ -470,7 +501,7 @@ def test_ps_token_is_copied_into_every_watched_namespace(chart) -> None:
 
 def test_operator_rbac_covers_every_kind_the_operator_touches(chart) -> None:
     kube = importlib.import_module("recstore.operator.kube")
-    rules = _rules(chart.render().one("ClusterRole"))
+    rules = _rules(chart.render().one("Role", "-operator"))
     granted = {
         (group, resource) for r in rules for group in r["apiGroups"] for resource in r["resources"]
     }
@@ -481,15 +512,19 @@ def test_operator_rbac_covers_every_kind_the_operator_touches(chart) -> None:
 
 @pytest.mark.parametrize(
     ("watch", "namespace_selector"),
-    [([], {"any": True}), (["ml", "nlp"], {"matchNames": ["ml", "nlp"]})],
+    [
+        ([], {"matchNames": ["recstore"]}),
+        (["ml", "nlp"], {"matchNames": ["ml", "nlp"]}),
+        (None, {"any": True}),  # cluster-wide
+    ],
 )
 def test_ps_service_monitor_selects_the_operators_services(
-    chart, watch: list[str], namespace_selector: dict
+    chart, watch: list[str] | None, namespace_selector: dict
 ) -> None:
     render = importlib.import_module("recstore.operator.render")
-    manifests = chart.render(
-        {"metrics": {"serviceMonitor": {"enabled": True}}, "operator": {"watchNamespaces": watch}}
-    )
+    values: dict[str, Any] = {"metrics": {"serviceMonitor": {"enabled": True}}}
+    values |= {"operator": {"watchNamespaces": watch}} if watch is not None else CLUSTER_WIDE
+    manifests = chart.render(values)
     monitor = manifests.one("ServiceMonitor", "-ps")
     assert monitor["spec"]["namespaceSelector"] == namespace_selector
     service = render.render_service(render.Owner(name="t", namespace="ml", uid="u"))

@@ -166,8 +166,9 @@ def test_admin_image_matches_the_chart_container(chart) -> None:
 
 
 def test_operator_image_matches_the_chart_container(chart) -> None:
+    """The image alone serves every namespace; the chart does so only with rbac.clusterWide."""
     _, final = parse("operator.Dockerfile")
-    manifests = chart.render()
+    manifests = chart.render({"rbac": {"clusterWide": True}})
     deployment = manifests.one("Deployment", "-operator")
     container = manifests.container(deployment, "operator")
     assert "command" not in container

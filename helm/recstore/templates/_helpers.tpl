@@ -57,10 +57,21 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "recstore.admin.fullname" -}}{{ include "recstore.fullname" . }}-admin{{- end -}}
 {{- define "recstore.postgresql.fullname" -}}{{ include "recstore.fullname" . }}-postgresql{{- end -}}
 
-{{/* The admin API's in-cluster URL (what the operator mirrors status to). */}}
+{{/* The admin API's in-cluster URL (what the operator mirrors status to); https with tls. */}}
 {{- define "recstore.admin.url" -}}
-{{- printf "http://%s.%s.svc:%d" (include "recstore.admin.fullname" .) .Release.Namespace (int .Values.admin.service.port) -}}
+{{- printf "%s://%s.%s.svc:%d" (.Values.tls.enabled | ternary "https" "http") (include "recstore.admin.fullname" .) .Release.Namespace (int .Values.admin.service.port) -}}
 {{- end -}}
+
+{{/* Namespaces whose tables the operator serves, as a JSON list: operator.watchNamespaces, else
+the release namespace. With rbac.clusterWide and no list it serves every namespace; this is
+then where the chart puts what tables need (Secret copies, Certificates, NetworkPolicies). */}}
+{{- define "recstore.servedNamespaces" -}}
+{{- uniq (prepend .Values.operator.watchNamespaces .Release.Namespace) | toJson -}}
+{{- end -}}
+
+{{/* Where the TLS Secret (tls.crt, tls.key, ca.crt) is mounted in the chart's pods; the
+operator mounts it at the same path in the PS pods (recstore.operator.render.TLS_DIR). */}}
+{{- define "recstore.tlsDir" -}}/var/run/secrets/recstore-tls{{- end -}}
 
 {{/* A full image reference; call with (dict "ctx" $ "image" .Values.admin.image). */}}
 {{- define "recstore.image" -}}
@@ -100,6 +111,14 @@ seccompProfile:
 
 {{- define "recstore.psTokenSecret" -}}
 {{- .Values.auth.psToken.existingSecret | default (printf "%s-ps-token" (include "recstore.fullname" .)) -}}
+{{- end -}}
+
+{{- define "recstore.operatorTokenSecret" -}}
+{{- .Values.auth.operatorToken.existingSecret | default (printf "%s-operator-token" (include "recstore.fullname" .)) -}}
+{{- end -}}
+
+{{- define "recstore.tlsSecret" -}}
+{{- .Values.tls.existingSecret | default (printf "%s-tls" (include "recstore.fullname" .)) -}}
 {{- end -}}
 
 {{- define "recstore.postgresql.secret" -}}
@@ -146,7 +165,8 @@ prometheus.io/path: /metrics
 patches finalizers, annotations and status; owner references with blockOwnerDeletion need
 update on finalizers), the children it creates (merge-patched, never replaced), pods and
 claims only to read, events (kopf posts core/v1 events), and, when PS nodes require a token,
-that one Secret (the operator authenticates its own CreateTable and Save calls with it). */}}
+that one Secret (the operator authenticates its own CreateTable and Save calls with it). The TLS
+Secret is mounted into PS pods by the kubelet: the operator never reads it. */}}
 {{- define "recstore.operator.namespacedRules" -}}
 - apiGroups: ["recstore.io"]
   resources: ["embeddingtables"]

@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 
+from recstore.core.tls import ClientTls, TlsConfigError, http_verify
+
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
 DEFAULT_STATE_DIR = Path.home() / ".recstore"
 
@@ -35,11 +37,40 @@ def resolve_token(token: str | None, state_dir: Path) -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
+def resolve_tls(url: str, state_dir: Path) -> ClientTls | None:
+    """$RECSTORE_TLS_*, else for an https URL the CA `recstore up --tls` keeps in its state dir."""
+    try:
+        tls = ClientTls.from_environment()
+    except TlsConfigError as error:
+        raise CliError(str(error)) from None
+    local_ca = state_dir / "tls" / "ca.pem"
+    if tls is None and url.startswith("https://") and local_ca.exists():
+        tls = ClientTls(local_ca)
+    return tls
+
+
 class AdminClient:
-    def __init__(self, url: str, token: str | None, *, timeout: float = 30.0) -> None:
+    """An https URL is verified with ``tls``'s CA (default: ``RECSTORE_TLS_*``)."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        *,
+        timeout: float = 30.0,
+        tls: ClientTls | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        if tls is None:
+            try:
+                tls = ClientTls.from_environment()
+            except TlsConfigError as error:
+                raise CliError(str(error)) from None
+        verify = http_verify(tls)
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout, verify=verify
+        )
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:

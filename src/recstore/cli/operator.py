@@ -1,8 +1,10 @@
 """`recstore operator`: run the EmbeddingTable operator (kopf) in this process.
 
-Settings come from the environment (RECSTORE_PS_IMAGE, RECSTORE_ADMIN_URL,
-RECSTORE_PROVISIONER_TOKEN, RECSTORE_PS_TOKEN_SECRET, RECSTORE_STATUS_INTERVAL);
-credentials from the pod's service account, or KUBECONFIG outside a cluster.
+Settings come from the environment (RECSTORE_PS_IMAGE, RECSTORE_ALLOWED_IMAGES,
+RECSTORE_ADMIN_URL, RECSTORE_PROVISIONER_TOKEN_FILE or RECSTORE_PROVISIONER_TOKEN,
+RECSTORE_PS_TOKEN_SECRET, RECSTORE_PS_TLS_SECRET, RECSTORE_PS_TLS_MUTUAL, RECSTORE_TLS_*,
+RECSTORE_STATUS_INTERVAL; see recstore.operator.config); credentials from the pod's
+service account, or KUBECONFIG outside a cluster.
 """
 
 from __future__ import annotations

@@ -31,6 +31,14 @@ def up(
     port: Annotated[int, typer.Option(help="Admin API / dashboard port (0: any).")] = 8080,
     device: Annotated[str, typer.Option(help="cpu or cuda for the PS nodes.")] = "cpu",
     log_level: Annotated[str, typer.Option("--log-level")] = "WARNING",
+    tls: Annotated[
+        bool,
+        typer.Option(
+            "--tls/--no-tls",
+            help="Serve the admin API and the PS nodes over TLS, from a CA kept in the "
+            "state dir (clients: RECSTORE_TLS_CA=<state dir>/tls/ca.pem).",
+        ),
+    ] = False,
 ) -> None:
     """Run the platform here: admin API on SQLite, PS nodes on loopback. Ctrl-C stops it."""
     import logging
@@ -43,7 +51,7 @@ def up(
     console = Console()
     with console.status("starting the admin API and the local provisioner ..."):
         try:
-            platform = LocalPlatform(state_dir, host=host, port=port, device=device)
+            platform = LocalPlatform(state_dir, host=host, port=port, device=device, tls=tls)
         except InsecureStateDir as error:
             typer.secho(f"error: {error}", err=True, fg="red")
             raise typer.Exit(1) from None
@@ -52,6 +60,8 @@ def up(
     console.print(f"[bold green]RecStore is up[/] — dashboard {platform.url}/")
     console.print(f"  admin API   {platform.url}/api/v1  (OpenAPI: {platform.url}/docs)")
     console.print(f"  token file  {platform.state_dir / 'admin-token'}")
+    if platform.tls is not None:
+        console.print(f"  TLS CA      {platform.tls.client.ca}  (export RECSTORE_TLS_CA=...)")
     console.print(f"  tables      {', '.join(tables) if tables else 'none yet'}")
     console.print("  apply a table: recstore apply -f examples/tables/dense-cpu.yaml")
     stop = threading.Event()

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from recstore.cli.tls_options import CertOption, ClientCaOption, KeyOption, server_tls
 from recstore.core.limits import DEFAULT_MAX_BATCH_BYTES, MAX_MESSAGE_BYTES, MESSAGE_OVERHEAD_BYTES
 
 
@@ -71,6 +72,9 @@ def ps_node(
             help="Stop (with a final checkpoint) when this process exits, however it exits.",
         ),
     ] = None,
+    tls_cert: CertOption = None,
+    tls_key: KeyOption = None,
+    tls_client_ca: ClientCaOption = None,
 ) -> None:
     """Run a PS node: one shard of any number of embedding tables over gRPC."""
     if durability not in ("checkpoint", "wal"):
@@ -88,6 +92,7 @@ def ps_node(
     from recstore.ps.server import NodeConfig, run
     from recstore.ps.table_specs import load_spec_file
 
+    tls = server_tls(tls_cert, tls_key, tls_client_ca)
     declared = []
     for path in table_spec_file or []:
         try:
@@ -113,6 +118,7 @@ def ps_node(
         parent_pid=parent_pid,
         max_batch_bytes=max_batch_bytes,
         wal_probe_interval=wal_probe_interval,
+        tls=tls,
     )
     raise typer.Exit(run(config))
 

@@ -18,6 +18,7 @@ from recstore.cli.api_client import (
     DEFAULT_STATE_DIR,
     AdminClient,
     CliError,
+    resolve_tls,
     resolve_token,
 )
 from recstore.cli.manifests import read_declarations
@@ -34,7 +35,7 @@ console = Console()
 
 
 def _client(url: str, token: str | None, state_dir: Path) -> AdminClient:
-    return AdminClient(url, resolve_token(token, state_dir))
+    return AdminClient(url, resolve_token(token, state_dir), tls=resolve_tls(url, state_dir))
 
 
 def apply(

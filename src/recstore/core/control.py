@@ -29,6 +29,8 @@ from recstore.core.proto_convert import (
 )
 from recstore.core.routing import SlotMap
 from recstore.core.spec import TableSpec
+from recstore.core.tls import ClientTls, aio_channel
+from recstore.core.tls import channel as tls_channel
 from recstore.v1 import ps_pb2, ps_pb2_grpc
 
 R = TypeVar("R")
@@ -127,7 +129,8 @@ class _NodeStub:
 class ControlClient(_NodeStub):
     """Blocking control calls to the node at ``endpoint`` (``host:port``).
 
-    ``channel``: an open channel to use instead of a new one (not closed by ``close``).
+    ``channel``: an open channel to use instead of a new one (not closed by ``close``);
+    ``tls``: how a new one verifies the node (None: plaintext).
     """
 
     def __init__(
@@ -137,11 +140,10 @@ class ControlClient(_NodeStub):
         token: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         channel: grpc.Channel | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         owned = channel is None
-        super().__init__(
-            endpoint, channel or grpc.insecure_channel(endpoint), owned, token, timeout
-        )
+        super().__init__(endpoint, channel or tls_channel(endpoint, tls), owned, token, timeout)
 
     def call(self, rpc: Rpc[R], *, timeout: float | None = None) -> R:
         try:
@@ -193,11 +195,10 @@ class AsyncControlClient(_NodeStub):
         token: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         channel: grpc.aio.Channel | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         owned = channel is None
-        super().__init__(
-            endpoint, channel or grpc.aio.insecure_channel(endpoint), owned, token, timeout
-        )
+        super().__init__(endpoint, channel or aio_channel(endpoint, tls), owned, token, timeout)
 
     async def call(self, rpc: Rpc[R], *, timeout: float | None = None) -> R:
         try:

@@ -22,6 +22,7 @@ from recstore.core.errors import InvalidArgument
 from recstore.core.placement import Placement
 from recstore.core.routing import SlotMap
 from recstore.core.spec import Durability, StorageTier, TableSpec
+from recstore.core.tls import ServerTls
 
 GRPC_PORT = 50051
 #: a PS pod listens on all its addresses (loopback is the node's own default)
@@ -96,6 +97,7 @@ def ps_node_args(
     data_dir: str = DATA_DIR,
     auth_token_file: str | None = None,
     host: str = POD_LISTEN_HOST,
+    tls: ServerTls | None = None,
 ) -> list[str]:
     """Arguments of ``recstore ps-node`` for one shard.
 
@@ -120,6 +122,8 @@ def ps_node_args(
     ]  # fmt: skip
     if auth_token_file:
         args += ["--auth-token-file", auth_token_file]
+    if tls is not None:
+        args += tls.args()
     return args
 
 

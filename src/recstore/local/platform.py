@@ -28,6 +28,7 @@ import uvicorn
 from recstore.admin.main import create_app
 from recstore.admin.settings import Settings
 from recstore.core.spec import TableSpec
+from recstore.core.tls import LocalTls, http_verify
 from recstore.local.provisioner import LocalProvisioner
 from recstore.local.reporting import AdminReporter
 
@@ -74,26 +75,41 @@ class LocalPlatform:
         port: int = 8080,
         device: str = "cpu",
         poll_interval: float = 0.5,
+        tls: bool = False,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.token = ensure_token(self.state_dir)
         provisioner_token = ensure_token(self.state_dir, PROVISIONER_TOKEN_FILE)
+        #: with ``tls``: the admin API serves HTTPS and the nodes TLS, from a CA of its own
+        self.tls: LocalTls | None = None
+        if tls:
+            from recstore.local.certificates import ensure_local_tls
+
+            self.tls = ensure_local_tls(self.state_dir)
+        client_tls = self.tls.client if self.tls else None
+        self._verify = http_verify(client_tls)
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.host, self.port = host, int(self._socket.getsockname()[1])
-        self.url = f"http://{self.host}:{self.port}"
-        self._reporter = AdminReporter(self.url, provisioner_token)
+        self.url = f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+        self._reporter = AdminReporter(self.url, provisioner_token, tls=client_tls)
         self.provisioner = LocalProvisioner(
-            self.state_dir, self._reporter, device=device, poll_interval=poll_interval
+            self.state_dir,
+            self._reporter,
+            device=device,
+            poll_interval=poll_interval,
+            tls=self.tls,
         )
         settings = Settings(
             database_url=f"sqlite:///{self.state_dir / 'admin.db'}",
             bootstrap_token_file=self.state_dir / TOKEN_FILE,
             provisioner_token_file=self.state_dir / PROVISIONER_TOKEN_FILE,
+            secure_cookies=self.tls is not None,
         )
         app = create_app(settings, provisioner=self.provisioner)
-        config = uvicorn.Config(app, log_level="warning", lifespan="on")
+        https = self.tls.server.uvicorn_options() if self.tls else {}
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", **https)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True
@@ -104,7 +120,8 @@ class LocalPlatform:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
+                ready = httpx.get(f"{self.url}/readyz", timeout=1.0, verify=self._verify)
+                if ready.status_code == 200:
                     break
             except httpx.TransportError:
                 pass
@@ -127,6 +144,7 @@ class LocalPlatform:
                 params={"limit": 500, "offset": offset},
                 headers=headers,
                 timeout=10.0,
+                verify=self._verify,
             )
             page.raise_for_status()
             body = page.json()

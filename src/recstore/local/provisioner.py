@@ -43,6 +43,7 @@ from recstore.core.reconcile import (
     ps_node_args,
 )
 from recstore.core.spec import TableSpec
+from recstore.core.tls import LocalTls
 from recstore.local.leftovers import stop_leftover
 from recstore.local.reporting import Reporter
 from recstore.local.shard_client import ShardClient, TableRefused
@@ -110,6 +111,7 @@ class LocalProvisioner:
         python: str = sys.executable,
         auth_token_file: Path | None = None,
         poll_interval: float = 0.5,
+        tls: LocalTls | None = None,
     ) -> None:
         self._root = Path(state_dir) / "tables"
         self._reporter = reporter
@@ -118,6 +120,7 @@ class LocalProvisioner:
         self._placement = Placement(gpus=1 if device == "cuda" else 0)
         self._python = python
         self._auth_token_file = auth_token_file
+        self._tls = tls
         self._poll_interval = poll_interval
         self._tables: dict[str, _Table] = {}
         #: the clock of refusal back-offs (monotonic seconds)
@@ -141,7 +144,10 @@ class LocalProvisioner:
                 spec=spec,
                 directory=directory,
                 ports=ports,
-                clients=[ShardClient(f"127.0.0.1:{grpc}") for grpc, _ in ports],
+                clients=[
+                    ShardClient(f"127.0.0.1:{grpc}", tls=self._tls.client if self._tls else None)
+                    for grpc, _ in ports
+                ],
                 node_ids=[None] * spec.shards,
             )
             self._tables[spec.name] = table
@@ -249,6 +255,7 @@ class LocalProvisioner:
             data_dir=str(_shard_dir(table, shard)),
             auth_token_file=str(self._auth_token_file) if self._auth_token_file else None,
             host="127.0.0.1",
+            tls=self._tls.server if self._tls else None,
         )
         args[args.index("--num-shards") + 1] = str(len(table.ports))
         args += ["--parent-pid", str(os.getpid())]  # the node stops when this process exits

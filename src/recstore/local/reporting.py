@@ -11,6 +11,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from recstore.core.tls import ClientTls, http_verify
+
 
 class Reporter(Protocol):
     def register_node(
@@ -25,11 +27,14 @@ class Reporter(Protocol):
 class AdminReporter:
     """Reports to an admin API with a provisioner token (no other role may write these)."""
 
-    def __init__(self, base_url: str, token: str, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self, base_url: str, token: str, *, timeout: float = 10.0, tls: ClientTls | None = None
+    ) -> None:
         self._client = httpx.Client(
             base_url=base_url.rstrip("/") + "/api/v1",
             headers={"Authorization": f"Bearer {token}"},
             timeout=timeout,
+            verify=http_verify(tls),
         )
         self._last_beat: dict[int, tuple[bool, int, int]] = {}
 

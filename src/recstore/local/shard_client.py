@@ -11,6 +11,7 @@ from typing import Any
 
 from recstore.core.control import ControlClient, ControlError
 from recstore.core.spec import TableSpec
+from recstore.core.tls import ClientTls
 
 #: CreateTable answers that mean "not this table, not on this node", however often asked
 REFUSALS = frozenset({"FAILED_PRECONDITION", "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT",
@@ -26,10 +27,17 @@ class TableRefused(RuntimeError):
 
 
 class ShardClient:
-    def __init__(self, endpoint: str, *, token: str | None = None, timeout: float = 1.0) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        token: str | None = None,
+        timeout: float = 1.0,
+        tls: ClientTls | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self._timeout = timeout
-        self._control = ControlClient(endpoint, token=token, timeout=timeout)
+        self._control = ControlClient(endpoint, token=token, timeout=timeout, tls=tls)
 
     def stats(self, table: str) -> tuple[int, int] | None:
         """(rows, memory bytes) of this shard of ``table``; None while not served."""
