@@ -1,4 +1,4 @@
-"""Prometheus metrics of a node: requests, rows, latency, table sizes, memory.
+"""Prometheus metrics of a node: requests, rows, latency, table sizes, memory, non-finite input.
 
 Each node owns a registry (several in-process nodes in one test must not share
 counters); table sizes are read from the engine at scrape time.
@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ class _TableCollector(Collector):
     def __init__(self, tables: Callable[[], dict[str, HostedTable]]) -> None:
         self._tables = tables
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         rows = GaugeMetricFamily("recstore_ps_table_rows", "Rows held", labels=["table"])
         capacity = GaugeMetricFamily(
             "recstore_ps_table_capacity_rows", "Rows the shard may hold", labels=["table"]
@@ -32,11 +32,17 @@ class _TableCollector(Collector):
         memory = GaugeMetricFamily(
             "recstore_ps_table_memory_bytes", "Memory of the shard", labels=["table"]
         )
+        skipped = CounterMetricFamily(
+            "recstore_ps_nonfinite_rows_skipped",
+            "Keys left out of writes for NaN or infinite values (nonFinite: skip-rows)",
+            labels=["table"],
+        )
         for name, hosted in sorted(self._tables().items()):
             rows.add_metric([name], hosted.table.size)
             capacity.add_metric([name], hosted.table.capacity)
             memory.add_metric([name], hosted.table.memory_bytes)
-        yield from (rows, capacity, memory)
+            skipped.add_metric([name], hosted.table.stats()["nonfinite_skipped"])
+        yield from (rows, capacity, memory, skipped)
 
 
 class Metrics:
@@ -60,6 +66,12 @@ class Metrics:
             "recstore_ps_rows",
             "Rows pulled, pushed or updated",
             ["method", "table"],
+            registry=self.registry,
+        )
+        self.nonfinite_rejected = Counter(
+            "recstore_ps_nonfinite_rejected",
+            "Write batches refused for NaN or infinite values (nonFinite: reject)",
+            ["table"],
             registry=self.registry,
         )
         self.last_checkpoint = Gauge(
