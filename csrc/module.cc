@@ -132,6 +132,7 @@ NB_MODULE(_native, m) {
       "Gradient of bag_pool_forward with respect to the distinct rows (added in place)");
 
   nb::exception<recstore::CapacityError>(m, "CapacityError");
+  nb::exception<recstore::NonFiniteError>(m, "NonFiniteError", PyExc_ValueError);
 
   nb::class_<recstore::InitParams>(m, "InitParams")
       .def(nb::init<>())
@@ -161,6 +162,7 @@ NB_MODULE(_native, m) {
       .def_rw("capacity", &TableOptions::capacity)
       .def_rw("eviction", &TableOptions::eviction)
       .def_rw("ttl_seconds", &TableOptions::ttl_seconds)
+      .def_rw("non_finite", &TableOptions::non_finite)
       .def_rw("init", &TableOptions::init)
       .def_rw("opt", &TableOptions::opt);
 

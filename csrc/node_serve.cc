@@ -218,7 +218,18 @@ bool check_update(Checker& check, const UpdateRequestView& item, int64_t index,
   u.keys_at = check.offset(item.keys);
   u.grads_at = check.offset(item.grads);
   u.grads_size = item.grads.size();
-  return check.keys_allowed(h, index, u.keys, u.n);
+  if (!check.keys_allowed(h, index, u.keys, u.n)) return false;
+  // Reject refuses the whole request before any item is applied, so it is checked
+  // here; skip-rows leaves rows out when the engine applies the item.
+  if (h.non_finite != kNonFiniteReject || u.n == 0) return true;
+  const NonFiniteRows bad =
+      find_non_finite(u.grads, u.grad_dtype, h.dim, u.n, [](int64_t, int64_t) { return true; });
+  if (bad.count == 0) {
+    u.screened = true;
+    return true;
+  }
+  return check.refuse(Code::kNonFinite, index, item.table,
+                      non_finite_refusal("gradient", u.n, bad, u.keys[bad.first]));
 }
 
 }  // namespace
@@ -299,7 +310,8 @@ Plan plan(const Request& request, const std::vector<Hosted>& hosted, size_t repl
 void apply(Plan& plan, const std::vector<Hosted>& hosted, uint8_t* reply, bool& updates_applied) {
   updates_applied = false;
   for (const Update& u : plan.updates) {
-    if (u.n > 0) hosted[u.table].table->update(u.n, u.keys, u.grads, u.grad_dtype, u.lr);
+    if (u.n > 0)
+      hosted[u.table].table->update(u.n, u.keys, u.grads, u.grad_dtype, u.lr, u.screened);
   }
   updates_applied = true;
   Writer w(reply);  // frame first (the holes stay), then fill each pull's rows in place

@@ -4,9 +4,11 @@
 // place (`parse`), then `plan` checks every item against the node's hosted
 // tables in the order the node has always made them (pull items: table
 // hosted and keys whole int64s for each, then the reply's size against the
-// node's message limit, then slots owned and dense ids in range for each; updates, item by item: table hosted, declared dim, grad
-// dtype, keys, grads length, lr, slots, ids; then room in each table that
-// cannot evict, counted exactly), and either refuses with the first failure
+// node's message limit, then slots owned and dense ids in range for each;
+// updates, item by item: table hosted, declared dim, grad dtype, keys, grads
+// length, lr, slots, ids, finite gradients where the table rejects non-finite
+// ones; then room in each table that cannot evict, counted exactly), and
+// either refuses with the first failure
 // (a code, the item, the table, the reason worded as the node words it) or
 // returns the parsed, checked items. `apply` then serves them natively (the
 // reply is the bytes recstore.core.wire would frame), or the node applies the
@@ -39,6 +41,7 @@ struct Hosted {
   bool can_fill = false;   // cannot evict: rows it inserts must fit its capacity
   uint64_t epoch = 0;      // its slot map's
   bool logged = false;     // writes are logged: the node applies updates
+  int non_finite = kNonFiniteReject;  // its NonFinitePolicy (reject: screened by the plan)
 };
 
 enum class Method { kMultiPull, kMultiUpdate };
@@ -62,6 +65,7 @@ enum class Code : int {
   kWrongShard = 3,       // epoch: the table's slot-map epoch
   kCapacityExhausted = 4,
   kMessageTooLarge = 5,  // the reply would be over the node's message limit
+  kNonFinite = 6,        // non-finite gradients for a table whose policy is reject
 };
 
 struct Refusal {
@@ -89,6 +93,7 @@ struct Update {
   int grad_dtype;  // DTypeCode
   float lr;        // the item's, else the table's
   bool has_lr = false;
+  bool screened = false;  // every gradient found finite by the plan (reject tables)
   size_t keys_at = 0, grads_at = 0, grads_size = 0;  // offsets and size in the request
 };
 

@@ -81,6 +81,7 @@ struct MultiRequest {
       v.can_fill = nb::cast<bool>(t[6]);
       v.epoch = nb::cast<uint64_t>(t[7]);
       v.logged = nb::cast<bool>(t[8]);
+      v.non_finite = nb::cast<int>(t[9]);
     }
     Plan p;
     {

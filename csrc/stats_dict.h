@@ -19,6 +19,7 @@ inline nanobind::dict stats_dict(const TableStats& s) {
   d["expirations"] = s.expirations;
   d["erasures"] = s.erasures;
   d["step"] = s.step;
+  d["nonfinite_skipped"] = s.nonfinite_skipped;
   return d;
 }
 

@@ -37,6 +37,8 @@ void validate_options(const TableOptions& o) {
     throw std::invalid_argument("unknown optimizer kind");
   if (o.init.kind < kInitZeros || o.init.kind > kInitUniform)
     throw std::invalid_argument("unknown initializer kind");
+  if (o.non_finite < kNonFiniteReject || o.non_finite > kNonFiniteAllow)
+    throw std::invalid_argument("unknown non_finite policy");
   if (o.capacity < 1) throw std::invalid_argument("capacity must be >= 1");
   if (o.direct) {
     if (o.id_limit != o.capacity)
@@ -102,27 +104,48 @@ bool Table::expired(int64_t row, double now) const {
   return opt_.ttl_seconds > 0 && now - touched_at_[row] > opt_.ttl_seconds;
 }
 
-void Table::validate_ids(int64_t n, const int64_t* keys) const {
+NonFiniteRows Table::check_batch(int64_t n, const int64_t* keys, const void* data,
+                                 int dtype) const {
   // Positions travel in 32 bits when a call is grouped by row.
   if (n < 0 || n > static_cast<int64_t>(UINT32_MAX))
     throw std::invalid_argument("a call takes 0 to 2^32 - 1 keys, got " + std::to_string(n));
-  if (opt_.id_limit <= 0) return;
-  int64_t limit = opt_.id_limit;
-  std::atomic<int64_t> bad{-1};
-  parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+  const int64_t limit = opt_.id_limit;
+  if (opt_.non_finite == kNonFiniteAllow) data = nullptr;
+  if (limit <= 0 && data == nullptr) return {};
+  std::atomic<int64_t> bad{INT64_MAX};  // the smallest position of an id out of range
+  auto ids_in_range = [&](int64_t b, int64_t e) {
+    if (limit <= 0) return true;
     for (int64_t i = b; i < e; ++i) {
       if (static_cast<uint64_t>(keys[i]) >= static_cast<uint64_t>(limit)) {
-        int64_t expected = -1;
-        bad.compare_exchange_strong(expected, i);
-        return;
+        lower_to(bad, i);
+        return false;
       }
     }
-  });
-  if (bad.load() >= 0) {
+    return true;
+  };
+  const NonFiniteRows rows = find_non_finite(data, dtype, opt_.dim, n, ids_in_range);
+  if (bad.load() != INT64_MAX) {
     throw std::invalid_argument("id " + std::to_string(keys[bad.load()]) + " at position " +
                                 std::to_string(bad.load()) + " is outside [0, " +
                                 std::to_string(limit) + ")");
   }
+  return rows;
+}
+
+WriteBatch Table::admit(int64_t n, const int64_t* keys, const void* data, int dtype,
+                        const float* state, const char* what) {
+  WriteBatch batch{n, keys, data, state, {}};
+  const NonFiniteRows bad = check_batch(n, keys, data, dtype);
+  if (bad.count == 0) return batch;
+  if (opt_.non_finite == kNonFiniteReject)
+    throw NonFiniteError(non_finite_refusal(what, n, bad, keys[bad.first]));
+  batch.kept = drop_non_finite_keys(n, keys, data, dtype, opt_.dim, state, state_w_);
+  nonfinite_skipped_ += batch.kept.skipped_keys;
+  batch.n = static_cast<int64_t>(batch.kept.keys.size());
+  batch.keys = batch.kept.keys.data();
+  batch.data = batch.kept.rows.data();
+  batch.state = state != nullptr ? batch.kept.state.data() : nullptr;
+  return batch;
 }
 
 int64_t Table::lookup(int64_t key) const {
@@ -307,6 +330,7 @@ TableStats Table::stats() const {
   s.expirations = expirations_.load();
   s.erasures = erasures_.load();
   s.step = step_.load();
+  s.nonfinite_skipped = nonfinite_skipped_.load();
   return s;
 }
 

@@ -26,6 +26,7 @@
 
 #include "hash_index.h"
 #include "initializer.h"
+#include "non_finite.h"
 #include "optimizer.h"
 
 namespace recstore {
@@ -40,6 +41,7 @@ struct TableOptions {
   int64_t capacity = 1;            // rows this shard holds (== id_limit when direct)
   int eviction = kEvictNone;       // EvictionKind, hashed only
   double ttl_seconds = 0.0;        // > 0: rows untouched this long expire (hashed only)
+  int non_finite = kNonFiniteReject;  // NonFinitePolicy of written gradients and values
   InitParams init;
   OptimizerParams opt;
 };
@@ -61,10 +63,21 @@ struct TableStats {
   int64_t expirations = 0;
   int64_t erasures = 0;
   int64_t step = 0;
+  int64_t nonfinite_skipped = 0;  // keys left out of writes for non-finite rows (skip-rows)
 };
 
 // Throws std::invalid_argument for options no table (CPU or CUDA) accepts.
 void validate_options(const TableOptions& options);
+
+// A write batch as the engine applies it: the caller's, or `kept` without the
+// keys skip-rows left out. `data` is rows of the batch's dtype, `state` optional.
+struct WriteBatch {
+  int64_t n;
+  const int64_t* keys;
+  const void* data;
+  const float* state;
+  FiniteBatch kept;
+};
 
 class Table {
  public:
@@ -85,7 +98,9 @@ class Table {
   void assign(int64_t n, const int64_t* keys, const void* values);
   // Sum duplicate keys' gradients (grad_dtype: DTypeCode), then apply the optimizer
   // with learning rate lr; missing rows are inserted from the initializer first.
-  void update(int64_t n, const int64_t* keys, const void* grads, int grad_dtype, float lr);
+  // `screened`: the caller found every gradient finite already (node_serve's plan).
+  void update(int64_t n, const int64_t* keys, const void* grads, int grad_dtype, float lr,
+              bool screened = false);
   // Remove rows; returns how many live rows were removed.
   int64_t erase(int64_t n, const int64_t* keys);
   // Remove every row whose last touch is older than ttl_seconds; returns the count.
@@ -122,7 +137,14 @@ class Table {
   bool tracks_rows() const { return !opt_.direct && (opt_.eviction != kEvictNone || opt_.ttl_seconds > 0); }
   bool expired(int64_t row, double now) const;
 
-  void validate_ids(int64_t n, const int64_t* keys) const;
+  void validate_ids(int64_t n, const int64_t* keys) const { check_batch(n, keys, nullptr, 0); }
+  // One pass over a batch: ids in range (else std::invalid_argument) and, when
+  // `data` is given and the policy screens, the rows of it (dtype) that are not finite.
+  NonFiniteRows check_batch(int64_t n, const int64_t* keys, const void* data, int dtype) const;
+  // Checks a write batch and applies the non-finite policy: throws NonFiniteError
+  // (reject) or leaves out the poisoned keys (skip-rows). `what` names the rows.
+  WriteBatch admit(int64_t n, const int64_t* keys, const void* data, int dtype,
+                   const float* state, const char* what);
   // Row of key, or -1 (expired rows count as resident here).
   int64_t lookup(int64_t key) const;
   void lookup_all(int64_t n, const int64_t* keys, int64_t* rows) const;
@@ -178,6 +200,7 @@ class Table {
   double clock_origin_;
   mutable std::shared_mutex mutex_;
   std::atomic<int64_t> inserts_{0}, evictions_{0}, expirations_{0}, erasures_{0};
+  std::atomic<int64_t> nonfinite_skipped_{0};
 };
 
 }  // namespace recstore

@@ -53,17 +53,22 @@ void Table::write_rows(int64_t n, const int64_t* rows, const void* values, const
 }
 
 void Table::assign(int64_t n, const int64_t* keys, const void* values) {
-  validate_ids(n, keys);
-  int64_t* rows = scratch_rows(n);
+  const WriteBatch batch = admit(n, keys, values, opt_.dtype, nullptr, "value");
+  int64_t* rows = scratch_rows(batch.n);
   std::unique_lock<std::shared_mutex> lock(mutex_);
-  resolve_for_write(n, keys, rows, false);
-  write_rows(n, rows, values, nullptr);
+  resolve_for_write(batch.n, batch.keys, rows, false);
+  write_rows(batch.n, rows, batch.data, nullptr);
 }
 
-void Table::update(int64_t n, const int64_t* keys, const void* grads, int grad_dtype, float lr) {
+void Table::update(int64_t n, const int64_t* keys, const void* grads, int grad_dtype, float lr,
+                   bool screened) {
   if (grad_dtype != kFloat32 && grad_dtype != kFloat16 && grad_dtype != kBFloat16)
     throw std::invalid_argument("gradient dtype must be float32, float16 or bfloat16");
-  validate_ids(n, keys);
+  const WriteBatch admitted = admit(n, keys, screened ? nullptr : grads, grad_dtype, nullptr,
+                                    "gradient");
+  n = admitted.n;
+  keys = admitted.keys;
+  if (!screened) grads = admitted.data;
   int64_t* rows = scratch_rows(n);
   std::unique_lock<std::shared_mutex> lock(mutex_);
   resolve_for_write(n, keys, rows, true);
@@ -162,11 +167,12 @@ int64_t Table::export_rows(int64_t n, const int64_t* keys, int64_t* keys_out, vo
 }
 
 void Table::import_rows(int64_t n, const int64_t* keys, const void* values, const float* state) {
-  validate_ids(n, keys);
-  int64_t* rows = scratch_rows(n);
+  // The rows' values are screened; their optimizer state is the optimizer's own output.
+  const WriteBatch batch = admit(n, keys, values, opt_.dtype, state, "value");
+  int64_t* rows = scratch_rows(batch.n);
   std::unique_lock<std::shared_mutex> lock(mutex_);
-  resolve_for_write(n, keys, rows, false);
-  write_rows(n, rows, values, state);
+  resolve_for_write(batch.n, batch.keys, rows, false);
+  write_rows(batch.n, rows, batch.data, batch.state);
 }
 
 }  // namespace recstore

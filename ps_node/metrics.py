@@ -1,4 +1,5 @@
-"""Prometheus metrics of a node: requests, rows, latency, table sizes, memory, log faults.
+"""Prometheus metrics of a node: requests, rows, latency, table sizes, memory, log faults,
+non-finite input.
 
 Each node owns a registry (several in-process nodes in one test must not share
 counters); table sizes are read from the engine and the write-ahead log's
@@ -31,7 +32,7 @@ class _TableCollector(Collector):
         self._tables = tables
         self._refused = refused
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         rows = GaugeMetricFamily("recstore_ps_table_rows", "Rows held", labels=["table"])
         capacity = GaugeMetricFamily(
             "recstore_ps_table_capacity_rows", "Rows the shard may hold", labels=["table"]
@@ -39,10 +40,16 @@ class _TableCollector(Collector):
         memory = GaugeMetricFamily(
             "recstore_ps_table_memory_bytes", "Memory of the shard", labels=["table"]
         )
+        skipped = CounterMetricFamily(
+            "recstore_ps_nonfinite_rows_skipped",
+            "Keys left out of writes for NaN or infinite values (nonFinite: skip-rows)",
+            labels=["table"],
+        )
         for name, hosted in sorted(self._tables().items()):
             rows.add_metric([name], hosted.table.size)
             capacity.add_metric([name], hosted.table.capacity)
             memory.add_metric([name], hosted.table.memory_bytes)
+            skipped.add_metric([name], hosted.table.stats()["nonfinite_skipped"])
         unrecoverable = GaugeMetricFamily(
             "recstore_ps_table_unrecoverable",
             "1 for a table the node refuses to serve: nothing valid restored it",
@@ -50,7 +57,7 @@ class _TableCollector(Collector):
         )
         for name in sorted(self._refused()):
             unrecoverable.add_metric([name], 1)
-        yield from (rows, capacity, memory, unrecoverable)
+        yield from (rows, capacity, memory, skipped, unrecoverable)
 
 
 class _WriteGateCollector(Collector):
@@ -109,6 +116,12 @@ class Metrics:
             "recstore_ps_rows",
             "Rows pulled, pushed or updated",
             ["method", "table"],
+            registry=self.registry,
+        )
+        self.nonfinite_rejected = Counter(
+            "recstore_ps_nonfinite_rejected",
+            "Write batches refused for NaN or infinite values (nonFinite: reject)",
+            ["table"],
             registry=self.registry,
         )
         self.last_checkpoint = Gauge(

@@ -23,6 +23,7 @@ from recstore.core import (
     CapacityExhausted,
     InvalidArgument,
     MessageTooLarge,
+    NonFiniteValues,
     RecStoreError,
     TableNotFound,
     WrongShard,
@@ -31,6 +32,7 @@ from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.ps import multi
 from recstore.ps.multi import CarriedUpdatesApplied, Served
 from recstore.ps.node import HostedTable, Node
+from recstore.store.options import non_finite_code
 
 #: the compiled engine (no type stubs: it takes raw buffer addresses)
 _native: Any = _native_module
@@ -53,6 +55,8 @@ def refusal_error(code: int, item: int, table: str, reason: str, epoch: int) -> 
     message = reason if item < 0 else f"item {item} (table {table!r}): {reason}"
     if code == 3:
         return WrongShard(message, epoch)
+    if code == 6:
+        return NonFiniteValues(message, table=table)
     return REFUSALS[code](message)
 
 
@@ -69,6 +73,7 @@ def _view(hosted: HostedTable) -> tuple[Any, ...]:
         not hosted.evicts and hosted.id_limit is None,
         hosted.entry.slot_map.epoch,
         hosted.wal is not None,
+        non_finite_code(hosted.entry.spec),
     )
 
 

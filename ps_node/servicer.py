@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from recstore.core import DType, wire
+from recstore.core import DType, NonFiniteValues, wire
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.core.proto_convert import (
     TableStats,
@@ -63,6 +63,8 @@ def rpc(method: Callable[..., Awaitable[Any]]) -> Handler:
             code = status_of(error) or grpc.StatusCode.INTERNAL
             if code is grpc.StatusCode.INTERNAL:
                 log.exception("unexpected failure in %s", name)
+            if isinstance(error, NonFiniteValues):
+                self.metrics.nonfinite_rejected.labels(error.table).inc()
             self.metrics.observe(name, code.name, time.perf_counter() - started)
             await context.abort(code, str(error), trailing_metadata_of(error))
         self.metrics.observe(name, grpc.StatusCode.OK.name, time.perf_counter() - started)

@@ -284,6 +284,7 @@ TableStats CudaTable::stats() const {
   s.expirations = st.expirations;
   s.erasures = st.erasures;
   s.step = step_.load();
+  s.nonfinite_skipped = st.nonfinite_skipped;
   return s;
 }
 

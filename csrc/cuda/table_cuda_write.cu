@@ -22,17 +22,20 @@ void CudaTable::assign(int64_t n, const int64_t* keys, const void* values, uintp
   DeviceIn<int64_t> k(keys, static_cast<size_t>(n), device_, s);
   DeviceIn<unsigned char> v(values, static_cast<size_t>(n) * row_bytes_of(opt_), device_, s);
   CudaOps::validate_ids(*this, n, k.get(), s);
+  const DeviceBatch batch = CudaOps::screen(*this, n, k.get(), v.get(), opt_.dtype, nullptr,
+                                            "value", s);
+  n = batch.n;
   Scratch<int64_t> rows(n, s);
-  CudaOps::resolve_for_write(*this, n, k.get(), rows.get(), false,
+  CudaOps::resolve_for_write(*this, n, batch.keys, rows.get(), false,
                              tracks_rows() ? now() : 0.0, s);
   if (n == 0) return;
   // A repeated key keeps its last row: copy from each key's last position.
-  UniqueKeys groups = unique_keys(k.get(), n, s);
+  UniqueKeys groups = unique_keys(batch.keys, n, s);
   Scratch<int32_t> pos(groups.count, s);
   Scratch<int64_t> target(groups.count, s);
   segment_pick(groups.order.get(), groups.offsets.get(), groups.count, true, rows.get(),
                pos.get(), target.get(), s);
-  scatter(target.get(), pos.get(), groups.count, v.get(), CudaOps::rows_view(*this), s);
+  scatter(target.get(), pos.get(), groups.count, batch.data, CudaOps::rows_view(*this), s);
   RS_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
@@ -44,18 +47,22 @@ void CudaTable::import_rows(int64_t n, const int64_t* keys, const void* values,
   DeviceIn<unsigned char> v(values, static_cast<size_t>(n) * row_bytes_of(opt_), device_, s);
   DeviceIn<float> w(state, static_cast<size_t>(n * state_w_), device_, s);
   CudaOps::validate_ids(*this, n, k.get(), s);
+  // The rows' values are screened; their optimizer state is the optimizer's own output.
+  const DeviceBatch batch = CudaOps::screen(*this, n, k.get(), v.get(), opt_.dtype, w.get(),
+                                            "value", s);
+  n = batch.n;
   Scratch<int64_t> rows(n, s);
-  CudaOps::resolve_for_write(*this, n, k.get(), rows.get(), false,
+  CudaOps::resolve_for_write(*this, n, batch.keys, rows.get(), false,
                              tracks_rows() ? now() : 0.0, s);
   if (n == 0) return;
-  UniqueKeys groups = unique_keys(k.get(), n, s);
+  UniqueKeys groups = unique_keys(batch.keys, n, s);
   Scratch<int32_t> pos(groups.count, s);
   Scratch<int64_t> target(groups.count, s);
   segment_pick(groups.order.get(), groups.offsets.get(), groups.count, true, rows.get(),
                pos.get(), target.get(), s);
-  scatter(target.get(), pos.get(), groups.count, v.get(), CudaOps::rows_view(*this), s);
+  scatter(target.get(), pos.get(), groups.count, batch.data, CudaOps::rows_view(*this), s);
   if (state_w_ > 0)
-    scatter(target.get(), pos.get(), groups.count, w.get(), CudaOps::state_view(*this), s);
+    scatter(target.get(), pos.get(), groups.count, batch.state, CudaOps::state_view(*this), s);
   RS_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
@@ -70,19 +77,22 @@ void CudaTable::update(int64_t n, const int64_t* keys, const void* grads, int gr
   DeviceIn<int64_t> k(keys, static_cast<size_t>(n), device_, s);
   DeviceIn<unsigned char> g(grads, grad_bytes, device_, s);
   CudaOps::validate_ids(*this, n, k.get(), s);
+  const DeviceBatch batch = CudaOps::screen(*this, n, k.get(), g.get(), grad_dtype, nullptr,
+                                            "gradient", s);
+  n = batch.n;
   Scratch<int64_t> rows(n, s);
-  CudaOps::resolve_for_write(*this, n, k.get(), rows.get(), true,
+  CudaOps::resolve_for_write(*this, n, batch.keys, rows.get(), true,
                              tracks_rows() ? now() : 0.0, s);
   const int64_t step = step_.fetch_add(1) + 1;
   if (n == 0) return;
 
   // Each distinct key's gradients summed in batch order, then one fused step per row.
-  UniqueKeys groups = unique_keys(k.get(), n, s);
+  UniqueKeys groups = unique_keys(batch.keys, n, s);
   Scratch<int64_t> target(groups.count, s);
   segment_pick(groups.order.get(), groups.offsets.get(), groups.count, false, rows.get(), nullptr,
                target.get(), s);
   Scratch<float> merged(static_cast<size_t>(groups.count * opt_.dim), s);
-  merge_grads(groups.order.get(), groups.offsets.get(), groups.count, g.get(), grad_dtype,
+  merge_grads(groups.order.get(), groups.offsets.get(), groups.count, batch.data, grad_dtype,
               opt_.dim, merged.get(), s);
   const OptimizerParams& p = opt_.opt;
   const float step_size = p.kind == kAdam ? adam_step_size(lr, p.beta1, p.beta2, step) : 0.0f;

@@ -16,6 +16,7 @@
 #include "dedup.cuh"
 #include "hash_index.cuh"
 #include "kernels.cuh"
+#include "non_finite.cuh"
 #include "table_cuda.h"
 
 namespace recstore {
@@ -46,6 +47,7 @@ struct CudaTableState {
 
   int64_t size = 0;
   int64_t inserts = 0, evictions = 0, expirations = 0, erasures = 0;
+  int64_t nonfinite_skipped = 0;
 
   IndexView index() { return IndexView{slots.get(), num_buckets}; }
   int64_t num_slots() const { return static_cast<int64_t>(num_buckets) * kBucketSlots; }
@@ -168,6 +170,12 @@ struct CudaOps {
   static std::pair<int64_t, int64_t> remove_keys(CudaTable& t, const int64_t* keys, int64_t n,
                                                  double now, cudaStream_t s);
   static double now(CudaTable& t) { return t.now(); }
+  // The table's non-finite policy on a write batch (non_finite.cuh), counted in its stats.
+  static DeviceBatch screen(CudaTable& t, int64_t n, const int64_t* keys, const void* data,
+                            int dtype, const float* state, const char* what, cudaStream_t s) {
+    return screen_non_finite(t.opt_.non_finite, n, keys, data, dtype, t.opt_.dim, state,
+                             t.state_w_, what, t.st_->nonfinite_skipped, s);
+  }
 };
 
 }  // namespace cuda

@@ -68,6 +68,17 @@ def test_snake_case_spec_is_accepted(client: TestClient, admin_headers: dict[str
     assert body["spec"]["numEmbeddings"] == 5 and body["spec"]["embeddingDim"] == 3
 
 
+@pytest.mark.parametrize("given", [{}, {"nonFinite": "skip-rows"}, {"non_finite": "allow"}])
+def test_the_non_finite_policy_is_stored_and_returned(
+    client: TestClient, admin_headers: dict[str, str], given: dict[str, Any]
+) -> None:
+    body = create(client, admin_headers, **given)
+    want = next(iter(given.values()), "reject")
+    assert body["spec"]["nonFinite"] == want
+    r = client.get("/api/v1/tables/clicks", headers=admin_headers)
+    assert r.json()["spec"]["nonFinite"] == want
+
+
 def test_list_pagination_and_filters(
     client: TestClient, admin_headers: dict[str, str], provisioner_headers: dict[str, str]
 ) -> None:
@@ -108,6 +119,7 @@ def test_duplicate_name_is_409_and_changes_nothing(
         ({**SPEC, "initializer": {"kind": "uniform", "low": 1, "high": 0}}, "low < high"),
         ({**SPEC, "keys": {"mode": "dense", "eviction": "lru"}}, "hashed keys only"),
         ({**SPEC, "colour": "blue"}, "Extra inputs are not permitted"),
+        ({**SPEC, "nonFinite": "ignore"}, "'reject', 'skip-rows' or 'allow'"),
         ({"name": "x"}, "Field required"),
     ],
 )

@@ -37,6 +37,23 @@ def test_hashed_capacity_and_state_width() -> None:
 
 
 @pytest.mark.parametrize(
+    ("given", "policy"),
+    [
+        ({}, "reject"),  # the default: NaN and Inf are refused
+        ({"nonFinite": "reject"}, "reject"),
+        ({"nonFinite": "skip-rows"}, "skip-rows"),
+        ({"non_finite": "skip-rows"}, "skip-rows"),
+        ({"nonFinite": "allow"}, "allow"),
+    ],
+)
+def test_non_finite_policy_both_spellings(given: dict[str, Any], policy: str) -> None:
+    spec = TableSpec.model_validate({"name": "t", "numEmbeddings": 10, "embeddingDim": 4, **given})
+    assert spec.non_finite == policy
+    assert spec.to_wire()["nonFinite"] == policy
+    assert TableSpec.model_validate(spec.to_wire()) == spec
+
+
+@pytest.mark.parametrize(
     ("change", "message"),
     [
         ({"name": "Bad Name"}, "pattern"),
@@ -52,6 +69,9 @@ def test_hashed_capacity_and_state_width() -> None:
         ({"optimizer": {"kind": "lamb"}}, "sgd"),
         ({"checkpoint": {"keep": 0}}, "greater than or equal to 1"),
         ({"surprise": 1}, "Extra inputs are not permitted"),
+        ({"non_finite": "drop"}, "'reject', 'skip-rows' or 'allow'"),
+        ({"nonFinite": "skip_rows"}, "'reject', 'skip-rows' or 'allow'"),
+        ({"nonFinite": None}, "'reject', 'skip-rows' or 'allow'"),
     ],
 )
 def test_rejections_name_the_problem(change: dict[str, Any], message: str) -> None:

@@ -141,6 +141,7 @@ def test_server_defaults_equal_the_model_defaults():
         {"numEmbeddings": 10, "embeddingDim": 4, "placement": {"gpus": 17}},
         {"numEmbeddings": 10, "embeddingDim": 4, "placement": {"resources": {"cpu": "1 core"}}},
         {"numEmbeddings": 10, "embeddingDim": 4, "placement": {"spread": "sometimes"}},
+        {"numEmbeddings": 10, "embeddingDim": 4, "nonFinite": "skip_rows"},
         {"embeddingDim": 4},
     ],
 )
@@ -157,6 +158,8 @@ def test_schema_and_models_reject_the_same_field_values(spec):
         {"numEmbeddings": 2**62, "embeddingDim": 8192, "shards": 1024},
         {"numEmbeddings": 10, "embeddingDim": 4, "keys": {"mode": "hashed", "capacity": None}},
         {"numEmbeddings": 10, "embeddingDim": 4, "placement": {"nodeSelector": {"a/b": "c"}}},
+        {"numEmbeddings": 10, "embeddingDim": 4, "nonFinite": "skip-rows"},
+        {"numEmbeddings": 10, "embeddingDim": 4, "nonFinite": "allow"},
     ],
 )
 def test_schema_and_models_accept_the_same_values(spec):

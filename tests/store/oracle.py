@@ -2,7 +2,7 @@
 
 Rows live in a dict; every rule of the engine (deterministic initial rows,
 duplicate merging, the four optimizers, LRU/LFU/TTL eviction, what touches a
-row) is written out here the obvious way, so the native engine can be checked
+row, the non-finite policy) is written out here the obvious way, so the native engine can be checked
 against it operation by operation.
 """
 
@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from recstore.core import CapacityExhausted, DType, InvalidArgument, TableSpec
+from recstore.core import (
+    CapacityExhausted,
+    DType,
+    InvalidArgument,
+    NonFinite,
+    NonFiniteValues,
+    TableSpec,
+)
 from recstore.store.options import shard_layout
 
 MASK = (1 << 64) - 1
@@ -93,6 +100,7 @@ class OracleTable:
     rows: dict[int, Row] = field(default_factory=dict)
     tick: int = 1
     step: int = 0
+    skipped: int = 0  # keys the skip-rows policy left out
 
     def __post_init__(self) -> None:
         layout = shard_layout(self.spec, self.shard_index, self.num_shards)
@@ -110,6 +118,27 @@ class OracleTable:
     def _check(self, keys: list[int]) -> None:
         if self.id_limit and any(not 0 <= k < self.id_limit for k in keys):
             raise InvalidArgument("id out of range")
+
+    def _screen(
+        self, keys: list[int], rows: np.ndarray, dtype: DType, what: str
+    ) -> tuple[list[int], np.ndarray]:
+        """The batch the non-finite policy lets through (rows in ``dtype``'s raw storage)."""
+        self._check(keys)
+        policy = NonFinite(self.spec.non_finite)
+        bad = [i for i in range(len(keys)) if not np.isfinite(to_fp32(rows[i], dtype)).all()]
+        if not bad or policy == NonFinite.allow:
+            return keys, rows
+        if policy == NonFinite.reject:
+            raise NonFiniteValues(
+                f"table {self.spec.name!r}: {len(bad)} of {len(keys)} {what} rows hold NaN or "
+                f"infinite values (the first: key {keys[bad[0]]}, at position {bad[0]}); "
+                "nothing was applied (nonFinite: reject)",
+                table=self.spec.name,
+            )
+        poisoned = {keys[i] for i in bad}
+        self.skipped += len(poisoned)
+        kept = [i for i, k in enumerate(keys) if k not in poisoned]
+        return [keys[i] for i in kept], rows[kept]
 
     def _expired(self, row: Row) -> bool:
         return self.ttl is not None and self.now - row.touched_at > self.ttl
@@ -181,18 +210,23 @@ class OracleTable:
         return raw, found
 
     def push(self, keys: list[int], values: np.ndarray) -> None:
+        keys, values = self._screen(keys, values, self.dtype, "value")
         self._resolve(keys, initialise=False)
         for i, k in enumerate(keys):
             self.rows[k].values = values[i].copy()
 
     def update(self, keys: list[int], grads: np.ndarray, lr: float | None = None) -> None:
+        """``grads`` fp32 (or raw rows of the table dtype, the engine's other choice)."""
+        grad_dtype = DType.float32 if grads.dtype == np.float32 else self.dtype
+        keys, grads = self._screen(keys, grads, grad_dtype, "gradient")
+        grads = to_fp32(grads, grad_dtype)
         self._resolve(keys)
         self.step += 1
         opt = self.spec.optimizer
         lr = opt.lr if lr is None else lr
         merged: dict[int, np.ndarray] = {}
         for i, k in enumerate(keys):
-            merged[k] = merged.get(k, np.zeros(self.dim, np.float32)) + grads[i].astype(np.float32)
+            merged[k] = merged.get(k, np.zeros(self.dim, np.float32)) + grads[i]
         f = np.float32
         for k, g in merged.items():
             r = self.rows[k]
@@ -215,6 +249,15 @@ class OracleTable:
                 step_size = f(lr * math.sqrt(bc2) / bc1)
                 w = w - step_size * (m / (np.sqrt(v) + f(opt.eps)))
             r.values = to_table_dtype(w, self.dtype)
+
+    def import_rows(self, keys: list[int], values: np.ndarray, state: np.ndarray) -> None:
+        """Rows with their optimizer state; only the values are screened."""
+        kept_keys, kept_values = self._screen(keys, values, self.dtype, "value")
+        kept_state = state[[i for i, k in enumerate(keys) if k in set(kept_keys)]]
+        self._resolve(kept_keys, initialise=False)
+        for i, k in enumerate(kept_keys):
+            self.rows[k].values = kept_values[i].copy()
+            self.rows[k].state = kept_state[i].copy()
 
     def erase(self, keys: list[int]) -> int:
         self._check(keys)

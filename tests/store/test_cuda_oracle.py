@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from recstore import _native
-from recstore.core import CapacityExhausted, DType, InvalidArgument, TableSpec
+from recstore.core import CapacityExhausted, DType, InvalidArgument, NonFiniteValues, TableSpec
 from recstore.store import Table
 
 
@@ -392,3 +392,51 @@ def test_threads_sharing_a_cuda_table_each_see_their_own_rows() -> None:
     np.testing.assert_array_equal(gk, ck)
     pair.rows_close(gv, cv)
     np.testing.assert_allclose(gs, cs, rtol=1e-5, atol=1e-7)
+
+
+def _non_finite_spec(policy: str, optimizer: str, dtype: str) -> TableSpec:
+    return spec_of("dense", dtype, optimizer, capacity=64).model_copy(update={"non_finite": policy})
+
+
+@pytest.mark.parametrize("write", ["update", "push", "import"])
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("policy", ["reject", "skip-rows", "allow"])
+def test_non_finite_policies_match_the_cpu_engine(
+    policy: str, dtype: str, optimizer: str, write: str
+) -> None:
+    pair = Pair(_non_finite_spec(policy, optimizer, dtype))
+    keys = np.array([1, 3, 11, 4, 20, 4, 7], dtype=np.int64)
+    pair.update(keys[:4], np.ones((4, 8), np.float32))  # rows with optimizer state
+    rows = np.random.default_rng(5).normal(size=(len(keys), 8)).astype(np.float32)
+    rows[2, 1], rows[5, 7] = np.nan, np.inf
+    raw = from_fp32(rows, pair.dtype)
+    width = pair.spec.optimizer.state_width(8)
+    state = np.full((len(keys), width), 0.5, np.float32)
+    calls = {
+        "update": (lambda t, k, r, _: t.update(k, r), rows),
+        "push": (lambda t, k, r, _: t.push(k, r), raw),
+        "import": (lambda t, k, r, w: t.import_chunk(k, r, w), raw),
+    }
+    call, given = calls[write]
+    outcomes = []
+    for table, k, r, w in (
+        (pair.gpu, cuda_keys(keys), to_cuda(given), to_cuda(state)),
+        (pair.cpu, keys, given, state),
+    ):
+        try:
+            call(table, k, r, w)
+            outcomes.append(None)
+        except NonFiniteValues as error:
+            outcomes.append(str(error))
+    assert outcomes[0] == outcomes[1]
+    assert (outcomes[0] is not None) == (policy == "reject")
+    if policy == "allow":  # NaN rows on both: compare where they are
+        gv, cv = pair.exported(pair.gpu)[1], pair.exported(pair.cpu)[1]
+        np.testing.assert_array_equal(
+            np.isnan(as_fp32(to_raw(gv), pair.dtype)), np.isnan(as_fp32(cv, pair.dtype))
+        )
+        return
+    pair.same_contents()
+    assert pair.gpu.stats()["nonfinite_skipped"] == pair.cpu.stats()["nonfinite_skipped"]
+    assert pair.cpu.stats()["nonfinite_skipped"] == (2 if policy == "skip-rows" else 0)

@@ -27,6 +27,18 @@ class InvalidArgument(RecStoreError, ValueError):
     """Bad shape, dtype, buffer length or id (gRPC INVALID_ARGUMENT, HTTP 422)."""
 
 
+class NonFiniteValues(InvalidArgument):
+    """A batch holds NaN or infinite values and the table's ``nonFinite`` policy is reject.
+
+    Nothing of the batch was applied (gRPC INVALID_ARGUMENT, as any bad input);
+    ``table`` names the table that refused it.
+    """
+
+    def __init__(self, message: str, *, table: str) -> None:
+        super().__init__(message)
+        self.table = table
+
+
 class CapacityExhausted(RecStoreError):
     """A hashed table without eviction is full (gRPC RESOURCE_EXHAUSTED)."""
 

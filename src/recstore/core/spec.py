@@ -65,6 +65,14 @@ class Durability(str, Enum):
     wal = "wal"  # every acknowledged write is logged and fsynced before the reply
 
 
+class NonFinite(str, Enum):
+    """What a write does with NaN or infinite gradients and values (``nonFinite``)."""
+
+    reject = "reject"  # the whole batch is refused (INVALID_ARGUMENT), nothing applied
+    skip_rows = "skip-rows"  # rows of keys with a non-finite value are left out, the rest applied
+    allow = "allow"  # written as given (a NaN row stays NaN)
+
+
 class Keys(WireModel):
     mode: KeyMode = KeyMode.dense
     #: hashed mode: rows the whole table may hold (split over the shards);
@@ -141,6 +149,8 @@ class TableSpec(WireModel):
     optimizer: Optimizer = Optimizer()
     storage: StorageTier = StorageTier.host
     checkpoint: Checkpoint = Checkpoint()
+    #: NaN / Inf in an update's gradients or a push's (or import's) values.
+    non_finite: NonFinite = NonFinite.reject
 
     @property
     def key_mode(self) -> KeyMode:

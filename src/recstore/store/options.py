@@ -10,12 +10,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from recstore.core import DType, Eviction, KeyMode, TableSpec
+from recstore.core import DType, Eviction, KeyMode, NonFinite, TableSpec
 
 DTYPE_CODES = {DType.float32: 0, DType.float16: 1, DType.bfloat16: 2}
 OPTIMIZER_CODES = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 2, "adam": 3}
 INITIALIZER_CODES = {"zeros": 0, "normal": 1, "uniform": 2}
 EVICTION_CODES = {Eviction.none: 0, Eviction.lru: 1, Eviction.lfu: 2}
+#: csrc/non_finite.h, enum NonFinitePolicy
+NON_FINITE_CODES = {NonFinite.reject: 0, NonFinite.skip_rows: 1, NonFinite.allow: 2}
 
 #: Headroom of a dense shard's hash index over its fair share of ids: routing
 #: by hash spreads ids unevenly over shards.
@@ -43,6 +45,11 @@ def shard_layout(spec: TableSpec, shard_index: int, num_shards: int) -> Layout:
     return Layout(direct=False, id_limit=0, capacity=math.ceil(spec.capacity / num_shards))
 
 
+def non_finite_code(spec: TableSpec) -> int:
+    """The engine's code of the spec's non-finite policy."""
+    return NON_FINITE_CODES[NonFinite(spec.non_finite)]
+
+
 def native_options(spec: TableSpec, shard_index: int, num_shards: int, native: Any) -> Any:
     """A ``_native.TableOptions`` for this shard of ``spec``."""
     layout = shard_layout(spec, shard_index, num_shards)
@@ -55,6 +62,7 @@ def native_options(spec: TableSpec, shard_index: int, num_shards: int, native: A
     keys = spec.keys
     opts.eviction = EVICTION_CODES[Eviction(keys.eviction)]
     opts.ttl_seconds = float(keys.ttl_seconds or 0.0)
+    opts.non_finite = non_finite_code(spec)
     init = spec.initializer
     opts.init.kind = INITIALIZER_CODES[init.kind]
     opts.init.mean = init.mean

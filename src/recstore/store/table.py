@@ -15,7 +15,14 @@ from typing import Any
 import numpy as np
 
 from recstore import _native as _native_module
-from recstore.core import CapacityExhausted, DeviceUnavailable, DType, InvalidArgument, TableSpec
+from recstore.core import (
+    CapacityExhausted,
+    DeviceUnavailable,
+    DType,
+    InvalidArgument,
+    NonFiniteValues,
+    TableSpec,
+)
 from recstore.store.buffers import NUMPY_DTYPES, is_torch, new_rows
 from recstore.store.options import native_options
 
@@ -32,17 +39,20 @@ class Chunk:
     state: np.ndarray
 
 
-def _engine_call(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run an engine method, mapping its errors to the shared error classes.
+def _engine_call(table: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """Run an engine method of ``table``, mapping its errors to the shared error classes.
 
     The bindings refuse a wrong array with TypeError (not an array, dtype,
     layout, writability) or ValueError (rank, shape, device), which becomes
-    InvalidArgument here.
+    InvalidArgument here; a batch the non-finite policy refuses becomes
+    NonFiniteValues, naming the table.
     """
     try:
         return fn(*args)
     except _native.CapacityError as e:
         raise CapacityExhausted(str(e)) from None
+    except _native.NonFiniteError as e:
+        raise NonFiniteValues(f"table {table!r}: {e}", table=table) from None
     except ValueError as e:
         raise InvalidArgument(str(e)) from None
 
@@ -153,7 +163,7 @@ class Table:
         """An engine call on the rows of ``keys``: the clock ticks when there are any."""
         if len(keys):
             self._tick()
-        return _engine_call(fn, keys, *arrays)
+        return _engine_call(self.name, fn, keys, *arrays)
 
     def pull(self, keys: Any, out: Any = None) -> Any:
         """Find-or-insert every key (new rows from the initializer), then gather its row."""
@@ -173,7 +183,11 @@ class Table:
         return out, found
 
     def push(self, keys: Any, values: Any) -> None:
-        """Assign rows (table dtype), inserting missing keys; a repeated key keeps its last row."""
+        """Assign rows (table dtype), inserting missing keys; a repeated key keeps its last row.
+
+        Non-finite values follow the spec's ``non_finite`` policy, as in update and
+        import_chunk: NonFiniteValues (nothing written), keys left out, or written.
+        """
         self._batch(self._engine.assign, keys, values)
 
     def update(self, keys: Any, grads: Any, lr: float | None = None) -> None:
@@ -182,7 +196,7 @@ class Table:
         if not np.isfinite(rate) or rate <= 0:
             raise InvalidArgument(f"lr must be a positive finite number, got {lr}")
         self._tick()
-        _engine_call(self._engine.update, keys, grads, rate)
+        _engine_call(self.name, self._engine.update, keys, grads, rate)
 
     def erase(self, keys: Any) -> int:
         """Remove rows; returns how many resident rows went."""
