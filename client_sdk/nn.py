@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from recstore.client import pooling
 from recstore.client.client import RecStoreClient
 from recstore.client.lookup import RecStoreRows, renormalise_
+from recstore.client.state import TableState
 from recstore.client.tensors import MODULE_ID_DTYPES, module_keys, unique_keys
 from recstore.core import Optimizer
 
@@ -60,7 +60,7 @@ def _padding_index(padding_idx: int | None, num_embeddings: int) -> int | None:
     return padding_idx + num_embeddings if padding_idx < 0 else padding_idx
 
 
-class _RecStoreEmbeddingBase(nn.Module):
+class _RecStoreEmbeddingBase(TableState):
     def __init__(
         self,
         num_embeddings: int,
