@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
     Metadata,
     MetadataIndex,
+    StorageMeta,
     TensorProperties,
     TensorStorageMetadata,
 )
@@ -77,8 +78,13 @@ class _TableSource:
 class RecStoreSavePlanner(DefaultSavePlanner):
     """DCP's default save planner; a ``TableWeight`` is written block by block from its table."""
 
-    def set_up_planner(self, state_dict: dict[str, Any], *args: Any, **kwargs: Any) -> None:
-        super().set_up_planner(state_dict, *args, **kwargs)
+    def set_up_planner(
+        self,
+        state_dict: dict[str, Any],
+        storage_meta: StorageMeta | None = None,
+        is_coordinator: bool = False,
+    ) -> None:
+        super().set_up_planner(state_dict, storage_meta, is_coordinator)
         self.state_dict = {
             fqn: _TableSource(value) if isinstance(value, TableWeight) else value
             for fqn, value in self.state_dict.items()
