@@ -113,3 +113,17 @@ def test_rows_travel_in_blocks(local_client, monkeypatch) -> None:
     assert pushes == [7, 7, 7, 7, 7, 5]
     torch.testing.assert_close(state_dict["bag.weight"], _rows(1))
     torch.testing.assert_close(model.bag.weight, _rows(2))
+
+
+def test_a_lazy_state_dict_copies_another_table_block_by_block(any_client, monkeypatch) -> None:
+    from recstore.client import checkpoint
+    from recstore.client.state import TableWeight
+
+    monkeypatch.setattr(TableWeight, "materialise", None)  # never one whole tensor here
+    source, target = _recstore_model(any_client, 1), _recstore_model(any_client, 2)
+    state = checkpoint.state_dict(source)
+    assert isinstance(state["bag.weight"], TableWeight)
+    target.load_state_dict(state)
+    torch.testing.assert_close(target.bag.read_weights(), _rows(1), atol=0, rtol=0)
+    target.load_state_dict(checkpoint.state_dict(target))  # its own rows: nothing to copy
+    torch.testing.assert_close(target.bag.read_weights(), _rows(1), atol=0, rtol=0)
