@@ -3,10 +3,14 @@
 The documented client raises ``RuntimeError`` for an unknown table or a backend
 failure and ``TypeError`` when ``init_data`` meets a table of another shape or
 dtype. The classes here are those built-ins, specialised so a caller can tell
-the cases apart and read the backend's own reason.
+the cases apart and read the backend's own reason. Errors about a module's
+ids are also the class torch.nn raises for them, so a torch user's ``except``
+catches them.
 """
 
 from __future__ import annotations
+
+from recstore.core import InvalidArgument
 
 
 class BackendError(RuntimeError):
@@ -42,3 +46,15 @@ class TableNotInitialized(BackendError):
 
 class TableShapeMismatch(TypeError):
     """``init_data`` met an existing table with another shape or dtype."""
+
+
+class IdOutOfRange(InvalidArgument, IndexError, RuntimeError):
+    """An id outside a dense table's rows.
+
+    torch raises IndexError for it in ``F.embedding`` and RuntimeError in
+    ``F.embedding_bag``; this is both, and RecStore's InvalidArgument.
+    """
+
+
+class IdDtypeError(InvalidArgument, RuntimeError):
+    """Ids of a dtype torch.nn refuses (anything but int32/int64): torch's RuntimeError."""

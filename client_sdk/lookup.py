@@ -104,10 +104,17 @@ def gradient_rows(
 
 
 def renormalise_(rows: torch.Tensor, max_norm: float, norm_type: float) -> torch.Tensor:
-    """torch's ``embedding_renorm_`` on pulled rows; the mask of rows it scaled."""
-    norms = rows.float().norm(p=norm_type, dim=1)
+    """torch's ``embedding_renorm_`` on pulled rows; the mask of rows it scaled.
+
+    As torch does: each row's norm in the row dtype, compared and turned into a
+    scale in double, the scale applied in the dtype's compute type (float for
+    16-bit rows).
+    """
+    norms = rows.norm(p=norm_type, dim=1).double()
     changed = norms > max_norm
     if bool(changed.any()):
-        scale = (max_norm / (norms[changed] + 1e-7)).to(rows.dtype)
-        rows[changed] = rows[changed] * scale.unsqueeze(1)
+        scale = max_norm / (norms[changed] + 1e-7)
+        compute = torch.float64 if rows.dtype == torch.float64 else torch.float32
+        scaled = rows[changed].to(compute) * scale.to(compute).unsqueeze(1)
+        rows[changed] = scaled.to(rows.dtype)
     return changed

@@ -25,15 +25,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from recstore.client import pooling
 from recstore.client.client import RecStoreClient
 from recstore.client.lookup import RecStoreRows, renormalise_
-from recstore.client.tensors import unique_keys
+from recstore.client.state import TableState
+from recstore.client.tensors import MODULE_ID_DTYPES, module_keys, unique_keys
 from recstore.core import Optimizer
-
-_ID_DTYPES = (torch.int64, torch.int32)
 
 #: torch.nn.Embedding initialises weights from N(0, 1); so does a RecStore module.
 TORCH_INITIALIZER = {"kind": "normal", "mean": 0.0, "std": 1.0}
@@ -62,7 +60,7 @@ def _padding_index(padding_idx: int | None, num_embeddings: int) -> int | None:
     return padding_idx + num_embeddings if padding_idx < 0 else padding_idx
 
 
-class _RecStoreEmbeddingBase(nn.Module):
+class _RecStoreEmbeddingBase(TableState):
     def __init__(
         self,
         num_embeddings: int,
@@ -133,10 +131,19 @@ class _RecStoreEmbeddingBase(nn.Module):
                 if bool(changed.any()):
                     self.client.push(self.table_name, unique[changed], rows[changed])
 
+    def _distinct(self, input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's distinct ids (CPU int64 keys) and each id's position among them.
+
+        The positions keep ``input``'s shape and device; ids of a dtype torch
+        refuses are refused here, as torch would.
+        """
+        unique, inverse = torch.unique(module_keys(input).view(-1), return_inverse=True)
+        return unique, inverse.view(input.shape).to(input.device)
+
     def _rows(self, unique: torch.Tensor) -> torch.Tensor:
-        """Rows of the distinct ``unique`` ids, wired so backward updates the table."""
+        """Rows of the distinct CPU int64 ``unique`` ids, wired so backward updates the table."""
         self._renormalise(unique)
-        return self._pulled(unique.to("cpu"), unique=True).to(unique.device)
+        return self._pulled(unique, unique=True)
 
     def _pulled(self, keys: torch.Tensor, *, unique: bool) -> torch.Tensor:
         """Rows of CPU int64 ``keys``; through autograd when training."""
@@ -153,7 +160,7 @@ class _RecStoreEmbeddingBase(nn.Module):
 
     def _gather(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of 1-D ``ids`` in order ([len(ids), dim]), for the plain cases."""
-        keys = ids.to("cpu", torch.int64)
+        keys = module_keys(ids)
         if self.client._for_modules.dedup_on_wire:
             unique, inverse = unique_keys(keys)
             rows = self._pulled(unique, unique=True).index_select(0, inverse)
@@ -178,6 +185,23 @@ class _RecStoreEmbeddingBase(nn.Module):
     def weight(self) -> torch.Tensor:
         """The whole table as a tensor (a read; for small tables and tests)."""
         return self.read_weights()
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
+        """``to``/``half``/``double``/``cuda``...: the table cannot change dtype in place.
+
+        torch converts a module by mapping ``fn`` over its tensors; mapped over a
+        tensor of the table's dtype it tells whether the table would change. A
+        move to another device is fine (rows follow the ids' device already).
+        """
+        converted = fn(torch.empty(0, dtype=self._dtype))
+        if converted.dtype != self._dtype:
+            raise TypeError(
+                f"{type(self).__name__} {self.table_name!r} keeps its rows in RecStore as "
+                f"{self._dtype}; a module conversion cannot change the table to "
+                f"{converted.dtype}. Create the module with dtype={converted.dtype} instead "
+                "(a new table; load_state_dict copies rows into it)"
+            )
+        return super()._apply(fn, recurse)
 
     def _common_repr(self) -> str:
         text = f"{self.num_embeddings}, {self.embedding_dim}, table={self.table_name!r}"
@@ -243,12 +267,12 @@ class Embedding(_RecStoreEmbeddingBase):
         )  # fmt: skip
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if self._plain and input.dtype in _ID_DTYPES:
+        if self._plain and input.dtype in MODULE_ID_DTYPES:
             return self._gather(input.reshape(-1)).view(*input.shape, self.embedding_dim)
-        unique, inverse = torch.unique(input.reshape(-1), return_inverse=True)
-        rows = self._rows(unique)
+        unique, inverse = self._distinct(input)
+        rows = self._rows(unique).to(input.device)
         return F.embedding(
-            inverse.view(input.shape),
+            inverse,
             rows,
             padding_idx=self._padding_position(unique),
             scale_grad_by_freq=self.scale_grad_by_freq,
@@ -312,7 +336,7 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
         """Which rows this batch needs and how they become the output (see ``Lookup``)."""
         bag_size = self._fixed_bag_size(input, offsets, per_sample_weights)
         if bag_size:
-            keys = input.reshape(-1).to("cpu", torch.int64)
+            keys = module_keys(input.reshape(-1))
             dedup = self.client._for_modules.dedup_on_wire
             inverse: torch.Tensor | None = None
             if dedup:
@@ -335,23 +359,32 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
                 return rows.sum(1) if self.mode == "sum" else rows.mean(1)
 
             return Lookup(keys if dedup else keys.contiguous(), dedup, pooled)
-        unique, inverse_ids = torch.unique(input.reshape(-1), return_inverse=True)
-        self._renormalise(unique)
+        looked_up, inverse_ids = self._distinct(input)
+        unique = looked_up
+        if self.padding_idx is not None and self._padding_position(unique) is None:
+            # torch's bags depend on whether padding_idx is set even when the padding id is
+            # absent (include_last_offset): its row comes too, and no id refers to it
+            unique = torch.cat([unique, torch.tensor([self.padding_idx])])
+        padding = self._padding_position(unique)
 
         def bagged(rows: torch.Tensor) -> torch.Tensor:
             return F.embedding_bag(
-                inverse_ids.view(input.shape),
-                rows.to(unique.device),
+                inverse_ids,
+                rows.to(input.device),
                 offsets,
                 scale_grad_by_freq=self.scale_grad_by_freq,
                 mode=self.mode,
                 per_sample_weights=per_sample_weights,
                 include_last_offset=self.include_last_offset,
-                padding_idx=self._padding_position(unique),
+                padding_idx=padding,
                 sparse=self.mode != "max" and not self.scale_grad_by_freq,  # where torch allows
             )
 
-        return Lookup(unique.to("cpu"), True, bagged)
+        if self.max_norm is not None:  # renormalising writes: torch's checks of the batch first
+            with torch.no_grad():
+                bagged(torch.zeros(len(unique), 1))
+        self._renormalise(looked_up)
+        return Lookup(unique, True, bagged)
 
     def _fixed_bag_size(
         self,
@@ -364,7 +397,7 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
         Everything else (and every input torch would refuse) takes torch's own
         ``embedding_bag``.
         """
-        if not (self._plain and self.mode in ("sum", "mean") and input.dtype in _ID_DTYPES):
+        if not (self._plain and self.mode in ("sum", "mean") and input.dtype in MODULE_ID_DTYPES):
             return 0
         if self._dtype != torch.float32:  # keep torch's own accumulation for 16-bit tables
             return 0
@@ -389,6 +422,30 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
             stride = torch.arange(0, lookups, size, dtype=offsets.dtype, device=offsets.device)
             self._strides = {(bags, size, offsets.dtype, offsets.device): stride}
         return size if torch.equal(offsets, stride) else 0
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        embeddings: torch.Tensor,
+        freeze: bool = True,
+        max_norm: float | None = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        mode: str = "mean",
+        sparse: bool = False,
+        include_last_offset: bool = False,
+        padding_idx: int | None = None,
+        **recstore: Any,
+    ) -> EmbeddingBag:
+        """torch.nn.EmbeddingBag.from_pretrained: a new table holding ``embeddings``' rows."""
+        if embeddings.dim() != 2:
+            raise ValueError("embeddings must be 2-dimensional")
+        rows, dim = embeddings.shape
+        return cls(
+            rows, dim, max_norm, norm_type, scale_grad_by_freq, mode, sparse,
+            _weight=embeddings, include_last_offset=include_last_offset,
+            padding_idx=padding_idx, dtype=embeddings.dtype, _freeze=freeze, **recstore,
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
         return f"{self._common_repr()}, mode={self.mode!r}"

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from recstore import _native as _native_module
+from recstore.client.errors import IdDtypeError, IdOutOfRange
 from recstore.core import DType
 
 #: the compiled engine (no type stubs)
@@ -57,6 +58,23 @@ def as_id_tensor(ids: Any) -> torch.Tensor:
     return ids.detach().to(device="cpu", dtype=torch.int64).contiguous()
 
 
+#: the id dtypes torch.nn.Embedding / EmbeddingBag accept
+MODULE_ID_DTYPES = (torch.int64, torch.int32)
+
+
+def module_keys(ids: torch.Tensor) -> torch.Tensor:
+    """A module's ids (int32 or int64, any device, any shape) as CPU int64 keys, contiguous.
+
+    Refuses what torch.nn refuses, with the class torch raises (``IdDtypeError``).
+    """
+    if ids.dtype not in MODULE_ID_DTYPES:
+        raise IdDtypeError(
+            "Expected tensor for argument #1 'indices' to have one of the following scalar "
+            f"types: Long, Int; but got {ids.dtype} instead"
+        )
+    return ids.detach().to(device="cpu", dtype=torch.int64).contiguous()
+
+
 def result_device(ids: Any) -> torch.device:
     """Where results go back to: the caller's device (CPU for non-tensor input)."""
     return ids.device if isinstance(ids, torch.Tensor) else torch.device("cpu")
@@ -84,7 +102,7 @@ def check_id_range(ids: torch.Tensor, low: int, high: int | None, name: str) -> 
     smallest, largest = int(ids.min()), int(ids.max())
     if smallest < low or largest >= high:
         bad = smallest if smallest < low else largest
-        raise ValueError(
+        raise IdOutOfRange(
             f"id {bad} is out of range for table {name!r}: valid ids are {low}..{high - 1}"
         )
 

@@ -22,6 +22,16 @@ def test_documented_usage_example_runs_with_nothing_else_running() -> None:
     assert result.returncode == 0, result.stderr
 
 
+def test_checkpoint_example_runs() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECSTORE_")}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples/checkpoint_dcp.py")],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "loads agree" in result.stdout
+
+
 @pytest.mark.slow
 def test_dlrm_example_loss_falls(local_client) -> None:
     sys.path.insert(0, str(ROOT / "examples"))
