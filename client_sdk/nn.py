@@ -27,10 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from recstore.client import pooling
+from recstore.client import op_tables
+from recstore.client import ops as _ops  # noqa: F401  (registers torch.ops.recstore)
 from recstore.client.client import RecStoreClient
-from recstore.client.lookup import RecStoreRows, renormalise_
-from recstore.client.tensors import unique_keys
 from recstore.core import Optimizer
 
 _ID_DTYPES = (torch.int64, torch.int32)
@@ -43,13 +42,14 @@ TORCH_INITIALIZER = {"kind": "normal", "mean": 0.0, "std": 1.0}
 class Lookup:
     """A forward pass cut in two: the rows it needs, then what it makes of them.
 
-    ``keys`` are CPU int64 (``unique``: without repeats); ``finish(rows)`` turns
-    their rows into the module's output. ``EmbeddingBagCollection`` pulls the
-    keys of all its bags at once and then finishes each.
+    ``ids`` are the batch's ids, flat, one row wanted per occurrence
+    (``scale_grad_by_freq`` as in torch); ``finish(rows)`` turns those rows into
+    the module's output. ``EmbeddingBagCollection`` looks up the ids of all its
+    bags at once and then finishes each.
     """
 
-    keys: torch.Tensor
-    unique: bool
+    ids: torch.Tensor
+    scale_grad_by_freq: bool
     finish: Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -123,49 +123,26 @@ class _RecStoreEmbeddingBase(nn.Module):
             self.client.push(self.table_name, pad, torch.zeros(1, embedding_dim, dtype=dtype))
         # The autograd anchor: not a Parameter, so dense torch optimizers never see it.
         self._anchor = torch.empty(0, requires_grad=not _freeze)
+        self._handle = op_tables.register(self.client, self.table_name)  # the ops' name for it
 
-    def _renormalise(self, unique: torch.Tensor) -> None:
-        """max_norm: rescale the rows of ``unique`` ids in the table before they are looked up."""
-        if self.max_norm is not None:
-            with torch.no_grad():
-                rows = self.client.pull(self.table_name, unique)
-                changed = renormalise_(rows, self.max_norm, self.norm_type)
-                if bool(changed.any()):
-                    self.client.push(self.table_name, unique[changed], rows[changed])
+    def _prepared(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids`` flattened, after ``max_norm`` renormalised their rows in the table."""
+        flat = ids.reshape(-1)
+        if self.max_norm is None:
+            return flat
+        renorm = torch.ops.recstore.emb_renorm
+        return renorm(self._handle, flat, float(self.max_norm), float(self.norm_type))
 
-    def _rows(self, unique: torch.Tensor) -> torch.Tensor:
-        """Rows of the distinct ``unique`` ids, wired so backward updates the table."""
-        self._renormalise(unique)
-        return self._pulled(unique.to("cpu"), unique=True).to(unique.device)
-
-    def _pulled(self, keys: torch.Tensor, *, unique: bool) -> torch.Tensor:
-        """Rows of CPU int64 ``keys``; through autograd when training."""
-        if torch.is_grad_enabled() and not self.frozen:
-            return RecStoreRows.apply(
-                self._anchor, self.client, self.table_name, keys, unique, self.padding_idx
-            )
-        return self.client._for_modules.pull(self.table_name, keys, unique=unique)
+    def _lookup(self, flat: torch.Tensor, scale_grad_by_freq: bool) -> torch.Tensor:
+        """One row per id of ``flat`` ([len, dim]); backward updates the table."""
+        return torch.ops.recstore.emb_lookup(
+            self._anchor, self._handle, flat, self.padding_idx, scale_grad_by_freq
+        )
 
     @property
     def _plain(self) -> bool:
         """No padding row, max-norm or frequency scaling: a lookup is a plain gather."""
         return self.padding_idx is None and self.max_norm is None and not self.scale_grad_by_freq
-
-    def _gather(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows of 1-D ``ids`` in order ([len(ids), dim]), for the plain cases."""
-        keys = ids.to("cpu", torch.int64)
-        if self.client._for_modules.dedup_on_wire:
-            unique, inverse = unique_keys(keys)
-            rows = self._pulled(unique, unique=True).index_select(0, inverse)
-        else:
-            rows = self._pulled(keys.contiguous(), unique=False)
-        return rows.to(ids.device)
-
-    def _padding_position(self, unique: torch.Tensor) -> int | None:
-        if self.padding_idx is None:
-            return None
-        hits = (unique == self.padding_idx).nonzero()
-        return int(hits[0, 0]) if len(hits) else None
 
     def read_weights(self, ids: torch.Tensor | None = None) -> torch.Tensor:
         """Current rows of ``ids`` (every row when None), detached, as stored."""
@@ -243,17 +220,8 @@ class Embedding(_RecStoreEmbeddingBase):
         )  # fmt: skip
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if self._plain and input.dtype in _ID_DTYPES:
-            return self._gather(input.reshape(-1)).view(*input.shape, self.embedding_dim)
-        unique, inverse = torch.unique(input.reshape(-1), return_inverse=True)
-        rows = self._rows(unique)
-        return F.embedding(
-            inverse.view(input.shape),
-            rows,
-            padding_idx=self._padding_position(unique),
-            scale_grad_by_freq=self.scale_grad_by_freq,
-            sparse=not self.scale_grad_by_freq,  # torch has no sparse grad for that case
-        )
+        rows = self._lookup(self._prepared(input), self.scale_grad_by_freq)
+        return rows.view(*input.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
         return self._common_repr()
@@ -301,7 +269,7 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
         per_sample_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
         lookup = self._plan(input, offsets, per_sample_weights)
-        return lookup.finish(self._pulled(lookup.keys, unique=lookup.unique))
+        return lookup.finish(self._lookup(lookup.ids, lookup.scale_grad_by_freq))
 
     def _plan(
         self,
@@ -310,48 +278,39 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
         per_sample_weights: torch.Tensor | None = None,
     ) -> Lookup:
         """Which rows this batch needs and how they become the output (see ``Lookup``)."""
+        flat = self._prepared(input)
         bag_size = self._fixed_bag_size(input, offsets, per_sample_weights)
         if bag_size:
-            keys = input.reshape(-1).to("cpu", torch.int64)
-            dedup = self.client._for_modules.dedup_on_wire
-            inverse: torch.Tensor | None = None
-            if dedup:
-                keys, inverse = unique_keys(keys)
 
             def pooled(rows: torch.Tensor) -> torch.Tensor:
-                if (
-                    inverse is not None
-                    and input.device.type == "cpu"
-                    and pooling.applies(rows.device, per_sample_weights)
-                ):
-                    return pooling.pool_fixed_bags(
-                        rows, inverse, bag_size, per_sample_weights, self.mode == "mean"
-                    )
-                if inverse is not None:
-                    rows = rows.index_select(0, inverse)
-                rows = rows.to(input.device).view(-1, bag_size, self.embedding_dim)
+                rows = rows.view(-1, bag_size, self.embedding_dim)
                 if per_sample_weights is not None:
                     rows = rows * per_sample_weights.reshape(-1, bag_size, 1)
                 return rows.sum(1) if self.mode == "sum" else rows.mean(1)
 
-            return Lookup(keys if dedup else keys.contiguous(), dedup, pooled)
-        unique, inverse_ids = torch.unique(input.reshape(-1), return_inverse=True)
-        self._renormalise(unique)
+            return Lookup(flat, False, pooled)
 
         def bagged(rows: torch.Tensor) -> torch.Tensor:
+            # each occurrence has its own row; padding occurrences point at an extra zero row
+            count = flat.numel()
+            index = torch.arange(count, dtype=input.dtype, device=input.device)
+            padding = None
+            if self.padding_idx is not None:
+                index = torch.where(flat == self.padding_idx, count, index)
+                rows = torch.cat([rows, rows.new_zeros(1, self.embedding_dim)])
+                padding = count
             return F.embedding_bag(
-                inverse_ids.view(input.shape),
-                rows.to(unique.device),
+                index.view(input.shape),
+                rows,
                 offsets,
-                scale_grad_by_freq=self.scale_grad_by_freq,
                 mode=self.mode,
                 per_sample_weights=per_sample_weights,
                 include_last_offset=self.include_last_offset,
-                padding_idx=self._padding_position(unique),
-                sparse=self.mode != "max" and not self.scale_grad_by_freq,  # where torch allows
+                padding_idx=padding,
             )
 
-        return Lookup(unique.to("cpu"), True, bagged)
+        scale = self.scale_grad_by_freq and self.mode != "max"  # torch's max mode ignores it
+        return Lookup(flat, scale, bagged)
 
     def _fixed_bag_size(
         self,
@@ -377,6 +336,8 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
         if input.dim() == 2 and offsets is None:
             return input.shape[1] if input.shape[0] else 0
         if input.dim() != 1 or offsets is None or self.include_last_offset:
+            return 0
+        if torch.compiler.is_compiling():  # the stride check reads offsets: not in a graph
             return 0
         if offsets.dim() != 1 or offsets.dtype != input.dtype or not len(offsets):
             return 0
