@@ -68,8 +68,10 @@ ECHO_HEADER = struct.Struct("<Q")
 ECHO_METHOD = "/bench.Echo/Echo"
 
 PIPELINED = "recstore-grpc-2-shards-collection-pipelined"
+COMPILED = "recstore-local-compiled"
 TARGETS = {
     "recstore-local": 1.2,
+    COMPILED: 1.2,
     "recstore-grpc-2-shards": 2.0,
     "recstore-grpc-2-shards-collection": 2.0,
     PIPELINED: 2.0,
@@ -238,6 +240,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--no-grpc", action="store_true", help="skip the 2-shard gRPC variants")
     parser.add_argument(
+        "--no-compile", action="store_true", help="skip the torch.compile (inductor) variant"
+    )
+    parser.add_argument(
         "--cold",
         action="store_true",
         help="time first touches too: skip the untimed pass that makes the rows resident",
@@ -266,6 +271,12 @@ def main() -> None:
         torch.manual_seed(0)
         model = DLRM(config, args.embedding_dim, recstore_bags(local, args.lr))
         variants["recstore-local"] = (model, dense_optimizer(model, args.lr), local)
+        if not args.no_compile:
+            # the same model and tables' start, traced once by torch.compile (inductor); the
+            # warm-up below compiles it, so compile time is not in the timed steps
+            torch.manual_seed(0)
+            model = DLRM(config, args.embedding_dim, recstore_bags(local, args.lr))
+            variants[COMPILED] = (torch.compile(model), dense_optimizer(model, args.lr), local)
         if not args.no_grpc:
             endpoints = stack.enter_context(ps_nodes(2))
             remote = RecStoreClient(role="bench-grpc")
@@ -369,6 +380,12 @@ def main() -> None:
             f"{name:<45}{median * 1e3:>16.2f}{spread:>14}{1 / median:>10.1f}{ratio:>9.2f}x"
             f"{target_text:>8}"
         )
+    if COMPILED in times:
+        eager, compiled = (statistics.median(times[n]) for n in ("recstore-local", COMPILED))
+        print(
+            f"torch.compile vs eager (same model, local backend): {compiled * 1e3:.2f} ms vs "
+            f"{eager * 1e3:.2f} ms median step, ratio {compiled / eager:.2f}x (target <= 1.0x)"
+        )
     if traffic:
         print(
             f"collection traffic per node and step: {traffic['requests_per_node_and_step']:.2f} "
@@ -381,6 +398,11 @@ def main() -> None:
         "config": {k: str(v) for k, v in vars(args).items()},
         "steps": steps,
         "collection_traffic": traffic,
+        "compiled_vs_eager": (
+            statistics.median(times[COMPILED]) / statistics.median(times["recstore-local"])
+            if COMPILED in times
+            else None
+        ),
         "results": results,
     }
     args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -29,7 +29,7 @@ def init_embedding_table(role: str, name: str, num_embeddings: int, embedding_di
 
 
 @init_embedding_table.register_fake
-def _(role, name, num_embeddings, embedding_dim):  # type: ignore[no-untyped-def]
+def _(role, name, num_embeddings, embedding_dim):
     return None
 
 
@@ -41,7 +41,7 @@ def emb_read(table: str, keys: torch.Tensor) -> torch.Tensor:
 
 
 @emb_read.register_fake
-def _(table, keys):  # type: ignore[no-untyped-def]
+def _(table, keys):
     return _rows_like(keys, table)
 
 
@@ -53,7 +53,7 @@ def emb_write(table: str, keys: torch.Tensor, values: torch.Tensor) -> None:
 
 
 @emb_write.register_fake
-def _(table, keys, values):  # type: ignore[no-untyped-def]
+def _(table, keys, values):
     return None
 
 
@@ -65,7 +65,7 @@ def emb_prefetch(table: str, keys: torch.Tensor) -> int:
 
 
 @emb_prefetch.register_fake
-def _(table, keys):  # type: ignore[no-untyped-def]
+def _(table, keys):
     return torch.library.get_ctx().new_dynamic_size()
 
 
@@ -76,7 +76,7 @@ def emb_wait_result(table: str, prefetch_id: int) -> torch.Tensor:
 
 
 @emb_wait_result.register_fake
-def _(table, prefetch_id):  # type: ignore[no-untyped-def]
+def _(table, prefetch_id):
     dim, dtype = layout(table)
     return torch.empty((torch.library.get_ctx().new_dynamic_size(), dim), dtype=dtype)
 
@@ -100,7 +100,7 @@ def local_lookup_flat(table: str, keys: torch.Tensor) -> torch.Tensor:
 
 
 @local_lookup_flat.register_fake
-def _(table, keys):  # type: ignore[no-untyped-def]
+def _(table, keys):
     return _rows_like(keys, table)
 
 
@@ -112,5 +112,5 @@ def local_update_flat(table: str, keys: torch.Tensor, grads: torch.Tensor) -> No
 
 
 @local_update_flat.register_fake
-def _(table, keys, grads):  # type: ignore[no-untyped-def]
+def _(table, keys, grads):
     return None

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from recstore.client.module_tables import GradientRows
 from recstore.client.op_tables import resolve, writable
 from recstore.client.tensors import unique_keys
 
@@ -30,21 +31,22 @@ def _flat_keys(ids: torch.Tensor) -> torch.Tensor:
 
 
 def read_rows(handles: Sequence[str], ids: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """One row per occurrence of each table's ``ids``, one multi-table pull for all."""
+    """One row per occurrence of each table's ``ids``: one multi-table pull per client."""
     refs = [resolve(handle) for handle in handles]
-    client = refs[0].client
-    if any(ref.client is not client for ref in refs):
-        raise ValueError("tables looked up together must belong to one RecStoreClient")
-    requests, inverses = [], []
-    for ref, table_ids in zip(refs, ids, strict=True):
-        keys, unique, inverse = client._for_modules.wire_keys(_flat_keys(table_ids))
-        requests.append((ref.name, keys, unique))
-        inverses.append(inverse)
-    pulled = client._for_modules.pull_many(requests)
-    return [
-        (rows if inverse is None else rows.index_select(0, inverse)).to(table_ids.device)
-        for rows, inverse, table_ids in zip(pulled, inverses, ids, strict=True)
-    ]
+    rows: list[torch.Tensor | None] = [None] * len(refs)
+    for client in {id(ref.client): ref.client for ref in refs}.values():
+        mine = [i for i, ref in enumerate(refs) if ref.client is client]
+        requests, inverses = [], []
+        for i in mine:
+            keys, unique, inverse = client._for_modules.wire_keys(_flat_keys(ids[i]))
+            requests.append((refs[i].name, keys, unique))
+            inverses.append(inverse)
+        pulled = client._for_modules.pull_many(requests)
+        for i, table_rows, inverse in zip(mine, pulled, inverses, strict=True):
+            if inverse is not None:
+                table_rows = table_rows.index_select(0, inverse)
+            rows[i] = table_rows.to(ids[i].device)
+    return rows  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -60,10 +62,8 @@ class Gradient:
 
 def send_gradients(gradients: Sequence[Gradient]) -> None:
     """Every table's gradient to its optimizer: one multi-table update, not waited for."""
-    if not gradients:
-        return
     refs = [writable(g.handle) for g in gradients]
-    updates = []
+    updates: dict[int, list[GradientRows]] = {}  # per client: one multi-table update each
     for ref, gradient in zip(refs, gradients, strict=True):
         keys = _flat_keys(gradient.ids)
         grads = gradient.grads.detach().to("cpu", torch.float32).reshape(len(keys), -1)
@@ -74,9 +74,10 @@ def send_gradients(gradients: Sequence[Gradient]) -> None:
             keep = keys != gradient.padding_idx
             keys, grads = keys[keep], grads[keep]
         if keys.numel():
-            updates.append((ref.name, keys, grads, False))
-    if updates:
-        refs[0].client._for_modules.apply_gradients(updates)
+            updates.setdefault(id(ref.client), []).append((ref.name, keys, grads, False))
+    clients = {id(ref.client): ref.client for ref in refs}
+    for client_id, batch in updates.items():
+        clients[client_id]._for_modules.apply_gradients(batch)
 
 
 def renormalise_table(handle: str, ids: torch.Tensor, max_norm: float, norm_type: float) -> None:

@@ -1,19 +1,22 @@
 """``Embedding`` and ``EmbeddingBag`` whose weights live in RecStore.
 
 Constructor arguments and ``forward`` mirror ``torch.nn.Embedding`` and
-``torch.nn.EmbeddingBag``. In general a forward pass pulls the rows of the
-distinct ids of the batch once and runs torch's own ``F.embedding`` /
-``F.embedding_bag`` on that small matrix with the ids renumbered, so modes,
-offsets, per-sample weights, ``padding_idx`` and ``include_last_offset``
-behave exactly as in torch. The common plain cases take a shorter road with
-the same results: a lookup without padding/max-norm/frequency scaling is a
-gather, and sum/mean bags of one fixed size (2-D input, or offsets with a
-constant stride) are a sum over a reshaped gather, whose backward is far
-cheaper than ``embedding_bag``'s. Locally every id is looked up as it comes
-(the store is faster than deduplicating); remotely each distinct id travels
-once. Backward sends one gradient row per distinct id (a coalesced sparse
-gradient) to the table's server-side optimizer; a dense torch optimizer of the
-trainer never sees these weights.
+``torch.nn.EmbeddingBag``. A forward pass looks its ids up through
+``torch.ops.recstore.emb_lookup`` (``recstore.client.ops``): one row per
+occurrence, each distinct id pulled once over gRPC (locally every id is
+looked up as it comes: the store is faster than deduplicating). An
+``Embedding`` is those rows reshaped; a bag of the plain kind (sum/mean bags
+of one fixed size: 2-D input, or offsets with a constant stride) is a sum over
+the reshaped rows, whose backward is a broadcast; every other bag is torch's
+own ``F.embedding_bag`` over the rows (each occurrence its own index, padding
+occurrences an extra zero row), so modes, offsets, per-sample weights,
+``padding_idx`` and ``include_last_offset`` behave exactly as in torch.
+Backward hands one gradient row per occurrence to the op's backward, which
+sums them per id and sends them to the table's server-side optimizer; a dense
+torch optimizer of the trainer never sees these weights. Under
+``torch.compile``/``torch.export`` nothing here reads tensor values, so the
+forward is one graph (a constant-stride offsets batch takes the
+``embedding_bag`` road there: telling it apart would read the offsets).
 """
 
 from __future__ import annotations

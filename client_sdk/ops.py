@@ -63,7 +63,7 @@ def emb_lookup(
 
 
 @emb_lookup.register_fake
-def _(anchor, table, ids, padding_idx=None, scale_grad_by_freq=False):  # type: ignore[no-untyped-def]
+def _(anchor, table, ids, padding_idx=None, scale_grad_by_freq=False):
     return _rows_like(ids, table)
 
 
@@ -103,7 +103,7 @@ def emb_lookup_many(
 
 
 @emb_lookup_many.register_fake
-def _(anchor, tables, ids, padding_idx, scale_grad_by_freq, trainable):  # type: ignore[no-untyped-def]
+def _(anchor, tables, ids, padding_idx, scale_grad_by_freq, trainable):
     return [_rows_like(t, table) for table, t in zip(tables, ids, strict=True)]
 
 
@@ -121,7 +121,7 @@ def _many_backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> tuple[Any,
         emb_update_many(
             [ctx.tables[i] for i in picked],
             [ids[i] for i in picked],
-            [grads[i] for i in picked],  # type: ignore[misc]
+            [grads[i] for i in picked],
             [ctx.padding_idx[i] for i in picked],
             [ctx.scale_grad_by_freq[i] for i in picked],
         )
@@ -140,7 +140,7 @@ def emb_renorm(table: str, ids: torch.Tensor, max_norm: float, norm_type: float)
 
 
 @emb_renorm.register_fake
-def _(table, ids, max_norm, norm_type):  # type: ignore[no-untyped-def]
+def _(table, ids, max_norm, norm_type):
     return torch.empty_like(ids)
 
 
@@ -158,7 +158,7 @@ def emb_update_table(
 
 
 @emb_update_table.register_fake
-def _(table, keys, grads, padding_idx=None, scale_grad_by_freq=False):  # type: ignore[no-untyped-def]
+def _(table, keys, grads, padding_idx=None, scale_grad_by_freq=False):
     return None
 
 
@@ -187,7 +187,7 @@ def emb_update_many(
 
 
 @emb_update_many.register_fake
-def _(tables, keys, grads, padding_idx, scale_grad_by_freq):  # type: ignore[no-untyped-def]
+def _(tables, keys, grads, padding_idx, scale_grad_by_freq):
     return None
 
 
