@@ -37,6 +37,10 @@ from recstore.core import Optimizer
 
 _ID_DTYPES = (torch.int64, torch.int32)
 
+#: ``_fixed_bag_size`` while tracing a 1-D batch of sum/mean bags: the bags are told
+#: apart by their offsets at run time (a segment sum), as reading them would break the graph
+SEGMENTS = -1
+
 #: torch.nn.Embedding initialises weights from N(0, 1); so does a RecStore module.
 TORCH_INITIALIZER = {"kind": "normal", "mean": 0.0, "std": 1.0}
 
@@ -283,6 +287,23 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
         """Which rows this batch needs and how they become the output (see ``Lookup``)."""
         flat = self._prepared(input)
         bag_size = self._fixed_bag_size(input, offsets, per_sample_weights)
+        if bag_size == SEGMENTS:
+            assert offsets is not None
+
+            def segmented(rows: torch.Tensor) -> torch.Tensor:
+                count = flat.numel()
+                positions = torch.arange(count, dtype=offsets.dtype, device=offsets.device)
+                bag_of = torch.bucketize(positions, offsets, right=True) - 1
+                if per_sample_weights is not None:
+                    rows = rows * per_sample_weights.reshape(-1, 1)
+                out = rows.new_zeros(len(offsets), self.embedding_dim).index_add(0, bag_of, rows)
+                if self.mode == "sum":
+                    return out
+                end = torch.full((1,), count, dtype=offsets.dtype, device=offsets.device)
+                sizes = torch.cat([offsets[1:], end]) - offsets
+                return out / sizes.clamp(min=1).unsqueeze(1).to(out.dtype)
+
+            return Lookup(flat, False, segmented)
         if bag_size:
 
             def pooled(rows: torch.Tensor) -> torch.Tensor:
@@ -321,7 +342,8 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
         offsets: torch.Tensor | None,
         per_sample_weights: torch.Tensor | None,
     ) -> int:
-        """The size of every bag when the batch is plain fixed-size bags, else 0.
+        """The size of every bag when the batch is plain fixed-size bags, else 0
+        (``SEGMENTS`` while tracing a 1-D batch with offsets).
 
         Everything else (and every input torch would refuse) takes torch's own
         ``embedding_bag``.
@@ -340,10 +362,10 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
             return input.shape[1] if input.shape[0] else 0
         if input.dim() != 1 or offsets is None or self.include_last_offset:
             return 0
-        if torch.compiler.is_compiling():  # the stride check reads offsets: not in a graph
-            return 0
         if offsets.dim() != 1 or offsets.dtype != input.dtype or not len(offsets):
             return 0
+        if torch.compiler.is_compiling():  # the stride check reads offsets: not in a graph
+            return SEGMENTS
         bags, lookups = len(offsets), input.numel()
         size = lookups // bags
         if size == 0 or size * bags != lookups:

@@ -29,7 +29,7 @@ def _batch(step: int) -> dict[str, torch.Tensor]:
 
 class Model(torch.nn.Module):
     """Every lookup path: gather, padding + scaling, fixed bags (2-D, offsets), ragged
-    bags (mean with padding, max, weighted sum) and a collection."""
+    bags (mean with padding, max, plain mean), weighted sums and a collection."""
 
     def __init__(self, client, seed: int = 0) -> None:
         super().__init__()
@@ -44,6 +44,7 @@ class Model(torch.nn.Module):
         self.fixed = table(rnn.EmbeddingBag, mode="sum")
         self.ragged_mean = table(rnn.EmbeddingBag, mode="mean", padding_idx=4)
         self.ragged_max = table(rnn.EmbeddingBag, mode="max")
+        self.ragged_sum = table(rnn.EmbeddingBag, mode="mean")
         self.weighted = table(rnn.EmbeddingBag, mode="sum")
         self.collection = rnn.EmbeddingBagCollection(
             [table(rnn.EmbeddingBag, mode="sum"), table(rnn.EmbeddingBag, mode="mean")]
@@ -61,6 +62,7 @@ class Model(torch.nn.Module):
             self.fixed(ids, offsets),
             self.ragged_mean(ids, ragged),
             self.ragged_max(ids, ragged),
+            self.ragged_sum(ids, ragged),
             self.weighted(ids, offsets, weights),
             *self.collection([grid, (ids, offsets)]),
         ]
