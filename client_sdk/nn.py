@@ -15,8 +15,8 @@ Backward hands one gradient row per occurrence to the op's backward, which
 sums them per id and sends them to the table's server-side optimizer; a dense
 torch optimizer of the trainer never sees these weights. Under
 ``torch.compile``/``torch.export`` nothing here reads tensor values, so the
-forward is one graph (a constant-stride offsets batch takes the
-``embedding_bag`` road there: telling it apart would read the offsets).
+forward is one graph (there, a 1-D batch of plain sum/mean bags is a segment
+sum over its offsets: telling a constant stride apart would read them).
 """
 
 from __future__ import annotations
