@@ -11,7 +11,10 @@ is torch's step plus, per node, one gRPC request of the bytes the collection
 variant sends per node and step, echoed back with the bytes it receives (echo
 servers on loopback, no work behind them): the step time a remote variant
 would have if the SDK and the nodes cost nothing beyond moving those bytes
-through gRPC on this machine. The variants run interleaved, a few steps each per
+through gRPC on this machine. ``recstore-local-compiled`` is the local
+variant's model under ``torch.compile`` (inductor; compiled in the untimed
+warm-up): its median step against eager's is reported (target: not slower).
+The variants run interleaved, a few steps each per
 round, so load on a shared machine hits them alike; the figure of merit is the
 ratio of median step times to the baseline's (targets: local <= 1.2x, remote
 <= 2x). By default an untimed pass over the batches first makes
@@ -20,7 +23,7 @@ weights are all allocated up front); ``--cold`` times first touches as well
 (each new id's row is created from the initializer on its first pull).
 Prints a table, writes bench/results/train_bench.json.
 
-    python bench/train_bench.py [--rounds 8 --steps-per-round 5 --no-grpc --cold]
+    python bench/train_bench.py [--rounds 8 --steps-per-round 5 --no-grpc --no-compile --cold]
 """
 
 from __future__ import annotations
@@ -68,8 +71,10 @@ ECHO_HEADER = struct.Struct("<Q")
 ECHO_METHOD = "/bench.Echo/Echo"
 
 PIPELINED = "recstore-grpc-2-shards-collection-pipelined"
+COMPILED = "recstore-local-compiled"
 TARGETS = {
     "recstore-local": 1.2,
+    COMPILED: 1.2,
     "recstore-grpc-2-shards": 2.0,
     "recstore-grpc-2-shards-collection": 2.0,
     PIPELINED: 2.0,
@@ -238,6 +243,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--no-grpc", action="store_true", help="skip the 2-shard gRPC variants")
     parser.add_argument(
+        "--no-compile", action="store_true", help="skip the torch.compile (inductor) variant"
+    )
+    parser.add_argument(
         "--cold",
         action="store_true",
         help="time first touches too: skip the untimed pass that makes the rows resident",
@@ -266,6 +274,14 @@ def main() -> None:
         torch.manual_seed(0)
         model = DLRM(config, args.embedding_dim, recstore_bags(local, args.lr))
         variants["recstore-local"] = (model, dense_optimizer(model, args.lr), local)
+        if not args.no_compile:
+            # the same model and tables' start, traced once by torch.compile (inductor); the
+            # warm-up below compiles it, so compile time is not in the timed steps
+            traced = RecStoreClient(role="bench-local-compiled")
+            traced.set_ps_backend("local")
+            torch.manual_seed(0)
+            model = DLRM(config, args.embedding_dim, recstore_bags(traced, args.lr))
+            variants[COMPILED] = (torch.compile(model), dense_optimizer(model, args.lr), traced)
         if not args.no_grpc:
             endpoints = stack.enter_context(ps_nodes(2))
             remote = RecStoreClient(role="bench-grpc")
@@ -369,6 +385,12 @@ def main() -> None:
             f"{name:<45}{median * 1e3:>16.2f}{spread:>14}{1 / median:>10.1f}{ratio:>9.2f}x"
             f"{target_text:>8}"
         )
+    if COMPILED in times:
+        eager, compiled = (statistics.median(times[n]) for n in ("recstore-local", COMPILED))
+        print(
+            f"torch.compile vs eager (same model, local backend): {compiled * 1e3:.2f} ms vs "
+            f"{eager * 1e3:.2f} ms median step, ratio {compiled / eager:.2f}x (target <= 1.0x)"
+        )
     if traffic:
         print(
             f"collection traffic per node and step: {traffic['requests_per_node_and_step']:.2f} "
@@ -381,6 +403,11 @@ def main() -> None:
         "config": {k: str(v) for k, v in vars(args).items()},
         "steps": steps,
         "collection_traffic": traffic,
+        "compiled_vs_eager": (
+            statistics.median(times[COMPILED]) / statistics.median(times["recstore-local"])
+            if COMPILED in times
+            else None
+        ),
         "results": results,
     }
     args.json.write_text(json.dumps(report, indent=2) + "\n")

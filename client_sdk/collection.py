@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from recstore.client.client import RecStoreClient
-from recstore.client.lookup import RecStoreRowsMany, TableLookup
 from recstore.client.nn import EmbeddingBag, Lookup
+from recstore.client.ops import NO_PADDING
 
 #: one feature's input: 2-D ids, or (ids, offsets), or (ids, offsets, per_sample_weights)
 Feature = torch.Tensor | tuple[torch.Tensor, ...]
@@ -141,12 +141,12 @@ class EmbeddingBagCollection(nn.Module):
             return
         plans = [self._plan(bag, feature) for bag, feature in zip(bags, features, strict=True)]
         self._ahead = (list(features), plans)
-        self.client._for_modules.lookahead_many(
-            [
-                (bag.table_name, plan.keys, plan.unique)
-                for bag, plan in zip(bags, plans, strict=True)
-            ]
-        )
+        modules = self.client._for_modules
+        requests = []
+        for bag, plan in zip(bags, plans, strict=True):  # what the lookup op will pull
+            keys, unique, _ = modules.wire_keys(plan.ids.to("cpu", torch.int64))
+            requests.append((bag.table_name, keys, unique))
+        modules.lookahead_many(requests)
 
     @staticmethod
     def _plan(bag: EmbeddingBag, feature: Feature) -> Lookup:
@@ -154,9 +154,10 @@ class EmbeddingBagCollection(nn.Module):
 
     def _plans(self, bags: list[EmbeddingBag], features: Sequence[Feature]) -> list[Lookup]:
         """The plans ``prefetch`` made for these features, else new ones."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and _same_features(ahead[0], features):
-            return ahead[1]
+        if not torch.compiler.is_compiling():  # comparing features reads them: not in a graph
+            ahead, self._ahead = self._ahead, None
+            if ahead is not None and _same_features(ahead[0], features):
+                return ahead[1]
         return [self._plan(bag, feature) for bag, feature in zip(bags, features, strict=True)]
 
     def forward(self, features: Sequence[Feature]) -> list[torch.Tensor]:
@@ -165,19 +166,14 @@ class EmbeddingBagCollection(nn.Module):
             raise ValueError(f"{len(self.bags)} bags but {len(features)} features")
         bags: list[EmbeddingBag] = list(self.bags)  # type: ignore[arg-type]
         plans = self._plans(bags, features)
-        if torch.is_grad_enabled():
-            lookups = tuple(
-                TableLookup(bag.table_name, plan.keys, plan.unique, bag.padding_idx, not bag.frozen)
-                for bag, plan in zip(bags, plans, strict=True)
-            )
-            rows = RecStoreRowsMany.apply(self._anchor, self.client, lookups)
-        else:
-            rows = self.client._for_modules.pull_many(
-                [
-                    (bag.table_name, plan.keys, plan.unique)
-                    for bag, plan in zip(bags, plans, strict=True)
-                ]
-            )
+        rows = torch.ops.recstore.emb_lookup_many(
+            self._anchor,
+            [bag._handle for bag in bags],
+            [plan.ids for plan in plans],
+            [NO_PADDING if bag.padding_idx is None else bag.padding_idx for bag in bags],
+            [plan.scale_grad_by_freq for plan in plans],
+            [not bag.frozen for bag in bags],
+        )
         return [plan.finish(r) for plan, r in zip(plans, rows, strict=True)]
 
     def extra_repr(self) -> str:

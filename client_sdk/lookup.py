@@ -1,106 +1,92 @@
-"""The autograd bridge between a batch's ids and their rows in RecStore.
+"""What the modules' custom ops do with real tensors: pull rows, send gradients, renormalise.
 
-Forward pulls the rows of the given keys; backward receives the gradient of
-those rows and sends it to the table's optimizer (the update runs inside
-``loss.backward()``, where a dense model's optimizer would run in ``step()``;
-a remote update is not waited for, see ``RecStoreClient.flush``). A sparse
-gradient (one entry per lookup) is summed into one row per key first, as in a
-coalesced sparse gradient, so only distinct keys travel. The padding row
-never receives an update, as in torch.
+``recstore.client.ops`` registers these as ``torch.ops.recstore.*`` (schemas,
+shape-only kernels, autograd); here is the eager work behind them. A lookup
+takes the ids of a batch as they come (one per occurrence) and returns one row
+per occurrence; over gRPC each distinct id travels once and its row is
+repeated here. Backward receives one gradient row per occurrence and hands it
+to the table's optimizer (the update runs inside ``loss.backward()``, where a
+dense model's optimizer would run in ``step()``; a remote update is held to
+ride on the next pull, see ``RecStoreClient.flush``): rows are summed per id
+(in float32, as a coalesced sparse gradient), and the padding row gets no
+update, as in torch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from recstore.client.client import RecStoreClient
+from recstore.client.module_tables import GradientRows
+from recstore.client.op_tables import resolve, writable
+from recstore.client.tensors import module_keys, unique_keys
 
 
-class RecStoreRows(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any,
-        anchor: torch.Tensor,
-        client: RecStoreClient,
-        name: str,
-        keys: torch.Tensor,
-        unique: bool,
-        padding_idx: int | None,
-    ) -> torch.Tensor:
-        ctx.client, ctx.name, ctx.unique, ctx.padding_idx = client, name, unique, padding_idx
-        ctx.save_for_backward(keys)
-        return client._for_modules.pull(name, keys, unique=unique)
+def _flat_keys(ids: torch.Tensor) -> torch.Tensor:
+    return module_keys(ids.reshape(-1))
 
-    @staticmethod
-    def backward(ctx: Any, grad_rows: torch.Tensor) -> tuple[None, ...]:
-        (keys,) = ctx.saved_tensors
-        keys, grads = gradient_rows(keys, grad_rows, ctx.padding_idx)
-        if keys.numel():
-            ctx.client._for_modules.apply_gradients([(ctx.name, keys, grads, ctx.unique)])
-        return None, None, None, None, None, None
+
+def read_rows(handles: Sequence[str], ids: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """One row per occurrence of each table's ``ids``: one multi-table pull per client."""
+    refs = [resolve(handle) for handle in handles]
+    rows: list[torch.Tensor | None] = [None] * len(refs)
+    for client in {id(ref.client): ref.client for ref in refs}.values():
+        mine = [i for i, ref in enumerate(refs) if ref.client is client]
+        requests, inverses = [], []
+        for i in mine:
+            keys, unique, inverse = client._for_modules.wire_keys(_flat_keys(ids[i]))
+            requests.append((refs[i].name, keys, unique))
+            inverses.append(inverse)
+        pulled = client._for_modules.pull_many(requests)
+        for i, table_rows, inverse in zip(mine, pulled, inverses, strict=True):
+            if inverse is not None:
+                table_rows = table_rows.index_select(0, inverse)
+            rows[i] = table_rows.to(ids[i].device)
+    return rows  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
-class TableLookup:
-    """One table's share of ``RecStoreRowsMany``."""
+class Gradient:
+    """One table's share of a backward: per-occurrence ids and gradient rows."""
 
-    name: str
-    keys: torch.Tensor  # CPU int64
-    unique: bool  # the caller vouches ``keys`` has no repeats
-    padding_idx: int | None
-    trainable: bool  # False: rows without gradient (a frozen module)
-
-
-class RecStoreRowsMany(torch.autograd.Function):
-    """``RecStoreRows`` of several tables: one multi-table pull, one multi-table update."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, anchor: torch.Tensor, client: RecStoreClient, lookups: tuple[TableLookup, ...]
-    ) -> tuple[torch.Tensor, ...]:
-        ctx.client, ctx.lookups = client, lookups
-        ctx.set_materialize_grads(False)  # an unused output gets no gradient, hence no update
-        rows = client._for_modules.pull_many([(t.name, t.keys, t.unique) for t in lookups])
-        ctx.mark_non_differentiable(
-            *(r for r, t in zip(rows, lookups, strict=True) if not t.trainable)
-        )
-        return tuple(rows)
-
-    @staticmethod
-    def backward(ctx: Any, *grad_rows: torch.Tensor | None) -> tuple[None, ...]:
-        updates = []
-        for lookup, grad in zip(ctx.lookups, grad_rows, strict=True):
-            if grad is None or not lookup.trainable:
-                continue
-            keys, grads = gradient_rows(lookup.keys, grad, lookup.padding_idx)
-            if keys.numel():
-                updates.append((lookup.name, keys, grads, lookup.unique))
-        if updates:
-            ctx.client._for_modules.apply_gradients(updates)
-        return None, None, None
+    handle: str
+    ids: torch.Tensor
+    grads: torch.Tensor
+    padding_idx: int | None = None
+    scale_grad_by_freq: bool = False
 
 
-def gradient_rows(
-    keys: torch.Tensor, grad_rows: torch.Tensor, padding_idx: int | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(keys, gradient rows) to send: one row per key that got a gradient, never the padding."""
-    if grad_rows.is_sparse:  # one entry per lookup: sum them into one row per key (fp32)
-        looked_up = grad_rows._indices()[0]
-        grads = torch.zeros(len(keys), grad_rows.shape[1], dtype=torch.float32)
-        grads.index_add_(0, looked_up, grad_rows._values().float())
-        present = torch.zeros(len(keys), dtype=torch.bool)
-        present[looked_up] = True
-        if not bool(present.all()):  # a key with no entry gets no update (adam's state)
-            keys, grads = keys[present], grads[present]
-    else:
-        grads = grad_rows
-    if padding_idx is not None:
-        keep = keys != padding_idx
-        keys, grads = keys[keep], grads[keep]
-    return keys, grads
+def send_gradients(gradients: Sequence[Gradient]) -> None:
+    """Every table's gradient to its optimizer: one multi-table update, not waited for."""
+    refs = [writable(g.handle) for g in gradients]
+    updates: dict[int, list[GradientRows]] = {}  # per client: one multi-table update each
+    for ref, gradient in zip(refs, gradients, strict=True):
+        keys = _flat_keys(gradient.ids)
+        grads = gradient.grads.detach().to("cpu", torch.float32).reshape(len(keys), -1)
+        if gradient.scale_grad_by_freq:  # torch divides by the id's count in the whole batch
+            _, inverse, counts = torch.unique(keys, return_inverse=True, return_counts=True)
+            grads = grads / counts.index_select(0, inverse).unsqueeze(1).to(grads.dtype)
+        if gradient.padding_idx is not None:
+            keep = keys != gradient.padding_idx
+            keys, grads = keys[keep], grads[keep]
+        if keys.numel():
+            updates.setdefault(id(ref.client), []).append((ref.name, keys, grads, False))
+    clients = {id(ref.client): ref.client for ref in refs}
+    for client_id, batch in updates.items():
+        clients[client_id]._for_modules.apply_gradients(batch)
+
+
+def renormalise_table(handle: str, ids: torch.Tensor, max_norm: float, norm_type: float) -> None:
+    """torch's ``max_norm``: rescale the stored rows of ``ids`` whose norm exceeds it."""
+    ref = writable(handle)
+    unique, _ = unique_keys(_flat_keys(ids))
+    with torch.no_grad():
+        rows = ref.client.pull(ref.name, unique)
+        changed = renormalise_(rows, max_norm, norm_type)
+        if bool(changed.any()):
+            ref.client.push(ref.name, unique[changed], rows[changed])
 
 
 def renormalise_(rows: torch.Tensor, max_norm: float, norm_type: float) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 
 from recstore.client.backends.base import PullRequest
 from recstore.client.initial_data import RowSource
-from recstore.client.tensors import check_id_range, coalesce
+from recstore.client.tensors import check_id_range, coalesce, unique_keys
 
 if TYPE_CHECKING:
     from recstore.client.client import RecStoreClient
@@ -50,6 +50,17 @@ class ModuleTables:
         """Whether the modules should send each distinct id once (remote) or every id (local)."""
         backend = self._client.ops
         return backend is not None and backend.kind != "local"
+
+    def wire_keys(self, keys: torch.Tensor) -> tuple[torch.Tensor, bool, torch.Tensor | None]:
+        """What a lookup of ``keys`` (one per occurrence) pulls: (keys, unique, inverse).
+
+        Remotely each distinct key travels once (``inverse`` repeats its row per
+        occurrence); locally every key is looked up as it comes (inverse None).
+        """
+        if self.dedup_on_wire:
+            unique, inverse = unique_keys(keys)
+            return unique, True, inverse
+        return keys, False, None
 
     def pull(self, name: str, keys: torch.Tensor, *, unique: bool) -> torch.Tensor:
         """One table's rows, as one table's share of a step (held updates ride along)."""

@@ -1,19 +1,22 @@
 """``Embedding`` and ``EmbeddingBag`` whose weights live in RecStore.
 
 Constructor arguments and ``forward`` mirror ``torch.nn.Embedding`` and
-``torch.nn.EmbeddingBag``. In general a forward pass pulls the rows of the
-distinct ids of the batch once and runs torch's own ``F.embedding`` /
-``F.embedding_bag`` on that small matrix with the ids renumbered, so modes,
-offsets, per-sample weights, ``padding_idx`` and ``include_last_offset``
-behave exactly as in torch. The common plain cases take a shorter road with
-the same results: a lookup without padding/max-norm/frequency scaling is a
-gather, and sum/mean bags of one fixed size (2-D input, or offsets with a
-constant stride) are a sum over a reshaped gather, whose backward is far
-cheaper than ``embedding_bag``'s. Locally every id is looked up as it comes
-(the store is faster than deduplicating); remotely each distinct id travels
-once. Backward sends one gradient row per distinct id (a coalesced sparse
-gradient) to the table's server-side optimizer; a dense torch optimizer of the
-trainer never sees these weights.
+``torch.nn.EmbeddingBag``. A forward pass looks its ids up through
+``torch.ops.recstore.emb_lookup`` (``recstore.client.ops``): one row per
+occurrence, each distinct id pulled once over gRPC (locally every id is
+looked up as it comes: the store is faster than deduplicating). An
+``Embedding`` is those rows reshaped; a bag of the plain kind (sum/mean bags
+of one fixed size: 2-D input, or offsets with a constant stride) is a sum over
+the reshaped rows, whose backward is a broadcast; every other bag is torch's
+own ``F.embedding_bag`` over the rows (each occurrence its own index, padding
+occurrences an extra zero row), so modes, offsets, per-sample weights,
+``padding_idx`` and ``include_last_offset`` behave exactly as in torch.
+Backward hands one gradient row per occurrence to the op's backward, which
+sums them per id and sends them to the table's server-side optimizer; a dense
+torch optimizer of the trainer never sees these weights. Under
+``torch.compile``/``torch.export`` nothing here reads tensor values, so the
+forward is one graph (there, a 1-D batch of plain sum/mean bags is a segment
+sum over its offsets: telling a constant stride apart would read them).
 """
 
 from __future__ import annotations
@@ -26,12 +29,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from recstore.client import pooling
+from recstore.client import op_tables
+from recstore.client import ops as _ops  # noqa: F401  (registers torch.ops.recstore)
 from recstore.client.client import RecStoreClient
-from recstore.client.lookup import RecStoreRows, renormalise_
 from recstore.client.state import TableState
-from recstore.client.tensors import MODULE_ID_DTYPES, module_keys, unique_keys
+from recstore.client.tensors import MODULE_ID_DTYPES, check_module_id_dtype
 from recstore.core import Optimizer
+
+#: ``_fixed_bag_size`` while tracing a 1-D batch of sum/mean bags: the bags are told
+#: apart by their offsets at run time (a segment sum), as reading them would break the graph
+SEGMENTS = -1
 
 #: torch.nn.Embedding initialises weights from N(0, 1); so does a RecStore module.
 TORCH_INITIALIZER = {"kind": "normal", "mean": 0.0, "std": 1.0}
@@ -41,13 +48,14 @@ TORCH_INITIALIZER = {"kind": "normal", "mean": 0.0, "std": 1.0}
 class Lookup:
     """A forward pass cut in two: the rows it needs, then what it makes of them.
 
-    ``keys`` are CPU int64 (``unique``: without repeats); ``finish(rows)`` turns
-    their rows into the module's output. ``EmbeddingBagCollection`` pulls the
-    keys of all its bags at once and then finishes each.
+    ``ids`` are the batch's ids, flat, one row wanted per occurrence
+    (``scale_grad_by_freq`` as in torch); ``finish(rows)`` turns those rows into
+    the module's output. ``EmbeddingBagCollection`` looks up the ids of all its
+    bags at once and then finishes each.
     """
 
-    keys: torch.Tensor
-    unique: bool
+    ids: torch.Tensor
+    scale_grad_by_freq: bool
     finish: Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -121,58 +129,27 @@ class _RecStoreEmbeddingBase(TableState):
             self.client.push(self.table_name, pad, torch.zeros(1, embedding_dim, dtype=dtype))
         # The autograd anchor: not a Parameter, so dense torch optimizers never see it.
         self._anchor = torch.empty(0, requires_grad=not _freeze)
+        self._handle = op_tables.register(self.client, self.table_name)  # the ops' name for it
 
-    def _renormalise(self, unique: torch.Tensor) -> None:
-        """max_norm: rescale the rows of ``unique`` ids in the table before they are looked up."""
-        if self.max_norm is not None:
-            with torch.no_grad():
-                rows = self.client.pull(self.table_name, unique)
-                changed = renormalise_(rows, self.max_norm, self.norm_type)
-                if bool(changed.any()):
-                    self.client.push(self.table_name, unique[changed], rows[changed])
+    def _prepared(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids`` flattened, after ``max_norm`` renormalised their rows in the table."""
+        check_module_id_dtype(ids)
+        flat = ids.reshape(-1)
+        if self.max_norm is None:
+            return flat
+        renorm = torch.ops.recstore.emb_renorm
+        return renorm(self._handle, flat, float(self.max_norm), float(self.norm_type))
 
-    def _distinct(self, input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The batch's distinct ids (CPU int64 keys) and each id's position among them.
-
-        The positions keep ``input``'s shape and device; ids of a dtype torch
-        refuses are refused here, as torch would.
-        """
-        unique, inverse = torch.unique(module_keys(input).view(-1), return_inverse=True)
-        return unique, inverse.view(input.shape).to(input.device)
-
-    def _rows(self, unique: torch.Tensor) -> torch.Tensor:
-        """Rows of the distinct CPU int64 ``unique`` ids, wired so backward updates the table."""
-        self._renormalise(unique)
-        return self._pulled(unique, unique=True)
-
-    def _pulled(self, keys: torch.Tensor, *, unique: bool) -> torch.Tensor:
-        """Rows of CPU int64 ``keys``; through autograd when training."""
-        if torch.is_grad_enabled() and not self.frozen:
-            return RecStoreRows.apply(
-                self._anchor, self.client, self.table_name, keys, unique, self.padding_idx
-            )
-        return self.client._for_modules.pull(self.table_name, keys, unique=unique)
+    def _lookup(self, flat: torch.Tensor, scale_grad_by_freq: bool) -> torch.Tensor:
+        """One row per id of ``flat`` ([len, dim]); backward updates the table."""
+        return torch.ops.recstore.emb_lookup(
+            self._anchor, self._handle, flat, self.padding_idx, scale_grad_by_freq
+        )
 
     @property
     def _plain(self) -> bool:
         """No padding row, max-norm or frequency scaling: a lookup is a plain gather."""
         return self.padding_idx is None and self.max_norm is None and not self.scale_grad_by_freq
-
-    def _gather(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows of 1-D ``ids`` in order ([len(ids), dim]), for the plain cases."""
-        keys = module_keys(ids)
-        if self.client._for_modules.dedup_on_wire:
-            unique, inverse = unique_keys(keys)
-            rows = self._pulled(unique, unique=True).index_select(0, inverse)
-        else:
-            rows = self._pulled(keys.contiguous(), unique=False)
-        return rows.to(ids.device)
-
-    def _padding_position(self, unique: torch.Tensor) -> int | None:
-        if self.padding_idx is None:
-            return None
-        hits = (unique == self.padding_idx).nonzero()
-        return int(hits[0, 0]) if len(hits) else None
 
     def read_weights(self, ids: torch.Tensor | None = None) -> torch.Tensor:
         """Current rows of ``ids`` (every row when None), detached, as stored."""
@@ -267,17 +244,8 @@ class Embedding(_RecStoreEmbeddingBase):
         )  # fmt: skip
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if self._plain and input.dtype in MODULE_ID_DTYPES:
-            return self._gather(input.reshape(-1)).view(*input.shape, self.embedding_dim)
-        unique, inverse = self._distinct(input)
-        rows = self._rows(unique).to(input.device)
-        return F.embedding(
-            inverse,
-            rows,
-            padding_idx=self._padding_position(unique),
-            scale_grad_by_freq=self.scale_grad_by_freq,
-            sparse=not self.scale_grad_by_freq,  # torch has no sparse grad for that case
-        )
+        rows = self._lookup(self._prepared(input), self.scale_grad_by_freq)
+        return rows.view(*input.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
         return self._common_repr()
@@ -325,7 +293,7 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
         per_sample_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
         lookup = self._plan(input, offsets, per_sample_weights)
-        return lookup.finish(self._pulled(lookup.keys, unique=lookup.unique))
+        return lookup.finish(self._lookup(lookup.ids, lookup.scale_grad_by_freq))
 
     def _plan(
         self,
@@ -334,57 +302,66 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
         per_sample_weights: torch.Tensor | None = None,
     ) -> Lookup:
         """Which rows this batch needs and how they become the output (see ``Lookup``)."""
+        if self.max_norm is not None:  # renormalising writes: torch's checks of the batch first
+            with torch.no_grad():
+                F.embedding_bag(
+                    torch.zeros_like(input),
+                    torch.zeros(1, 1),
+                    offsets,
+                    mode=self.mode,
+                    per_sample_weights=per_sample_weights,
+                    include_last_offset=self.include_last_offset,
+                )
+        flat = self._prepared(input)
         bag_size = self._fixed_bag_size(input, offsets, per_sample_weights)
+        if bag_size == SEGMENTS:
+            assert offsets is not None
+
+            def segmented(rows: torch.Tensor) -> torch.Tensor:
+                count = flat.numel()
+                positions = torch.arange(count, dtype=offsets.dtype, device=offsets.device)
+                bag_of = torch.bucketize(positions, offsets, right=True) - 1
+                if per_sample_weights is not None:
+                    rows = rows * per_sample_weights.reshape(-1, 1)
+                out = rows.new_zeros(len(offsets), self.embedding_dim).index_add(0, bag_of, rows)
+                if self.mode == "sum":
+                    return out
+                end = torch.full((1,), count, dtype=offsets.dtype, device=offsets.device)
+                sizes = torch.cat([offsets[1:], end]) - offsets
+                return out / sizes.clamp(min=1).unsqueeze(1).to(out.dtype)
+
+            return Lookup(flat, False, segmented)
         if bag_size:
-            keys = module_keys(input.reshape(-1))
-            dedup = self.client._for_modules.dedup_on_wire
-            inverse: torch.Tensor | None = None
-            if dedup:
-                keys, inverse = unique_keys(keys)
 
             def pooled(rows: torch.Tensor) -> torch.Tensor:
-                if (
-                    inverse is not None
-                    and input.device.type == "cpu"
-                    and pooling.applies(rows.device, per_sample_weights)
-                ):
-                    return pooling.pool_fixed_bags(
-                        rows, inverse, bag_size, per_sample_weights, self.mode == "mean"
-                    )
-                if inverse is not None:
-                    rows = rows.index_select(0, inverse)
-                rows = rows.to(input.device).view(-1, bag_size, self.embedding_dim)
+                rows = rows.view(-1, bag_size, self.embedding_dim)
                 if per_sample_weights is not None:
                     rows = rows * per_sample_weights.reshape(-1, bag_size, 1)
                 return rows.sum(1) if self.mode == "sum" else rows.mean(1)
 
-            return Lookup(keys if dedup else keys.contiguous(), dedup, pooled)
-        looked_up, inverse_ids = self._distinct(input)
-        unique = looked_up
-        if self.padding_idx is not None and self._padding_position(unique) is None:
-            # torch's bags depend on whether padding_idx is set even when the padding id is
-            # absent (include_last_offset): its row comes too, and no id refers to it
-            unique = torch.cat([unique, torch.tensor([self.padding_idx])])
-        padding = self._padding_position(unique)
+            return Lookup(flat, False, pooled)
 
         def bagged(rows: torch.Tensor) -> torch.Tensor:
+            # each occurrence has its own row; padding occurrences point at an extra zero row
+            count = flat.numel()
+            index = torch.arange(count, dtype=input.dtype, device=input.device)
+            padding = None
+            if self.padding_idx is not None:
+                index = torch.where(flat == self.padding_idx, count, index)
+                rows = torch.cat([rows, rows.new_zeros(1, self.embedding_dim)])
+                padding = count
             return F.embedding_bag(
-                inverse_ids,
-                rows.to(input.device),
+                index.view(input.shape),
+                rows,
                 offsets,
-                scale_grad_by_freq=self.scale_grad_by_freq,
                 mode=self.mode,
                 per_sample_weights=per_sample_weights,
                 include_last_offset=self.include_last_offset,
                 padding_idx=padding,
-                sparse=self.mode != "max" and not self.scale_grad_by_freq,  # where torch allows
             )
 
-        if self.max_norm is not None:  # renormalising writes: torch's checks of the batch first
-            with torch.no_grad():
-                bagged(torch.zeros(len(unique), 1))
-        self._renormalise(looked_up)
-        return Lookup(unique, True, bagged)
+        scale = self.scale_grad_by_freq and self.mode != "max"  # torch's max mode ignores it
+        return Lookup(flat, scale, bagged)
 
     def _fixed_bag_size(
         self,
@@ -392,7 +369,8 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
         offsets: torch.Tensor | None,
         per_sample_weights: torch.Tensor | None,
     ) -> int:
-        """The size of every bag when the batch is plain fixed-size bags, else 0.
+        """The size of every bag when the batch is plain fixed-size bags, else 0
+        (``SEGMENTS`` while tracing a 1-D batch with offsets).
 
         Everything else (and every input torch would refuse) takes torch's own
         ``embedding_bag``.
@@ -413,6 +391,8 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
             return 0
         if offsets.dim() != 1 or offsets.dtype != input.dtype or not len(offsets):
             return 0
+        if torch.compiler.is_compiling():  # the stride check reads offsets: not in a graph
+            return SEGMENTS
         bags, lookups = len(offsets), input.numel()
         size = lookups // bags
         if size == 0 or size * bags != lookups:

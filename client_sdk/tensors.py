@@ -62,16 +62,21 @@ def as_id_tensor(ids: Any) -> torch.Tensor:
 MODULE_ID_DTYPES = (torch.int64, torch.int32)
 
 
-def module_keys(ids: torch.Tensor) -> torch.Tensor:
-    """A module's ids (int32 or int64, any device, any shape) as CPU int64 keys, contiguous.
-
-    Refuses what torch.nn refuses, with the class torch raises (``IdDtypeError``).
-    """
+def check_module_id_dtype(ids: torch.Tensor) -> None:
+    """Refuse ids of a dtype torch.nn refuses, with the class torch raises."""
     if ids.dtype not in MODULE_ID_DTYPES:
         raise IdDtypeError(
             "Expected tensor for argument #1 'indices' to have one of the following scalar "
             f"types: Long, Int; but got {ids.dtype} instead"
         )
+
+
+def module_keys(ids: torch.Tensor) -> torch.Tensor:
+    """A module's ids (int32 or int64, any device, any shape) as CPU int64 keys, contiguous.
+
+    Refuses what torch.nn refuses, with the class torch raises (``IdDtypeError``).
+    """
+    check_module_id_dtype(ids)
     return ids.detach().to(device="cpu", dtype=torch.int64).contiguous()
 
 

@@ -61,3 +61,15 @@ def test_dlrm_example_trains_the_same_as_one_collection(grpc_client) -> None:
         data = dlrm.SyntheticClicks(config)
         losses.append(dlrm.train(model, data, steps=15, lr=0.5, progress=False))
     assert losses[0] == pytest.approx(losses[1], abs=1e-5)
+
+
+def test_compile_and_export_example_matches_eager(tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECSTORE_")}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples/compile_and_export.py"), "--steps", "3",
+         "--backend", "aot_eager", "--out", str(tmp_path / "ranker")],
+        env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "served vs eager output" in result.stdout
+    assert (tmp_path / "ranker" / "model.pt2").is_file()
