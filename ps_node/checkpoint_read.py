@@ -32,7 +32,7 @@ from recstore.ps.checkpoint import (
 )
 
 
-def _read_manifest(path: Path) -> CheckpointInfo:
+def read_manifest(path: Path) -> CheckpointInfo:
     """The checkpoint at ``path``; CheckpointCorrupt when its manifest is unusable."""
     try:
         manifest = json.loads((path / MANIFEST).read_text())
@@ -63,7 +63,7 @@ def scan(root: Path) -> Scan:
         if path.name.startswith(TEMP_PREFIX) or not (path / MANIFEST).is_file():
             continue
         try:
-            found.infos.append(_read_manifest(path))
+            found.infos.append(read_manifest(path))
         except CheckpointCorrupt as error:
             found.damaged.append(error)
     found.infos.sort(key=lambda info: info.sequence)

@@ -1,0 +1,206 @@
+"""Offline resharding: restore tables into a node from checkpoints taken at another shard count.
+
+Each source is the checkpoint directory of one old shard. Every table's old
+shards must all be there, exactly once, and every source file must verify
+before a row is read, so a damaged or incomplete set refuses the whole restore
+with the node unchanged. The node then keeps, per table, only the rows of the
+slots it owns under the table's new slot map (contiguous ranges over this
+node's shard count, the old epoch plus one); optimizer state rows travel with
+their keys. The result is written as the node's own newest checkpoint, so a
+restart finds it and, in WAL mode, the table's log starts from it. This is also
+the disaster-recovery path: restore a fleet from the checkpoints it left.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recstore.core import InvalidArgument, SlotMap, TableExists, TableSpec, slot_of
+from recstore.ps import checkpoint_read, persistence
+from recstore.ps.catalogue import CatalogueEntry
+from recstore.ps.checkpoint import MANIFEST, CheckpointCorrupt, CheckpointInfo, CheckpointNotFound
+from recstore.ps.node import HostedTable, Node, owned_slots
+from recstore.ps.persistence import OnDamaged
+
+
+@dataclass
+class TableSources:
+    """One table as the old fleet left it: its entry and the checkpoints holding its shards."""
+
+    entry: CatalogueEntry
+    infos: list[CheckpointInfo]
+
+
+def default_root(node: Node) -> Path:
+    """Sources must lie under this unless another root is given: the node's data dir's parent
+    (where the local platform keeps the sibling shards' dirs)."""
+    return node.data_dir.resolve().parent
+
+
+def read_source(path: Path, allowed_root: Path) -> CheckpointInfo:
+    """The checkpoint at ``path``, refused unless it lies under ``allowed_root`` (manifest
+    verified, files not yet)."""
+    resolved = Path(path).resolve()  # links and ".." cannot step outside the root
+    if not resolved.is_relative_to(allowed_root.resolve()):
+        raise InvalidArgument(f"restore source {path} is not under the allowed root {allowed_root}")
+    if not (resolved / MANIFEST).is_file():
+        raise CheckpointNotFound(f"restore source {path} is not a checkpoint (no {MANIFEST})")
+    return checkpoint_read.read_manifest(resolved)
+
+
+def _old_shard(info: CheckpointInfo) -> int:
+    return int(info.manifest["node"]["shard_index"])
+
+
+def group_tables(infos: Sequence[CheckpointInfo]) -> dict[str, TableSources]:
+    """Each table of the sources, checked: one spec and slot map, every old shard once."""
+    found: dict[str, list[tuple[CheckpointInfo, dict[str, Any]]]] = {}
+    for info in infos:
+        for name, meta in info.manifest["tables"].items():
+            found.setdefault(name, []).append((info, meta))
+    tables = {}
+    for name, held in sorted(found.items()):
+        first = persistence.entry_of(held[0][1])
+        for info, meta in held[1:]:
+            other = persistence.entry_of(meta)
+            if other.spec != first.spec or other.slot_map != first.slot_map:
+                raise InvalidArgument(
+                    f"table {name!r}: checkpoint {info.checkpoint_id!r} holds another spec or "
+                    f"slot map than {held[0][0].checkpoint_id!r}; the sources are not one fleet"
+                )
+        shards = sorted(_old_shard(info) for info, _ in held)
+        expected = list(range(first.slot_map.num_shards))
+        if shards != expected:
+            raise InvalidArgument(
+                f"table {name!r}: the sources hold old shards {shards}, not each of "
+                f"{expected} exactly once; every old shard's checkpoint is needed"
+            )
+        tables[name] = TableSources(first, [info for info, _ in held])
+    return tables
+
+
+def resharded_entry(entry: CatalogueEntry, num_shards: int) -> CatalogueEntry:
+    """The table as this fleet serves it: its shard count, a new map and incarnation."""
+    spec = TableSpec.model_validate({**entry.spec.model_dump(), "shards": num_shards})
+    ranges = SlotMap.initial(num_shards).ranges
+    slot_map = SlotMap(epoch=entry.slot_map.epoch + 1, ranges=ranges)
+    return CatalogueEntry(spec, slot_map, uuid.uuid4().hex[:12])
+
+
+def _import_owned(node: Node, hosted: HostedTable, infos: Sequence[CheckpointInfo]) -> int:
+    """Import the rows of owned slots from every source; returns how many."""
+    owned = owned_slots(hosted.entry.slot_map, node.shard_index)
+    name, rows, step = hosted.entry.spec.name, 0, 0
+    for info in infos:
+        for keys, values, state in checkpoint_read.table_chunks(info, name):
+            if owned is not None:
+                mine = owned[slot_of(keys)]
+                keys, values, state = keys[mine], values[mine], state[mine]
+            if len(keys):
+                hosted.table.import_chunk(keys, values, state)
+                rows += len(keys)
+        saved = info.manifest["tables"][name].get("optimizer_state", {})
+        step = max(step, int(saved.get("step", 0)))
+    # each old shard counted only the updates that reached it: the furthest one is kept
+    hosted.table.load_optimizer_state({"step": step})
+    return rows
+
+
+def restore(
+    node: Node,
+    sources: Sequence[Path],
+    *,
+    allowed_root: Path | None = None,
+    keep: int = 3,
+    on_damaged: OnDamaged | None = None,
+) -> CheckpointInfo:
+    """Host the sources' tables on ``node``, resharded; returns the checkpoint written.
+
+    Refused, with the node unchanged: a source outside the allowed root, a damaged
+    or missing one, an incomplete or mixed set, or a table the node already hosts.
+    """
+    if not sources:
+        raise InvalidArgument("restore needs at least one source checkpoint")
+    root = allowed_root if allowed_root is not None else default_root(node)
+    report = persistence.reporter(on_damaged)
+    infos = [read_source(path, root) for path in sources]
+    if len({info.path for info in infos}) != len(infos):
+        raise InvalidArgument("a restore source is named twice")
+    tables = group_tables(infos)
+    for info in infos:
+        try:
+            checkpoint_read.verify(info)
+        except CheckpointCorrupt as error:
+            report(error)
+            raise
+    with node.registry_lock:
+        hosted_already = sorted(set(tables) & set(node.tables))
+        if hosted_already:
+            raise TableExists(
+                f"tables {hosted_already} are hosted on this node; drop them before a restore"
+            )
+        refused = dict(node.refused)  # a restore may repair a table recovery refused
+        restored: list[HostedTable] = []
+        try:
+            for sourced in tables.values():
+                hosted = node.host(resharded_entry(sourced.entry, node.num_shards))
+                restored.append(hosted)
+                _import_owned(node, hosted, sourced.infos)
+            if node.wal_enabled:
+                for hosted in restored:
+                    hosted.wal = node.open_wal(hosted.entry)
+            node.save_catalogue()
+        except BaseException:
+            for hosted in restored:
+                node.unhost(hosted.entry.spec.name)
+            node.refused = refused
+            raise
+        # written in both modes: the catalogue now names tables no older checkpoint holds
+        return persistence.save(node, None, keep, on_damaged, history_restarts=set(tables))
+
+
+def rows_by_table(node: Node) -> dict[str, int]:
+    """Rows each hosted table holds (what a restore reports)."""
+    return {name: int(hosted.table.size) for name, hosted in sorted(node.tables.items())}
+
+
+def restore_data_dir(
+    data_dir: Path,
+    sources: Sequence[Path],
+    *,
+    shard_index: int,
+    num_shards: int,
+    durability: str = "checkpoint",
+    allowed_root: Path | None = None,
+    keep: int = 3,
+    device: str = "cpu",
+) -> CheckpointInfo:
+    """Restore into the data dir of a stopped node (``recstore restore``).
+
+    The dir is locked as a running node would lock it, so a node serving it refuses
+    the restore; what the dir already holds is recovered first and kept.
+    """
+    from recstore.core.data_dir import DataDirLock
+    from recstore.ps import recovery
+
+    lock = DataDirLock.acquire(data_dir)
+    try:
+        node = Node(
+            data_dir,
+            shard_index=shard_index,
+            num_shards=num_shards,
+            device=device,
+            wal_enabled=durability == "wal",
+        )
+        recovery.recover(node)
+        try:
+            return restore(node, sources, allowed_root=allowed_root, keep=keep)
+        finally:
+            for name in list(node.tables):
+                node.unhost(name)  # closes the logs
+    finally:
+        lock.release()

@@ -1,0 +1,232 @@
+"""Offline resharding: checkpoints of N shards restore into M nodes, each keeping its slots.
+
+In-process nodes (the Node API the servers run) in both durability modes,
+compared with a single-table oracle fed the same writes: every row lands on
+exactly its owner with its exact values and optimizer state, and the next
+update step matches the oracle's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from recstore.cli import app
+from recstore.core import InvalidArgument, SlotMap, TableExists, TableSpec
+from recstore.ps import catalogue, checkpoint_read, persistence, recovery, reshard
+from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointNotFound
+from recstore.ps.node import Node
+from recstore.store import Table
+
+from .test_damaged_checkpoints import damage
+
+DIM = 4
+ADAGRAD = {"kind": "adagrad", "lr": 0.1}
+
+
+def specs(shards: int) -> list[TableSpec]:
+    hashed = {"mode": "hashed", "capacity": 8192}
+    return [
+        TableSpec.model_validate(
+            {"name": "hashed", "num_embeddings": 8192, "embedding_dim": DIM, "keys": hashed,
+             "optimizer": ADAGRAD, "shards": shards}
+        ),
+        TableSpec.model_validate(
+            {"name": "dense", "num_embeddings": 600, "embedding_dim": DIM,
+             "optimizer": ADAGRAD, "shards": shards}
+        ),
+    ]  # fmt: skip
+
+
+class Fleet:
+    """N in-process nodes of one table set, plus the single-table oracles of the same writes."""
+
+    def __init__(self, root: Path, shards: int, wal: bool, name: str = "old") -> None:
+        self.shards, self.slot_map = shards, SlotMap.initial(shards)
+        self.nodes = [
+            Node(root / f"{name}-{i}", shard_index=i, num_shards=shards, wal_enabled=wal)
+            for i in range(shards)
+        ]
+
+    def create(self) -> None:
+        for node in self.nodes:
+            for spec in specs(self.shards):
+                node.create_table(spec, None)
+
+    def write(self, table: str, keys: np.ndarray, rows: np.ndarray, op: str) -> None:
+        for shard in range(self.shards):
+            mine = self.slot_map.shard_of(keys) == shard
+            node, k, v = self.nodes[shard], keys[mine].tobytes(), rows[mine].tobytes()
+            if op == "push":
+                node.push(table, k, v, "float32", DIM)
+            else:
+                node.update(table, k, v, "float32", DIM, None)
+
+
+class Oracle:
+    def __init__(self) -> None:
+        self.tables = {s.name: Table(s) for s in specs(1)}
+
+    def write(self, table: str, keys: np.ndarray, rows: np.ndarray, op: str) -> None:
+        getattr(self.tables[table], op)(keys, rows)
+
+
+KEYS = {
+    "hashed": np.random.default_rng(1).integers(-(2**62), 2**62, 1500),
+    "dense": np.arange(600),
+}
+
+
+def feed(targets: list[Any], seed: int, steps: int = 2) -> None:
+    """The same pushes and adagrad updates to every target (fleets and oracle)."""
+    rng = np.random.default_rng(seed)
+    for name, keys in KEYS.items():
+        for step in range(steps):
+            op = "push" if step == 0 and seed == 0 else "update"
+            rows = rng.standard_normal((len(keys), DIM)).astype(np.float32)
+            for target in targets:
+                target.write(name, keys, rows, op)
+
+
+def rows_of(table: Table) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    out = {}
+    for chunk in table.export_chunks():
+        for key, values, state in zip(chunk.keys, chunk.values, chunk.state, strict=True):
+            out[int(key)] = (values.copy(), state.copy())
+    return out
+
+
+def assert_matches(fleet: Fleet, oracle: Oracle) -> None:
+    """Every oracle row on exactly its owner, with exact values and optimizer state."""
+    for name, table in oracle.tables.items():
+        expected = rows_of(table)
+        owners = fleet.slot_map.shard_of(np.array(sorted(expected), dtype=np.int64))
+        seen: set[int] = set()
+        for shard, node in enumerate(fleet.nodes):
+            hosted = node.tables[name]
+            assert hosted.entry.spec.shards == fleet.shards
+            got = rows_of(hosted.table)
+            mine = {k for k, o in zip(sorted(expected), owners, strict=True) if o == shard}
+            assert set(got) == mine, (name, shard)
+            assert not seen & set(got)
+            seen |= set(got)
+            for key, (values, state) in got.items():
+                np.testing.assert_array_equal(values, expected[key][0])
+                np.testing.assert_array_equal(state, expected[key][1])
+        assert seen == set(expected)
+
+
+def checkpoint_all(fleet: Fleet) -> list[Path]:
+    return [persistence.save(node).path for node in fleet.nodes]
+
+
+@pytest.mark.parametrize("wal", [False, True], ids=["checkpoint", "wal"])
+@pytest.mark.parametrize(("old", "new"), [(2, 3), (3, 2)])
+def test_reshard_restores_every_row_on_its_owner(
+    tmp_path: Path, old: int, new: int, wal: bool
+) -> None:
+    before, oracle = Fleet(tmp_path, old, wal), Oracle()
+    before.create()
+    feed([before, oracle], seed=0)
+    sources = checkpoint_all(before)
+
+    after = Fleet(tmp_path, new, wal, name="new")
+    for node in after.nodes:
+        info = reshard.restore(node, sources)
+        assert info.tables == ["dense", "hashed"]
+        assert node.tables["hashed"].entry.slot_map == SlotMap(2, SlotMap.initial(new).ranges)
+    assert_matches(after, oracle)
+
+    feed([after, oracle], seed=1, steps=1)  # the next step, routed by the new map
+    assert_matches(after, oracle)
+
+    for shard, node in enumerate(after.nodes):  # a restart finds the restored state
+        for name in list(node.tables):
+            node.unhost(name)
+        after.nodes[shard] = Node(node.data_dir, shard_index=shard, num_shards=new, wal_enabled=wal)
+        recovery.recover(after.nodes[shard])
+    if wal:  # the update after the restore came back from the log the restore began
+        assert_matches(after, oracle)
+    else:
+        oracle_before_step = Oracle()
+        feed([oracle_before_step], seed=0)
+        assert_matches(after, oracle_before_step)
+
+
+def _untouched(node: Node) -> None:
+    assert node.tables == {} and node.refused == {}
+    assert catalogue.load(node.data_dir) is None
+    assert checkpoint_read.list_checkpoints(persistence.checkpoint_root(node)) == []
+
+
+@pytest.fixture
+def two_shard_sources(tmp_path: Path) -> list[Path]:
+    fleet = Fleet(tmp_path, 2, wal=False)
+    fleet.create()
+    feed([fleet], seed=0, steps=1)
+    return checkpoint_all(fleet)
+
+
+@pytest.mark.parametrize("wal", [False, True], ids=["checkpoint", "wal"])
+def test_damaged_source_refuses_whole_restore(
+    tmp_path: Path, two_shard_sources: list[Path], wal: bool
+) -> None:
+    old_dir = two_shard_sources[1].parent.parent
+    damage(old_dir, two_shard_sources[1].name, "state", table="hashed")
+    node = Node(tmp_path / "new-0", shard_index=0, num_shards=3, wal_enabled=wal)
+    with pytest.raises(CheckpointCorrupt, match="sha256 mismatch"):
+        reshard.restore(node, two_shard_sources)
+    _untouched(node)
+
+
+def test_source_outside_allowed_root_refused(tmp_path: Path, two_shard_sources: list[Path]) -> None:
+    node = Node(tmp_path / "fleet" / "new-0", shard_index=0, num_shards=3)
+    with pytest.raises(InvalidArgument, match="not under the allowed root"):
+        reshard.restore(node, two_shard_sources)  # root: tmp_path/fleet
+    escaping = [tmp_path / "fleet" / ".." / p.relative_to(tmp_path) for p in two_shard_sources]
+    with pytest.raises(InvalidArgument, match="not under the allowed root"):
+        reshard.restore(node, escaping)
+    _untouched(node)
+    reshard.restore(node, two_shard_sources, allowed_root=tmp_path)  # an explicit root
+    assert sorted(node.tables) == ["dense", "hashed"]
+
+
+def test_incomplete_or_repeated_sources_refused(
+    tmp_path: Path, two_shard_sources: list[Path]
+) -> None:
+    node = Node(tmp_path / "new-0", shard_index=0, num_shards=3)
+    with pytest.raises(InvalidArgument, match="exactly once"):
+        reshard.restore(node, two_shard_sources[:1])
+    with pytest.raises(InvalidArgument, match="named twice"):
+        reshard.restore(node, [*two_shard_sources, two_shard_sources[0]])
+    with pytest.raises(CheckpointNotFound, match="not a checkpoint"):
+        reshard.restore(node, [tmp_path])
+    _untouched(node)
+
+
+def test_restore_over_a_hosted_table_refused(tmp_path: Path, two_shard_sources: list[Path]) -> None:
+    node = Node(tmp_path / "new-0", shard_index=0, num_shards=3)
+    node.create_table(specs(3)[0], None)
+    with pytest.raises(TableExists, match="drop them before a restore"):
+        reshard.restore(node, two_shard_sources)
+    assert sorted(node.tables) == ["hashed"] and node.tables["hashed"].table.size == 0
+
+
+def test_restore_command(tmp_path: Path, two_shard_sources: list[Path]) -> None:
+    runner, new_dir = CliRunner(), tmp_path / "new-1"
+    argv = ["restore", "--data-dir", str(new_dir), "--shard-index", "1", "--num-shards", "3",
+            "--durability", "wal"]  # fmt: skip
+    for source in two_shard_sources:
+        argv += ["--from", str(source)]
+    outside = runner.invoke(app, [*argv, "--restore-root", str(tmp_path / "elsewhere")])
+    assert outside.exit_code == 2 and "not under the allowed root" in outside.output
+    done = runner.invoke(app, argv)
+    assert done.exit_code == 0, done.output
+    node = Node(new_dir, shard_index=1, num_shards=3, wal_enabled=True)
+    recovery.recover(node)
+    owners = SlotMap.initial(3).shard_of(KEYS["dense"])
+    assert node.tables["dense"].table.size == int((owners == 1).sum())
