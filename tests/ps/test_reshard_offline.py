@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from recstore.cli import app
-from recstore.core import InvalidArgument, SlotMap, TableExists, TableSpec
+from recstore.core import CapacityExhausted, InvalidArgument, SlotMap, TableExists, TableSpec
 from recstore.ps import catalogue, checkpoint_read, persistence, recovery, reshard
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointNotFound
 from recstore.ps.node import Node
@@ -230,3 +230,18 @@ def test_restore_command(tmp_path: Path, two_shard_sources: list[Path]) -> None:
     recovery.recover(node)
     owners = SlotMap.initial(3).shard_of(KEYS["dense"])
     assert node.tables["dense"].table.size == int((owners == 1).sum())
+
+
+def test_rows_that_do_not_fit_refuse_with_node_unchanged(tmp_path: Path) -> None:
+    full = TableSpec.model_validate(
+        {"name": "full", "num_embeddings": 64, "embedding_dim": 2,
+         "keys": {"mode": "hashed", "capacity": 64}}
+    )  # fmt: skip
+    old = Node(tmp_path / "old-0")
+    old.create_table(full, None)
+    old.tables["full"].table.push(np.arange(64), np.ones((64, 2), np.float32))
+    source = persistence.save(old).path
+    node = Node(tmp_path / "new-0", shard_index=0, num_shards=2, wal_enabled=True)
+    with pytest.raises(CapacityExhausted):  # half the capacity, more than half the slots' rows
+        reshard.restore(node, [source])
+    _untouched(node)
