@@ -321,7 +321,7 @@ class LocalProvisioner:
         return created
 
     def _report(self, table: _Table) -> None:
-        shards = []
+        shards, served_maps = [], set()
         for shard, client in enumerate(table.clients):
             stats = client.stats(table.spec.name)
             if stats is None and self._ensure(table, shard, client):
@@ -335,8 +335,10 @@ class LocalProvisioner:
                     table.endpoint(shard),
                     f"127.0.0.1:{table.ports[shard][1]}",
                 )
+            if stats is not None:
+                served_maps.add(stats.slot_map)
             if node_id is not None:
-                rows, memory = stats if stats is not None else (0, 0)
+                rows, memory = (stats.rows, stats.memory_bytes) if stats is not None else (0, 0)
                 self._reporter.heartbeat(node_id, stats is not None, rows, memory)
         status = compute_status(
             problem=None,
@@ -349,8 +351,15 @@ class LocalProvisioner:
             now=dt.datetime.now(dt.timezone.utc),
         )
         status["lastCheckpoint"] = table.last_checkpoint
+        served = served_maps.pop() if len(served_maps) == 1 else None
+        if served is not None and all(s.ready for s in shards):
+            # the nodes' map is the truth: after an offline reshard it is not the catalogue's
+            status["slotMap"] = served.to_dict()
         if status != table.status:
-            self._reporter.report_status(table.spec.name, admin_status(status))
+            body = admin_status(status)
+            if "slotMap" in status:
+                body["slotMap"] = status["slotMap"]
+            self._reporter.report_status(table.spec.name, body)
             table.status = status
 
 

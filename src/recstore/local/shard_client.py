@@ -7,9 +7,11 @@ calls (``recstore.core.control``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from recstore.core.control import ControlClient, ControlError
+from recstore.core.routing import SlotMap
 from recstore.core.spec import TableSpec
 from recstore.core.tls import ClientTls
 
@@ -26,6 +28,14 @@ class TableRefused(RuntimeError):
         self.endpoint, self.reason = endpoint, reason
 
 
+@dataclass(frozen=True)
+class ShardStats:
+    rows: int
+    memory_bytes: int
+    #: the map the node routes by (after an offline reshard, not the one it was created with)
+    slot_map: SlotMap | None
+
+
 class ShardClient:
     def __init__(
         self,
@@ -39,13 +49,13 @@ class ShardClient:
         self._timeout = timeout
         self._control = ControlClient(endpoint, token=token, timeout=timeout, tls=tls)
 
-    def stats(self, table: str) -> tuple[int, int] | None:
-        """(rows, memory bytes) of this shard of ``table``; None while not served."""
+    def stats(self, table: str) -> ShardStats | None:
+        """Rows, memory bytes and slot map of this shard of ``table``; None while not served."""
         try:
             stats = self._control.stats(table)
         except ControlError:
             return None
-        return stats.size, stats.memory_bytes
+        return ShardStats(stats.size, stats.memory_bytes, stats.slot_map)
 
     def ensure_table(self, spec: TableSpec) -> bool:
         """Create the table on a serving node that lacks it; True when the node has it now.
