@@ -71,6 +71,12 @@ def test_local_table_reshards_offline(tmp_path: Path, helpers: SimpleNamespace) 
         table = api.wait_ready("emb")
         assert [s["ready"] for s in table["status"]["shards"]] == [True, True, True]
         torch.testing.assert_close(_pull_all(second, "reshard-local-2"), rows)
+        table = helpers.wait_for(
+            lambda: (t := api.table("emb"))["status"].get("slotMapEpoch") == 2 and t,
+            30, "the nodes' slot map reported",
+        )  # fmt: skip
+        conditions = {c["type"]: c["status"] for c in table["status"]["conditions"]}
+        assert conditions["ReshardRequired"] == "False"
         api.http.close()
     finally:
         second.stop()
