@@ -163,11 +163,6 @@ def restore(
         return persistence.save(node, None, keep, on_damaged, history_restarts=set(tables))
 
 
-def rows_by_table(node: Node) -> dict[str, int]:
-    """Rows each hosted table holds (what a restore reports)."""
-    return {name: int(hosted.table.size) for name, hosted in sorted(node.tables.items())}
-
-
 def restore_data_dir(
     data_dir: Path,
     sources: Sequence[Path],
