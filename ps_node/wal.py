@@ -400,13 +400,15 @@ class TableWal:
         """An fsync failed: every record since the last good one is applied and lost."""
         with self._cond:
             first, last = self._settled + 1, self._appended
+            durable_size = self._durable_size
+        # The fault is recorded before the lost records are published: a writer told its
+        # record is lost always learns why.
+        fault = self._fail("fsync", error, cut_to=durable_size, diverged=first <= last)
+        with self._cond:
             if first <= last:
                 self._lost.append((first, last))
             self._settled = last
-            durable_size = self._durable_size
             waiting, self._waiters = self._waiters, []
-        fault = self._fail("fsync", error, cut_to=durable_size, diverged=first <= last)
-        with self._cond:
             self._syncing = False
             self._cond.notify_all()
         failure = WriteNotDurable(
