@@ -21,9 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from recstore.client import dispatch
 from recstore.client.client import RecStoreClient
+from recstore.client.lookup import NO_PADDING
 from recstore.client.nn import EmbeddingBag, Lookup
-from recstore.client.ops import NO_PADDING
 
 #: one feature's input: 2-D ids, or (ids, offsets), or (ids, offsets, per_sample_weights)
 Feature = torch.Tensor | tuple[torch.Tensor, ...]
@@ -166,7 +167,7 @@ class EmbeddingBagCollection(nn.Module):
             raise ValueError(f"{len(self.bags)} bags but {len(features)} features")
         bags: list[EmbeddingBag] = list(self.bags)  # type: ignore[arg-type]
         plans = self._plans(bags, features)
-        rows = torch.ops.recstore.emb_lookup_many(
+        rows = dispatch.lookup_many(
             self._anchor,
             [bag._handle for bag in bags],
             [plan.ids for plan in plans],

@@ -23,6 +23,9 @@ from recstore.client.module_tables import GradientRows
 from recstore.client.op_tables import resolve, writable
 from recstore.client.tensors import module_keys, unique_keys
 
+#: ``padding_idx`` of a table without a padding row in the list-typed ops
+NO_PADDING = -1
+
 
 def _flat_keys(ids: torch.Tensor) -> torch.Tensor:
     return module_keys(ids.reshape(-1))
@@ -56,6 +59,29 @@ class Gradient:
     grads: torch.Tensor
     padding_idx: int | None = None
     scale_grad_by_freq: bool = False
+
+
+def gradients_of(
+    handles: Sequence[str],
+    ids: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor | None],
+    padding_idx: Sequence[int],
+    scale_grad_by_freq: Sequence[bool],
+    trainable: Sequence[bool] | None = None,
+) -> list[Gradient]:
+    """A multi-table backward's gradients: tables with no gradient (an unused
+    output) or not ``trainable`` (a frozen module) get no update."""
+    return [
+        Gradient(
+            handles[i],
+            ids[i],
+            grad,
+            None if padding_idx[i] == NO_PADDING else padding_idx[i],
+            scale_grad_by_freq[i],
+        )
+        for i, grad in enumerate(grads)
+        if grad is not None and (trainable is None or trainable[i])
+    ]
 
 
 def send_gradients(gradients: Sequence[Gradient]) -> None:

@@ -2,7 +2,8 @@
 
 Constructor arguments and ``forward`` mirror ``torch.nn.Embedding`` and
 ``torch.nn.EmbeddingBag``. A forward pass looks its ids up through
-``torch.ops.recstore.emb_lookup`` (``recstore.client.ops``): one row per
+``torch.ops.recstore.emb_lookup`` (``recstore.client.ops``; eagerly, its
+kernels called without the dispatcher, ``recstore.client.dispatch``): one row per
 occurrence, each distinct id pulled once over gRPC (locally every id is
 looked up as it comes: the store is faster than deduplicating). An
 ``Embedding`` is those rows reshaped; a bag of the plain kind (sum/mean bags
@@ -29,8 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from recstore.client import op_tables
-from recstore.client import ops as _ops  # noqa: F401  (registers torch.ops.recstore)
+from recstore.client import dispatch, op_tables
 from recstore.client.client import RecStoreClient
 from recstore.client.state import TableState
 from recstore.client.tensors import MODULE_ID_DTYPES, check_module_id_dtype
@@ -137,12 +137,11 @@ class _RecStoreEmbeddingBase(TableState):
         flat = ids.reshape(-1)
         if self.max_norm is None:
             return flat
-        renorm = torch.ops.recstore.emb_renorm
-        return renorm(self._handle, flat, float(self.max_norm), float(self.norm_type))
+        return dispatch.renorm(self._handle, flat, float(self.max_norm), float(self.norm_type))
 
     def _lookup(self, flat: torch.Tensor, scale_grad_by_freq: bool) -> torch.Tensor:
         """One row per id of ``flat`` ([len, dim]); backward updates the table."""
-        return torch.ops.recstore.emb_lookup(
+        return dispatch.lookup(
             self._anchor, self._handle, flat, self.padding_idx, scale_grad_by_freq
         )
 

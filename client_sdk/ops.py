@@ -23,12 +23,17 @@ import torch
 from torch._library.effects import EffectType
 from torch.library import custom_op, register_autograd
 
-from recstore.client.lookup import Gradient, read_rows, renormalise_table, send_gradients
+from recstore.client.lookup import (
+    NO_PADDING,
+    Gradient,
+    gradients_of,
+    read_rows,
+    renormalise_table,
+    send_gradients,
+)
 from recstore.client.op_tables import layout
 
 NAMESPACE = "recstore"
-#: ``padding_idx`` of a table without a padding row in the list-typed ops
-NO_PADDING = -1
 
 
 def _op(name: str, *, effect: bool = False, schema: str | None = None) -> Any:
@@ -116,14 +121,16 @@ def _many_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
 
 def _many_backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> tuple[Any, ...]:
     ids = ctx.saved_tensors
-    picked = [i for i, g in enumerate(grads) if g is not None and ctx.trainable[i]]
+    picked = gradients_of(
+        ctx.tables, ids, grads, ctx.padding_idx, ctx.scale_grad_by_freq, ctx.trainable
+    )
     if picked:
         emb_update_many(
-            [ctx.tables[i] for i in picked],
-            [ids[i] for i in picked],
-            [grads[i] for i in picked],
-            [ctx.padding_idx[i] for i in picked],
-            [ctx.scale_grad_by_freq[i] for i in picked],
+            [g.handle for g in picked],
+            [g.ids for g in picked],
+            [g.grads for g in picked],
+            [NO_PADDING if g.padding_idx is None else g.padding_idx for g in picked],
+            [g.scale_grad_by_freq for g in picked],
         )
     return None, None, [None] * len(ids), None, None, None
 
@@ -176,14 +183,7 @@ def emb_update_many(
     scale_grad_by_freq: list[bool],
 ) -> None:
     """``emb_update_table`` of several tables of one client, as one multi-table update."""
-    send_gradients(
-        [
-            Gradient(t, k, g, None if p == NO_PADDING else p, s)
-            for t, k, g, p, s in zip(
-                tables, keys, grads, padding_idx, scale_grad_by_freq, strict=True
-            )
-        ]
-    )
+    send_gradients(gradients_of(tables, keys, grads, padding_idx, scale_grad_by_freq))
 
 
 @emb_update_many.register_fake

@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "arrays.h"
-#include "bag_pool.h"
 #include "hash.h"
 #include "multi_codec_bindings.h"
 #include "node_serve_bindings.h"
@@ -40,7 +39,6 @@ using recstore::TableOptions;
 using recstore::arrays::count;
 using recstore::arrays::def_checked;
 using recstore::arrays::expect_length;
-using recstore::arrays::expect_rows;
 using recstore::arrays::Host;
 using recstore::arrays::HostKeys;
 using recstore::arrays::state_rows;
@@ -49,30 +47,6 @@ using recstore::arrays::table_rows;
 namespace {
 
 using Arrays = recstore::arrays::TableArrays<Host>;
-using Floats = Host<const float, nb::ndim<2>>;
-using FloatsOut = Host<float, nb::ndim<2>>;
-using Weights = std::optional<Host<const float, nb::ndim<1>>>;
-
-// Fixed-size bags: `positions` (inverse) holds bags * bag_size row indices, `pooled` is
-// [bags, dim], `weights` (optional) one per position. Returns the bag count.
-template <class Pooled>
-int64_t check_bags(const HostKeys& inverse, int64_t bag_size, const Weights& weights,
-                   const char* pooled_name, const Pooled& pooled, int64_t dim) {
-  if (bag_size < 1) throw nb::value_error("bag_size must be >= 1");
-  int64_t positions = count(inverse);
-  if (positions % bag_size)
-    throw nb::value_error(("inverse holds " + std::to_string(positions) +
-                           " positions, not a whole number of bags of " + std::to_string(bag_size))
-                              .c_str());
-  if (weights) expect_length(*weights, "weights", positions);
-  expect_rows(pooled, pooled_name, positions / bag_size, dim);
-  return positions / bag_size;
-}
-
-const float* weights_data(const Weights& weights) {
-  return weights ? weights->data() : nullptr;
-}
-
 }  // namespace
 
 NB_MODULE(_native, m) {
@@ -104,32 +78,6 @@ NB_MODULE(_native, m) {
       },
       "keys"_a.noconvert(), "unique_out"_a.noconvert(), "inverse_out"_a.noconvert(),
       "Distinct keys in first-occurrence order and each key's position among them");
-
-  recstore::arrays::def_checked_function(
-      m, "bag_pool_forward",
-      [](Floats rows, HostKeys inverse, int64_t bag_size, Weights weights, bool mean,
-         FloatsOut out) {
-        int64_t dim = static_cast<int64_t>(rows.shape(1));
-        int64_t bags = check_bags(inverse, bag_size, weights, "out", out, dim);
-        nb::gil_scoped_release release;
-        recstore::bag_pool_forward(bags, bag_size, dim, rows.data(), inverse.data(),
-                                   weights_data(weights), mean, out.data());
-      },
-      "rows"_a.noconvert(), "inverse"_a.noconvert(), "bag_size"_a, "weights"_a.noconvert().none(),
-      "mean"_a, "out"_a.noconvert(), "Pool fixed-size bags of distinct rows (weights None: none)");
-  recstore::arrays::def_checked_function(
-      m, "bag_pool_backward",
-      [](Floats grad_out, HostKeys inverse, int64_t bag_size, Weights weights, bool mean,
-         FloatsOut grad_rows) {
-        int64_t dim = static_cast<int64_t>(grad_rows.shape(1));
-        int64_t bags = check_bags(inverse, bag_size, weights, "grad_out", grad_out, dim);
-        nb::gil_scoped_release release;
-        recstore::bag_pool_backward(bags, bag_size, dim, grad_out.data(), inverse.data(),
-                                    weights_data(weights), mean, grad_rows.data());
-      },
-      "grad_out"_a.noconvert(), "inverse"_a.noconvert(), "bag_size"_a,
-      "weights"_a.noconvert().none(), "mean"_a, "grad_rows"_a.noconvert(),
-      "Gradient of bag_pool_forward with respect to the distinct rows (added in place)");
 
   nb::exception<recstore::CapacityError>(m, "CapacityError");
   nb::exception<recstore::NonFiniteError>(m, "NonFiniteError", PyExc_ValueError);
