@@ -81,3 +81,17 @@ def test_a_training_table_still_updates() -> None:
     before = table.pull(keys).copy()
     table.update(keys, np.ones((4, DIM), np.float32))
     assert not np.array_equal(table.pull(keys), before)
+
+
+@pytest.mark.skipif(not _native.cuda_available(), reason="needs a CUDA device")
+def test_a_cuda_inference_table_holds_no_state_and_refuses_updates() -> None:
+    training = Table(_spec("training"), device="cuda")
+    inference = Table(_spec("inference"), device="cuda")
+    assert training.memory_bytes - inference.memory_bytes == 4 * DIM * ROWS
+    keys = np.arange(8, dtype=np.int64)
+    before = inference.pull(keys).copy()
+    with pytest.raises(InferenceTable, match="is an inference table: updates are refused"):
+        inference.update(keys, np.ones((8, DIM), np.float32))
+    np.testing.assert_array_equal(inference.pull(keys), before)
+    inference.push(keys[:1], np.full((1, DIM), 3.0, np.float32))
+    np.testing.assert_array_equal(inference.pull(keys[:1]), np.full((1, DIM), 3.0, np.float32))
