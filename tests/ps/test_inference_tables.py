@@ -158,3 +158,14 @@ def test_a_read_only_token_needs_an_auth_token_and_another_value(tmp_path: Path)
         NodeConfig(data_dir=tmp_path, read_only_token=READER)
     with pytest.raises(ValueError, match="must differ from the auth token"):
         NodeConfig(data_dir=tmp_path, auth_token=ADMIN, read_only_token=ADMIN)
+
+
+def test_an_inference_table_is_checkpointed_without_state(admin: Client) -> None:
+    values = np.arange(3 * DIM, dtype="<f4").reshape(3, DIM)
+    admin.push("frozen", [1, 2, 3], values)
+    checkpoint = admin.save()
+    admin.push("frozen", [1, 2, 3], np.zeros((3, DIM), "<f4"))
+    admin.call("Load", ps_pb2.LoadRequest(checkpoint_id=checkpoint.checkpoint_id))
+    np.testing.assert_array_equal(admin.pull("frozen", [1, 2, 3]), values)
+    code, _ = _code(lambda: admin.call("Update", _update("frozen", 1)))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
