@@ -169,3 +169,24 @@ def test_an_inference_table_is_checkpointed_without_state(admin: Client) -> None
     np.testing.assert_array_equal(admin.pull("frozen", [1, 2, 3]), values)
     code, _ = _code(lambda: admin.call("Update", _update("frozen", 1)))
     assert code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_the_command_line_takes_a_read_only_token_file(tmp_path: Path, spawn: Any) -> None:
+    (tmp_path / "admin").write_text(ADMIN + "\n")
+    (tmp_path / "reader").write_text(READER + "\n")
+    process = spawn(
+        tmp_path / "data",
+        "--auth-token-file", str(tmp_path / "admin"),
+        "--read-only-token-file", str(tmp_path / "reader"),
+    )  # fmt: skip
+    admin, reader = Client(process.address, ADMIN), Client(process.address, READER)
+    try:
+        admin.create(spec("served", mode="inference"))
+        values = np.ones((1, DIM), "<f4")
+        admin.push("served", [1], values)
+        np.testing.assert_array_equal(reader.pull("served", [1]), values)
+        code, _ = _code(lambda: reader.push("served", [1], values))
+        assert code == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        admin.close()
+        reader.close()

@@ -92,6 +92,11 @@ def ps_node(
         raise typer.BadParameter(
             f"must be below --num-shards {num_shards}", param_hint="--shard-index"
         )
+    if read_only_token_file is not None and auth_token_file is None:
+        raise typer.BadParameter(
+            "needs --auth-token-file (without it every caller may write)",
+            param_hint="--read-only-token-file",
+        )
 
     from recstore.ps import logs
     from recstore.ps import malloc_tuning as tuning
