@@ -44,6 +44,8 @@ class EmbeddingBagConfig:
     padding_idx: int | None = None
     include_last_offset: bool = False
     dtype: torch.dtype | None = None
+    #: False: the bag's table is an inference table (no optimizer state, updates refused)
+    optimize_for_training: bool = True
 
     def build(self, client: RecStoreClient | None = None) -> EmbeddingBag:
         return EmbeddingBag(
@@ -51,6 +53,7 @@ class EmbeddingBagConfig:
             include_last_offset=self.include_last_offset, padding_idx=self.padding_idx,
             dtype=self.dtype, name=self.name, client=client, optimizer=self.optimizer,
             seed=self.seed, initializer=self.initializer,
+            optimize_for_training=self.optimize_for_training,
         )  # fmt: skip
 
 
@@ -173,7 +176,7 @@ class EmbeddingBagCollection(nn.Module):
             [plan.ids for plan in plans],
             [NO_PADDING if bag.padding_idx is None else bag.padding_idx for bag in bags],
             [plan.scale_grad_by_freq for plan in plans],
-            [not bag.frozen for bag in bags],
+            [bag.takes_gradients for bag in bags],
         )
         return [plan.finish(r) for plan, r in zip(plans, rows, strict=True)]
 

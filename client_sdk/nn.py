@@ -86,6 +86,7 @@ class _RecStoreEmbeddingBase(TableState):
         optimizer: Any,
         seed: int | None,
         initializer: dict[str, Any] | None,
+        optimize_for_training: bool,
     ) -> None:
         super().__init__()
         if num_embeddings < 1 or embedding_dim < 1:
@@ -101,6 +102,8 @@ class _RecStoreEmbeddingBase(TableState):
         self.scale_grad_by_freq = scale_grad_by_freq
         self.sparse = sparse  # gradients always travel sparse to the table; kept for repr/compat
         self.frozen = _freeze
+        #: False: the table is opened in inference mode (no optimizer state; updates refused)
+        self.optimize_for_training = optimize_for_training
         self.client = client if client is not None else RecStoreClient()
         self.table_name = name or f"emb_{uuid.uuid4().hex[:16]}"
         dtype = dtype or torch.float32
@@ -118,7 +121,7 @@ class _RecStoreEmbeddingBase(TableState):
             shape,
             dtype,
             (lambda start, end: weight[start:end]) if weight is not None else None,
-            metadata={"initializer": initializer},
+            metadata={"initializer": initializer, **_mode_metadata(optimize_for_training)},
             optimizer=optimizer
             if optimizer is not None
             else Optimizer(lr=self.client.learning_rate),
@@ -128,8 +131,13 @@ class _RecStoreEmbeddingBase(TableState):
             pad = torch.tensor([self.padding_idx])
             self.client.push(self.table_name, pad, torch.zeros(1, embedding_dim, dtype=dtype))
         # The autograd anchor: not a Parameter, so dense torch optimizers never see it.
-        self._anchor = torch.empty(0, requires_grad=not _freeze)
+        self._anchor = torch.empty(0, requires_grad=self.takes_gradients)
         self._handle = op_tables.register(self.client, self.table_name)  # the ops' name for it
+
+    @property
+    def takes_gradients(self) -> bool:
+        """Whether backward sends gradients to the table: not frozen, not an inference table."""
+        return self.optimize_for_training and not self.frozen
 
     def _prepared(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids`` flattened, after ``max_norm`` renormalised their rows in the table."""
@@ -190,6 +198,11 @@ class _RecStoreEmbeddingBase(TableState):
         return text
 
 
+def _mode_metadata(optimize_for_training: bool) -> dict[str, str]:
+    """The table spec's ``mode`` for a module: inference tables allocate no optimizer state."""
+    return {} if optimize_for_training else {"mode": "inference"}
+
+
 def _random_seed() -> int:
     return int(torch.randint(0, 2**62, (1,)).item())
 
@@ -216,10 +229,12 @@ class Embedding(_RecStoreEmbeddingBase):
         optimizer: Any = None,
         seed: int | None = None,
         initializer: dict[str, Any] | None = None,
+        optimize_for_training: bool = True,
     ) -> None:
         super().__init__(
             num_embeddings, embedding_dim, padding_idx, max_norm, norm_type, scale_grad_by_freq,
             sparse, _weight, _freeze, dtype, name, client, optimizer, seed, initializer,
+            optimize_for_training,
         )  # fmt: skip
 
     @classmethod
@@ -274,12 +289,14 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
         seed: int | None = None,
         initializer: dict[str, Any] | None = None,
         _freeze: bool = False,
+        optimize_for_training: bool = True,
     ) -> None:
         if mode not in ("sum", "mean", "max"):
             raise ValueError(f"mode has to be one of sum, mean or max, got {mode!r}")
         super().__init__(
             num_embeddings, embedding_dim, padding_idx, max_norm, norm_type, scale_grad_by_freq,
             sparse, _weight, _freeze, dtype, name, client, optimizer, seed, initializer,
+            optimize_for_training,
         )  # fmt: skip
         self.mode = mode
         self.include_last_offset = include_last_offset

@@ -81,6 +81,7 @@ NB_MODULE(_native, m) {
 
   nb::exception<recstore::CapacityError>(m, "CapacityError");
   nb::exception<recstore::NonFiniteError>(m, "NonFiniteError", PyExc_ValueError);
+  nb::exception<recstore::InferenceTableError>(m, "InferenceTableError");
 
   nb::class_<recstore::InitParams>(m, "InitParams")
       .def(nb::init<>())
@@ -111,6 +112,7 @@ NB_MODULE(_native, m) {
       .def_rw("eviction", &TableOptions::eviction)
       .def_rw("ttl_seconds", &TableOptions::ttl_seconds)
       .def_rw("non_finite", &TableOptions::non_finite)
+      .def_rw("inference", &TableOptions::inference)
       .def_rw("init", &TableOptions::init)
       .def_rw("opt", &TableOptions::opt);
 

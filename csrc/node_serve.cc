@@ -187,6 +187,7 @@ bool check_update(Checker& check, const UpdateRequestView& item, int64_t index,
                   const std::vector<Hosted>& hosted, Update& u) {
   if (!check.find(item.table, index, u.table)) return false;
   const Hosted& h = hosted[u.table];
+  if (h.inference) return check.refuse(Code::kInferenceTable, index, item.table, "");
   if (item.dim != 0 && static_cast<int64_t>(item.dim) != h.dim) {
     return check.refuse(Code::kInvalidArgument, index, item.table,
                         "dim " + std::to_string(item.dim) + " does not match the table dim " +

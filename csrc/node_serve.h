@@ -42,6 +42,7 @@ struct Hosted {
   uint64_t epoch = 0;      // its slot map's
   bool logged = false;     // writes are logged: the node applies updates
   int non_finite = kNonFiniteReject;  // its NonFinitePolicy (reject: screened by the plan)
+  bool inference = false;  // mode inference: its updates are refused
 };
 
 enum class Method { kMultiPull, kMultiUpdate };
@@ -66,6 +67,7 @@ enum class Code : int {
   kCapacityExhausted = 4,
   kMessageTooLarge = 5,  // the reply would be over the node's message limit
   kNonFinite = 6,        // non-finite gradients for a table whose policy is reject
+  kInferenceTable = 7,   // an update of an inference table (the node words the reason)
 };
 
 struct Refusal {

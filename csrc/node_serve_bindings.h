@@ -82,6 +82,7 @@ struct MultiRequest {
       v.epoch = nb::cast<uint64_t>(t[7]);
       v.logged = nb::cast<bool>(t[8]);
       v.non_finite = nb::cast<int>(t[9]);
+      v.inference = nb::cast<bool>(t[10]);
     }
     Plan p;
     {

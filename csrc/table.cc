@@ -53,7 +53,7 @@ void validate_options(const TableOptions& o) {
 Table::Table(const TableOptions& options) : opt_(options) {
   validate_options(opt_);
   row_bytes_ = opt_.dim * dtype_size(opt_.dtype);
-  state_w_ = recstore::state_width(opt_.opt.kind, opt_.dim);
+  state_w_ = table_state_width(opt_);
   // Untouched pages stay unmapped, so a large sparse table costs what it holds.
   // Both kinds get huge pages from the start (random row accesses otherwise pay
   // a page walk each): hashed tables hand out rows in order, and a dense table's

@@ -42,8 +42,22 @@ struct TableOptions {
   int eviction = kEvictNone;       // EvictionKind, hashed only
   double ttl_seconds = 0.0;        // > 0: rows untouched this long expire (hashed only)
   int non_finite = kNonFiniteReject;  // NonFinitePolicy of written gradients and values
+  // Read for serving: no optimizer state is allocated (whatever `opt` says) and
+  // update() is refused; assign/import (loading weights) stay allowed.
+  bool inference = false;
   InitParams init;
   OptimizerParams opt;
+};
+
+// fp32 optimizer-state values per row: 0 for an inference table (CPU and CUDA share it).
+inline int64_t table_state_width(const TableOptions& o) {
+  return o.inference ? 0 : state_width(o.opt.kind, o.dim);
+}
+
+// Why an inference table refuses update(): std::logic_error (FAILED_PRECONDITION).
+class InferenceTableError : public std::logic_error {
+ public:
+  InferenceTableError() : std::logic_error("an inference table refuses updates") {}
 };
 
 // A hashed table without eviction has no free row for a new key.

@@ -62,6 +62,7 @@ void Table::assign(int64_t n, const int64_t* keys, const void* values) {
 
 void Table::update(int64_t n, const int64_t* keys, const void* grads, int grad_dtype, float lr,
                    bool screened) {
+  if (opt_.inference) throw InferenceTableError();
   if (grad_dtype != kFloat32 && grad_dtype != kFloat16 && grad_dtype != kBFloat16)
     throw std::invalid_argument("gradient dtype must be float32, float16 or bfloat16");
   const WriteBatch admitted = admit(n, keys, screened ? nullptr : grads, grad_dtype, nullptr,

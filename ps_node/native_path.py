@@ -21,6 +21,7 @@ from typing import Any
 from recstore import _native as _native_module
 from recstore.core import (
     CapacityExhausted,
+    InferenceTable,
     InvalidArgument,
     MessageTooLarge,
     NonFiniteValues,
@@ -57,6 +58,8 @@ def refusal_error(code: int, item: int, table: str, reason: str, epoch: int) -> 
         return WrongShard(message, epoch)
     if code == 6:
         return NonFiniteValues(message, table=table)
+    if code == 7:
+        return InferenceTable(f"item {item}: {InferenceTable.of(table)}", table=table)
     return REFUSALS[code](message)
 
 
@@ -74,6 +77,7 @@ def _view(hosted: HostedTable) -> tuple[Any, ...]:
         hosted.entry.slot_map.epoch,
         hosted.wal is not None,
         non_finite_code(hosted.entry.spec),
+        hosted.entry.spec.inference,
     )
 
 

@@ -320,6 +320,7 @@ class Node:
         lr: float | None,
     ) -> WriteAck:
         hosted = self.get(name)
+        hosted.entry.spec.check_trainable()
         codec.check_declared("", dim, hosted.dtype, hosted.dim)
         grad_dtype = codec.grad_dtype_for(grad_dtype, hosted.dtype)
         keys = codec.decode_keys(keys_buffer)

@@ -152,7 +152,7 @@ def _write_table(writer: checkpoint.CheckpointWriter, name: str, hosted: HostedT
         chunks=chunks,
         dim=spec.embedding_dim,
         value_dtype=_value_dtype(hosted),
-        state_width=spec.optimizer.state_width(spec.embedding_dim),
+        state_width=spec.state_width,
         meta={
             **hosted.entry.to_dict(),
             "wal_generation": 0,

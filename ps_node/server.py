@@ -55,6 +55,8 @@ class NodeConfig:
     num_shards: int = 1
     device: str = "cpu"
     auth_token: str | None = None
+    #: a second token whose holders may only read (recstore.ps.auth.READ_ONLY_METHODS)
+    read_only_token: str | None = None
     durability: str = "checkpoint"  # or "wal"
     checkpoint_interval: float = 0.0  # seconds; 0: no periodic checkpoints
     keep_checkpoints: int = 3
@@ -81,6 +83,11 @@ class NodeConfig:
         message_limit(self.max_batch_bytes)  # refuses a bound gRPC cannot carry
         if not self.wal_probe_interval > 0:
             raise ValueError("wal_probe_interval must be positive")
+        if self.read_only_token is not None and not self.auth_token:
+            # without an auth token every caller may write: a read-only one would mean nothing
+            raise ValueError("a read-only token needs an auth token")
+        if self.read_only_token is not None and self.read_only_token == self.auth_token:
+            raise ValueError("the read-only token must differ from the auth token")
 
 
 class PsServer:
@@ -130,7 +137,11 @@ class PsServer:
         declared = await loop.run_in_executor(
             self.executor, table_specs.declare, self.node, self.config.table_specs
         )
-        interceptors = [TokenAuth(self.config.auth_token)] if self.config.auth_token else []
+        interceptors = (
+            [TokenAuth(self.config.auth_token, self.config.read_only_token)]
+            if self.config.auth_token
+            else []
+        )
         server = grpc.aio.server(
             migration_thread_pool=None,
             interceptors=interceptors,
@@ -374,6 +385,7 @@ def start_in_thread(
     num_shards: int = 1,
     device: str = "cpu",
     auth_token: str | None = None,
+    read_only_token: str | None = None,
     durability: str = "checkpoint",
     checkpoint_interval: float = 0.0,
     keep_checkpoints: int = 3,
@@ -393,6 +405,7 @@ def start_in_thread(
         num_shards=num_shards,
         device=device,
         auth_token=auth_token,
+        read_only_token=read_only_token,
         durability=durability,
         checkpoint_interval=checkpoint_interval,
         keep_checkpoints=keep_checkpoints,

@@ -8,6 +8,7 @@ from recstore.core import (
     APPLIED_METADATA_KEY,
     CapacityExhausted,
     DeviceUnavailable,
+    InferenceTable,
     InvalidArgument,
     MessageTooLarge,
     TableExists,
@@ -38,6 +39,7 @@ STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (MemoryError, grpc.StatusCode.RESOURCE_EXHAUSTED),  # a table larger than this host
     (DeviceUnavailable, grpc.StatusCode.FAILED_PRECONDITION),  # e.g. a GPU table, no GPU
     (TableUnrecoverable, grpc.StatusCode.FAILED_PRECONDITION),  # damaged data, never empty
+    (InferenceTable, grpc.StatusCode.FAILED_PRECONDITION),  # an update of a mode: inference table
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (CheckpointCorrupt, grpc.StatusCode.DATA_LOSS),
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),

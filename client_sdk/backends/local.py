@@ -16,7 +16,14 @@ import torch
 
 from recstore.client.backends.base import CreateResult, PullRequest, UpdateRequest
 from recstore.client.errors import BackendError, TableNotInitialized
-from recstore.core import CapacityExhausted, RecStoreError, StorageTier, TableExists, TableNotFound
+from recstore.core import (
+    CapacityExhausted,
+    InferenceTable,
+    RecStoreError,
+    StorageTier,
+    TableExists,
+    TableNotFound,
+)
 from recstore.core import TableSpec as TableSpec
 
 if TYPE_CHECKING:
@@ -55,7 +62,11 @@ def _backend_error(error: RecStoreError, name: str) -> BackendError:
         return TableNotInitialized(
             f"table {name!r} does not exist in the local store", reason=str(error)
         )
-    code = "RESOURCE_EXHAUSTED" if isinstance(error, CapacityExhausted) else "INVALID_ARGUMENT"
+    code = "INVALID_ARGUMENT"
+    if isinstance(error, CapacityExhausted):
+        code = "RESOURCE_EXHAUSTED"
+    elif isinstance(error, InferenceTable):  # the PS node's status for it, as over gRPC
+        code = "FAILED_PRECONDITION"
     return BackendError(
         f"local store refused the call on table {name!r}: {error}", code=code, reason=str(error)
     )

@@ -37,7 +37,7 @@ CudaTable::CudaTable(const TableOptions& options, int device)
     throw std::invalid_argument("CUDA device " + std::to_string(device) + " does not exist (" +
                                 std::to_string(count) + " visible)");
   device_ = device;
-  state_w_ = recstore::state_width(opt_.opt.kind, opt_.dim);
+  state_w_ = table_state_width(opt_);
 
   int previous = 0;
   RS_CUDA_CHECK(cudaGetDevice(&previous));

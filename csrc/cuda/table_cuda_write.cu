@@ -68,6 +68,7 @@ void CudaTable::import_rows(int64_t n, const int64_t* keys, const void* values,
 
 void CudaTable::update(int64_t n, const int64_t* keys, const void* grads, int grad_dtype,
                        float lr, uintptr_t stream) {
+  if (opt_.inference) throw InferenceTableError();
   if (grad_dtype != kFloat32 && grad_dtype != kFloat16 && grad_dtype != kBFloat16)
     throw std::invalid_argument("gradient dtype must be float32, float16 or bfloat16");
   CallGuard guard(mutex_, *st_, device_, stream);

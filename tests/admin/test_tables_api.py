@@ -79,6 +79,17 @@ def test_the_non_finite_policy_is_stored_and_returned(
     assert r.json()["spec"]["nonFinite"] == want
 
 
+@pytest.mark.parametrize("given", [{}, {"mode": "inference"}, {"mode": "training"}])
+def test_the_mode_is_stored_and_returned(
+    client: TestClient, admin_headers: dict[str, str], given: dict[str, Any]
+) -> None:
+    body = create(client, admin_headers, **given)
+    want = given.get("mode", "training")
+    assert body["spec"]["mode"] == want
+    r = client.get("/api/v1/tables/clicks", headers=admin_headers)
+    assert r.json()["spec"]["mode"] == want
+
+
 def test_list_pagination_and_filters(
     client: TestClient, admin_headers: dict[str, str], provisioner_headers: dict[str, str]
 ) -> None:
@@ -120,6 +131,7 @@ def test_duplicate_name_is_409_and_changes_nothing(
         ({**SPEC, "keys": {"mode": "dense", "eviction": "lru"}}, "hashed keys only"),
         ({**SPEC, "colour": "blue"}, "Extra inputs are not permitted"),
         ({**SPEC, "nonFinite": "ignore"}, "'reject', 'skip-rows' or 'allow'"),
+        ({**SPEC, "mode": "readonly"}, "'training' or 'inference'"),
         ({"name": "x"}, "Field required"),
     ],
 )

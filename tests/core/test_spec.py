@@ -54,6 +54,26 @@ def test_non_finite_policy_both_spellings(given: dict[str, Any], policy: str) ->
 
 
 @pytest.mark.parametrize(
+    ("given", "mode"), [({}, "training"), ({"mode": "inference"}, "inference")]
+)
+def test_mode_defaults_to_training_and_round_trips(given: dict[str, Any], mode: str) -> None:
+    spec = TableSpec.model_validate(
+        {
+            "name": "t",
+            "numEmbeddings": 10,
+            "embeddingDim": 4,
+            "optimizer": {"kind": "adam"},
+            **given,
+        }
+    )
+    assert spec.mode == mode and spec.to_wire()["mode"] == mode
+    assert TableSpec.model_validate(spec.to_wire()) == spec
+    # the optimizer is kept either way; an inference table holds no state for it
+    assert spec.optimizer.kind == "adam"
+    assert spec.state_width == (0 if mode == "inference" else 8)
+
+
+@pytest.mark.parametrize(
     ("change", "message"),
     [
         ({"name": "Bad Name"}, "pattern"),
@@ -72,6 +92,8 @@ def test_non_finite_policy_both_spellings(given: dict[str, Any], policy: str) ->
         ({"non_finite": "drop"}, "'reject', 'skip-rows' or 'allow'"),
         ({"nonFinite": "skip_rows"}, "'reject', 'skip-rows' or 'allow'"),
         ({"nonFinite": None}, "'reject', 'skip-rows' or 'allow'"),
+        ({"mode": "serving"}, "'training' or 'inference'"),
+        ({"mode": "read-only"}, "'training' or 'inference'"),
     ],
 )
 def test_rejections_name_the_problem(change: dict[str, Any], message: str) -> None:

@@ -95,9 +95,12 @@ def test_command_line_validates_flags() -> None:
         "--num-shards",
         "--durability",
         "--auth-token-file",
+        "--read-only-token-file",
         "--metrics-port",
     ):
         assert flag in help_text
+    bad = runner.invoke(app, ["ps-node", "--data-dir", "/tmp/x", "--read-only-token-file", "/t"])
+    assert bad.exit_code != 0 and "needs --auth-token-file" in bad.output
     bad = runner.invoke(app, ["ps-node", "--data-dir", "/tmp/x", "--durability", "maybe"])
     assert bad.exit_code != 0 and "checkpoint or wal" in bad.output
     bad = runner.invoke(

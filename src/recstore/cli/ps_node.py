@@ -23,6 +23,13 @@ def ps_node(
     auth_token_file: Annotated[
         Path | None, typer.Option("--auth-token-file", help="File holding the bearer token.")
     ] = None,
+    read_only_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--read-only-token-file",
+            help="File holding a second bearer token that may only read (Pull, List, Stats).",
+        ),
+    ] = None,
     durability: Annotated[
         str, typer.Option(help="checkpoint (lose writes since the last one on a crash) or wal.")
     ] = "checkpoint",
@@ -85,6 +92,11 @@ def ps_node(
         raise typer.BadParameter(
             f"must be below --num-shards {num_shards}", param_hint="--shard-index"
         )
+    if read_only_token_file is not None and auth_token_file is None:
+        raise typer.BadParameter(
+            "needs --auth-token-file (without it every caller may write)",
+            param_hint="--read-only-token-file",
+        )
 
     from recstore.ps import logs
     from recstore.ps import malloc_tuning as tuning
@@ -110,6 +122,7 @@ def ps_node(
         num_shards=num_shards,
         device=device,
         auth_token=read_token_file(auth_token_file) if auth_token_file else None,
+        read_only_token=read_token_file(read_only_token_file) if read_only_token_file else None,
         durability=durability,
         checkpoint_interval=checkpoint_interval,
         keep_checkpoints=keep_checkpoints,

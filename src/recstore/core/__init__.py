@@ -4,6 +4,7 @@ from recstore.core.errors import (
     APPLIED_METADATA_KEY,
     CapacityExhausted,
     DeviceUnavailable,
+    InferenceTable,
     InvalidArgument,
     MessageTooLarge,
     NonFiniteValues,
@@ -27,6 +28,7 @@ from recstore.core.spec import (
     NonFinite,
     Optimizer,
     StorageTier,
+    TableMode,
     TableSpec,
 )
 
@@ -39,6 +41,7 @@ __all__ = [
     "DeviceUnavailable",
     "Durability",
     "Eviction",
+    "InferenceTable",
     "Initializer",
     "InvalidArgument",
     "KeyMode",
@@ -52,6 +55,7 @@ __all__ = [
     "SlotRange",
     "StorageTier",
     "TableExists",
+    "TableMode",
     "TableNotFound",
     "TableSpec",
     "Unauthenticated",

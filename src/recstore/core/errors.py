@@ -39,6 +39,22 @@ class NonFiniteValues(InvalidArgument):
         self.table = table
 
 
+class InferenceTable(RecStoreError):
+    """An update (gradients) of a table opened with ``mode: inference`` (gRPC FAILED_PRECONDITION).
+
+    Nothing was applied; the table keeps no optimizer state to apply them to.
+    """
+
+    def __init__(self, message: str, *, table: str) -> None:
+        super().__init__(message)
+        self.table = table
+
+    @classmethod
+    def of(cls, table: str) -> InferenceTable:
+        """The refusal of an update of ``table``, worded once for every layer."""
+        return cls(f"table {table!r} is an inference table: updates are refused", table=table)
+
+
 class CapacityExhausted(RecStoreError):
     """A hashed table without eviction is full (gRPC RESOURCE_EXHAUSTED)."""
 

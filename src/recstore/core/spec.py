@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from recstore.core.errors import InferenceTable
+
 #: Table names: what a Kubernetes object name and a file name both tolerate,
 #: plus underscores (the SDK's documented examples use them).
 TABLE_NAME_PATTERN = r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$"
@@ -71,6 +73,13 @@ class NonFinite(str, Enum):
     reject = "reject"  # the whole batch is refused (INVALID_ARGUMENT), nothing applied
     skip_rows = "skip-rows"  # rows of keys with a non-finite value are left out, the rest applied
     allow = "allow"  # written as given (a NaN row stays NaN)
+
+
+class TableMode(str, Enum):
+    """What a table is opened for (``mode``)."""
+
+    training = "training"  # optimizer state per row; Update applies gradients
+    inference = "inference"  # no optimizer state; Update is refused, Push loads weights
 
 
 class Keys(WireModel):
@@ -151,6 +160,9 @@ class TableSpec(WireModel):
     checkpoint: Checkpoint = Checkpoint()
     #: NaN / Inf in an update's gradients or a push's (or import's) values.
     non_finite: NonFinite = NonFinite.reject
+    #: inference: no optimizer state is allocated (the optimizer is kept but never
+    #: used) and updates are refused; pushes still assign rows (loading weights).
+    mode: TableMode = TableMode.training
 
     @property
     def key_mode(self) -> KeyMode:
@@ -166,6 +178,20 @@ class TableSpec(WireModel):
     @property
     def row_bytes(self) -> int:
         return self.embedding_dim * DType(self.dtype).itemsize
+
+    @property
+    def inference(self) -> bool:
+        return TableMode(self.mode) == TableMode.inference
+
+    @property
+    def state_width(self) -> int:
+        """fp32 optimizer-state values stored per row: none for an inference table."""
+        return 0 if self.inference else self.optimizer.state_width(self.embedding_dim)
+
+    def check_trainable(self) -> None:
+        """Raise InferenceTable when this table refuses updates (gradients)."""
+        if self.inference:
+            raise InferenceTable.of(self.name)
 
     def to_wire(self) -> dict[str, object]:
         """JSON-ready camelCase form (CRD spec, gRPC CreateTable payload)."""

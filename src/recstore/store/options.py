@@ -63,6 +63,7 @@ def native_options(spec: TableSpec, shard_index: int, num_shards: int, native: A
     opts.eviction = EVICTION_CODES[Eviction(keys.eviction)]
     opts.ttl_seconds = float(keys.ttl_seconds or 0.0)
     opts.non_finite = non_finite_code(spec)
+    opts.inference = spec.inference
     init = spec.initializer
     opts.init.kind = INITIALIZER_CODES[init.kind]
     opts.init.mean = init.mean

@@ -19,6 +19,7 @@ from recstore.core import (
     CapacityExhausted,
     DeviceUnavailable,
     DType,
+    InferenceTable,
     InvalidArgument,
     NonFiniteValues,
     TableSpec,
@@ -51,6 +52,8 @@ def _engine_call(table: str, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
     except _native.CapacityError as e:
         raise CapacityExhausted(str(e)) from None
+    except _native.InferenceTableError:
+        raise InferenceTable.of(table) from None
     except _native.NonFiniteError as e:
         raise NonFiniteValues(f"table {table!r}: {e}", table=table) from None
     except ValueError as e:
@@ -79,7 +82,7 @@ class Table:
             try:
                 self._engine = _native.Table(options)
             except MemoryError:
-                width = spec.row_bytes + 4 * spec.optimizer.state_width(spec.embedding_dim)
+                width = spec.row_bytes + 4 * spec.state_width
                 raise MemoryError(
                     f"table {spec.name!r}: cannot reserve {options.capacity} rows of "
                     f"{width} bytes ({options.capacity * width / 2**30:.1f} GiB) on this host"
@@ -101,7 +104,7 @@ class Table:
             self._engine = _native.CudaTable(options, int(index) if index else -1)
         else:
             raise InvalidArgument(f"device must be 'cpu' or 'cuda', got {device!r}")
-        self._state_width = spec.optimizer.state_width(spec.embedding_dim)
+        self._state_width = spec.state_width
 
     # -- description -------------------------------------------------------
     @property
@@ -191,7 +194,11 @@ class Table:
         self._batch(self._engine.assign, keys, values)
 
     def update(self, keys: Any, grads: Any, lr: float | None = None) -> None:
-        """Apply gradients through the table's optimizer; duplicate keys are summed first."""
+        """Apply gradients through the table's optimizer; duplicate keys are summed first.
+
+        An inference table (``mode: inference``) refuses with InferenceTable.
+        """
+        self.spec.check_trainable()
         rate = self.spec.optimizer.lr if lr is None else float(lr)
         if not np.isfinite(rate) or rate <= 0:
             raise InvalidArgument(f"lr must be a positive finite number, got {lr}")
