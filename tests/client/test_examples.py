@@ -13,23 +13,29 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_documented_usage_example_runs_with_nothing_else_running() -> None:
+def run_example(name: str) -> str:
+    """Run ``examples/<name>`` as a user would, with no RECSTORE_* setting; its stdout."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECSTORE_")}
     result = subprocess.run(
-        [sys.executable, str(ROOT / "examples/kvclient_usage.py")],
+        [sys.executable, str(ROOT / "examples" / name)],
         env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_documented_usage_example_runs_with_nothing_else_running() -> None:
+    run_example("kvclient_usage.py")
 
 
 def test_checkpoint_example_runs() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RECSTORE_")}
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "examples/checkpoint_dcp.py")],
-        env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert "loads agree" in result.stdout
+    assert "loads agree" in run_example("checkpoint_dcp.py")
+
+
+def test_inference_example_runs() -> None:
+    out = run_example("inference_table.py")
+    assert "outputs agree" in out
+    assert "is an inference table: updates are refused" in out
 
 
 @pytest.mark.slow
