@@ -13,14 +13,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_example(name: str) -> str:
+def run_example(name: str, *args: str, timeout: float = 120) -> str:
     """Run ``examples/<name>`` as a user would, with no RECSTORE_* setting; its stdout."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECSTORE_")}
     result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / name)],
-        env=env, capture_output=True, text=True, timeout=120, check=False,
+        [sys.executable, str(ROOT / "examples" / name), *args],
+        env=env, capture_output=True, text=True, timeout=timeout, check=False,
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 
 
@@ -70,12 +70,9 @@ def test_dlrm_example_trains_the_same_as_one_collection(grpc_client) -> None:
 
 
 def test_compile_and_export_example_matches_eager(tmp_path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RECSTORE_")}
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "examples/compile_and_export.py"), "--steps", "3",
-         "--backend", "aot_eager", "--out", str(tmp_path / "ranker")],
-        env=env, capture_output=True, text=True, timeout=600, check=False,
+    out = run_example(
+        "compile_and_export.py", "--steps", "3", "--backend", "aot_eager",
+        "--out", str(tmp_path / "ranker"), timeout=600,
     )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "served vs eager output" in result.stdout
+    assert "served vs eager output" in out
     assert (tmp_path / "ranker" / "model.pt2").is_file()
