@@ -112,6 +112,7 @@ class Write:
     dtype: str
     lr: float | None
     apply: Callable[[], None]
+    state: Buffer = b""  # optimizer state of an import (OP_IMPORT)
 
 
 @functools.lru_cache(maxsize=64)
@@ -366,9 +367,11 @@ class Node:
         if wal is None:
             return None
         rows = len(write.keys) // codec.KEY_DTYPE.itemsize
-        dim = write.hosted.dim
+        dim = write.hosted.dim if len(write.values) else 0  # an OP_STEP holds no rows' values
         return wal.append(
-            encode_record(write.op, write.keys, write.values, write.dtype, rows, dim, write.lr)
+            encode_record(
+                write.op, write.keys, write.values, write.dtype, rows, dim, write.lr, write.state
+            )
         )
 
     @staticmethod

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import numpy as np
 import torch
 
-from recstore.client.backends.base import CreateResult, PullRequest, UpdateRequest
+from recstore.client.backends.base import CreateResult, PullRequest, RowChunk, UpdateRequest
 from recstore.client.errors import BackendError, TableNotInitialized
+from recstore.client.remote import rows
 from recstore.client.remote.nodes import NodeCalls
 from recstore.client.remote.requests import TableCall
 from recstore.client.remote.routing import ShardRouter
@@ -291,6 +292,18 @@ class GrpcBackend:
             self._step.multi_call("MultiUpdate", calls, blocking=True).wait()
         else:
             self._step.updates_ready(calls)
+
+    def export_rows(
+        self, name: str, *, with_state: bool = False, slots: np.ndarray | None = None
+    ) -> Iterator[RowChunk]:
+        self._step.settle([name])
+        mask = rows.slot_mask_bytes(slots)
+        return rows.export_table(self._locate(name), self._node, with_state, mask)
+
+    def import_rows(self, name: str, chunks: Iterable[RowChunk]) -> int:
+        self._step.settle([name])
+        table = self._locate(name)
+        return sum(rows.import_chunk(table, chunk, self._node) for chunk in chunks)
 
     @property
     def updates_in_flight(self) -> int:

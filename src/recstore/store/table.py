@@ -23,7 +23,9 @@ from recstore.core import (
     InvalidArgument,
     NonFiniteValues,
     TableSpec,
+    slot_of,
 )
+from recstore.core.routing import slot_mask
 from recstore.store.buffers import NUMPY_DTYPES, is_torch, new_rows
 from recstore.store.options import native_options
 
@@ -215,23 +217,34 @@ class Table:
         return int(self._engine.expire())
 
     # -- checkpoint support ------------------------------------------------
-    def export_chunks(self, chunk_rows: int = 65536) -> Iterator[Chunk]:
+    def export_chunks(
+        self,
+        chunk_rows: int = 65536,
+        *,
+        slots: np.ndarray | None = None,
+        keys: np.ndarray | None = None,
+    ) -> Iterator[Chunk]:
         """Rows with their optimizer state, ``chunk_rows`` at a time.
 
         The key list is taken when iteration starts; each chunk then copies the
         rows of those keys still resident, so concurrent writers never tear a row.
+        ``slots``: a bool mask over the routing slots; only the rows of slots set in it.
+        ``keys``: only these keys' rows (those resident), in their order.
         """
         if chunk_rows < 1:
             raise InvalidArgument(f"chunk_rows must be >= 1, got {chunk_rows}")
+        selected = None if slots is None else slot_mask(slots)
         self._tick()
-        all_keys = self._engine.keys()
+        all_keys = self._engine.keys() if keys is None else np.asarray(keys, np.int64)
+        if selected is not None:
+            all_keys = all_keys[selected[slot_of(all_keys)]]
         for start in range(0, len(all_keys), chunk_rows):
             want = all_keys[start : start + chunk_rows]
             n = len(want)
             keys_out = np.empty(n, dtype=np.int64)
             values = np.empty((n, self.dim), dtype=NUMPY_DTYPES[self.dtype])
             state = np.empty((n, self._state_width), dtype=np.float32)
-            got = self._engine.export_rows(want, keys_out, values, state)
+            got = _engine_call(self.name, self._engine.export_rows, want, keys_out, values, state)
             if got:
                 yield Chunk(keys_out[:got], values[:got], state[:got])
 
