@@ -104,14 +104,26 @@ class Backend(Protocol):
         ...
 
     def export_rows(
-        self, name: str, *, with_state: bool = False, slots: np.ndarray | None = None
+        self,
+        name: str,
+        *,
+        with_state: bool = False,
+        slots: np.ndarray | None = None,
+        keys: torch.Tensor | None = None,
     ) -> Iterator[RowChunk]:
         """The table's resident rows in chunks of bounded bytes, shard by shard.
 
         ``slots``: a bool array over the 16384 routing slots (checked by the caller,
-        ``recstore.core.routing.slot_mask``); only the rows of those set.
+        ``recstore.core.routing.slot_mask``); only the rows of those set. ``keys``:
+        only the rows of these keys (those resident).
         """
         ...
+
+    def optimizer_step(self, name: str) -> int:
+        """The table's optimizer step count (adam's bias correction; 0 for the others)."""
+        ...
+
+    def set_optimizer_step(self, name: str, step: int) -> None: ...
 
     def import_rows(self, name: str, chunks: Iterable[RowChunk]) -> int:
         """Write chunks (values and, where given, optimizer state); returns the rows.

@@ -77,9 +77,17 @@ def _backend_error(error: RecStoreError, name: str) -> BackendError:
     )
 
 
-def _row_chunks(chunks: Iterator[Chunk], dtype: DType, with_state: bool) -> Iterator[RowChunk]:
+def _row_chunks(
+    name: str, chunks: Iterator[Chunk], dtype: DType, with_state: bool
+) -> Iterator[RowChunk]:
     """Engine chunks as the SDK's (state dropped unless asked for)."""
-    for chunk in chunks:
+    while True:
+        try:
+            chunk = next(chunks, None)
+        except RecStoreError as error:
+            raise _backend_error(error, name) from error
+        if chunk is None:
+            return
         state = torch.from_numpy(chunk.state) if with_state and chunk.state.shape[1] else None
         yield RowChunk(torch.from_numpy(chunk.keys), rows_from_numpy(chunk.values, dtype), state)
 
@@ -168,11 +176,29 @@ class LocalBackend:
             self.update(name, keys, grads, lr)
 
     def export_rows(
-        self, name: str, *, with_state: bool = False, slots: np.ndarray | None = None
+        self,
+        name: str,
+        *,
+        with_state: bool = False,
+        slots: np.ndarray | None = None,
+        keys: torch.Tensor | None = None,
     ) -> Iterator[RowChunk]:
         table = self.table(name)
         rows = max(1, ROW_CHUNK_BYTES // (table.spec.row_bytes + 4 * table.spec.state_width))
-        return _row_chunks(table.export_chunks(rows, slots=slots), table.dtype, with_state)
+        wanted = None if keys is None else keys.numpy()
+        chunks = table.export_chunks(rows, slots=slots, keys=wanted)
+        return _row_chunks(name, chunks, table.dtype, with_state)
+
+    def optimizer_step(self, name: str) -> int:
+        return self.table(name).optimizer_state()["step"]
+
+    def set_optimizer_step(self, name: str, step: int) -> None:
+        table = self.table(name)
+        try:
+            table.spec.check_trainable()
+            table.load_optimizer_state({"step": step})
+        except RecStoreError as error:
+            raise _backend_error(error, name) from error
 
     def import_rows(self, name: str, chunks: Iterable[RowChunk]) -> int:
         table = self.table(name)

@@ -294,11 +294,29 @@ class GrpcBackend:
             self._step.updates_ready(calls)
 
     def export_rows(
-        self, name: str, *, with_state: bool = False, slots: np.ndarray | None = None
+        self,
+        name: str,
+        *,
+        with_state: bool = False,
+        slots: np.ndarray | None = None,
+        keys: torch.Tensor | None = None,
     ) -> Iterator[RowChunk]:
         self._step.settle([name])
-        mask = rows.slot_mask_bytes(slots)
-        return rows.export_table(self._locate(name), self._node, with_state, mask)
+        mask, table = rows.slot_mask_bytes(slots), self._locate(name)
+        if keys is not None:
+            return rows.export_keys(table, self._node, with_state, mask, keys_to_numpy(keys))
+        return rows.export_table(table, self._node, with_state, mask)
+
+    def optimizer_step(self, name: str) -> int:
+        self._step.settle([name])
+        table = self._locate(name)  # every shard counts every step (see update)
+        return int(self._call(table.endpoints[0], stats_rpc(name), name).engine["step"])
+
+    def set_optimizer_step(self, name: str, step: int) -> None:
+        self._step.settle([name])
+        table = self._locate(name)
+        for endpoint in table.endpoints:
+            self._node(endpoint).import_rows(rows.step_message(table, step), name)
 
     def import_rows(self, name: str, chunks: Iterable[RowChunk]) -> int:
         self._step.settle([name])

@@ -56,6 +56,42 @@ def export_table(
             yield chunk_of(reply, dtype)
 
 
+def export_keys(
+    table: RemoteTable,
+    node: Callable[[str], NodeCalls],
+    with_state: bool,
+    slots: bytes,
+    keys: np.ndarray,
+) -> Iterator[RowChunk]:
+    """The resident rows of ``keys``, asked of their owner shards."""
+    dtype = DType(table.spec.dtype)
+
+    def export(shard: int, positions: np.ndarray, epoch: int) -> list[RowChunk]:
+        request = ps_pb2.ExportRowsRequest(
+            table=table.name,
+            epoch=epoch,
+            with_state=with_state,
+            slot_mask=slots,
+            keys=keys[positions].tobytes(),
+            max_chunk_bytes=ROW_CHUNK_BYTES,
+        )
+        replies = node(table.endpoints[shard]).export_rows(request, table.name)
+        return [chunk_of(reply, dtype) for reply in replies]
+
+    for result in table.router.run(keys, export):
+        yield from result.value
+
+
+def step_message(table: RemoteTable, step: int) -> bytes:
+    """An ImportRows message of no rows that sets the table's optimizer step count."""
+    return ps_pb2.ExportRowsChunk(
+        table=table.name,
+        dtype=DType(table.spec.dtype).value,
+        dim=table.spec.embedding_dim,
+        optimizer_step=step,
+    ).SerializeToString()
+
+
 def part_message(table: RemoteTable, chunk: RowChunk, positions: np.ndarray, epoch: int) -> bytes:
     """The ImportRows message of the rows at ``positions`` of ``chunk``."""
     keys = keys_to_numpy(chunk.keys)[positions]
