@@ -161,5 +161,5 @@ def test_entries_of_another_optimizer_are_unexpected(any_client) -> None:
     adam, adagrad = Model(any_client, "adam", 1), Model(any_client, "adagrad", 2)
     with rnn.optimizer_state(adam):
         state = adam.state_dict()
-    with pytest.raises(RuntimeError, match="Unexpected key.*exp_avg"):
+    with pytest.raises(RuntimeError, match=r"Unexpected key.*exp_avg"):
         adagrad.load_state_dict(state)
