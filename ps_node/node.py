@@ -40,7 +40,7 @@ from recstore.core.proto_convert import TableCondition
 from recstore.core.wire import Buffer
 from recstore.ps import catalogue, codec
 from recstore.ps.catalogue import CatalogueEntry
-from recstore.ps.wal import OP_PUSH, OP_UPDATE, Appended, TableWal, encode_record
+from recstore.ps.wal import OP_PUSH, OP_STEP, OP_UPDATE, Appended, TableWal, encode_record
 from recstore.ps.wal_io import SegmentFile, SegmentOpener
 from recstore.ps.write_gate import WriteGate
 from recstore.store import Store, Table
@@ -367,7 +367,7 @@ class Node:
         if wal is None:
             return None
         rows = len(write.keys) // codec.KEY_DTYPE.itemsize
-        dim = write.hosted.dim if len(write.values) else 0  # an OP_STEP holds no rows' values
+        dim = 0 if write.op == OP_STEP else write.hosted.dim  # a step record holds no values
         return wal.append(
             encode_record(
                 write.op, write.keys, write.values, write.dtype, rows, dim, write.lr, write.state

@@ -284,3 +284,24 @@ def test_no_token_neither_exports_nor_imports(guarded: ServerHandle) -> None:
     finally:
         stranger.close()
         admin.close()
+
+
+def test_empty_writes_replay_beside_step_records(tmp_path: Path) -> None:
+    """A step record holds no values; an empty Update (adam, every shard) keeps its dim."""
+    handle = start_in_thread(data_dir=tmp_path, durability="wal")
+    client = Client(handle.address)
+    client.create(spec(optimizer={"kind": "adam"}))
+    client.update("emb", [], np.empty((0, DIM), "<f4"))
+    client.update("emb", [1], np.ones((1, DIM), "<f4"))
+    import_(client, [chunk([], width=0, state=b"", optimizer_step=5)])
+    client.update("emb", [2], np.ones((1, DIM), "<f4"))
+    expected, step = _state_before(client), _step(client)
+    client.close()
+    handle.stop(final_checkpoint=False)
+    handle = start_in_thread(data_dir=tmp_path, durability="wal")
+    client = Client(handle.address)
+    try:
+        assert (_state_before(client), _step(client)) == (expected, step) and step == 6
+    finally:
+        client.close()
+        handle.stop(final_checkpoint=False)
