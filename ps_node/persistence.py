@@ -15,15 +15,17 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Collection
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from recstore.core import SlotMap, TableSpec
+from recstore.core import SlotMap, TableSpec, slot_of
 from recstore.ps import checkpoint, checkpoint_read
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
+from recstore.ps.dedup import slots_touched
 from recstore.ps.node import HostedTable, Node
 from recstore.ps.wal import OP_PUSH, WalRecord
 
@@ -184,11 +186,14 @@ def entry_of(meta: dict[str, Any]) -> CatalogueEntry:
 
 
 def apply(hosted: HostedTable, record: WalRecord) -> None:
-    """Apply one replayed log record to a table."""
+    """Apply one replayed log record to a table (and rebuild its de-dup window)."""
     if record.op == OP_PUSH:
         hosted.table.push(record.keys, record.values)
     else:
         hosted.table.update(record.keys, record.values, record.lr)
+    if record.request is not None:
+        slots = slots_touched(slot_of(record.keys))
+        hosted.window.absorb([replace(record.request, slots=slots)])
 
 
 def load(

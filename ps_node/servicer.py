@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from recstore.core import DType, NonFiniteValues, wire
+from recstore.core import DType, NonFiniteValues, request_id, wire
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.core.proto_convert import (
     TableStats,
@@ -129,9 +129,11 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
 
     async def _serve_multi(self, method: str, request: bytes) -> bytes:
         """A MultiPull or MultiUpdate, checked and served by recstore.ps.native_path."""
+        named = request_id.read(method, request)
         served = await self.offload.run_multi(
-            len(request) // 4, native_path.serve, self.node, method, request, self.reply_limit
-        )
+            len(request) // 4, native_path.serve, self.node, method, request, self.reply_limit,
+            named,
+        )  # fmt: skip
         for ack in served.acks:  # acknowledged means durable: every table's record is fsynced
             await self._acknowledge(ack)
         for table, rows in served.updated:
@@ -211,6 +213,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
             req.grad_dtype,
             req.dim,
             req.lr,
+            request_id.read("Update", request),
         )
         await self._acknowledge(ack)
         self.metrics.rows(req.table, "Update", ack.rows)
