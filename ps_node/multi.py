@@ -109,8 +109,8 @@ def apply_checked(
         keys = codec.decode_keys(keys_buffer)
         grads = codec.decode_rows(grads_buffer, rows, hosted.dim, grad_dtype, "grads")
         apply = functools.partial(hosted.table.update, keys, grads, lr)
-        request = None if named is None else named[hosted.entry.spec.name]
-        write = Write(hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr, apply, request)
+        entry = None if named is None else named[hosted.entry.spec.name]
+        write = Write(hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr, apply, entry)
         checked.append((write, keys))
     inserting: dict[str, tuple[HostedTable, list[np.ndarray]]] = {}
     for hosted, keys in [(w.hosted, k) for w, k in checked] + [
