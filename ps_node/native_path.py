@@ -117,7 +117,7 @@ def serve(
         return _answer_applied(node, method, named, hosted, known, reply_limit)
     try:
         entries = _entries(method, request, named)
-        served = _serve(node, method, request, reply_limit, entries)
+        served = _serve(node, method, request, reply_limit, entries, parsed)
     except BaseException:
         dedup.abandon_all(windows, named.request_id)
         raise
@@ -196,8 +196,10 @@ def _serve(
     request: bytes,
     reply_limit: int,
     named: Mapping[str, Entry] | None,
+    parsed: Any = None,
 ) -> Served:
-    parsed = _parse(method, request)
+    if parsed is None:
+        parsed = _parse(method, request)
     names = parsed.tables
     node.check_servable(names)
     hosted = [node.tables.get(name) for name in names]

@@ -18,7 +18,7 @@ import shutil
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -143,11 +143,12 @@ def owned_slots(slot_map: SlotMap, shard_index: int) -> np.ndarray | None:
     return owned
 
 
-def check_owned(hosted: HostedTable, keys: np.ndarray) -> None:
-    """Refuse the whole request when any key belongs to another shard."""
+def check_owned(hosted: HostedTable, keys: np.ndarray, slots: np.ndarray | None = None) -> None:
+    """Refuse the whole request when any key belongs to another shard (``slots``: of
+    the keys, when the caller has them already)."""
     if hosted.owned_slots is None or len(keys) == 0:
         return
-    foreign = ~hosted.owned_slots[slot_of(keys)]
+    foreign = ~hosted.owned_slots[slot_of(keys) if slots is None else slots]
     if foreign.any():
         epoch = hosted.entry.slot_map.epoch
         raise WrongShard(
@@ -352,12 +353,10 @@ class Node:
         keys = codec.decode_keys(keys_buffer)
         grads = codec.decode_rows(grads_buffer, len(keys), hosted.dim, grad_dtype, "grads")
         check_lr(lr)
-        write = Write(
-            hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr,
-            functools.partial(hosted.table.update, keys, grads, lr),
-        )  # fmt: skip
+        apply = functools.partial(hosted.table.update, keys, grads, lr)
         if named is None:
             check_owned(hosted, keys)
+            write = Write(hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr, apply)
             with hosted.lock:
                 (ack,) = self.write_logged([write])
                 return ack
@@ -367,16 +366,20 @@ class Node:
         if known is not None:
             return recorded_ack(hosted, known)
         try:
-            check_owned(hosted, keys)
-            entry = Entry(
-                named.request_id, named.digest, (len(keys),), slots_touched(slot_of(keys))
+            key_slots = slot_of(keys)
+            check_owned(hosted, keys, key_slots)
+            rid, digest, rows = named.request_id, named.digest, (len(keys),)
+            slots = slots_touched(key_slots)
+            logged = Entry(rid, digest, rows, slots)
+            write = Write(
+                hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr, apply, logged
             )
             with hosted.lock:
-                (ack,) = self.write_logged([replace(write, request=entry)])
+                (ack,) = self.write_logged([write])
         except BaseException:
             hosted.window.abandon(named.request_id)
             raise
-        hosted.window.finish(replace(entry, log_seq=ack.seq))
+        hosted.window.finish(Entry(rid, digest, rows, slots, ack.seq))
         return ack
 
     def write_logged(self, writes: Sequence[Write]) -> list[WriteAck]:

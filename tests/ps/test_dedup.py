@@ -170,6 +170,24 @@ def test_an_appended_id_is_read_back_and_the_native_decoder_skips_it() -> None:
     )
 
 
+@pytest.mark.parametrize("method", ["Update", "MultiUpdate"])
+def test_gradients_of_another_step_change_the_sampled_digest(method: str) -> None:
+    keys = np.arange(4096, dtype="<i8")
+    rng = np.random.default_rng(0)
+    digests = set()
+    for grads in (rng.standard_normal((4096, 16)), rng.standard_normal((4096, 16))):
+        grads = grads.astype("<f4")
+        if method == "Update":
+            body = wire.encode_update_request("emb", keys, grads)
+        else:
+            item = wire.UpdateRequest("emb", 0, keys.data, grads.data)
+            body = wire.encode_multi_update_request([item])
+        named = read(method, with_request_id(method, body, RequestId("t", 1)))
+        assert named is not None
+        digests.add(named.digest)
+    assert len(digests) == 2
+
+
 def test_a_multi_pull_digests_only_its_carried_updates() -> None:
     pull = wire.PullRequest("emb", 0, np.arange(2, dtype="<i8").data)
     update = wire.UpdateRequest(

@@ -12,17 +12,24 @@ The id is the ``request_id`` field of UpdateRequest, MultiUpdateRequest and
 MultiPullRequest (an ``UpdateRequestId`` message). It is appended to a body the
 encoders already built (protobuf fields may come in any order), so the native
 encoders and decoders need not know it; ``read`` finds it again on the node and
-digests the update content it names, so a reused id with other content is told
-apart from a resend.
+digests the update content it names, so a client that reused an id for other
+content is refused rather than answered as if it resent. The digest is a CRC-32
+of every field, the gradients sampled at ``SAMPLED_WORDS`` evenly spread words,
+with the sizes: cheap next to the engine's work, certain to see other keys,
+tables, learning rates or shapes and gradients of another step; it is no
+defence against a forged id.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
+import struct
 import threading
 import uuid
+import zlib
 from dataclasses import dataclass
+
+import numpy as np
 
 from recstore.core import ps_fields
 from recstore.core.errors import InvalidArgument
@@ -38,6 +45,11 @@ ID_FIELD = {
 CARRIED_FIELD = ps_fields.MultiPullRequest.updates
 MAX_CLIENT_BYTES = 128
 DIGEST_BYTES = 16
+_DIGEST = struct.Struct("<IIQ")  # crc32, fields, bytes of the request without its id
+_GRADS = ps_fields.UpdateRequest.grads
+#: gradient words (8 bytes) digested at most: evenly spread, so a reuse for another
+#: step (other gradients everywhere) is seen without reading every byte
+SAMPLED_WORDS = 512
 _LENGTH_DELIMITED = 2
 
 
@@ -103,33 +115,65 @@ def with_request_id(method: str, body: bytes, request_id: RequestId) -> bytes:
 
 @dataclass(frozen=True)
 class Named:
-    """What ``read`` found: the id, the digest of the content it names, the body without it."""
+    """What ``read`` found: the id and the digest of the update content it names."""
 
     request_id: RequestId
     digest: bytes
-    #: the request without its id and, for a MultiPull, without its carried updates:
-    #: what is served again when those were applied already
-    rest: bytes
+    body: Buffer
+    rest_spans: tuple[tuple[int, int], ...]
+
+    @property
+    def rest(self) -> bytes:
+        """The request without its id and, for a MultiPull, without its carried
+        updates: what is served again when those were applied already."""
+        view = memoryview(self.body)
+        return b"".join(view[start:end] for start, end in self.rest_spans)
 
 
 def read(method: str, body: Buffer) -> Named | None:
     """The request id of an encoded ``method`` request, None when it carries none."""
     view = memoryview(body)
     id_field = ID_FIELD[method]
-    found: RequestId | None = None
-    digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
-    rest: list[memoryview] = []
-    for number, wire_type, start, end, field_start in _spans(view):
-        if number == id_field and wire_type == _LENGTH_DELIMITED:
-            found = RequestId.decode(view[start:end])
-            continue
-        if method != "MultiPull" or number == CARRIED_FIELD:
-            digest.update(view[field_start:end])
-        if method != "MultiPull" or number != CARRIED_FIELD:
-            rest.append(view[field_start:end])
-    if found is None:
+    spans = _spans(view)
+    found = [(s, e) for n, t, s, e, _ in spans if n == id_field and t == _LENGTH_DELIMITED]
+    if not found:
         return None
-    return Named(found, digest.digest(), b"".join(rest))
+    request_id = RequestId.decode(view[found[-1][0] : found[-1][1]])
+    crc = fields = size = 0
+    rest: list[tuple[int, int]] = []
+    for number, wire_type, start, end, field_start in spans:
+        if number == id_field and wire_type == _LENGTH_DELIMITED:
+            continue
+        if method != "MultiPull" or number != CARRIED_FIELD:
+            rest.append((field_start, end))
+            if method == "MultiPull":
+                continue  # a pull: read again, not part of the update content
+        fields, size = fields + 1, size + end - field_start
+        if method == "Update":
+            crc = _digest_field(view, number, wire_type, start, end, field_start, crc)
+        elif wire_type != _LENGTH_DELIMITED:  # not an item: digested whole
+            crc = zlib.crc32(view[field_start:end], crc)
+        else:  # an UpdateRequest item
+            crc = zlib.crc32(view[field_start:start], crc)
+            for field in _spans(view[start:end]):
+                crc = _digest_field(view[start:end], *field, crc)
+    return Named(request_id, _DIGEST.pack(crc, fields, size), body, tuple(rest))
+
+
+def _digest_field(
+    view: memoryview, number: int, wire_type: int, start: int, end: int, field_start: int,
+    crc: int,
+) -> int:  # fmt: skip
+    """One field of an UpdateRequest into the digest; of the gradients, a fixed sample."""
+    if number != _GRADS or wire_type != _LENGTH_DELIMITED:
+        return zlib.crc32(view[field_start:end], crc)
+    crc = zlib.crc32(view[field_start:start], crc)
+    payload = view[start:end]
+    words = len(payload) // 8
+    if words <= SAMPLED_WORDS:
+        return zlib.crc32(payload, crc)
+    sample = np.frombuffer(payload, np.uint64, words)[:: words // SAMPLED_WORDS]
+    return zlib.crc32(payload[words * 8 :], zlib.crc32(sample.tobytes(), crc))
 
 
 def _tag(number: int, wire_type: int) -> bytes:
