@@ -382,6 +382,18 @@ class Node:
         hosted.window.finish(Entry(rid, digest, rows, slots, ack.seq))
         return ack
 
+    def absorb_window(self, name: str, entries: Sequence[Entry]) -> None:
+        """Take de-dup entries of slots moving here (online resharding: the source's
+        ``window.entries_touching``); in WAL mode they are logged, durably, first."""
+        hosted = self.get(name)
+        with hosted.lock:
+            appended = None
+            if hosted.wal is not None:
+                appended = hosted.wal.append(encode_window_record(list(entries)))
+            hosted.window.absorb(entries)
+        if appended is not None and hosted.wal is not None:
+            hosted.wal.wait_durable(appended.seq)
+
     def write_logged(self, writes: Sequence[Write]) -> list[WriteAck]:
         """Log every write, then apply them in order (callers hold the tables' locks).
 

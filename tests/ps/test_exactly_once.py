@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from recstore.client.remote.backend import GrpcBackend
-from recstore.core import wire
+from recstore.core import slot_of, wire
 from recstore.core.request_id import RequestId, with_request_id
 from recstore.ps import dedup
 from recstore.ps.server import ServerHandle, start_in_thread
@@ -274,3 +274,36 @@ def test_a_resend_older_than_the_window_is_refused_not_applied(
         np.testing.assert_array_equal(_pull(handle.address, keys), expected)
     finally:
         handle.stop(final_checkpoint=False)
+
+
+def test_entries_moved_with_their_slots_survive_a_restart_of_the_target(tmp_path: Path) -> None:
+    """Online resharding hands the source's entries of the moving slots to the target."""
+    keys, grads = np.arange(6, dtype="<i8"), deltas(6)
+    request = _named_update(keys, grads, seq=9)
+    source = start_in_thread(data_dir=tmp_path / "source")
+    target_dir = tmp_path / "target"
+    target = start_in_thread(data_dir=target_dir, durability="wal")
+    try:
+        for handle in (source, target):
+            backend = backend_to(handle.address)
+            backend.create_table(table())
+            backend.close()
+        channel, call = _raw(source.address, "Update")
+        call(request, timeout=30)
+        channel.close()
+        moving = np.zeros(16384, bool)
+        moving[slot_of(keys)] = True
+        entries = window(source).entries_touching(moving)
+        assert [e.request_id.seq for e in entries] == [9]
+        target.server.node.absorb_window("emb", entries)
+    finally:
+        source.stop(final_checkpoint=False)
+        target.stop(final_checkpoint=False)
+    target = start_in_thread(data_dir=target_dir, durability="wal")
+    try:
+        channel, call = _raw(target.address, "Update")
+        assert wire.decode_rows_response(call(request, timeout=30)) == 6  # answered
+        channel.close()
+        np.testing.assert_array_equal(_pull(target.address, keys), np.zeros((6, DIM)))
+    finally:
+        target.stop(final_checkpoint=False)
