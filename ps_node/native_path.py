@@ -118,6 +118,10 @@ def serve(
     try:
         entries = _entries(method, request, named)
         served = _serve(node, method, request, reply_limit, entries, parsed)
+    except CarriedUpdatesApplied:  # the pulls failed, the updates are in: recorded
+        for name, window in zip(names, windows, strict=True):
+            window.finish(entries[name])
+        raise
     except BaseException:
         dedup.abandon_all(windows, named.request_id)
         raise

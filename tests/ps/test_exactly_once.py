@@ -18,7 +18,7 @@ import torch
 from recstore.client.remote.backend import GrpcBackend
 from recstore.core import slot_of, wire
 from recstore.core.request_id import RequestId, with_request_id
-from recstore.ps import dedup
+from recstore.ps import dedup, multi, native_path
 from recstore.ps.server import ServerHandle, start_in_thread
 from recstore.ps.wal_io import SegmentFile
 
@@ -307,3 +307,34 @@ def test_entries_moved_with_their_slots_survive_a_restart_of_the_target(tmp_path
         np.testing.assert_array_equal(_pull(target.address, keys), np.zeros((6, DIM)))
     finally:
         target.stop(final_checkpoint=False)
+
+
+def test_resend_after_pulls_failed_behind_applied_updates_does_not_apply_them_again(
+    node: ServerHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = backend_to(node.address)
+    backend.create_table(table())
+    backend.close()
+    keys, grads = np.arange(4, dtype="<i8"), deltas(4)
+    update = wire.UpdateRequest("emb", 0, keys.data, grads.data, "float32", 1.0, DIM)
+    body = wire.encode_multi_pull_request([wire.PullRequest("emb", 0, keys.data)], [update])
+    request = with_request_id("MultiPull", body, RequestId("trainer", 3))
+    monkeypatch.setattr(native_path, "APPLY_NATIVELY", False)
+    failing = pytest.MonkeyPatch()
+    failing.setattr(multi, "pull_items", _engine_fails)
+    channel, call = _raw(node.address, "MultiPull")
+    try:
+        with pytest.raises(grpc.RpcError) as aborted:
+            call(request, timeout=30)
+        assert aborted.value.code() == grpc.StatusCode.ABORTED
+        failing.undo()
+        replies, carried = wire.decode_multi_pull_reply(call(request, timeout=30))
+    finally:
+        failing.undo()
+        channel.close()
+    assert carried == [4]
+    np.testing.assert_array_equal(wire.rows_view(replies[0].values, 4, DIM, "float32"), -grads)
+
+
+def _engine_fails(items: object, outs: object) -> None:
+    raise RuntimeError("engine failure while pulling")
