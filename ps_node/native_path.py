@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
-
-import numpy as np
 
 from recstore import _native as _native_module
 from recstore.core import (
@@ -32,16 +29,12 @@ from recstore.core import (
     RecStoreError,
     TableNotFound,
     WrongShard,
-    ps_fields,
-    slot_of,
-    wire,
 )
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
-from recstore.core.request_id import Named
-from recstore.ps import codec, dedup, multi
+from recstore.ps import multi
 from recstore.ps.dedup import Entry
 from recstore.ps.multi import CarriedUpdatesApplied, Served
-from recstore.ps.node import HostedTable, Node, WriteAck
+from recstore.ps.node import HostedTable, Node
 from recstore.store.options import non_finite_code
 
 #: the compiled engine (no type stubs: it takes raw buffer addresses)
@@ -90,120 +83,30 @@ def _view(hosted: HostedTable) -> tuple[Any, ...]:
     )
 
 
-def serve(
-    node: Node,
-    method: str,
-    request: bytes,
-    reply_limit: int = DEFAULT_MESSAGE_LIMIT,
-    named: Named | None = None,
-) -> Served:
-    """Check ``request`` (MultiPull or MultiUpdate) and serve it; refusals raise.
-
-    A reply over ``reply_limit`` bytes (the node's message limit) is refused before
-    anything is allocated for it. A ``named`` request whose updates were applied
-    already is answered with their recorded rows (a MultiPull's pulls are served
-    again); one being applied now is first waited for.
-    """
-    if named is None:
-        return _serve(node, method, request, reply_limit, None)
-    parsed = _parse(method, request)
-    names = sorted(parsed.update_tables)
-    hosted = [node.tables.get(name) for name in names]
-    if not names or any(h is None for h in hosted):
-        return _serve(node, method, request, reply_limit, None)  # refused as the item it is
-    windows = [h.window for h in hosted if h is not None]
-    known = dedup.begin_all(windows, named.request_id, named.digest)
-    if known is not None:
-        return _answer_applied(node, method, named, hosted, known, reply_limit)
-    try:
-        entries = _entries(method, request, named)
-        served = _serve(node, method, request, reply_limit, entries, parsed)
-    except CarriedUpdatesApplied:  # the pulls failed, the updates are in: recorded
-        for name, window in zip(names, windows, strict=True):
-            window.finish(entries[name])
-        raise
-    except BaseException:
-        dedup.abandon_all(windows, named.request_id)
-        raise
-    rows = tuple(r for _, r in served.updated)
-    for name, table in zip(names, hosted, strict=True):
-        assert table is not None
-        seqs = [a.seq for a in served.acks if a.wal is not None and a.wal is table.wal]
-        table.window.finish(replace(entries[name], rows=rows, log_seq=max(seqs, default=0)))
-    return served
-
-
-def _parse(method: str, request: bytes) -> Any:
+def parse(method: str, request: bytes) -> Any:
     try:
         return _native.MultiRequest(method, request)
     except ValueError as error:
         raise InvalidArgument(f"malformed {method}Request: {error}") from None
 
 
-def _entries(method: str, request: bytes, named: Named) -> dict[str, Entry]:
-    """The de-dup entry of each updated table: rows per update item, slots it touches."""
-    if method == "MultiPull":
-        _, items = wire.decode_multi_pull_carrying(request)
-    else:
-        items = wire.decode_multi_update_request(request)
-    keys_of: dict[str, list[np.ndarray]] = {}
-    rows = []
-    for item in items:
-        keys = codec.decode_keys(item.keys)
-        rows.append(len(keys))
-        keys_of.setdefault(item.table, []).append(keys)
-    return {
-        name: Entry(
-            named.request_id,
-            named.digest,
-            tuple(rows),
-            dedup.slots_touched(slot_of(np.concatenate(keys))),
-        )
-        for name, keys in keys_of.items()
-    }
-
-
-def _answer_applied(
-    node: Node,
-    method: str,
-    named: Named,
-    hosted: list[HostedTable | None],
-    known: list[Entry],
-    reply_limit: int,
-) -> Served:
-    """The reply of a request whose updates were applied: their recorded rows."""
-    rows = known[0].rows
-    acks = [
-        WriteAck(0, table.wal, entry.log_seq)
-        for table, entry in zip(hosted, known, strict=True)
-        if table is not None and entry.log_seq
-    ]
-    if method == "MultiUpdate":
-        return Served(wire.encode_multi_rows_response(rows), [], [], acks)
-    pulls = _serve(node, method, named.rest, reply_limit, None)
-    return Served(pulls.reply + _carried_rows(rows), pulls.pulled, [], acks)
-
-
-def _carried_rows(rows: tuple[int, ...]) -> bytes:
-    """MultiPullResponse.updates fields, appended to a reply of the pulls alone."""
-    tag = wire.encode_varint(ps_fields.MultiPullResponse.updates << 3 | 2)
-    fields = []
-    for count in rows:
-        update = wire.encode_rows_response(count)
-        fields += [tag, wire.encode_varint(len(update)), update]
-    return b"".join(fields)
-
-
-def _serve(
+def serve(
     node: Node,
     method: str,
     request: bytes,
-    reply_limit: int,
-    named: Mapping[str, Entry] | None,
+    reply_limit: int = DEFAULT_MESSAGE_LIMIT,
+    logged: Mapping[str, Entry] | None = None,
     parsed: Any = None,
 ) -> Served:
+    """Check ``request`` (MultiPull or MultiUpdate) and serve it; refusals raise.
+
+    A reply over ``reply_limit`` bytes (the node's message limit) is refused before
+    anything is allocated for it. ``logged``: the de-dup entry per updated table of
+    a named request (``recstore.ps.named_multi``), written with its log records;
+    ``parsed``: the request as ``parse`` read it already.
+    """
     if parsed is None:
-        parsed = _parse(method, request)
+        parsed = parse(method, request)
     names = parsed.tables
     node.check_servable(names)
     hosted = [node.tables.get(name) for name in names]
@@ -221,7 +124,7 @@ def _serve(
         if result[0] == "checked":
             _, pulls, updates = result
             return multi.apply_checked(
-                node, method, request, hosted, pulls, updates, reply_limit, named
+                node, method, request, hosted, pulls, updates, reply_limit, logged
             )
     kind = result[0]
     if kind == "refused":

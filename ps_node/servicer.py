@@ -27,10 +27,11 @@ from recstore.core.proto_convert import (
     read_create_table_request,
     table_stats_to_proto,
 )
-from recstore.ps import codec, limits, native_path, persistence
+from recstore.ps import codec, limits, named_multi, native_path, persistence
 from recstore.ps.checkpoint import CheckpointInfo
 from recstore.ps.checkpoint_read import list_checkpoints
 from recstore.ps.metrics import Metrics
+from recstore.ps.multi import Served
 from recstore.ps.node import HostedTable, Node, Refusal, WriteAck
 from recstore.ps.offload import Offload
 from recstore.ps.status import status_of, trailing_metadata_of
@@ -130,10 +131,11 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
     async def _serve_multi(self, method: str, request: bytes) -> bytes:
         """A MultiPull or MultiUpdate, checked and served by recstore.ps.native_path."""
         named = request_id.read(method, request)
-        served = await self.offload.run_multi(
-            len(request) // 4, native_path.serve, self.node, method, request, self.reply_limit,
-            named,
-        )  # fmt: skip
+        serve: Callable[..., Served] = native_path.serve
+        args: tuple[Any, ...] = (self.node, method, request, self.reply_limit)
+        if named is not None:
+            serve, args = named_multi.serve, (*args, named)
+        served = await self.offload.run_multi(len(request) // 4, serve, *args)
         for ack in served.acks:  # acknowledged means durable: every table's record is fsynced
             await self._acknowledge(ack)
         for table, rows in served.updated:
