@@ -6,8 +6,9 @@ raw channels, in alternating rounds with and without a request id, so both
 sides see the same machine load. A named call pays what exactly-once costs:
 the client appending the id, the node reading it, digesting the update
 content, the de-dup window's bookkeeping and the slots the keys touch. Prints
-a table (median calls/s per side, the ratio) and writes
-bench/results/dedup_bench.json.
+a table (median calls/s per side and their ratio; median CPU time per call of
+the whole process, client and node, and its ratio: steadier than wall-clock
+time on a shared machine) and writes bench/results/dedup_bench.json.
 
 Usage: python bench/dedup_bench.py [--keys 1024] [--dim 64] [--calls 200] [--rounds 5]
 """
@@ -50,12 +51,14 @@ def _bodies(method: str, keys: np.ndarray, grads: np.ndarray) -> bytes:
 
 
 def _round(call: grpc.UnaryUnaryMultiCallable, method: str, body: bytes, calls: int,
-           ids: RequestIds | None) -> float:  # fmt: skip
-    started = time.perf_counter()
+           ids: RequestIds | None) -> tuple[float, float]:  # fmt: skip
+    """(calls/s, CPU microseconds per call of this process: client and node together)."""
+    started, cpu = time.perf_counter(), time.process_time()
     for _ in range(calls):
         request = body if ids is None else with_request_id(method, body, ids.next())
         call(request, timeout=60)
-    return calls / (time.perf_counter() - started)
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return calls / wall, cpu / calls * 1e6
 
 
 def main() -> None:
@@ -88,22 +91,31 @@ def main() -> None:
                 for _ in range(args.rounds):
                     plain.append(_round(call, method, body, args.calls, None))
                     named.append(_round(call, method, body, args.calls, ids))
-                ratios = [n / p for n, p in zip(named, plain, strict=True)]
+                ratios = [n[0] / p[0] for n, p in zip(named, plain, strict=True)]
+                cpu_ratios = [n[1] / p[1] for n, p in zip(named, plain, strict=True)]
                 results.append({
                     "method": method, "keys": args.keys, "dim": args.dim,
-                    "plain_calls_per_s": statistics.median(plain),
-                    "named_calls_per_s": statistics.median(named),
+                    "plain_calls_per_s": statistics.median(p[0] for p in plain),
+                    "named_calls_per_s": statistics.median(n[0] for n in named),
                     "ratio_median": statistics.median(ratios),
+                    "plain_cpu_us_per_call": statistics.median(p[1] for p in plain),
+                    "named_cpu_us_per_call": statistics.median(n[1] for n in named),
+                    "cpu_ratio_median": statistics.median(cpu_ratios),
                 })  # fmt: skip
             channel.close()
         finally:
             handle.stop(final_checkpoint=False)
-    print(f"{'method':<12} {'keys x dim':>11} {'plain/s':>9} {'named/s':>9} {'named/plain':>12}")
+    print(
+        f"{'method':<12} {'keys x dim':>11} {'plain/s':>9} {'named/s':>9} {'thr ratio':>10} "
+        f"{'plain cpu us':>13} {'named cpu us':>13} {'cpu ratio':>10}"
+    )
     for r in results:
         shape = f"{r['keys']}x{r['dim']}"
         print(
             f"{r['method']:<12} {shape:>11} {r['plain_calls_per_s']:9.0f} "
-            f"{r['named_calls_per_s']:9.0f} {r['ratio_median']:12.3f}"
+            f"{r['named_calls_per_s']:9.0f} {r['ratio_median']:10.3f} "
+            f"{r['plain_cpu_us_per_call']:13.0f} {r['named_cpu_us_per_call']:13.0f} "
+            f"{r['cpu_ratio_median']:10.3f}"
         )
     out = ROOT / "bench" / "results" / "dedup_bench.json"
     out.parent.mkdir(parents=True, exist_ok=True)
