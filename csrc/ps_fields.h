@@ -140,6 +140,14 @@ inline constexpr uint32_t kUpdateRequest_lr = 6;  // float
 inline constexpr int kUpdateRequest_lr_wire = 5;
 inline constexpr uint32_t kUpdateRequest_dim = 7;  // uint32
 inline constexpr int kUpdateRequest_dim_wire = 0;
+inline constexpr uint32_t kUpdateRequest_request_id = 8;  // message
+inline constexpr int kUpdateRequest_request_id_wire = 2;
+
+// UpdateRequestId
+inline constexpr uint32_t kUpdateRequestId_client = 1;  // string
+inline constexpr int kUpdateRequestId_client_wire = 2;
+inline constexpr uint32_t kUpdateRequestId_seq = 2;  // uint64
+inline constexpr int kUpdateRequestId_seq_wire = 0;
 
 // UpdateResponse
 inline constexpr uint32_t kUpdateResponse_rows = 1;  // uint64
@@ -150,6 +158,8 @@ inline constexpr uint32_t kMultiPullRequest_items = 1;  // message
 inline constexpr int kMultiPullRequest_items_wire = 2;
 inline constexpr uint32_t kMultiPullRequest_updates = 2;  // message
 inline constexpr int kMultiPullRequest_updates_wire = 2;
+inline constexpr uint32_t kMultiPullRequest_request_id = 3;  // message
+inline constexpr int kMultiPullRequest_request_id_wire = 2;
 
 // MultiPullResponse
 inline constexpr uint32_t kMultiPullResponse_items = 1;  // message
@@ -160,6 +170,8 @@ inline constexpr int kMultiPullResponse_updates_wire = 2;
 // MultiUpdateRequest
 inline constexpr uint32_t kMultiUpdateRequest_items = 1;  // message
 inline constexpr int kMultiUpdateRequest_items_wire = 2;
+inline constexpr uint32_t kMultiUpdateRequest_request_id = 2;  // message
+inline constexpr int kMultiUpdateRequest_request_id_wire = 2;
 
 // MultiUpdateResponse
 inline constexpr uint32_t kMultiUpdateResponse_items = 1;  // message

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from recstore.core import DType, NonFiniteValues, RecStoreError, wire
+from recstore.core import DType, NonFiniteValues, RecStoreError, request_id, wire
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.core.proto_convert import (
     TableStats,
@@ -27,10 +27,11 @@ from recstore.core.proto_convert import (
     read_create_table_request,
     table_stats_to_proto,
 )
-from recstore.ps import codec, limits, native_path, persistence, row_transfer
+from recstore.ps import codec, limits, named_multi, native_path, persistence, row_transfer
 from recstore.ps.checkpoint import CheckpointInfo
 from recstore.ps.checkpoint_read import list_checkpoints
 from recstore.ps.metrics import Metrics
+from recstore.ps.multi import Served
 from recstore.ps.node import HostedTable, Node, Refusal, WriteAck
 from recstore.ps.offload import Offload
 from recstore.ps.status import status_of, trailing_metadata_of
@@ -143,9 +144,12 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
 
     async def _serve_multi(self, method: str, request: bytes) -> bytes:
         """A MultiPull or MultiUpdate, checked and served by recstore.ps.native_path."""
-        served = await self.offload.run_multi(
-            len(request) // 4, native_path.serve, self.node, method, request, self.reply_limit
-        )
+        named = request_id.read(method, request)
+        serve: Callable[..., Served] = native_path.serve
+        args: tuple[Any, ...] = (self.node, method, request, self.reply_limit)
+        if named is not None:
+            serve, args = named_multi.serve, (*args, named)
+        served = await self.offload.run_multi(len(request) // 4, serve, *args)
         for ack in served.acks:  # acknowledged means durable: every table's record is fsynced
             await self._acknowledge(ack)
         for table, rows in served.updated:
@@ -237,6 +241,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
             req.grad_dtype,
             req.dim,
             req.lr,
+            request_id.read("Update", request),
         )
         await self._acknowledge(ack)
         self.metrics.rows(req.table, "Update", ack.rows)

@@ -109,6 +109,12 @@ class UpdateRequest:
     grad_dtype: Final = 5
     lr: Final = 6
     dim: Final = 7
+    request_id: Final = 8
+
+
+class UpdateRequestId:
+    client: Final = 1
+    seq: Final = 2
 
 
 class UpdateResponse:
@@ -118,6 +124,7 @@ class UpdateResponse:
 class MultiPullRequest:
     items: Final = 1
     updates: Final = 2
+    request_id: Final = 3
 
 
 class MultiPullResponse:
@@ -127,6 +134,7 @@ class MultiPullResponse:
 
 class MultiUpdateRequest:
     items: Final = 1
+    request_id: Final = 2
 
 
 class MultiUpdateResponse:
@@ -274,6 +282,11 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
         5: ("grad_dtype", "string"),
         6: ("lr", "float"),
         7: ("dim", "uint32"),
+        8: ("request_id", "message"),
+    },
+    "UpdateRequestId": {
+        1: ("client", "string"),
+        2: ("seq", "uint64"),
     },
     "UpdateResponse": {
         1: ("rows", "uint64"),
@@ -281,6 +294,7 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
     "MultiPullRequest": {
         1: ("items", "message"),
         2: ("updates", "message"),
+        3: ("request_id", "message"),
     },
     "MultiPullResponse": {
         1: ("items", "message"),
@@ -288,6 +302,7 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
     },
     "MultiUpdateRequest": {
         1: ("items", "message"),
+        2: ("request_id", "message"),
     },
     "MultiUpdateResponse": {
         1: ("items", "message"),

@@ -162,7 +162,7 @@ class PushResponse(_message.Message):
     def __init__(self, rows: _Optional[int] = ...) -> None: ...
 
 class UpdateRequest(_message.Message):
-    __slots__ = ("table", "epoch", "keys", "grads", "grad_dtype", "lr", "dim")
+    __slots__ = ("table", "epoch", "keys", "grads", "grad_dtype", "lr", "dim", "request_id")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +170,7 @@ class UpdateRequest(_message.Message):
     GRAD_DTYPE_FIELD_NUMBER: _ClassVar[int]
     LR_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     table: str
     epoch: int
     keys: bytes
@@ -177,7 +178,16 @@ class UpdateRequest(_message.Message):
     grad_dtype: str
     lr: float
     dim: int
-    def __init__(self, table: _Optional[str] = ..., epoch: _Optional[int] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., grad_dtype: _Optional[str] = ..., lr: _Optional[float] = ..., dim: _Optional[int] = ...) -> None: ...
+    request_id: UpdateRequestId
+    def __init__(self, table: _Optional[str] = ..., epoch: _Optional[int] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., grad_dtype: _Optional[str] = ..., lr: _Optional[float] = ..., dim: _Optional[int] = ..., request_id: _Optional[_Union[UpdateRequestId, _Mapping]] = ...) -> None: ...
+
+class UpdateRequestId(_message.Message):
+    __slots__ = ("client", "seq")
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    client: str
+    seq: int
+    def __init__(self, client: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class UpdateResponse(_message.Message):
     __slots__ = ("rows",)
@@ -186,12 +196,14 @@ class UpdateResponse(_message.Message):
     def __init__(self, rows: _Optional[int] = ...) -> None: ...
 
 class MultiPullRequest(_message.Message):
-    __slots__ = ("items", "updates")
+    __slots__ = ("items", "updates", "request_id")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     UPDATES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[PullRequest]
     updates: _containers.RepeatedCompositeFieldContainer[UpdateRequest]
-    def __init__(self, items: _Optional[_Iterable[_Union[PullRequest, _Mapping]]] = ..., updates: _Optional[_Iterable[_Union[UpdateRequest, _Mapping]]] = ...) -> None: ...
+    request_id: UpdateRequestId
+    def __init__(self, items: _Optional[_Iterable[_Union[PullRequest, _Mapping]]] = ..., updates: _Optional[_Iterable[_Union[UpdateRequest, _Mapping]]] = ..., request_id: _Optional[_Union[UpdateRequestId, _Mapping]] = ...) -> None: ...
 
 class MultiPullResponse(_message.Message):
     __slots__ = ("items", "updates")
@@ -202,10 +214,12 @@ class MultiPullResponse(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[PullResponse, _Mapping]]] = ..., updates: _Optional[_Iterable[_Union[UpdateResponse, _Mapping]]] = ...) -> None: ...
 
 class MultiUpdateRequest(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "request_id")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[UpdateRequest]
-    def __init__(self, items: _Optional[_Iterable[_Union[UpdateRequest, _Mapping]]] = ...) -> None: ...
+    request_id: UpdateRequestId
+    def __init__(self, items: _Optional[_Iterable[_Union[UpdateRequest, _Mapping]]] = ..., request_id: _Optional[_Union[UpdateRequestId, _Mapping]] = ...) -> None: ...
 
 class MultiUpdateResponse(_message.Message):
     __slots__ = ("items",)
