@@ -53,8 +53,12 @@ def load_native() -> None:
 
 
 def _device_for(spec: TableSpec) -> str:
-    wants_gpu = StorageTier(spec.storage) == StorageTier.gpu
-    return "cuda" if wants_gpu and torch.cuda.is_available() else "cpu"
+    """Where the local store keeps a table: storage gpu falls back to the CPU without
+    a GPU; gpu_cache has no CPU form, so it asks for one and is refused clearly."""
+    tier = StorageTier(spec.storage)
+    if tier == StorageTier.gpu_cache:
+        return "cuda"
+    return "cuda" if tier == StorageTier.gpu and torch.cuda.is_available() else "cpu"
 
 
 def _backend_error(error: RecStoreError, name: str) -> BackendError:
