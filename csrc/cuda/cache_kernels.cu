@@ -112,7 +112,11 @@ __global__ void drop_kernel(CacheView c, const int64_t* keys, int64_t n) {
   }
 }
 
-bool four_byte_rows(const CacheView& c) { return c.row_bytes % 4 == 0; }
+// Rows copy in 4-byte units when their width and `out` allow (the arenas and
+// scratch buffers are allocator-aligned; a caller's fp16 view may not be).
+bool four_byte_rows(const CacheView& c, const void* out = nullptr) {
+  return c.row_bytes % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 4 == 0;
+}
 
 int bits_for(uint64_t v) {
   int bits = 1;
@@ -199,7 +203,7 @@ void cache_gather(CacheView c, const int64_t* slot, const uint8_t* hit, const in
   Scratch<int32_t> seg_key(n, stream);
   segment_kernel<<<grid_for(u), kBlock, 0, stream>>>(c, hit, offsets, u, seg_key.get());
   RS_CUDA_LAUNCH_CHECK();
-  if (four_byte_rows(c)) {
+  if (four_byte_rows(c, out)) {
     gather_kernel<<<grid_for(n * c.row_bytes / 4), kBlock, 0, stream>>>(
         c, slot, hit, rank, order, seg_key.get(), n, reinterpret_cast<const uint32_t*>(staged),
         reinterpret_cast<uint32_t*>(out));

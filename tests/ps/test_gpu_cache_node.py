@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from recstore import _native
+from recstore.core import TableSpec
 from recstore.ps.server import start_in_thread
 from recstore.v1 import ps_pb2
 
@@ -24,7 +25,7 @@ def _cuda_ready() -> bool:
     )
 
 
-def gpu_cache_spec(name: str = "cached") -> object:
+def gpu_cache_spec(name: str = "cached") -> TableSpec:
     return spec(name, storage="gpu_cache", gpu_cache={"rows": 64, "ways": 4})
 
 

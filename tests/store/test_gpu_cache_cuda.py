@@ -135,5 +135,7 @@ def test_the_facade_serves_a_gpu_cache_table_and_reports_its_cache() -> None:
     host = Table(spec.model_copy(update={"storage": "host", "gpu_cache": None}))
     host_keys = keys.cpu().numpy()
     host.pull(host_keys)
-    host.update(host_keys, np.ones((100, spec.embedding_dim), dtype=NUMPY_DTYPES[spec.dtype]))
+    host.update(
+        host_keys, np.ones((100, spec.embedding_dim), dtype=NUMPY_DTYPES[spec.dtype]), lr=0.1
+    )
     assert np.array_equal(host.pull(host_keys), moved.cpu().numpy())
