@@ -18,6 +18,7 @@ from recstore.client.backends.base import CreateResult, PullRequest, UpdateReque
 from recstore.client.errors import BackendError, TableNotInitialized
 from recstore.core import (
     CapacityExhausted,
+    DeviceUnavailable,
     InferenceTable,
     RecStoreError,
     StorageTier,
@@ -69,7 +70,9 @@ def _backend_error(error: RecStoreError, name: str) -> BackendError:
     code = "INVALID_ARGUMENT"
     if isinstance(error, CapacityExhausted):
         code = "RESOURCE_EXHAUSTED"
-    elif isinstance(error, InferenceTable):  # the PS node's status for it, as over gRPC
+    elif isinstance(
+        error, InferenceTable | DeviceUnavailable
+    ):  # the PS node's status, as over gRPC
         code = "FAILED_PRECONDITION"
     return BackendError(
         f"local store refused the call on table {name!r}: {error}", code=code, reason=str(error)
