@@ -205,16 +205,19 @@ def bench_gather(torch: Any, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def zipf_ids(torch: Any, rows: int, batch: int, alpha: float, gen: Any) -> Any:
-    """Zipf(alpha) ids over [0, rows) on the GPU, hot ids scattered over the range."""
+def zipf_sampler(torch: Any, rows: int, alpha: float, gen: Any) -> Any:
+    """Batches of Zipf(alpha) ids over [0, rows) on the GPU: one popularity order
+    for every batch, its hot ids scattered over the range by a fixed permutation."""
     ranks = torch.arange(1, rows + 1, device="cuda", dtype=torch.float64)
-    weights = ranks.pow(-alpha)
-    cdf = torch.cumsum(weights, 0)
+    cdf = torch.cumsum(ranks.pow(-alpha), 0)
     cdf /= cdf[-1].clone()
-    u = torch.rand(batch, device="cuda", dtype=torch.float64, generator=gen)
-    rank = torch.searchsorted(cdf, u).clamp_(max=rows - 1)
     perm = torch.randperm(rows, device="cuda", generator=gen)
-    return perm[rank]
+
+    def sample(batch: int) -> Any:
+        u = torch.rand(batch, device="cuda", dtype=torch.float64, generator=gen)
+        return perm[torch.searchsorted(cdf, u).clamp_(max=rows - 1)]
+
+    return sample
 
 
 def bench_gpu_cache(torch: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -238,7 +241,8 @@ def bench_gpu_cache(torch: Any, args: argparse.Namespace) -> dict[str, Any]:
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     batch = args.cache_batch
-    traces = [zipf_ids(torch, rows_total, batch, 1.05, gen) for _ in range(args.cache_batches)]
+    sample = zipf_sampler(torch, rows_total, 1.05, gen)
+    traces = [sample(batch) for _ in range(args.cache_batches)]
     out = torch.empty((batch, args.dim), device="cuda")
     for ids in traces:  # warm: every row of the trace is in host memory, the cache filled
         engine.pull(ids, out)
