@@ -70,3 +70,38 @@ def test_a_gpu_node_serves_the_tier_end_to_end(tmp_path: Path) -> None:
     finally:
         client.close()
         handle.stop(final_checkpoint=False)
+
+
+class _Hosted:
+    """What the node's table collector reads of a hosted table: its ``table``."""
+
+    def __init__(self, table: object) -> None:
+        self.table = table
+
+
+def test_cache_stats_become_table_metrics() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from recstore.ps.metrics import CACHE_METRICS, _TableCollector
+    from recstore.store.options import native_cache_options, native_options
+
+    table_spec = gpu_cache_spec()
+    twin = _native.CacheTable(
+        native_options(table_spec, 0, 1, _native), native_cache_options(table_spec, 0, 1, _native)
+    )
+    keys = np.array([1, 2, 1], dtype=np.int64)
+    twin.pull(keys, np.empty((3, 8), np.float32))
+    twin.pull(keys, np.empty((3, 8), np.float32))
+    registry = CollectorRegistry()
+    hosted = {
+        "cached": _Hosted(twin),
+        "plain": _Hosted(_native.Table(native_options(spec(), 0, 1, _native))),
+    }
+    registry.register(_TableCollector(lambda: hosted, dict))  # type: ignore[arg-type]
+    body = generate_latest(registry).decode()
+    assert 'recstore_ps_table_cache_hits_total{table="cached"} 3.0' in body
+    assert 'recstore_ps_table_cache_misses_total{table="cached"} 3.0' in body
+    assert 'recstore_ps_table_cache_hit_rate{table="cached"} 0.5' in body
+    assert 'recstore_ps_table_cache_resident_rows{table="cached"} 2.0' in body
+    for key in CACHE_METRICS:
+        assert f'{key}{{table="plain"}}' not in body and f'{key}_total{{table="plain"}}' not in body
