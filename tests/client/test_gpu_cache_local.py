@@ -39,3 +39,12 @@ def test_on_a_gpu_the_local_store_serves_the_tier() -> None:
     keys = np.arange(20, dtype=np.int64)
     assert np.array_equal(table.pull(keys), table.pull(keys))
     assert table.stats()["cache_hits"] == 20
+
+
+def test_init_data_metadata_sizes_the_cache() -> None:
+    from recstore.client.specs import build_spec
+
+    spec = build_spec(
+        "t", (1000, 8), "float32", metadata={"storage": "gpu_cache", "gpu_cache": {"rows": 50}}
+    )
+    assert spec.storage == "gpu_cache" and spec.cache.rows == 50
