@@ -115,6 +115,14 @@ def test_mixed_steps_leave_the_table_as_a_plain_host_table(optimizer: str, dtype
         if step % 11 == 5:
             gone = ids[5:9].copy()
             assert twin.erase(gone) == host.erase(gone)
+        if step % 13 == 6:  # a checkpoint load of rows the cache holds
+            few = np.unique(ids[:6])
+            k_out, values = np.empty(len(few), np.int64), rows(spec, len(few))
+            state = np.empty((len(few), spec.state_width), np.float32)
+            got_rows = host.export_rows(few, k_out, values, state)
+            values, state = values[:got_rows][::-1].copy(), state[:got_rows][::-1].copy()
+            twin.import_rows(k_out[:got_rows].copy(), values, state)
+            host.import_rows(k_out[:got_rows].copy(), values, state)
         assert_coherent(spec, twin)
     assert_same_tables(spec, twin, host)
     stats = twin.cache_stats()
