@@ -59,6 +59,7 @@ inline void bind(nb::module_& m) {
   nb::class_<CacheOptions>(m, "CacheOptions")
       .def(nb::init<>())
       .def_rw("rows", &CacheOptions::rows)
+      .def_rw("bytes", &CacheOptions::bytes)
       .def_rw("ways", &CacheOptions::ways)
       .def_rw("policy", &CacheOptions::policy);
   m.attr("CACHE_LRU") = static_cast<int>(kCacheLRU);

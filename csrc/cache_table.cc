@@ -16,12 +16,17 @@ CacheGeometry cache_geometry(const CacheOptions& cache, const TableOptions& tabl
   if (cache.ways < 1 || cache.ways > kMaxCacheWays)
     throw std::invalid_argument("cache ways must lie in [1, " + std::to_string(kMaxCacheWays) +
                                 "], got " + std::to_string(cache.ways));
-  if (cache.rows < 1)
-    throw std::invalid_argument("cache rows must be >= 1, got " + std::to_string(cache.rows));
+  if ((cache.rows > 0) == (cache.bytes > 0) || cache.rows < 0 || cache.bytes < 0)
+    throw std::invalid_argument("give the cache size as rows >= 1 or bytes >= 1, one of them");
   if (table.eviction != kEvictNone || table.ttl_seconds > 0)
     throw std::invalid_argument(
         "the gpu_cache tier keeps every row in host memory: key eviction and TTL do not apply");
-  const int64_t rows = std::min(cache.rows, table.capacity);
+  const int64_t row_bytes = table.dim * dtype_size(table.dtype);
+  const int64_t wanted = cache.rows > 0 ? cache.rows : cache.bytes / row_bytes;
+  if (wanted < 1)
+    throw std::invalid_argument("cache bytes " + std::to_string(cache.bytes) +
+                                " hold no row of " + std::to_string(row_bytes) + " bytes");
+  const int64_t rows = std::min(wanted, table.capacity);
   CacheGeometry g;
   g.ways = static_cast<int>(std::min<int64_t>(cache.ways, rows));
   g.sets = rows / g.ways;

@@ -39,8 +39,8 @@ struct CacheStats {
 };
 
 // Validates a cache for a table (std::invalid_argument) and sizes it: at most
-// `rows` slots in whole sets (ways shrink to rows when fewer), never more
-// slots than the table has rows.
+// `rows` slots (or as many rows as `bytes` hold) in whole sets (ways shrink to
+// rows when fewer), never more slots than the table has rows.
 CacheGeometry cache_geometry(const CacheOptions& cache, const TableOptions& table);
 
 // Directory bytes per slot (key and tick).

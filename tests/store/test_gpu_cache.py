@@ -20,7 +20,7 @@ from recstore.core import DeviceUnavailable, TableSpec
 from recstore.core.reconcile import parse_declaration, ps_node_args
 from recstore.store import Table
 from recstore.store.buffers import NUMPY_DTYPES
-from recstore.store.options import cache_rows, native_cache_options, native_options
+from recstore.store.options import cache_size, native_cache_options, native_options
 
 from .cache_model import CacheModel
 
@@ -217,6 +217,13 @@ def test_native_cache_options_are_checked() -> None:
     cache.ways, cache.rows = 4, 0
     with pytest.raises(ValueError, match="rows"):
         _native.CacheTable(options, cache)
+    cache.rows, cache.bytes = 8, 64
+    with pytest.raises(ValueError, match="one of them"):
+        _native.CacheTable(options, cache)
+    cache.rows, cache.bytes = 0, 31  # rows of 32 bytes
+    with pytest.raises(ValueError, match="hold no row"):
+        _native.CacheTable(options, cache)
+    cache.bytes = 0
     hashed = native_options(
         spec_of(storage="host", keys={"mode": "hashed", "eviction": "lru"}), 0, 1, _native
     )
@@ -225,10 +232,15 @@ def test_native_cache_options_are_checked() -> None:
         _native.CacheTable(hashed, cache)
 
 
-def test_cache_rows_per_shard() -> None:
-    assert cache_rows(spec_of(), 0, 1) == 40  # 10% of 400
-    assert cache_rows(spec_of(gpu_cache={"rows": 100}, shards=3), 0, 3) == 34
-    assert cache_rows(spec_of(gpu_cache={"bytes": 3200}, shards=2), 1, 2) == 50  # 32-byte rows
+def test_cache_size_per_shard() -> None:
+    assert cache_size(spec_of(), 0, 1) == (40, 0)  # 10% of 400
+    assert cache_size(spec_of(gpu_cache={"rows": 100}, shards=3), 0, 3) == (34, 0)
+    assert cache_size(spec_of(gpu_cache={"bytes": 3200}, shards=2), 1, 2) == (0, 1600)
+
+
+def test_a_cache_sized_in_bytes_holds_the_rows_that_fit() -> None:
+    twin, _ = twin_and_host(spec_of(gpu_cache={"bytes": 32 * 20 + 31, "ways": 4}))  # 32-byte rows
+    assert (twin.cache_sets, twin.cache_ways) == (5, 4)
 
 
 @pytest.mark.parametrize(

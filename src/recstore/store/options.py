@@ -83,25 +83,26 @@ def native_options(spec: TableSpec, shard_index: int, num_shards: int, native: A
     return opts
 
 
-def cache_rows(spec: TableSpec, shard_index: int, num_shards: int) -> int:
-    """Cache slots one shard of a ``storage: gpu_cache`` table asks for.
+def cache_size(spec: TableSpec, shard_index: int, num_shards: int) -> tuple[int, int]:
+    """(rows, bytes) one shard of a ``storage: gpu_cache`` table asks its cache for
+    (one of them 0; the engine turns bytes into rows of the table).
 
     ``rows`` and ``bytes`` size the whole table's cache and are split evenly over
     the shards; without either, each shard caches 10% of the rows it holds.
     """
     cache = spec.cache
     if cache.rows is not None:
-        return max(1, math.ceil(cache.rows / num_shards))
+        return max(1, math.ceil(cache.rows / num_shards)), 0
     if cache.bytes is not None:
-        return max(1, cache.bytes // num_shards // spec.row_bytes)
+        return 0, cache.bytes // num_shards
     held = shard_layout(spec, shard_index, num_shards).capacity
-    return max(1, math.ceil(DEFAULT_GPU_CACHE_FRACTION * held))
+    return max(1, math.ceil(DEFAULT_GPU_CACHE_FRACTION * held)), 0
 
 
 def native_cache_options(spec: TableSpec, shard_index: int, num_shards: int, native: Any) -> Any:
     """A ``_native.CacheOptions`` for this shard of a ``storage: gpu_cache`` table."""
     opts = native.CacheOptions()
-    opts.rows = cache_rows(spec, shard_index, num_shards)
+    opts.rows, opts.bytes = cache_size(spec, shard_index, num_shards)
     opts.ways = spec.cache.ways
     opts.policy = native.CACHE_LRU
     return opts
