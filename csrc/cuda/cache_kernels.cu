@@ -33,17 +33,29 @@ __global__ void set_of_kernel(const int64_t* keys, int64_t n, uint64_t sets, uin
   }
 }
 
+// Adds each lane's v to *counter with one atomic per warp, so a million keys do not
+// serialise on one address. All 32 lanes of the warp must call it together.
+__device__ __forceinline__ void warp_add(unsigned long long* counter, unsigned long long v) {
+  for (int d = 16; d > 0; d >>= 1) v += __shfl_down_sync(0xffffffffu, v, d);
+  if ((threadIdx.x & 31u) == 0 && v != 0) atomicAdd(counter, v);
+}
+
+// One thread per set. The loop bound is uniform over a block (kBlock is a whole
+// number of warps), so every lane reaches warp_add.
 __global__ void resolve_kernel(CacheView c, const uint64_t* run_sets, const int64_t* run_starts,
                                const int64_t* run_counts, const int64_t* num_runs,
                                const int64_t* members, const int64_t* keys, uint64_t tick,
                                int64_t* slot_out, uint8_t* hit_out) {
   const int64_t runs = *num_runs;
-  for (int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; r < runs;
-       r += int64_t{gridDim.x} * blockDim.x) {
-    CacheCounts k = cache_resolve_set(c.slots, c.ways, run_sets[r], members + run_starts[r],
-                                      run_counts[r], keys, tick, slot_out, hit_out);
-    if (k.evictions) atomicAdd(c.counters + kEvictions, static_cast<unsigned long long>(k.evictions));
-    if (k.filled) atomicAdd(c.counters + kFilled, static_cast<unsigned long long>(k.filled));
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t base = int64_t{blockIdx.x} * blockDim.x; base < runs; base += stride) {
+    const int64_t r = base + threadIdx.x;
+    CacheCounts k;
+    if (r < runs)
+      k = cache_resolve_set(c.slots, c.ways, run_sets[r], members + run_starts[r], run_counts[r],
+                            keys, tick, slot_out, hit_out);
+    warp_add(c.counters + kEvictions, static_cast<unsigned long long>(k.evictions));
+    warp_add(c.counters + kFilled, static_cast<unsigned long long>(k.filled));
   }
 }
 
@@ -65,14 +77,39 @@ __global__ void fill_kernel(CacheView c, const int64_t* slot, const uint8_t* hit
   }
 }
 
-// seg_key[j] = the distinct key whose positions include order[j]; counts lookups.
-__global__ void segment_kernel(CacheView c, const uint8_t* hit, const int32_t* offsets, int64_t u,
-                               int32_t* seg_key) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < u;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    for (int32_t j = offsets[i]; j < offsets[i + 1]; ++j) seg_key[j] = static_cast<int32_t>(i);
-    atomicAdd(c.counters + (hit[i] ? kHits : kMisses),
-              static_cast<unsigned long long>(offsets[i + 1] - offsets[i]));
+// Counts a call's lookups: every occurrence of a distinct key, as a hit or a miss.
+__global__ void count_kernel(CacheView c, const uint8_t* hit, const int32_t* offsets, int64_t u) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t base = int64_t{blockIdx.x} * blockDim.x; base < u; base += stride) {
+    const int64_t i = base + threadIdx.x;
+    unsigned long long hits = 0, misses = 0;
+    if (i < u) {
+      const auto occurrences = static_cast<unsigned long long>(offsets[i + 1] - offsets[i]);
+      if (hit[i])
+        hits = occurrences;
+      else
+        misses = occurrences;
+    }
+    warp_add(c.counters + kHits, hits);
+    warp_add(c.counters + kMisses, misses);
+  }
+}
+
+// seg_key[j] = the distinct key whose run of positions covers j: the last i with
+// offsets[i] <= j (runs are never empty). A binary search per position keeps a
+// hot key's many occurrences from landing on one thread.
+__global__ void segment_kernel(const int32_t* offsets, int64_t u, int64_t n, int32_t* seg_key) {
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < n;
+       j += int64_t{gridDim.x} * blockDim.x) {
+    int64_t lo = 0, hi = u - 1;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (offsets[mid] <= j)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    seg_key[j] = static_cast<int32_t>(lo);
   }
 }
 
@@ -201,7 +238,9 @@ void cache_gather(CacheView c, const int64_t* slot, const uint8_t* hit, const in
                   const unsigned char* staged, unsigned char* out, cudaStream_t stream) {
   if (n == 0) return;
   Scratch<int32_t> seg_key(n, stream);
-  segment_kernel<<<grid_for(u), kBlock, 0, stream>>>(c, hit, offsets, u, seg_key.get());
+  count_kernel<<<grid_for(u), kBlock, 0, stream>>>(c, hit, offsets, u);
+  RS_CUDA_LAUNCH_CHECK();
+  segment_kernel<<<grid_for(n), kBlock, 0, stream>>>(offsets, u, n, seg_key.get());
   RS_CUDA_LAUNCH_CHECK();
   if (four_byte_rows(c, out)) {
     gather_kernel<<<grid_for(n * c.row_bytes / 4), kBlock, 0, stream>>>(
