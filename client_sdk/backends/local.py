@@ -21,6 +21,7 @@ from recstore.client.tensors import rows_from_numpy
 from recstore.core import (
     CapacityExhausted,
     DType,
+    DeviceUnavailable,
     InferenceTable,
     RecStoreError,
     StorageTier,
@@ -58,8 +59,12 @@ def load_native() -> None:
 
 
 def _device_for(spec: TableSpec) -> str:
-    wants_gpu = StorageTier(spec.storage) == StorageTier.gpu
-    return "cuda" if wants_gpu and torch.cuda.is_available() else "cpu"
+    """Where the local store keeps a table: storage gpu falls back to the CPU without
+    a GPU; gpu_cache has no CPU form, so it asks for one and is refused clearly."""
+    tier = StorageTier(spec.storage)
+    if tier == StorageTier.gpu_cache:
+        return "cuda"
+    return "cuda" if tier == StorageTier.gpu and torch.cuda.is_available() else "cpu"
 
 
 def _backend_error(error: RecStoreError, name: str) -> BackendError:
@@ -70,7 +75,9 @@ def _backend_error(error: RecStoreError, name: str) -> BackendError:
     code = "INVALID_ARGUMENT"
     if isinstance(error, CapacityExhausted):
         code = "RESOURCE_EXHAUSTED"
-    elif isinstance(error, InferenceTable):  # the PS node's status for it, as over gRPC
+    elif isinstance(
+        error, InferenceTable | DeviceUnavailable
+    ):  # the PS node's status, as over gRPC
         code = "FAILED_PRECONDITION"
     return BackendError(
         f"local store refused the call on table {name!r}: {error}", code=code, reason=str(error)
