@@ -1,0 +1,21 @@
+"""``recstore.nve``: NVIDIA's embedding-cache layers (NVEmbedding, NVEmbeddingBag) over RecStore."""
+
+from recstore.client.nve import (
+    CONFIG_KEYS,
+    DataType_t,
+    HostMemBlock,
+    LayerType,
+    NVEmbedding,
+    NVEmbeddingBag,
+    RemoteTable,
+)
+
+__all__ = [
+    "CONFIG_KEYS",
+    "DataType_t",
+    "HostMemBlock",
+    "LayerType",
+    "NVEmbedding",
+    "NVEmbeddingBag",
+    "RemoteTable",
+]
