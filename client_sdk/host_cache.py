@@ -20,7 +20,9 @@ set of ``WAYS`` slots; its row lives in one preallocated tensor. Policies:
 by most at the small sizes where one-off ids would otherwise flush hot rows.
 
 Bytes: rows, keys, a stamp per slot and the sketch together stay within
-``capacity_bytes`` (``bytes_per_row``).
+``capacity_bytes`` (``bytes_per_row``). Rows are held and handed out as numpy
+arrays of the table dtype's bits (``to_bits``): numpy's gathers run on the
+calling thread, where torch's would wait for its thread pool on a busy machine.
 """
 
 from __future__ import annotations
@@ -46,6 +48,20 @@ _SKETCH_HASHES = np.array(
     [0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0xD6E8FEB86659FD93, 0xA0761D6478BD642F],
     dtype=np.uint64,
 )
+
+
+def _bits_dtype(dtype: torch.dtype) -> torch.dtype:
+    """A dtype numpy has, of the same size: 16-bit floats travel as int16 bits."""
+    return dtype if dtype == torch.float32 else torch.int16
+
+
+def to_bits(rows: torch.Tensor) -> np.ndarray:
+    """``rows`` (CPU) as a numpy array of their bits (no copy when contiguous)."""
+    return rows.contiguous().view(_bits_dtype(rows.dtype)).numpy()
+
+
+def from_bits(bits: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    return torch.from_numpy(bits).view(dtype)
 
 
 def bytes_per_row(row_bytes: int) -> int:
@@ -85,7 +101,7 @@ class HostCache:
         self.num_sets = capacity_bytes // (bytes_per_row(row_bytes) * WAYS)
         self.capacity_rows = self.num_sets * WAYS
         self.stats = CacheStats()
-        self._rows = torch.empty((self.capacity_rows, dim), dtype=dtype)
+        self._rows = to_bits(torch.empty((self.capacity_rows, dim), dtype=dtype))
         self._keys = np.full((self.num_sets, WAYS), EMPTY, dtype=np.int64)
         self._stamps = np.zeros((self.num_sets, WAYS), dtype=np.int64)  # lru: last use
         self._born = np.zeros((self.num_sets, WAYS), dtype=np.int64)  # the step it was read at
@@ -165,12 +181,13 @@ class HostCache:
         self.stats.misses += len(keys) - hits
         return hit, hit_sets * WAYS + way
 
-    def rows(self, slots: npt.NDArray[np.int64]) -> torch.Tensor:
-        return self._rows.index_select(0, torch.from_numpy(slots))
+    def rows(self, slots: npt.NDArray[np.int64]) -> np.ndarray:
+        """The rows in ``slots`` (bits, see ``to_bits``)."""
+        return self._rows[slots]
 
-    def insert(self, keys: npt.NDArray[np.int64], rows: torch.Tensor, step: int = 0) -> None:
-        """Offer missed (unique, not cached) ``keys`` and their rows, read at ``step``;
-        the policy picks which enter."""
+    def insert(self, keys: npt.NDArray[np.int64], rows: np.ndarray, step: int = 0) -> None:
+        """Offer missed (unique, not cached) ``keys`` and their rows (bits), read at
+        ``step``; the policy picks which enter."""
         if not self.enabled or not len(keys):
             return
         sets = self._sets(keys)
@@ -204,8 +221,7 @@ class HostCache:
         self._keys[sets, ways] = keys_sorted
         self._stamps[sets, ways] = self._tick
         self._born[sets, ways] = step
-        slots = torch.from_numpy(sets * WAYS + ways)
-        self._rows.index_copy_(0, slots, rows.index_select(0, torch.from_numpy(order)))
+        self._rows[sets * WAYS + ways] = rows[order]
 
     def clear(self) -> None:
         """Drop every row (the table moved to a newer version); frequencies stay."""

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from recstore.client.client import RecStoreClient
-from recstore.client.host_cache import HostCache
+from recstore.client.host_cache import HostCache, from_bits, to_bits
 from recstore.client.tensors import keys_to_numpy
 
 log = logging.getLogger("recstore.nve")
@@ -76,47 +76,44 @@ class CachedTable:
 
     def read(self, keys: torch.Tensor) -> torch.Tensor:
         """One row per element of ``keys`` (CPU int64, any repeats), in the table dtype."""
-        unique, inverse = torch.unique(keys, return_inverse=True)
+        unique, inverse = np.unique(keys_to_numpy(keys), return_inverse=True)
         rows = self._read_unique(unique)
-        return rows.index_select(0, inverse)
+        return from_bits(rows[inverse.reshape(-1)], self.cache.dtype)
 
-    def _read_unique(self, keys: torch.Tensor) -> torch.Tensor:
-        keys_np = keys_to_numpy(keys)
+    def _read_unique(self, keys: np.ndarray) -> np.ndarray:
+        """Rows (bits) of unique ``keys``: the cache's, then the table's for the rest."""
         staleness = self.max_staleness_steps
         since = None if staleness is None else self.step - staleness
-        hit, slots = self.cache.lookup(keys_np, read_since=since)
-        miss = np.flatnonzero(~hit)
-        out = torch.empty((len(keys_np), self.cache.dim), dtype=self.cache.dtype)
-        if staleness is not None and not miss.size:  # bounded staleness: no version to ask
+        hit, slots = self.cache.lookup(keys, read_since=since)
+        if staleness is not None and slots.size == len(keys):  # no version to ask
             return self.cache.rows(slots)
-        pulled, versions = self.client._for_modules.pull_versioned(
-            self.name, keys[torch.from_numpy(miss)]
-        )
+        miss = np.flatnonzero(~hit)
+        pulled, versions = self._pull(keys[miss])
         if staleness is None and versions != self._versions:
             if self._versions is not None:  # written meanwhile: no cached row is current
                 self.cache.clear()
                 if slots.size:  # nor are this batch's hits: read them again
                     self.cache.stats.hits -= len(slots)
                     self.cache.stats.misses += len(slots)
-                    return self._pull_all(keys, keys_np)
+                    rows, self._versions = self._pull(keys)
+                    self._insert(keys, rows)
+                    return rows
             self._versions = versions
+        out = np.empty((len(keys), self.cache.dim), dtype=pulled.dtype)
         if slots.size:
-            out[torch.from_numpy(np.flatnonzero(hit))] = self.cache.rows(slots)
-        out[torch.from_numpy(miss)] = pulled
-        self._insert(keys_np[miss], pulled)
+            out[hit] = self.cache.rows(slots)
+        out[miss] = pulled
+        self._insert(keys[miss], pulled)
         return out
 
-    def _pull_all(self, keys: torch.Tensor, keys_np: np.ndarray) -> torch.Tensor:
-        rows, self._versions = self.client._for_modules.pull_versioned(self.name, keys)
-        self._insert(keys_np, rows)
-        return rows
+    def _pull(self, keys: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:
+        rows, versions = self.client._for_modules.pull_versioned(self.name, torch.from_numpy(keys))
+        return to_bits(rows.to("cpu", self.cache.dtype)), versions
 
-    def _insert(self, keys_np: np.ndarray, rows: torch.Tensor) -> None:
-        chunk = self.max_modify_size or max(1, len(keys_np))
-        for start in range(0, len(keys_np), chunk):
-            self.cache.insert(
-                keys_np[start : start + chunk], rows[start : start + chunk], self.step
-            )
+    def _insert(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        chunk = self.max_modify_size or max(1, len(keys))
+        for start in range(0, len(keys), chunk):
+            self.cache.insert(keys[start : start + chunk], rows[start : start + chunk], self.step)
 
     def report(self) -> CacheReport:
         stats, cache = self.cache.stats, self.cache
