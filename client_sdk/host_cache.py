@@ -103,7 +103,9 @@ class HostCache:
         self.stats = CacheStats()
         self._rows = to_bits(torch.empty((self.capacity_rows, dim), dtype=dtype))
         self._keys = np.full((self.num_sets, WAYS), EMPTY, dtype=np.int64)
-        self._stamps = np.zeros((self.num_sets, WAYS), dtype=np.int64)  # lru: last use
+        # lru: the tick of the last use; lfu: the frequency (its estimate when it entered,
+        # plus one per hit since, aged with the sketch), so victims need no sketch reads
+        self._stamps = np.zeros((self.num_sets, WAYS), dtype=np.int64)
         self._born = np.zeros((self.num_sets, WAYS), dtype=np.int64)  # the step it was read at
         self._tick = 0
         width = max(1, SKETCH_WIDTH * self.capacity_rows)
@@ -145,6 +147,7 @@ class HostCache:
         self._sketched += len(keys)
         if self._sketched >= AGE_EVERY * self.capacity_rows:
             self._sketch >>= 1
+            self._stamps >>= 1
             self._sketched = 0
 
     # -- batch operations -----------------------------------------------------------
@@ -176,6 +179,7 @@ class HostCache:
             self._stamps[hit_sets, way] = self._tick
         else:
             self._count(keys)
+            self._stamps[hit_sets, way] += 1
         hits = int(hit.sum())
         self.stats.hits += hits
         self.stats.misses += len(keys) - hits
@@ -205,10 +209,7 @@ class HostCache:
         )  # fmt: skip
         held = self._keys[sets]
         empty = held == EMPTY
-        if lru:
-            victim_merit = np.where(empty, -1, self._stamps[sets])
-        else:
-            victim_merit = np.where(empty, -1, self._estimate(held))
+        victim_merit = np.where(empty, -1, self._stamps[sets])
         ways = np.argsort(victim_merit, axis=1, kind="stable")[np.arange(len(sets)), rank]
         victim = victim_merit[np.arange(len(sets)), ways]
         admit = (victim < 0) | lru | (merit > victim)
@@ -219,7 +220,7 @@ class HostCache:
         self.stats.insertions += len(sets)
         self.bytes_used += (len(sets) - evicted) * self._row_cost
         self._keys[sets, ways] = keys_sorted
-        self._stamps[sets, ways] = self._tick
+        self._stamps[sets, ways] = self._tick if lru else merit[admit]
         self._born[sets, ways] = step
         self._rows[sets * WAYS + ways] = rows[order]
 
