@@ -326,3 +326,26 @@ def test_logging_interval_logs_the_cache_line(
     lines = [r.getMessage() for r in caplog.records if r.name == "recstore.nve"]
     assert len(lines) == 2
     assert "lookups=4 hits=6 misses=2 hit_rate=0.7500" in lines[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sixteen_bit_rows_come_back_exact_through_the_cache(
+    any_client: RecStoreClient, dtype: torch.dtype
+) -> None:
+    name = unique_name()
+    layer = nve.NVEmbedding(
+        ROWS,
+        DIM,
+        dtype,
+        storage=nve.RemoteTable(any_client, name),
+        device="cpu",
+        optimize_for_training=False,
+        config={"host_cache_size": 1 << 16},
+    )
+    keys = torch.tensor([[5, 9], [9, 700]])
+    first, second = layer(keys), layer(keys)
+    expected = any_client.pull(name, keys.reshape(-1)).view(2, 2, DIM)
+    assert first.dtype == dtype
+    torch.testing.assert_close(first, expected, rtol=0, atol=0)
+    torch.testing.assert_close(second, expected, rtol=0, atol=0)
+    assert layer.cache_stats()["hits"] == 3
