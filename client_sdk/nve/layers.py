@@ -23,7 +23,7 @@ import recstore.client.ops as _ops  # registers torch.ops.recstore.*
 from recstore.client.lookup import read_rows
 from recstore.client.nve.cached import CachedTable, CacheReport, log
 from recstore.client.nve.config import LayerConfig, LayerType, parse_config, resolve_device
-from recstore.client.nve.storage import HostMemBlock, RemoteTable
+from recstore.client.nve.storage import RemoteTable, host_rows
 from recstore.client.tensors import check_module_id_dtype
 
 _layer_ids = itertools.count()
@@ -96,7 +96,7 @@ class _NVELayer(torch.nn.Module):
         self._cached: CachedTable | None = None
         self._host: torch.Tensor | None = None
         if layer_type is LayerType.HostLayer:
-            self._host = _host_rows(storage, shape, data_type, weight_init)
+            self._host = host_rows(storage, shape, data_type, weight_init)
         elif layer_type is LayerType.Hierarchical:
             if gpu_cache_size:
                 raise RuntimeError(
@@ -200,36 +200,6 @@ class _NVELayer(torch.nn.Module):
             f"{self.num_embeddings}, {self.embedding_size}, {self.data_type}, "
             f"layer_type={self.layer_type.name}, device={self.device}"
         )
-
-
-def _host_rows(
-    storage: Any, shape: tuple[int, int], dtype: torch.dtype, weight_init: torch.Tensor | None
-) -> torch.Tensor:
-    """A HostLayer's rows: its memory block's, else a new block (``weight_init`` copied in)."""
-    if storage is None:
-        storage = HostMemBlock(shape[1], shape[0], _block_dtype(dtype))
-    if not isinstance(storage, HostMemBlock):
-        raise TypeError(
-            "LayerType.HostLayer storage must be host memory (recstore.nve.HostMemBlock), "
-            f"got {type(storage).__name__}"
-        )
-    if (storage.num_embeddings, storage.row_size) != shape or storage.dtype != dtype:
-        raise ValueError(
-            f"the memory block holds {storage.num_embeddings} x {storage.row_size} "
-            f"{storage.dtype}, the layer is {shape[0]} x {shape[1]} {dtype}"
-        )
-    if weight_init is not None:
-        storage.tensor.copy_(weight_init)
-    return storage.tensor
-
-
-def _block_dtype(dtype: torch.dtype) -> Any:
-    from recstore.client.nve.storage import DataType_t
-
-    for member in DataType_t:
-        if member.value == dtype:
-            return member
-    raise TypeError(f"data_type must be float32, float16 or bfloat16, got {dtype}")
 
 
 class NVEmbedding(_NVELayer):

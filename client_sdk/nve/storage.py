@@ -44,6 +44,34 @@ class HostMemBlock:
         self.tensor = torch.zeros((num_embeddings, row_size), dtype=dtype.value, pin_memory=pin)
 
 
+def host_rows(
+    storage: Any, shape: tuple[int, int], dtype: torch.dtype, weight_init: torch.Tensor | None
+) -> torch.Tensor:
+    """A HostLayer's rows: its memory block's, else a new block (``weight_init`` copied in)."""
+    if storage is None:
+        storage = HostMemBlock(shape[1], shape[0], block_dtype(dtype))
+    if not isinstance(storage, HostMemBlock):
+        raise TypeError(
+            "LayerType.HostLayer storage must be host memory (recstore.nve.HostMemBlock), "
+            f"got {type(storage).__name__}"
+        )
+    if (storage.num_embeddings, storage.row_size) != shape or storage.dtype != dtype:
+        raise ValueError(
+            f"the memory block holds {storage.num_embeddings} x {storage.row_size} "
+            f"{storage.dtype}, the layer is {shape[0]} x {shape[1]} {dtype}"
+        )
+    if weight_init is not None:
+        storage.tensor.copy_(weight_init)
+    return storage.tensor
+
+
+def block_dtype(dtype: torch.dtype) -> Any:
+    for member in DataType_t:
+        if member.value == dtype:
+            return member
+    raise TypeError(f"data_type must be float32, float16 or bfloat16, got {dtype}")
+
+
 class RemoteTable:
     """A RecStore table as a layer's storage: ``client``'s table ``name``.
 
