@@ -2,6 +2,7 @@
 
 from recstore.client.nve.config import CONFIG_KEYS, LayerType
 from recstore.client.nve.layers import NVEmbedding, NVEmbeddingBag
+from recstore.client.nve.metrics import register_cache_metrics
 from recstore.client.nve.storage import DataType_t, HostMemBlock, RemoteTable
 
 __all__ = [
@@ -12,4 +13,5 @@ __all__ = [
     "NVEmbedding",
     "NVEmbeddingBag",
     "RemoteTable",
+    "register_cache_metrics",
 ]

@@ -23,6 +23,7 @@ import recstore.client.ops as _ops  # registers torch.ops.recstore.*
 from recstore.client.lookup import read_rows
 from recstore.client.nve.cached import CachedTable, CacheReport, log
 from recstore.client.nve.config import LayerConfig, LayerType, parse_config, resolve_device
+from recstore.client.nve.metrics import track
 from recstore.client.nve.storage import RemoteTable, host_rows
 from recstore.client.tensors import check_module_id_dtype
 
@@ -136,6 +137,7 @@ class _NVELayer(torch.nn.Module):
                 else None,
                 max_modify_size=settings.max_modify_size,
             )  # fmt: skip
+            track(self)
 
     # -- lookups --------------------------------------------------------------------
     def _keys(self, keys: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ from recstore.client.nve import (
     NVEmbedding,
     NVEmbeddingBag,
     RemoteTable,
+    register_cache_metrics,
 )
 
 __all__ = [
@@ -18,4 +19,5 @@ __all__ = [
     "NVEmbedding",
     "NVEmbeddingBag",
     "RemoteTable",
+    "register_cache_metrics",
 ]

@@ -349,3 +349,26 @@ def test_sixteen_bit_rows_come_back_exact_through_the_cache(
     torch.testing.assert_close(first, expected, rtol=0, atol=0)
     torch.testing.assert_close(second, expected, rtol=0, atol=0)
     assert layer.cache_stats()["hits"] == 3
+
+
+def test_cache_counters_are_exported_to_prometheus(local_client: RecStoreClient) -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    registry = prometheus_client.CollectorRegistry()
+    nve.register_cache_metrics(registry)
+    name = unique_name()
+    layer = nve.NVEmbedding(
+        ROWS,
+        DIM,
+        storage=nve.RemoteTable(local_client, name),
+        device="cpu",
+        optimize_for_training=False,
+        config={"host_cache_size": 1 << 16},
+    )
+    layer(torch.tensor([1, 2]))
+    layer(torch.tensor([1, 3]))
+    labels = {"table": name, "layer": layer.name}
+    assert registry.get_sample_value("recstore_nve_cache_hits_total", labels) == 1
+    assert registry.get_sample_value("recstore_nve_cache_misses_total", labels) == 3
+    assert registry.get_sample_value("recstore_nve_cache_hit_rate", labels) == 0.25
+    used = registry.get_sample_value("recstore_nve_cache_bytes_used", labels)
+    assert used == layer.cache_stats()["bytes_used"] > 0
