@@ -76,6 +76,8 @@ inline constexpr uint32_t kTableStats_engine = 11;  // message
 inline constexpr int kTableStats_engine_wire = 2;
 inline constexpr uint32_t kTableStats_conditions = 12;  // message
 inline constexpr int kTableStats_conditions_wire = 2;
+inline constexpr uint32_t kTableStats_version = 13;  // uint64
+inline constexpr int kTableStats_version_wire = 0;
 
 // TableCondition
 inline constexpr uint32_t kTableCondition_type = 1;  // string
@@ -106,6 +108,8 @@ inline constexpr uint32_t kPullResponse_dtype = 3;  // string
 inline constexpr int kPullResponse_dtype_wire = 2;
 inline constexpr uint32_t kPullResponse_found = 4;  // bytes
 inline constexpr int kPullResponse_found_wire = 2;
+inline constexpr uint32_t kPullResponse_version = 5;  // uint64
+inline constexpr int kPullResponse_version_wire = 0;
 
 // PushRequest
 inline constexpr uint32_t kPushRequest_table = 1;  // string

@@ -13,9 +13,11 @@ kept as refused (catalogued, never served, never silently recreated empty).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +57,15 @@ from recstore.ps.wal_io import SegmentFile, SegmentOpener
 from recstore.ps.write_gate import WriteGate
 from recstore.store import Store, Table
 
+#: One increasing sequence for the versions of every table this process hosts, started
+#: at the clock: a table reloaded, or hosted again after a restart, never reports a
+#: version it reported before, so a client cache cannot mistake old rows for current.
+_VERSIONS = itertools.count(time.time_ns())
+
+
+def next_version() -> int:
+    return next(_VERSIONS)
+
 
 @dataclass
 class HostedTable:
@@ -65,6 +76,13 @@ class HostedTable:
     wal: TableWal | None
     #: request ids of the updates applied lately (recstore.ps.dedup)
     window: DedupWindow = field(default_factory=DedupWindow)
+    #: moves after every write is applied (never before: a pull reads it before its rows,
+    #: so rows read with a version are at least that new); PullResponse/TableStats.version
+    version: int = field(default_factory=next_version)
+
+    def wrote(self) -> None:
+        """A write to this table was applied: rows read earlier may be stale."""
+        self.version = next_version()
 
     # The entry never changes while a table is hosted (a reload hosts a new
     # HostedTable), so what the data path derives from its spec is computed once.
@@ -417,6 +435,7 @@ class Node:
             except BaseException:
                 self._retract(writes[done:], appended[done:])
                 raise
+            write.hosted.wrote()
         return [
             WriteAck(len(w.keys) // codec.KEY_DTYPE.itemsize, w.hosted.wal, a.seq if a else 0)
             for w, a in zip(writes, appended, strict=True)

@@ -103,6 +103,7 @@ def stats_of(node: Node, hosted: HostedTable) -> ps_pb2.TableStats:
         slot_map=entry.slot_map,
         engine=table.stats(),
         conditions=node.conditions.get(entry.spec.name, ()),
+        version=hosted.version,
     )
     return table_stats_to_proto(stats)
 
@@ -153,6 +154,9 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         for ack in served.acks:  # acknowledged means durable: every table's record is fsynced
             await self._acknowledge(ack)
         for table, rows in served.updated:
+            hosted = self.node.tables.get(table)
+            if hosted is not None:  # applied by the engine itself: its version moves here
+                hosted.wrote()
             self.metrics.rows(table, "MultiUpdate", rows)
         for table, rows in served.pulled:
             self.metrics.rows(table, "MultiPull", rows)
@@ -211,13 +215,15 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
     async def Pull(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         req = wire.decode_pull_request(request)
         hosted = self.node.get(req.table)
+        version = hosted.version  # before the rows are read: they are at least this new
         rows = len(codec.decode_keys(req.keys))
         message, values, found = wire.pull_response_frame(
-            rows, hosted.dim, hosted.dtype, req.read_only, limit=self.reply_limit
-        )
+            rows, hosted.dim, hosted.dtype, req.read_only,
+            limit=self.reply_limit - wire.PULL_VERSION_FIELD_BYTES,
+        )  # fmt: skip
         await self.offload.run_batch(rows, self.node.pull, req.table, req.keys, values, found)
         self.metrics.rows(req.table, "Pull", rows)
-        return wire.finish(message)
+        return wire.finish(message) + wire.pull_version_field(version)
 
     @rpc
     async def Push(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:

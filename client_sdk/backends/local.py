@@ -8,7 +8,9 @@ the GPU when there is one.
 
 from __future__ import annotations
 
+import itertools
 import threading
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -37,6 +39,10 @@ if TYPE_CHECKING:
 
 _store: Store | None = None
 _store_lock = threading.Lock()
+#: each table's version (``pull_versioned``), moved by every write made through a local
+#: client; a table dropped and created again is a new object with a newer version
+_versions: weakref.WeakKeyDictionary[Table, int] = weakref.WeakKeyDictionary()
+_next_version = itertools.count(1)
 
 
 def process_store() -> Store:
@@ -145,12 +151,20 @@ class LocalBackend:
         except RecStoreError as error:
             raise _backend_error(error, name) from error
 
+    def pull_versioned(self, name: str, keys: torch.Tensor) -> tuple[torch.Tensor, tuple[int]]:
+        """``pull`` of unique ``keys`` and the table's version read before them."""
+        table = self.table(name)
+        version = _versions.setdefault(table, next(_next_version))
+        return self.pull(name, keys, unique=True), (version,)
+
     def push(self, name: str, keys: torch.Tensor, values: torch.Tensor) -> None:
         table = self.table(name)
         try:
             table.push(keys.to(table.device), values.to(table.device))
         except RecStoreError as error:
             raise _backend_error(error, name) from error
+        finally:
+            _versions[table] = next(_next_version)
 
     def update(
         self,
@@ -167,6 +181,8 @@ class LocalBackend:
             table.update(keys.to(table.device), grads.to(table.device), lr=lr)
         except RecStoreError as error:
             raise _backend_error(error, name) from error
+        finally:
+            _versions[table] = next(_next_version)
 
     def pull_many(self, requests: Sequence[PullRequest]) -> list[torch.Tensor]:
         """Direct store calls, table by table (no request to save locally)."""

@@ -235,6 +235,23 @@ class GrpcBackend:
         rows = rows_from_numpy(out, dtype)
         return rows if inverse is None else rows[inverse]
 
+    def pull_versioned(self, name: str, keys: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
+        """``pull`` of unique ``keys`` and every shard's table version, read before the rows.
+
+        Every shard answers (an empty Pull where it owns none of the keys), so a
+        cache learns of a write on any shard at its next lookup.
+        """
+        self._step.settle([name])
+        table = self._locate(name)
+        keys_np = keys_to_numpy(keys)
+        dtype = DType(table.spec.dtype)
+        out = np.empty((len(keys_np), table.spec.embedding_dim), dtype=wire.wire_dtype(dtype))
+        versions: dict[int, int] = {}
+        issue = pull_issue(table.spec, keys_np, out, self._node_of(table), versions)
+        table.router.start(keys_np, issue, every_shard=True).wait()
+        shards = table.router.slot_map.num_shards
+        return rows_from_numpy(out, dtype), tuple(versions.get(s, 0) for s in range(shards))
+
     def push(self, name: str, keys: torch.Tensor, values: torch.Tensor) -> None:
         self._step.settle([name])
         table = self._locate(name)

@@ -65,6 +65,7 @@ class TableStats:
     slot_map: Final = 10
     engine: Final = 11
     conditions: Final = 12
+    version: Final = 13
 
 
 class TableCondition:
@@ -86,6 +87,7 @@ class PullResponse:
     dim: Final = 2
     dtype: Final = 3
     found: Final = 4
+    version: Final = 5
 
 
 class PushRequest:
@@ -244,6 +246,7 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
         10: ("slot_map", "message"),
         11: ("engine", "message"),
         12: ("conditions", "message"),
+        13: ("version", "uint64"),
     },
     "TableCondition": {
         1: ("type", "string"),
@@ -262,6 +265,7 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
         2: ("dim", "uint32"),
         3: ("dtype", "string"),
         4: ("found", "bytes"),
+        5: ("version", "uint64"),
     },
     "PushRequest": {
         1: ("table", "string"),

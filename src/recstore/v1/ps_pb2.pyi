@@ -69,7 +69,7 @@ class GetTableStatsRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ...) -> None: ...
 
 class TableStats(_message.Message):
-    __slots__ = ("table", "size", "capacity", "memory_bytes", "dtype", "dim", "spec_json", "shard_index", "num_shards", "slot_map", "engine", "conditions")
+    __slots__ = ("table", "size", "capacity", "memory_bytes", "dtype", "dim", "spec_json", "shard_index", "num_shards", "slot_map", "engine", "conditions", "version")
     class EngineEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,7 @@ class TableStats(_message.Message):
     SLOT_MAP_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     CONDITIONS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     table: str
     size: int
     capacity: int
@@ -101,7 +102,8 @@ class TableStats(_message.Message):
     slot_map: SlotMap
     engine: _containers.ScalarMap[str, float]
     conditions: _containers.RepeatedCompositeFieldContainer[TableCondition]
-    def __init__(self, table: _Optional[str] = ..., size: _Optional[int] = ..., capacity: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., dtype: _Optional[str] = ..., dim: _Optional[int] = ..., spec_json: _Optional[str] = ..., shard_index: _Optional[int] = ..., num_shards: _Optional[int] = ..., slot_map: _Optional[_Union[SlotMap, _Mapping]] = ..., engine: _Optional[_Mapping[str, float]] = ..., conditions: _Optional[_Iterable[_Union[TableCondition, _Mapping]]] = ...) -> None: ...
+    version: int
+    def __init__(self, table: _Optional[str] = ..., size: _Optional[int] = ..., capacity: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., dtype: _Optional[str] = ..., dim: _Optional[int] = ..., spec_json: _Optional[str] = ..., shard_index: _Optional[int] = ..., num_shards: _Optional[int] = ..., slot_map: _Optional[_Union[SlotMap, _Mapping]] = ..., engine: _Optional[_Mapping[str, float]] = ..., conditions: _Optional[_Iterable[_Union[TableCondition, _Mapping]]] = ..., version: _Optional[int] = ...) -> None: ...
 
 class TableCondition(_message.Message):
     __slots__ = ("type", "status", "reason", "message")
@@ -128,16 +130,18 @@ class PullRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., epoch: _Optional[int] = ..., keys: _Optional[bytes] = ..., read_only: _Optional[bool] = ...) -> None: ...
 
 class PullResponse(_message.Message):
-    __slots__ = ("values", "dim", "dtype", "found")
+    __slots__ = ("values", "dim", "dtype", "found", "version")
     VALUES_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     FOUND_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     values: bytes
     dim: int
     dtype: str
     found: bytes
-    def __init__(self, values: _Optional[bytes] = ..., dim: _Optional[int] = ..., dtype: _Optional[str] = ..., found: _Optional[bytes] = ...) -> None: ...
+    version: int
+    def __init__(self, values: _Optional[bytes] = ..., dim: _Optional[int] = ..., dtype: _Optional[str] = ..., found: _Optional[bytes] = ..., version: _Optional[int] = ...) -> None: ...
 
 class PushRequest(_message.Message):
     __slots__ = ("table", "epoch", "keys", "values", "dtype", "dim")
