@@ -110,7 +110,9 @@ def apply_checked(
         grads = codec.decode_rows(grads_buffer, rows, hosted.dim, grad_dtype, "grads")
         apply = functools.partial(hosted.table.update, keys, grads, lr)
         entry = None if named is None else named[hosted.entry.spec.name]
-        write = Write(hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr, apply, request=entry)
+        write = Write(
+            hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr, apply, request=entry
+        )
         checked.append((write, keys))
     inserting: dict[str, tuple[HostedTable, list[np.ndarray]]] = {}
     for hosted, keys in [(w.hosted, k) for w, k in checked] + [

@@ -22,8 +22,8 @@ from recstore.client.errors import BackendError, TableNotInitialized
 from recstore.client.tensors import rows_from_numpy
 from recstore.core import (
     CapacityExhausted,
-    DType,
     DeviceUnavailable,
+    DType,
     InferenceTable,
     RecStoreError,
     StorageTier,
