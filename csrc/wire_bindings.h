@@ -57,12 +57,13 @@ inline nb::bytes new_bytes(size_t size, uint8_t*& data) {
 }
 
 // The message `write(writer)` lays out, as bytes; MessageTooLarge, before anything
-// is allocated, when it would be over `limit` bytes.
+// is allocated, when it (with `trailing` bytes the caller appends) would be over
+// `limit` bytes.
 template <class Write>
-nb::bytes encode(Write&& write, size_t limit = SIZE_MAX) {
+nb::bytes encode(Write&& write, size_t limit = SIZE_MAX, size_t trailing = 0) {
   Writer counter(nullptr);
   write(counter);
-  check_reply_size(counter.pos(), limit);
+  check_reply_size(counter.pos() + trailing, limit);
   uint8_t* data = nullptr;
   nb::bytes message = new_bytes(counter.pos(), data);
   Writer w(data);
@@ -133,9 +134,11 @@ using Hole = nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>;
 
 // A MultiPullResponse (or, not embedded, one PullResponse) with its rows (and
 // found masks) left as holes: (frame, [(values bytes, found bytes or None)]).
-// MessageTooLarge, before anything is allocated, when it would be over `limit` bytes.
+// MessageTooLarge, before anything is allocated, when it (with `trailing` bytes the
+// caller appends) would be over `limit` bytes.
 inline nb::tuple pull_reply_frame(const nb::list& shape_args, bool embedded,
-                                  const std::vector<uint64_t>& carried, size_t limit) {
+                                  const std::vector<uint64_t>& carried, size_t limit,
+                                  size_t trailing) {
   const std::vector<PullShape> shapes = items_of(shape_args, [](const nb::tuple& t) {
     return PullShape{nb::cast<uint64_t>(t[0]), nb::cast<uint32_t>(t[1]),
                      nb::cast<std::string>(t[2]), nb::cast<uint64_t>(t[3]), nb::cast<bool>(t[4])};
@@ -158,7 +161,7 @@ inline nb::tuple pull_reply_frame(const nb::list& shape_args, bool embedded,
       }
     }
   };
-  Frame frame{encode(write, limit)};
+  Frame frame{encode(write, limit, trailing)};
   auto* data = reinterpret_cast<uint8_t*>(PyBytes_AS_STRING(frame.message.ptr()));
   nb::list views;
   for (size_t i = 0; i < shapes.size(); ++i) {
@@ -177,7 +180,7 @@ inline void bind(nb::module_& m) {
       .def("finish", [](const Frame& f) { return f.message; },
            "The message, to send once its holes are filled");
   m.def("pull_reply_frame", &pull_reply_frame, "shapes"_a, "embedded"_a, "carried_rows"_a,
-        "limit"_a,
+        "limit"_a, "trailing"_a = 0,
         "A MultiPullResponse (or one PullResponse) with holes for its rows: "
         "(frame, [(values, found or None)]); MessageTooLarge when over `limit` bytes");
   m.def("message_too_large", &message_too_large, "size"_a, "limit"_a,

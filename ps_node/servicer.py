@@ -219,7 +219,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         rows = len(codec.decode_keys(req.keys))
         message, values, found = wire.pull_response_frame(
             rows, hosted.dim, hosted.dtype, req.read_only,
-            limit=self.reply_limit - wire.PULL_VERSION_FIELD_BYTES,
+            limit=self.reply_limit, trailing=wire.PULL_VERSION_FIELD_BYTES,
         )  # fmt: skip
         await self.offload.run_batch(rows, self.node.pull, req.table, req.keys, values, found)
         self.metrics.rows(req.table, "Pull", rows)

@@ -258,15 +258,22 @@ class Frame(Protocol):
 
 
 def pull_response_frame(
-    rows: int, dim: int, dtype: str, read_only: bool, *, limit: int | None = None
+    rows: int,
+    dim: int,
+    dtype: str,
+    read_only: bool,
+    *,
+    limit: int | None = None,
+    trailing: int = 0,
 ) -> tuple[Frame, np.ndarray, np.ndarray | None]:
     """A PullResponse with room for its rows: (frame, values [rows, dim], found or None).
 
     Fill ``values`` (and ``found``) in place, then send ``finish(frame)``.
-    ``MessageTooLarge``, before anything is allocated, when it would be over ``limit`` bytes.
+    ``MessageTooLarge``, before anything is allocated, when it (with ``trailing``
+    bytes appended after it) would be over ``limit`` bytes.
     """
     frame, ((values, found),) = multi_pull_response_frame(
-        [(rows, dim, dtype, read_only)], False, limit=limit
+        [(rows, dim, dtype, read_only)], False, limit=limit, trailing=trailing
     )
     return frame, values, found
 
@@ -280,13 +287,15 @@ def multi_pull_response_frame(
     carried_rows: Sequence[int] = (),
     *,
     limit: int | None = None,
+    trailing: int = 0,
 ) -> tuple[Frame, list[tuple[np.ndarray, np.ndarray | None]]]:
     """A MultiPullResponse (or, not ``embedded``, one PullResponse) with room for its rows.
 
     One (values [rows, dim], found or None) per shape, to fill in place before
     ``finish(frame)``: every item's rows are written once, straight into the reply.
     ``carried_rows``: the rows applied by each update the request carried.
-    ``MessageTooLarge``, before anything is allocated, when it would be over ``limit`` bytes.
+    ``MessageTooLarge``, before anything is allocated, when it (with ``trailing`` bytes
+    appended after it) would be over ``limit`` bytes.
     """
     storages = [wire_dtype(dtype) for _, _, dtype, _ in shapes]  # refuse an unknown dtype first
     frame, holes = _native.pull_reply_frame(
@@ -297,6 +306,7 @@ def multi_pull_response_frame(
         embedded,
         list(carried_rows),
         U64 if limit is None else limit,
+        trailing,
     )
     out = [
         (values.view(storage).reshape(rows, dim), None if found is None else found.view(np.bool_))
