@@ -40,6 +40,7 @@ from recstore.core.proto_convert import TableCondition
 from recstore.core.wire import Buffer
 from recstore.ps import catalogue, codec
 from recstore.ps.catalogue import CatalogueEntry
+from recstore.ps.migration import Migrations
 from recstore.ps.wal import OP_PUSH, OP_UPDATE, Appended, TableWal, encode_record
 from recstore.ps.wal_io import SegmentFile, SegmentOpener
 from recstore.ps.write_gate import WriteGate
@@ -175,6 +176,8 @@ class Node:
         self.conditions: dict[str, list[TableCondition]] = {}
         #: guards the set of tables and the catalogue (create, drop, save, load)
         self.registry_lock = threading.RLock()
+        #: slots moving out (tracked, sealable) and in (importing) per table
+        self.migrations = Migrations()
 
     # -- tables ---------------------------------------------------------------
     def wal_dir(self, entry: CatalogueEntry) -> Path:
@@ -283,15 +286,17 @@ class Node:
         """
         hosted = self.get(name)
         keys = codec.decode_keys(keys_buffer)
-        check_owned(hosted, keys)
-        # No table lock: the engine's reader-writer lock suffices, and rows a pull
-        # inserts come from the deterministic initializer, so neither the log nor
-        # a concurrent checkpoint needs to order them.
-        if found_out is None:
-            hosted.table.pull(keys, out=values_out)
-        else:
-            _, found = hosted.table.find(keys, out=values_out)
-            found_out[:] = found
+        with self.migrations.admitted(name, keys, hosted.entry.slot_map.epoch):
+            check_owned(hosted, keys)
+            # No table lock: the engine's reader-writer lock suffices, and rows a pull
+            # inserts come from the deterministic initializer, so neither the log nor
+            # a concurrent checkpoint needs to order them.
+            if found_out is None:
+                hosted.table.pull(keys, out=values_out)
+                self.migrations.record(name, keys)  # any of them may be a new row
+            else:
+                _, found = hosted.table.find(keys, out=values_out)
+                found_out[:] = found
         return len(keys)
 
     def push(
@@ -301,13 +306,15 @@ class Node:
         codec.check_declared(dtype, dim, hosted.dtype, hosted.dim)
         keys = codec.decode_keys(keys_buffer)
         values = codec.decode_rows(values_buffer, len(keys), hosted.dim, hosted.dtype)
-        check_owned(hosted, keys)
-        write = Write(
-            hosted, OP_PUSH, keys_buffer, values_buffer, hosted.dtype, None,
-            functools.partial(hosted.table.push, keys, values),
-        )  # fmt: skip
-        with hosted.lock:
-            (ack,) = self.write_logged([write])
+        with self.migrations.admitted(name, keys, hosted.entry.slot_map.epoch):
+            check_owned(hosted, keys)
+            write = Write(
+                hosted, OP_PUSH, keys_buffer, values_buffer, hosted.dtype, None,
+                functools.partial(hosted.table.push, keys, values),
+            )  # fmt: skip
+            with hosted.lock:
+                (ack,) = self.write_logged([write])
+            self.migrations.record(name, keys)
             return ack
 
     def update(
@@ -326,13 +333,15 @@ class Node:
         keys = codec.decode_keys(keys_buffer)
         grads = codec.decode_rows(grads_buffer, len(keys), hosted.dim, grad_dtype, "grads")
         check_lr(lr)
-        check_owned(hosted, keys)
-        write = Write(
-            hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr,
-            functools.partial(hosted.table.update, keys, grads, lr),
-        )  # fmt: skip
-        with hosted.lock:
-            (ack,) = self.write_logged([write])
+        with self.migrations.admitted(name, keys, hosted.entry.slot_map.epoch):
+            check_owned(hosted, keys)
+            write = Write(
+                hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr,
+                functools.partial(hosted.table.update, keys, grads, lr),
+            )  # fmt: skip
+            with hosted.lock:
+                (ack,) = self.write_logged([write])
+            self.migrations.record(name, keys)
             return ack
 
     def write_logged(self, writes: Sequence[Write]) -> list[WriteAck]:

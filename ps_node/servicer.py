@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from recstore.core import DType, NonFiniteValues, wire
+from recstore.core import DType, InvalidArgument, NonFiniteValues, wire
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.core.proto_convert import (
     TableStats,
@@ -27,7 +27,10 @@ from recstore.core.proto_convert import (
     read_create_table_request,
     table_stats_to_proto,
 )
-from recstore.ps import codec, limits, native_path, persistence
+from recstore.core import migration_wire as wire_migration
+from recstore.core.proto_convert import slot_map_from_proto
+from recstore.ps import codec, limits, migration_ops, native_path, persistence
+from recstore.ps.migration import mask_ranges
 from recstore.ps.checkpoint import CheckpointInfo
 from recstore.ps.checkpoint_read import list_checkpoints
 from recstore.ps.metrics import Metrics
@@ -89,7 +92,22 @@ def stats_of(node: Node, hosted: HostedTable) -> ps_pb2.TableStats:
         engine=table.stats(),
         conditions=node.conditions.get(entry.spec.name, ()),
     )
-    return table_stats_to_proto(stats)
+    message = table_stats_to_proto(stats)
+    migration_state(node, entry.spec.name, message.migration)
+    return message
+
+
+def migration_state(node: Node, name: str, message: ps_pb2.MigrationState) -> None:
+    """Field 14 of TableStats: what this node is moving out or importing (unset: nothing)."""
+    out = node.migrations.outgoing.get(name)
+    if out is not None:
+        message.outgoing.extend(wire_migration.ranges_to_proto(mask_ranges(out.slots), out.target))
+        message.sealed = out.sealed
+        message.pending_changes = out.tracker.pending
+    importing = node.migrations.importing.get(name)
+    if importing is not None:
+        ranges = mask_ranges(importing)
+        message.importing.extend(wire_migration.ranges_to_proto(ranges, node.shard_index))
 
 
 def refused_stats_of(node: Node, refusal: Refusal) -> ps_pb2.TableStats:
@@ -254,6 +272,91 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
     async def ListCheckpoints(self, request, context):
         found = await self._run(list_checkpoints, persistence.checkpoint_root(self.node))
         return ps_pb2.ListCheckpointsResponse(checkpoints=[self._public(i) for i in found])
+
+    # -- online slot migration (recstore.ps.migration_ops) -------------------------------
+    def _rows(self, name: str, rows: wire_migration.RowBatch) -> ps_pb2.MigrationRows:
+        return wire_migration.rows_to_proto(rows, self.node.get(name).dtype)
+
+    @rpc
+    async def MigrateBegin(self, request, context):
+        ranges = wire_migration.ranges_from_proto(request.slots)
+        if request.role == wire_migration.SOURCE:
+            targets = {r.shard for r in request.slots}
+            if len(targets) != 1:
+                raise InvalidArgument("a source moves its slots to exactly one target shard")
+            await self._run(migration_ops.begin_outgoing, self.node, request.table, ranges, targets.pop())
+            out = self.node.migrations.outgoing_of(request.table)
+            return ps_pb2.MigrateBeginResponse(snapshot_rows=len(out.snapshot))
+        if request.role == wire_migration.TARGET:
+            await self._run(migration_ops.begin_import, self.node, request.table, ranges)
+            return ps_pb2.MigrateBeginResponse()
+        raise InvalidArgument(f"unknown migration role {request.role}")
+
+    @rpc
+    async def MigrateRows(self, request, context):
+        if request.changes:
+            rows = await self._run(migration_ops.catch_up, self.node, request.table)
+        else:
+            rows = await self._run(
+                migration_ops.snapshot_page, self.node, request.table,
+                int(request.offset), int(request.max_rows or 65536),
+            )  # fmt: skip
+        return self._rows(request.table, rows)
+
+    @rpc
+    async def SealSlots(self, request, context):
+        timeout = request.timeout_seconds
+        if not timeout > 0:
+            raise InvalidArgument(f"timeout_seconds must be > 0, got {timeout}")
+        rows = await self._run(migration_ops.seal, self.node, request.table, timeout)
+        return self._rows(request.table, rows)
+
+    @rpc
+    async def MigrateImport(self, request, context):
+        hosted = self.node.get(request.table)
+        try:
+            rows = wire_migration.rows_from_proto(
+                request.rows, hosted.dtype, hosted.dim, hosted.entry.spec.state_width
+            )
+        except ValueError as error:
+            raise InvalidArgument(f"table {request.table!r}: {error}") from None
+        imported = await self._run(migration_ops.import_rows, self.node, request.table, rows)
+        return ps_pb2.MigrateImportResponse(rows=imported)
+
+    @rpc
+    async def MigrateAbort(self, request, context):
+        if request.role == wire_migration.SOURCE:
+            aborted = await self._run(migration_ops.abort_outgoing, self.node, request.table)
+        elif request.role == wire_migration.TARGET:
+            aborted = await self._run(migration_ops.abort_import, self.node, request.table) > 0
+        else:
+            raise InvalidArgument(f"unknown migration role {request.role}")
+        return ps_pb2.MigrateAbortResponse(aborted=aborted)
+
+    @rpc
+    async def MigrateCleanup(self, request, context):
+        dropped = await self._run(migration_ops.cleanup, self.node, request.table)
+        return ps_pb2.MigrateCleanupResponse(rows=dropped)
+
+    @rpc
+    async def SlotChecksums(self, request, context):
+        ranges = wire_migration.ranges_from_proto(request.slots)
+        slots, rows, sums = await self._run(migration_ops.checksums, self.node, request.table, ranges)
+        return ps_pb2.SlotChecksumsResponse(
+            slots=slots.astype("<i8").tobytes(), rows=rows.astype("<i8").tobytes(),
+            checksums=sums.astype("<u8").tobytes(),
+        )  # fmt: skip
+
+    @rpc
+    async def SetSlotMap(self, request, context):
+        try:
+            slot_map = slot_map_from_proto(request.slot_map)
+        except ValueError as error:
+            raise InvalidArgument(f"table {request.table!r}: bad slot map: {error}") from None
+        changed = await self._run(
+            migration_ops.set_slot_map, self.node, request.table, request.expected_epoch, slot_map
+        )
+        return ps_pb2.SetSlotMapResponse(changed=changed)
 
     def _public(self, info: CheckpointInfo) -> ps_pb2.CheckpointInfo:
         """A checkpoint as replies show it: its path relative to the data dir."""

@@ -223,17 +223,25 @@ class Table:
         """
         if chunk_rows < 1:
             raise InvalidArgument(f"chunk_rows must be >= 1, got {chunk_rows}")
-        self._tick()
-        all_keys = self._engine.keys()
+        all_keys = self.keys()
         for start in range(0, len(all_keys), chunk_rows):
-            want = all_keys[start : start + chunk_rows]
-            n = len(want)
-            keys_out = np.empty(n, dtype=np.int64)
-            values = np.empty((n, self.dim), dtype=NUMPY_DTYPES[self.dtype])
-            state = np.empty((n, self._state_width), dtype=np.float32)
-            got = self._engine.export_rows(want, keys_out, values, state)
-            if got:
-                yield Chunk(keys_out[:got], values[:got], state[:got])
+            chunk = self.export_keys(all_keys[start : start + chunk_rows])
+            if len(chunk.keys):
+                yield chunk
+
+    def keys(self) -> np.ndarray:
+        """Every resident key (int64), in no particular order."""
+        self._tick()
+        return np.asarray(self._engine.keys(), dtype=np.int64)
+
+    def export_keys(self, keys: np.ndarray) -> Chunk:
+        """The rows, with optimizer state, of those of ``keys`` still resident."""
+        n = len(keys)
+        keys_out = np.empty(n, dtype=np.int64)
+        values = np.empty((n, self.dim), dtype=NUMPY_DTYPES[self.dtype])
+        state = np.empty((n, self._state_width), dtype=np.float32)
+        got = self._engine.export_rows(np.ascontiguousarray(keys, dtype=np.int64), keys_out, values, state) if n else 0
+        return Chunk(keys_out[:got], values[:got], state[:got])
 
     def import_chunk(self, keys: Any, values: Any, state: Any) -> None:
         """Insert or overwrite rows together with their optimizer state."""

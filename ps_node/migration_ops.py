@@ -1,0 +1,151 @@
+"""The steps of a slot migration on one node, as the Migrat*/Seal*/SlotChecksums/SetSlotMap
+RPCs run them (blocking; the servicer runs them on its thread pool).
+
+Source: ``begin_outgoing``, ``snapshot_page`` (rows as of the start, paged),
+``catch_up`` (rows changed since), ``seal`` (the tail), ``abort_outgoing``,
+``cleanup`` (drop rows of slots no longer owned). Target: ``begin_import``,
+``import_rows``, ``abort_import``. Both: ``checksums`` and ``set_slot_map``,
+the compare-and-swap on the epoch that activates the target and makes the
+source refuse the moved slots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from recstore.core import InvalidArgument, SlotMap, slot_of
+from recstore.core.migration_wire import RowBatch
+from recstore.ps import migration
+from recstore.ps.migration import MigrationConflict, keys_in, rows_of, slot_mask
+from recstore.ps.node import Node, owned_slots
+from recstore.store.table import Chunk
+
+
+def _batch(chunk: Chunk, gone: np.ndarray, present: np.ndarray | None = None, following: int = 0) -> RowBatch:
+    return RowBatch(chunk.keys, chunk.values, chunk.state, gone, present, following)
+
+
+class SlotMapConflict(MigrationConflict):
+    """SetSlotMap's expected epoch is not the node's (the compare-and-swap failed)."""
+
+
+def begin_outgoing(node: Node, name: str, ranges: list[tuple[int, int]], target: int) -> None:
+    hosted = node.get(name)
+    slots = slot_mask(ranges)
+    node.migrations.begin(name, slots, target, hosted.owned_slots)
+    # the key list is read after tracking started: a row changed later is recorded
+    node.migrations.outgoing[name].snapshot = np.sort(keys_in(hosted.table, slots))
+
+
+def snapshot_page(node: Node, name: str, offset: int, rows: int) -> RowBatch:
+    hosted = node.get(name)
+    keys = node.migrations.outgoing_of(name).snapshot
+    if offset < 0 or rows < 1:
+        raise InvalidArgument(f"snapshot page needs offset >= 0 and rows >= 1: {offset}, {rows}")
+    want = keys[offset : offset + rows]
+    chunk = hosted.table.export_keys(want)
+    following = offset + len(want)
+    # keys gone since the snapshot began were recorded (evictions) or will be in the tail
+    return _batch(chunk, np.empty(0, np.int64), None, following if following < len(keys) else 0)
+
+
+def catch_up(node: Node, name: str) -> RowBatch:
+    hosted = node.get(name)
+    chunk, gone = rows_of(hosted.table, node.migrations.changes(name))
+    return _batch(chunk, gone)
+
+
+def seal(node: Node, name: str, timeout: float) -> RowBatch:
+    """Seal the outgoing slots and return the tail: last changes and every resident key."""
+    hosted = node.get(name)
+    changed = node.migrations.seal(name, timeout)
+    chunk, gone = rows_of(hosted.table, changed)
+    out = node.migrations.outgoing_of(name)
+    return _batch(chunk, gone, keys_in(hosted.table, out.slots))
+
+
+def abort_outgoing(node: Node, name: str) -> bool:
+    """Unseal and stop tracking; the source stays authoritative. False: nothing was moving."""
+    return node.migrations.end(name) is not None
+
+
+def cleanup(node: Node, name: str) -> int:
+    """Drop the rows of slots this node no longer owns; returns how many."""
+    hosted = node.get(name)
+    if hosted.owned_slots is None:
+        return 0
+    if node.migrations.tracks(name):
+        raise MigrationConflict(f"table {name!r} is still moving slots out; commit first")
+    with hosted.lock:
+        return hosted.table.erase(keys_in(hosted.table, ~hosted.owned_slots))
+
+
+def begin_import(node: Node, name: str, ranges: list[tuple[int, int]]) -> None:
+    hosted = node.get(name)
+    node.migrations.begin_import(name, slot_mask(ranges), hosted.owned_slots)
+
+
+def import_rows(node: Node, name: str, rows: RowBatch) -> int:
+    """Apply rows from the source into importing slots; ``present`` (the tail) erases the rest."""
+    hosted = node.get(name)
+    slots = node.migrations.importing_slots(name)
+    for what, keys in (("row", rows.keys), ("gone key", rows.gone)):
+        if len(keys) and not slots[slot_of(keys)].all():
+            raise InvalidArgument(f"table {name!r}: a {what} lies outside the importing slots")
+    with hosted.lock:
+        if len(rows.keys):
+            hosted.table.import_chunk(rows.keys, rows.values, rows.state)
+        erased = rows.gone
+        if rows.present is not None:
+            extra = np.setdiff1d(keys_in(hosted.table, slots), rows.present)
+            erased = np.union1d(erased, extra)
+        if len(erased):
+            hosted.table.erase(erased)
+    return len(rows.keys)
+
+
+def abort_import(node: Node, name: str) -> int:
+    """Discard what was imported; returns how many rows were dropped."""
+    hosted = node.get(name)
+    slots = node.migrations.end_import(name)
+    if slots is None:
+        return 0
+    with hosted.lock:
+        return hosted.table.erase(keys_in(hosted.table, slots))
+
+
+def checksums(node: Node, name: str, ranges: list[tuple[int, int]]) -> tuple[np.ndarray, ...]:
+    return migration.slot_checksums(node.get(name).table, slot_mask(ranges))
+
+
+def set_slot_map(node: Node, name: str, expected_epoch: int, slot_map: SlotMap) -> bool:
+    """Install ``slot_map`` if the node's epoch is ``expected_epoch`` (or already it).
+
+    Returns False when the map was already installed (a resent commit). Moved-out
+    slots are then refused (held requests re-check and get the wrong-owner error);
+    imported slots are served.
+    """
+    with node.registry_lock:
+        hosted = node.get(name)
+        current = hosted.entry.slot_map
+        if current == slot_map:
+            return False
+        if current.epoch != expected_epoch or slot_map.epoch != expected_epoch + 1:
+            raise SlotMapConflict(
+                f"table {name!r}: node is at slot-map epoch {current.epoch}, the new map "
+                f"({slot_map.epoch}) must follow {expected_epoch}"
+            )
+        with hosted.lock:
+            hosted.entry = dataclasses.replace(hosted.entry, slot_map=slot_map)
+            hosted.owned_slots = owned_slots(slot_map, node.shard_index)
+            node.save_catalogue()
+        owned = hosted.owned_slots
+        out = node.migrations.outgoing.get(name)
+        if out is not None and (owned is None or not owned[out.slots].any()):
+            abort_outgoing(node, name)  # committed: held requests now meet the new map
+        incoming = node.migrations.importing.get(name)
+        if incoming is not None and (owned is None or owned[incoming].all()):
+            node.migrations.end_import(name)
+    return True
