@@ -18,7 +18,7 @@ import torch
 
 from recstore.client import RecStoreClient
 from recstore.core import SlotMap, TableSpec
-from recstore.core.control import ControlClient, Rpc, create_table_rpc
+from recstore.core.control import ControlClient, ControlError, Rpc, create_table_rpc
 from recstore.core.migration import MigrationJob, Phase
 from recstore.core.migration_run import MigrationRun
 from recstore.core.migration_wire import checksums_rpc
@@ -163,3 +163,107 @@ def test_two_to_three_with_a_trainer_running(grow: Fleet) -> None:
     _owner_has(grow, PULLED)
     for shard in (0, 1):  # cleanup: the sources dropped what they moved out
         assert _rows_left(grow, shard, job) == 0
+
+
+def test_three_to_two_empties_the_highest_shard(grow: Fleet) -> None:
+    grow.run(3).run(MigrationJob.start(grow.spec.name, grow.store.slot_map(), 3))
+    trainer = Trainer(grow.endpoints, grow.spec.name)
+    trainer.thread.start()
+    run = grow.run(2)
+    job = run.run(MigrationJob.start(grow.spec.name, grow.store.slot_map(), 2, batch_slots=3000))
+    trainer.finish()
+    final = grow.store.slot_map()
+    assert [(r.start, r.end, r.shard) for r in final.ranges] == [
+        (r.start, r.end, r.shard) for r in SlotMap.initial(2).ranges
+    ]
+    assert {b.source for b in job.batches} == {2} and _rows_left(grow, 2, job) == 0
+    for record in run.records:
+        assert not record.seal_checksums.differing(record.activation_checksums)
+    trainer.check()
+
+
+def _stats(fleet: Fleet, shard: int) -> ps_pb2.TableStats:
+    request = ps_pb2.GetTableStatsRequest(table=fleet.spec.name)
+    return fleet.clients[shard].call(Rpc("GetTableStats", request, lambda r: r))
+
+
+def test_abort_before_commit_leaves_the_source_authoritative(grow: Fleet) -> None:
+    trainer = Trainer(grow.endpoints, grow.spec.name)
+    trainer.thread.start()
+    seen: list[ps_pb2.TableStats] = []
+
+    def fail_at_commit(step: str, job: MigrationJob) -> None:
+        if step == "commit":
+            seen.append(_stats(grow, job.batch.source))  # sealed, its state in TableStats
+            raise RuntimeError("injected failure before the commit")
+
+    job = MigrationJob.start(grow.spec.name, grow.store.slot_map(), 3, batch_slots=2000)
+    with pytest.raises(RuntimeError, match="injected"):
+        grow.run(3, on_step=fail_at_commit).run(job)
+    trainer.finish()
+    assert seen[0].migration.sealed and seen[0].migration.outgoing[0].shard == job.batch.target
+    assert grow.store.slot_map() == SlotMap.initial(2)  # not committed
+    for shard in range(3):
+        assert not _stats(grow, shard).HasField("migration")  # unsealed, import discarded
+    assert _rows_left(grow, job.batch.target, MigrationJob(  # the target holds none of it
+        job.table, 2, 3, (type(job.batch)(job.batch.target, 0, job.batch.ranges),)
+    )) == 0
+    trainer.check()  # every update reached the source, which kept serving
+
+
+@pytest.mark.parametrize("step", ["snapshot", "tail", "commit", "activate", "cleanup"])
+def test_provisioner_crash_at_a_step_is_finished_or_aborted_on_restart(
+    grow: Fleet, step: str
+) -> None:
+    trainer = Trainer(grow.endpoints, grow.spec.name)
+    trainer.thread.start()
+
+    def crash(at: str, job: MigrationJob) -> None:
+        if at == step and job.current == 1:
+            raise Crash(at)
+
+    job = MigrationJob.start(grow.spec.name, grow.store.slot_map(), 3, batch_slots=2000)
+    with pytest.raises(Crash):
+        grow.run(3, on_step=crash).run(job)
+    stored = grow.store.job()
+    assert stored is not None and stored.current == 1
+    run = grow.run(3)  # a restarted provisioner, from what was stored
+    done = run.resume(stored)
+    trainer.finish()
+    assert done.phase == Phase.done
+    assert grow.store.slot_map().epoch == 1 + len(job.batches)
+    for shard in (0, 1):
+        assert _rows_left(grow, shard, done) == 0
+    trainer.check()
+
+
+def test_a_source_restarted_mid_copy_aborts_and_the_move_is_retried(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path, 3, 2)
+    try:
+        trainer = Trainer(fleet.endpoints, fleet.spec.name)
+        rng = np.random.default_rng(5)
+        for _ in range(10):
+            trainer.step(rng)
+
+        def restart_source(step: str, job: MigrationJob) -> None:
+            if step == "catch-up" and job.current == 0:
+                shard = job.batch.source
+                handle = fleet.handles[shard]
+                port, data_dir = handle.port, tmp_path / f"node-{shard}"
+                handle.stop()  # its migration state is gone with it
+                fleet.handles[shard] = start_in_thread(
+                    port=port, data_dir=data_dir, shard_index=shard, num_shards=3
+                )
+
+        job = MigrationJob.start(fleet.spec.name, fleet.store.slot_map(), 3, batch_slots=2000)
+        with pytest.raises(ControlError, match="not moving slots out"):
+            fleet.run(3, on_step=restart_source).run(job)
+        assert fleet.store.slot_map().epoch == 1
+        stored = fleet.store.job()
+        assert stored is not None
+        fleet.run(3).resume(stored)
+        for _ in range(10):
+            trainer.step(rng)
+        trainer.check()
+    finally:
+        fleet.stop()
