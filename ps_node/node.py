@@ -217,20 +217,20 @@ class Node:
         catalogue.save(self.data_dir, entries | {n: h.entry for n, h in self.tables.items()})
 
     def create_table(self, spec: TableSpec, slot_map: SlotMap | None) -> tuple[HostedTable, bool]:
-        if slot_map is None:
-            if spec.shards != self.num_shards:
-                raise InvalidArgument(
-                    f"table {spec.name!r} has {spec.shards} shards but this node is shard "
-                    f"{self.shard_index} of {self.num_shards}; pass a slot map or match them"
-                )
-            slot_map = SlotMap.initial(self.num_shards)
         with self.registry_lock:
             self.check_servable((spec.name,))  # a refused table is never recreated empty
             existing = self.tables.get(spec.name)
-            if existing is not None:
+            if existing is not None:  # e.g. a client joining a table whose shards moved
                 if existing.entry.spec != spec:
                     raise TableExists(f"table {spec.name!r} exists with a different spec")
                 return existing, False
+            if slot_map is None:
+                if spec.shards != self.num_shards:
+                    raise InvalidArgument(
+                        f"table {spec.name!r} has {spec.shards} shards but this node is shard "
+                        f"{self.shard_index} of {self.num_shards}; pass a slot map or match them"
+                    )
+                slot_map = SlotMap.initial(self.num_shards)
             entry = CatalogueEntry(spec, slot_map, uuid.uuid4().hex[:12])
             hosted = self.host(entry)
             try:

@@ -11,10 +11,12 @@ written straight into the reply; the rest use the generated classes.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import grpc
@@ -144,12 +146,15 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         self.keep = keep
         #: no reply is built larger (the node's message limit, its gRPC send limit)
         self.reply_limit = reply_limit
+        self.migration_steps = ThreadPoolExecutor(max_workers=2, thread_name_prefix="migration")
 
     async def _serve_multi(self, method: str, request: bytes) -> bytes:
         """A MultiPull or MultiUpdate, checked and served by recstore.ps.native_path."""
-        served = await self.offload.run_multi(
-            len(request) // 4, native_path.serve, self.node, method, request, self.reply_limit
-        )
+        args = (native_path.serve, self.node, method, request, self.reply_limit)
+        if self.node.migrations.outgoing:  # it may be held by a seal: never on the loop
+            served = await self.offload.run(*args)
+        else:
+            served = await self.offload.run_multi(len(request) // 4, *args)
         for ack in served.acks:  # acknowledged means durable: every table's record is fsynced
             await self._acknowledge(ack)
         for table, rows in served.updated:
@@ -160,6 +165,18 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await self.offload.run(fn, *args)
+
+    async def _batch(self, table: str, rows: int, fn: Callable[..., T], *args: Any) -> T:
+        """A data-path call; on the pool when the table moves slots out (a seal may hold
+        it, which must not stop the event loop)."""
+        if self.node.migrations.tracks(table):
+            return await self.offload.run(fn, *args)
+        return await self.offload.run_batch(rows, fn, *args)
+
+    async def _step(self, fn: Callable[..., T], *args: Any) -> T:
+        """A migration step, on threads of its own: requests held by a seal may fill the pool."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.migration_steps, functools.partial(fn, *args))
 
     async def _acknowledge(self, ack: WriteAck) -> None:
         if ack.wal is not None:
@@ -203,16 +220,17 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         message, values, found = wire.pull_response_frame(
             rows, hosted.dim, hosted.dtype, req.read_only, limit=self.reply_limit
         )
-        await self.offload.run_batch(rows, self.node.pull, req.table, req.keys, values, found)
+        await self._batch(req.table, rows, self.node.pull, req.table, req.keys, values, found)
         self.metrics.rows(req.table, "Pull", rows)
         return wire.finish(message)
 
     @rpc
     async def Push(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         req = wire.decode_push_request(request)
-        ack = await self.offload.run_batch(
-            len(req.keys) // 8, self.node.push, req.table, req.keys, req.values, req.dtype, req.dim
-        )
+        ack = await self._batch(
+            req.table, len(req.keys) // 8, self.node.push,
+            req.table, req.keys, req.values, req.dtype, req.dim,
+        )  # fmt: skip
         await self._acknowledge(ack)
         self.metrics.rows(req.table, "Push", ack.rows)
         return wire.encode_rows_response(ack.rows)
@@ -220,7 +238,8 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
     @rpc
     async def Update(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         req = wire.decode_update_request(request)
-        ack = await self.offload.run_batch(
+        ack = await self._batch(
+            req.table,
             len(req.keys) // 8,
             self.node.update,
             req.table,
@@ -284,20 +303,20 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
             targets = {r.shard for r in request.slots}
             if len(targets) != 1:
                 raise InvalidArgument("a source moves its slots to exactly one target shard")
-            await self._run(migration_ops.begin_outgoing, self.node, request.table, ranges, targets.pop())
+            await self._step(migration_ops.begin_outgoing, self.node, request.table, ranges, targets.pop())
             out = self.node.migrations.outgoing_of(request.table)
             return ps_pb2.MigrateBeginResponse(snapshot_rows=len(out.snapshot))
         if request.role == wire_migration.TARGET:
-            await self._run(migration_ops.begin_import, self.node, request.table, ranges)
+            await self._step(migration_ops.begin_import, self.node, request.table, ranges)
             return ps_pb2.MigrateBeginResponse()
         raise InvalidArgument(f"unknown migration role {request.role}")
 
     @rpc
     async def MigrateRows(self, request, context):
         if request.changes:
-            rows = await self._run(migration_ops.catch_up, self.node, request.table)
+            rows = await self._step(migration_ops.catch_up, self.node, request.table)
         else:
-            rows = await self._run(
+            rows = await self._step(
                 migration_ops.snapshot_page, self.node, request.table,
                 int(request.offset), int(request.max_rows or 65536),
             )  # fmt: skip
@@ -308,7 +327,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         timeout = request.timeout_seconds
         if not timeout > 0:
             raise InvalidArgument(f"timeout_seconds must be > 0, got {timeout}")
-        rows = await self._run(migration_ops.seal, self.node, request.table, timeout)
+        rows = await self._step(migration_ops.seal, self.node, request.table, timeout)
         return self._rows(request.table, rows)
 
     @rpc
@@ -320,28 +339,28 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
             )
         except ValueError as error:
             raise InvalidArgument(f"table {request.table!r}: {error}") from None
-        imported = await self._run(migration_ops.import_rows, self.node, request.table, rows)
+        imported = await self._step(migration_ops.import_rows, self.node, request.table, rows)
         return ps_pb2.MigrateImportResponse(rows=imported)
 
     @rpc
     async def MigrateAbort(self, request, context):
         if request.role == wire_migration.SOURCE:
-            aborted = await self._run(migration_ops.abort_outgoing, self.node, request.table)
+            aborted = await self._step(migration_ops.abort_outgoing, self.node, request.table)
         elif request.role == wire_migration.TARGET:
-            aborted = await self._run(migration_ops.abort_import, self.node, request.table) > 0
+            aborted = await self._step(migration_ops.abort_import, self.node, request.table) > 0
         else:
             raise InvalidArgument(f"unknown migration role {request.role}")
         return ps_pb2.MigrateAbortResponse(aborted=aborted)
 
     @rpc
     async def MigrateCleanup(self, request, context):
-        dropped = await self._run(migration_ops.cleanup, self.node, request.table)
+        dropped = await self._step(migration_ops.cleanup, self.node, request.table)
         return ps_pb2.MigrateCleanupResponse(rows=dropped)
 
     @rpc
     async def SlotChecksums(self, request, context):
         ranges = wire_migration.ranges_from_proto(request.slots)
-        slots, rows, sums = await self._run(migration_ops.checksums, self.node, request.table, ranges)
+        slots, rows, sums = await self._step(migration_ops.checksums, self.node, request.table, ranges)
         return ps_pb2.SlotChecksumsResponse(
             slots=slots.astype("<i8").tobytes(), rows=rows.astype("<i8").tobytes(),
             checksums=sums.astype("<u8").tobytes(),
@@ -353,7 +372,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
             slot_map = slot_map_from_proto(request.slot_map)
         except ValueError as error:
             raise InvalidArgument(f"table {request.table!r}: bad slot map: {error}") from None
-        changed = await self._run(
+        changed = await self._step(
             migration_ops.set_slot_map, self.node, request.table, request.expected_epoch, slot_map
         )
         return ps_pb2.SetSlotMapResponse(changed=changed)

@@ -41,8 +41,12 @@ class Fleet:
     """``shards`` nodes serving a table of ``start`` shards (the others own no slot yet)."""
 
     def __init__(self, root: Path, shards: int, start: int) -> None:
+        # as a provisioner starts them: the first ones sized for the table's first shard
+        # count, the added ones for the new count (an engine table never grows)
         self.handles: list[ServerHandle] = [
-            start_in_thread(data_dir=root / f"node-{i}", shard_index=i, num_shards=shards)
+            start_in_thread(
+                data_dir=root / f"node-{i}", shard_index=i, num_shards=start if i < start else shards
+            )
             for i in range(shards)
         ]
         self.endpoints = [h.address for h in self.handles]
@@ -252,7 +256,7 @@ def test_a_source_restarted_mid_copy_aborts_and_the_move_is_retried(tmp_path: Pa
                 port, data_dir = handle.port, tmp_path / f"node-{shard}"
                 handle.stop()  # its migration state is gone with it
                 fleet.handles[shard] = start_in_thread(
-                    port=port, data_dir=data_dir, shard_index=shard, num_shards=3
+                    port=port, data_dir=data_dir, shard_index=shard, num_shards=2
                 )
 
         job = MigrationJob.start(fleet.spec.name, fleet.store.slot_map(), 3, batch_slots=2000)
