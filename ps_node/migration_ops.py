@@ -23,7 +23,9 @@ from recstore.ps.node import Node, owned_slots
 from recstore.store.table import Chunk
 
 
-def _batch(chunk: Chunk, gone: np.ndarray, present: np.ndarray | None = None, following: int = 0) -> RowBatch:
+def _batch(
+    chunk: Chunk, gone: np.ndarray, present: np.ndarray | None = None, following: int = 0
+) -> RowBatch:
     return RowBatch(chunk.keys, chunk.values, chunk.state, gone, present, following)
 
 

@@ -114,7 +114,10 @@ def serve(
             locks.enter_context(table.lock)
             if node.tables.get(name) is not table:  # dropped or reloaded meanwhile
                 raise TableNotFound(f"table {name!r} is not hosted on this node")
-        views = [None if h is None else _view(h, node.migrations.tracks(h.entry.spec.name)) for h in hosted]
+        views = [
+            None if h is None else _view(h, node.migrations.tracks(h.entry.spec.name))
+            for h in hosted
+        ]
         result = parsed.serve(views, APPLY_NATIVELY, reply_limit)
         if result[0] == "checked":
             _, pulls, updates = result

@@ -22,20 +22,20 @@ from typing import Any, TypeVar
 import grpc
 
 from recstore.core import DType, InvalidArgument, NonFiniteValues, wire
+from recstore.core import migration_wire as wire_migration
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.core.proto_convert import (
     TableStats,
     checkpoint_to_proto,
     read_create_table_request,
+    slot_map_from_proto,
     table_stats_to_proto,
 )
-from recstore.core import migration_wire as wire_migration
-from recstore.core.proto_convert import slot_map_from_proto
 from recstore.ps import codec, limits, migration_ops, native_path, persistence
-from recstore.ps.migration import mask_ranges
 from recstore.ps.checkpoint import CheckpointInfo
 from recstore.ps.checkpoint_read import list_checkpoints
 from recstore.ps.metrics import Metrics
+from recstore.ps.migration import mask_ranges
 from recstore.ps.node import HostedTable, Node, Refusal, WriteAck
 from recstore.ps.offload import Offload
 from recstore.ps.status import status_of, trailing_metadata_of
@@ -303,7 +303,9 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
             targets = {r.shard for r in request.slots}
             if len(targets) != 1:
                 raise InvalidArgument("a source moves its slots to exactly one target shard")
-            await self._step(migration_ops.begin_outgoing, self.node, request.table, ranges, targets.pop())
+            await self._step(
+                migration_ops.begin_outgoing, self.node, request.table, ranges, targets.pop()
+            )
             out = self.node.migrations.outgoing_of(request.table)
             return ps_pb2.MigrateBeginResponse(snapshot_rows=len(out.snapshot))
         if request.role == wire_migration.TARGET:
@@ -360,7 +362,9 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
     @rpc
     async def SlotChecksums(self, request, context):
         ranges = wire_migration.ranges_from_proto(request.slots)
-        slots, rows, sums = await self._step(migration_ops.checksums, self.node, request.table, ranges)
+        slots, rows, sums = await self._step(
+            migration_ops.checksums, self.node, request.table, ranges
+        )
         return ps_pb2.SlotChecksumsResponse(
             slots=slots.astype("<i8").tobytes(), rows=rows.astype("<i8").tobytes(),
             checksums=sums.astype("<u8").tobytes(),

@@ -20,9 +20,9 @@ from recstore.core import (
 )
 from recstore.core.routing import EPOCH_METADATA_KEY
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointNotFound
-from recstore.ps.multi import CarriedUpdatesApplied
 from recstore.ps.migration import MigrationConflict, SealTimeout
 from recstore.ps.migration_ops import SlotMapConflict
+from recstore.ps.multi import CarriedUpdatesApplied
 from recstore.ps.node import TableUnrecoverable
 
 #: checked in order: the first matching class wins (subclasses before bases).

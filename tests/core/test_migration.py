@@ -37,7 +37,9 @@ def test_grow_then_shrink_moves_only_the_slots_that_change_owner(n: int, m: int)
         assert sorted((r.start, r.end) for r in after.ranges) == goal
 
 
-@pytest.mark.parametrize(("n", "m", "moved"), [(3, 2, 8191), (3, 4, 5461), (4, 2, 12288), (4, 3, 9557), (2, 1, 8192)])
+@pytest.mark.parametrize(
+    ("n", "m", "moved"), [(3, 2, 8191), (3, 4, 5461), (4, 2, 12288), (4, 3, 9557), (2, 1, 8192)]
+)
 def test_shrink_of_an_initial_map_moves_what_equal_ranges_need(n: int, m: int, moved: int) -> None:
     """From initial(N) the M equal ranges leave no cheaper choice (each range keeps its
     largest current owner among the surviving shards)."""

@@ -45,7 +45,9 @@ class Fleet:
         # count, the added ones for the new count (an engine table never grows)
         self.handles: list[ServerHandle] = [
             start_in_thread(
-                data_dir=root / f"node-{i}", shard_index=i, num_shards=start if i < start else shards
+                data_dir=root / f"node-{i}",
+                shard_index=i,
+                num_shards=start if i < start else shards,
             )
             for i in range(shards)
         ]
@@ -74,7 +76,9 @@ class Trainer:
     def __init__(self, endpoints: list[str], name: str) -> None:
         self.client = RecStoreClient(role=f"trainer-{id(self)}")
         self.client.set_ps_endpoints(endpoints)
-        self.client.init_data(name, (ROWS, DIM), torch.float32, optimizer={"kind": "sgd", "lr": 1.0})
+        self.client.init_data(
+            name, (ROWS, DIM), torch.float32, optimizer={"kind": "sgd", "lr": 1.0}
+        )
         self.name = name
         self.sums = np.zeros(ROWS, dtype=np.int64)
         self.steps = 0
@@ -106,7 +110,9 @@ class Trainer:
 
     def check(self) -> None:
         got = self.client.pull(self.name, torch.from_numpy(TRAINED)).numpy()
-        np.testing.assert_array_equal(got, -self.sums[TRAINED, None].astype(np.float32).repeat(DIM, 1))
+        np.testing.assert_array_equal(
+            got, -self.sums[TRAINED, None].astype(np.float32).repeat(DIM, 1)
+        )
 
 
 @pytest.fixture
@@ -209,9 +215,16 @@ def test_abort_before_commit_leaves_the_source_authoritative(grow: Fleet) -> Non
     assert grow.store.slot_map() == SlotMap.initial(2)  # not committed
     for shard in range(3):
         assert not _stats(grow, shard).HasField("migration")  # unsealed, import discarded
-    assert _rows_left(grow, job.batch.target, MigrationJob(  # the target holds none of it
-        job.table, 2, 3, (type(job.batch)(job.batch.target, 0, job.batch.ranges),)
-    )) == 0
+    assert (
+        _rows_left(
+            grow,
+            job.batch.target,
+            MigrationJob(  # the target holds none of it
+                job.table, 2, 3, (type(job.batch)(job.batch.target, 0, job.batch.ranges),)
+            ),
+        )
+        == 0
+    )
     trainer.check()  # every update reached the source, which kept serving
 
 

@@ -57,7 +57,11 @@ class SlotBatch:
         return mask
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "target": self.target, "ranges": [list(r) for r in self.ranges]}
+        return {
+            "source": self.source,
+            "target": self.target,
+            "ranges": [list(r) for r in self.ranges],
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SlotBatch:
@@ -122,7 +126,9 @@ def moved(slot_map: SlotMap, batch: SlotBatch) -> SlotMap:
     edges = np.flatnonzero(np.diff(owners)) + 1
     starts = np.concatenate(([0], edges))
     ends = np.concatenate((edges, [NUM_SLOTS]))
-    ranges = tuple(SlotRange(int(s), int(e), int(owners[s])) for s, e in zip(starts, ends, strict=True))
+    ranges = tuple(
+        SlotRange(int(s), int(e), int(owners[s])) for s, e in zip(starts, ends, strict=True)
+    )
     return SlotMap(epoch=slot_map.epoch + 1, ranges=ranges)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import numpy as np
 
@@ -24,6 +25,7 @@ SOURCE = ps_pb2.MIGRATION_ROLE_SOURCE
 TARGET = ps_pb2.MIGRATION_ROLE_TARGET
 
 Ranges = Sequence[tuple[int, int]]
+Role: TypeAlias = ps_pb2.MigrationRole
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,9 @@ def rows_to_proto(rows: RowBatch, dtype: str) -> ps_pb2.MigrationRows:
 def rows_from_proto(message: ps_pb2.MigrationRows, dtype: str, dim: int, width: int) -> RowBatch:
     """Decode, checking the sizes against the receiving table (ValueError when they differ)."""
     n = message.rows
-    if message.rows and (message.dtype != dtype or message.dim != dim or message.state_width != width):
+    if message.rows and (
+        message.dtype != dtype or message.dim != dim or message.state_width != width
+    ):
         raise ValueError(
             f"rows of dtype {message.dtype} dim {message.dim} state {message.state_width} do not "
             f"fit a table of dtype {dtype} dim {dim} state {width}"
@@ -123,15 +127,19 @@ def checksums_from_proto(message: ps_pb2.SlotChecksumsResponse) -> Checksums:
 
 
 # -- the calls a provisioner makes -------------------------------------------------
-def begin_rpc(table: str, role: int, ranges: Ranges, shard: int) -> Rpc[int]:
+def begin_rpc(table: str, role: Role, ranges: Ranges, shard: int) -> Rpc[int]:
     request = ps_pb2.MigrateBeginRequest(
         table=table, role=role, slots=ranges_to_proto(ranges, shard)
     )
     return Rpc("MigrateBegin", request, lambda reply: int(reply.snapshot_rows))
 
 
-def rows_rpc(table: str, *, changes: bool, offset: int = 0, max_rows: int = 65536) -> Rpc[ps_pb2.MigrationRows]:
-    request = ps_pb2.MigrateRowsRequest(table=table, changes=changes, offset=offset, max_rows=max_rows)
+def rows_rpc(
+    table: str, *, changes: bool, offset: int = 0, max_rows: int = 65536
+) -> Rpc[ps_pb2.MigrationRows]:
+    request = ps_pb2.MigrateRowsRequest(
+        table=table, changes=changes, offset=offset, max_rows=max_rows
+    )
     return Rpc("MigrateRows", request, lambda reply: reply)
 
 
@@ -145,7 +153,7 @@ def import_rpc(table: str, rows: ps_pb2.MigrationRows) -> Rpc[int]:
     return Rpc("MigrateImport", request, lambda reply: int(reply.rows))
 
 
-def abort_rpc(table: str, role: int) -> Rpc[bool]:
+def abort_rpc(table: str, role: Role) -> Rpc[bool]:
     request = ps_pb2.MigrateAbortRequest(table=table, role=role)
     return Rpc("MigrateAbort", request, lambda reply: bool(reply.aborted))
 

@@ -76,6 +76,7 @@ class LocalPlatform:
         device: str = "cpu",
         poll_interval: float = 0.5,
         tls: bool = False,
+        online_resharding: bool = True,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.token = ensure_token(self.state_dir)
@@ -100,6 +101,7 @@ class LocalPlatform:
             device=device,
             poll_interval=poll_interval,
             tls=self.tls,
+            online_resharding=online_resharding,
         )
         settings = Settings(
             database_url=f"sqlite:///{self.state_dir / 'admin.db'}",

@@ -240,7 +240,13 @@ class Table:
         keys_out = np.empty(n, dtype=np.int64)
         values = np.empty((n, self.dim), dtype=NUMPY_DTYPES[self.dtype])
         state = np.empty((n, self._state_width), dtype=np.float32)
-        got = self._engine.export_rows(np.ascontiguousarray(keys, dtype=np.int64), keys_out, values, state) if n else 0
+        got = (
+            self._engine.export_rows(
+                np.ascontiguousarray(keys, dtype=np.int64), keys_out, values, state
+            )
+            if n
+            else 0
+        )
         return Chunk(keys_out[:got], values[:got], state[:got])
 
     def import_chunk(self, keys: Any, values: Any, state: Any) -> None:
