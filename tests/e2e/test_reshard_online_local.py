@@ -52,7 +52,9 @@ class Trainer:
             while not self.stop.is_set():
                 ids = rng.choice(ROWS, 64, replace=False)
                 delta = self.steps + 1
-                self.client.update("live", torch.from_numpy(ids), torch.full((64, DIM), delta * 1.0))
+                self.client.update(
+                    "live", torch.from_numpy(ids), torch.full((64, DIM), delta * 1.0)
+                )
                 self.client.pull("live", torch.from_numpy(ids[:2]))  # the update is in
                 self.sums[ids] += delta
                 self.steps += 1
