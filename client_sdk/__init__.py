@@ -7,6 +7,7 @@ RecStore and whose optimizer runs there; ``EmbeddingBagCollection`` looks up
 several bags with one request per PS node.
 """
 
+from recstore.client.backends.base import RowChunk
 from recstore.client.client import RecStoreClient
 from recstore.client.collection import EmbeddingBagCollection, EmbeddingBagConfig
 from recstore.client.errors import (
@@ -25,6 +26,7 @@ __all__ = [
     "EmbeddingBagCollection",
     "EmbeddingBagConfig",
     "RecStoreClient",
+    "RowChunk",
     "TableNotInitialized",
     "TableShapeMismatch",
     "WriteAppliedNotDurable",

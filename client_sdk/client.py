@@ -15,13 +15,13 @@ import contextlib
 import itertools
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import torch
 
 from recstore.client import connection as conn
-from recstore.client.backends.base import Backend
+from recstore.client.backends.base import Backend, RowChunk
 from recstore.client.errors import BackendError, TableNotInitialized, TableShapeMismatch
 from recstore.client.initial_data import RowSource, write_initial_rows
 from recstore.client.module_tables import ModuleTables
@@ -44,6 +44,7 @@ from recstore.client.tensors import (
     torch_dtype,
 )
 from recstore.core import DType
+from recstore.core.routing import slot_mask
 
 DEFAULT_LEARNING_RATE = 0.01
 MACHINE_ID_ENV = "RECSTORE_MACHINE_ID"
@@ -341,6 +342,41 @@ class RecStoreClient:
             backend.update(name, id_tensor, grad_tensor, lr)
         else:
             backend.update(name, *coalesce(id_tensor, grad_tensor), lr)
+
+    def export_rows(
+        self,
+        name: str,
+        *,
+        with_state: bool = False,
+        slots: torch.Tensor | None = None,
+        ids: torch.Tensor | None = None,
+    ) -> Iterator[RowChunk]:
+        """The table's stored rows in chunks of bounded bytes (``RowChunk``: keys, values
+        and, with ``with_state``, each row's optimizer state). ``slots``: a bool mask over
+        the 16384 routing slots, only the rows of those set; ``ids``: only these rows
+        (those stored)."""
+        keys = None if ids is None else self._ids(name, ids)[1]
+        self._meta(name)
+        mask = None if slots is None else slot_mask(torch.as_tensor(slots).cpu().numpy())
+        return self._backend().export_rows(name, with_state=with_state, slots=mask, keys=keys)
+
+    def optimizer_step(self, name: str) -> int:
+        """The table's optimizer step count (adam's bias correction; 0 for the others)."""
+        self._meta(name)
+        return self._backend().optimizer_step(name)
+
+    def set_optimizer_step(self, name: str, step: int) -> None:
+        """Set the table's optimizer step count (as restoring a checkpoint does)."""
+        self._meta(name)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        self._backend().set_optimizer_step(name, step)
+
+    def import_rows(self, name: str, chunks: Iterable[RowChunk]) -> int:
+        """Write ``export_rows`` chunks (values, and optimizer state where a chunk has it)
+        into the table; each chunk is checked whole before any of its rows is written."""
+        self._meta(name)
+        return self._backend().import_rows(name, chunks)
 
     def flush(self) -> None:
         """Wait until every update sent in the background is applied.

@@ -6,10 +6,18 @@ module keeps them in its table, so ``nn.Module``'s own saving sees nothing.
 row blocks into one tensor (what ``torch.save`` needs), ``load_state_dict``
 writes a tensor's rows back block by block, with torch's strict-mode
 semantics (missing/unexpected keys, shape mismatch -> torch's RuntimeError).
-Inside ``lazy_weights(model)`` the entry is a ``TableWeight`` instead, a
-handle that reads and writes row blocks on demand: what
-``recstore.client.checkpoint`` hands to torch.distributed.checkpoint so a
-table is never held whole in the trainer.
+
+Inside ``optimizer_state(model)`` a table with optimizer state also puts it in,
+under torch.optim's names: ``optimizer.sum`` (adagrad [rows, dim], row-wise
+adagrad [rows, 1]), ``optimizer.exp_avg`` and ``optimizer.exp_avg_sq`` (adam
+[rows, dim]) and ``optimizer.step`` (adam's step count, a 0-d int64 tensor).
+``load_state_dict`` restores whichever of them a state dict holds; a table
+without optimizer state (an inference table) drops them.
+
+Inside ``lazy_weights(model)`` the entries are ``TableRows`` handles instead,
+reading and writing row blocks on demand: what ``recstore.client.checkpoint``
+hands to torch.distributed.checkpoint so a table is never held whole in the
+trainer.
 """
 
 from __future__ import annotations
@@ -22,58 +30,13 @@ import torch
 from torch import nn
 
 from recstore.client.client import RecStoreClient
-from recstore.client.initial_data import chunk_bounds
-
-#: Bytes of rows read or written at a time by state_dict, load_state_dict and checkpoints.
-STATE_CHUNK_BYTES = 16 << 20
+from recstore.client.table_rows import TableOptimizerState, TableRows, TableWeight
 
 WEIGHT = "weight"
+OPTIMIZER = "optimizer."
+STEP = OPTIMIZER + "step"
 
-
-class TableWeight:
-    """A module's rows as a handle: shape and dtype, and row blocks read or written on demand."""
-
-    def __init__(
-        self, client: RecStoreClient, name: str, shape: tuple[int, int], dtype: torch.dtype
-    ) -> None:
-        self.client, self.table_name = client, name
-        self.shape, self.dtype = torch.Size(shape), dtype
-
-    def size(self) -> torch.Size:
-        return self.shape
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> TableWeight:
-        return self  # a handle: a copy would name the same table (and copy the client)
-
-    def blocks(self) -> list[tuple[int, int]]:
-        """[start, end) row ranges of at most ``STATE_CHUNK_BYTES`` each."""
-        rows, dim = self.shape
-        return chunk_bounds(rows, dim * self.dtype.itemsize, STATE_CHUNK_BYTES)
-
-    def read(self, start: int, end: int) -> torch.Tensor:
-        """Rows ``start..end-1`` as stored."""
-        with torch.no_grad():
-            return self.client.pull(self.table_name, torch.arange(start, end))
-
-    def write(self, start: int, rows: torch.Tensor) -> None:
-        """Assign rows ``start..start+len(rows)-1`` (cast to the table dtype)."""
-        self.client.push(self.table_name, torch.arange(start, start + len(rows)), rows)
-
-    def materialise(self) -> torch.Tensor:
-        """The whole table as one tensor, filled block by block."""
-        out = torch.empty(self.shape, dtype=self.dtype)
-        for start, end in self.blocks():
-            out[start:end] = self.read(start, end)
-        return out
-
-    def copy_from(self, source: torch.Tensor | TableWeight) -> None:
-        """Every row from a tensor or another table's handle, block by block."""
-        for start, end in self.blocks():
-            rows = source.read(start, end) if isinstance(source, TableWeight) else source[start:end]
-            self.write(start, rows.detach())
-
-    def __repr__(self) -> str:
-        return f"TableWeight({self.table_name!r}, shape={list(self.shape)}, dtype={self.dtype})"
+__all__ = ["TableRows", "TableState", "TableWeight", "lazy_weights", "optimizer_state"]
 
 
 class TableState(nn.Module):
@@ -85,15 +48,39 @@ class TableState(nn.Module):
     embedding_dim: int
     _dtype: torch.dtype
     _lazy_weight = False
+    _with_optimizer_state = False
 
     def table_weight(self) -> TableWeight:
         shape = (self.num_embeddings, self.embedding_dim)
         return TableWeight(self.client, self.table_name, shape, self._dtype)
 
+    def table_entries(self, *, with_optimizer_state: bool) -> dict[str, TableRows]:
+        """The per-row entries: ``weight``, then the optimizer state's fields when asked."""
+        entries: dict[str, TableRows] = {WEIGHT: self.table_weight()}
+        if not with_optimizer_state:
+            return entries
+        spec = self.client._meta(self.table_name).spec
+        fields = spec.optimizer.state_fields(self.embedding_dim) if spec.state_width else ()
+        offset = 0
+        for field, width in fields:
+            entries[OPTIMIZER + field] = TableOptimizerState(
+                self.client, self.table_name, self.num_embeddings, offset, width, spec.state_width
+            )
+            offset += width
+        return entries
+
+    def _has_step(self) -> bool:
+        spec = self.client._meta(self.table_name).spec
+        return spec.optimizer.kind == "adam" and not spec.inference
+
     def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
         super()._save_to_state_dict(destination, prefix, keep_vars)
-        weight = self.table_weight()
-        destination[prefix + WEIGHT] = weight if self._lazy_weight else weight.materialise()
+        entries = self.table_entries(with_optimizer_state=self._with_optimizer_state)
+        for key, entry in entries.items():
+            destination[prefix + key] = entry if self._lazy_weight else entry.materialise()
+        if self._with_optimizer_state and self._has_step():
+            step = self.client.optimizer_step(self.table_name)
+            destination[prefix + STEP] = torch.tensor(step, dtype=torch.int64)
 
     def _load_from_state_dict(
         self,
@@ -105,25 +92,42 @@ class TableState(nn.Module):
         unexpected_keys: list[str],
         error_msgs: list[str],
     ) -> None:
-        """torch's rules for a Parameter ``weight``, with the rows going to the table."""
+        """torch's rules for a Parameter ``weight``, with the rows going to the table.
+
+        The optimizer state's entries are restored when present (required only inside
+        ``optimizer_state``); a table without optimizer state drops them.
+        """
         for hook in self._load_state_dict_pre_hooks.values():
             hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                  error_msgs)  # fmt: skip
-        key = prefix + WEIGHT
+        entries = self.table_entries(with_optimizer_state=True)
+        expected = {prefix + key for key in entries} | (
+            {prefix + STEP} if self._has_step() else set()
+        )
         if strict:
             unexpected_keys.extend(
                 k for k in state_dict
-                if k.startswith(prefix) and k != key and k[len(prefix):].split(".", 1)[0]
-                not in self._modules
+                if k.startswith(prefix) and k not in expected
+                and k[len(prefix):].split(".", 1)[0] not in self._modules
+                and not (k[len(prefix):].startswith(OPTIMIZER) and len(entries) == 1)
             )  # fmt: skip
-        if key not in state_dict:
-            missing_keys.append(key)
-            return
-        value = state_dict[key]
-        target = self.table_weight()
-        if isinstance(value, TableWeight) and value.table_name == self.table_name:
+        for key, target in entries.items():
+            if prefix + key in state_dict:
+                self._load_entry(prefix + key, state_dict[prefix + key], target, error_msgs)
+            elif key == WEIGHT or self._with_optimizer_state:
+                missing_keys.append(prefix + key)
+        if self._has_step():
+            step = state_dict.get(prefix + STEP)
+            if step is not None:
+                self.client.set_optimizer_step(self.table_name, int(step))
+            elif self._with_optimizer_state:
+                missing_keys.append(prefix + STEP)
+
+    @staticmethod
+    def _load_entry(key: str, value: Any, target: TableRows, error_msgs: list[str]) -> None:
+        if target.same_as(value):
             return  # its rows are this table's rows already (a checkpoint loaded in place)
-        if not isinstance(value, torch.Tensor | TableWeight):
+        if not isinstance(value, torch.Tensor | TableRows):
             error_msgs.append(
                 f'While copying the parameter named "{key}", expected torch.Tensor or '
                 f"Tensor-like object from checkpoint but received {type(value)}"
@@ -145,13 +149,23 @@ def _table_modules(model: nn.Module) -> Iterator[TableState]:
 
 
 @contextlib.contextmanager
-def lazy_weights(model: nn.Module) -> Iterator[None]:
-    """Within: ``model.state_dict()`` holds a ``TableWeight`` for each RecStore table."""
-    modules = list(_table_modules(model))
+def _flagged(model: nn.Module, flag: str) -> Iterator[None]:
+    modules = [m for m in _table_modules(model) if not getattr(m, flag)]
     for module in modules:
-        module._lazy_weight = True
+        setattr(module, flag, True)
     try:
         yield
     finally:
         for module in modules:
-            module._lazy_weight = False
+            setattr(module, flag, False)
+
+
+def lazy_weights(model: nn.Module) -> contextlib.AbstractContextManager[None]:
+    """Within: ``model.state_dict()`` holds a ``TableRows`` handle for each table entry."""
+    return _flagged(model, "_lazy_weight")
+
+
+def optimizer_state(model: nn.Module) -> contextlib.AbstractContextManager[None]:
+    """Within: ``model.state_dict()`` also holds each table's optimizer state, and
+    ``load_state_dict`` requires it (strict mode)."""
+    return _flagged(model, "_with_optimizer_state")

@@ -321,4 +321,44 @@ inline constexpr int kSetSlotMapRequest_slot_map_wire = 2;
 inline constexpr uint32_t kSetSlotMapResponse_changed = 1;  // bool
 inline constexpr int kSetSlotMapResponse_changed_wire = 0;
 
+// ExportRowsRequest
+inline constexpr uint32_t kExportRowsRequest_table = 1;  // string
+inline constexpr int kExportRowsRequest_table_wire = 2;
+inline constexpr uint32_t kExportRowsRequest_epoch = 2;  // uint64
+inline constexpr int kExportRowsRequest_epoch_wire = 0;
+inline constexpr uint32_t kExportRowsRequest_with_state = 3;  // bool
+inline constexpr int kExportRowsRequest_with_state_wire = 0;
+inline constexpr uint32_t kExportRowsRequest_slot_mask = 4;  // bytes
+inline constexpr int kExportRowsRequest_slot_mask_wire = 2;
+inline constexpr uint32_t kExportRowsRequest_max_chunk_bytes = 5;  // uint64
+inline constexpr int kExportRowsRequest_max_chunk_bytes_wire = 0;
+inline constexpr uint32_t kExportRowsRequest_keys = 6;  // bytes
+inline constexpr int kExportRowsRequest_keys_wire = 2;
+
+// ExportRowsChunk
+inline constexpr uint32_t kExportRowsChunk_table = 1;  // string
+inline constexpr int kExportRowsChunk_table_wire = 2;
+inline constexpr uint32_t kExportRowsChunk_epoch = 2;  // uint64
+inline constexpr int kExportRowsChunk_epoch_wire = 0;
+inline constexpr uint32_t kExportRowsChunk_keys = 3;  // bytes
+inline constexpr int kExportRowsChunk_keys_wire = 2;
+inline constexpr uint32_t kExportRowsChunk_values = 4;  // bytes
+inline constexpr int kExportRowsChunk_values_wire = 2;
+inline constexpr uint32_t kExportRowsChunk_state = 5;  // bytes
+inline constexpr int kExportRowsChunk_state_wire = 2;
+inline constexpr uint32_t kExportRowsChunk_dtype = 6;  // string
+inline constexpr int kExportRowsChunk_dtype_wire = 2;
+inline constexpr uint32_t kExportRowsChunk_dim = 7;  // uint32
+inline constexpr int kExportRowsChunk_dim_wire = 0;
+inline constexpr uint32_t kExportRowsChunk_state_width = 8;  // uint32
+inline constexpr int kExportRowsChunk_state_width_wire = 0;
+inline constexpr uint32_t kExportRowsChunk_optimizer_step = 9;  // uint64
+inline constexpr int kExportRowsChunk_optimizer_step_wire = 0;
+
+// ImportRowsResponse
+inline constexpr uint32_t kImportRowsResponse_rows = 1;  // uint64
+inline constexpr int kImportRowsResponse_rows_wire = 0;
+inline constexpr uint32_t kImportRowsResponse_chunks = 2;  // uint64
+inline constexpr int kImportRowsResponse_chunks_wire = 0;
+
 }  // namespace recstore::ps_fields

@@ -22,6 +22,9 @@ class OperatorConfig:
     ps_image: str = "recstore-ps:latest"
     #: Secret (in each table's namespace) whose key ``token`` is the PS auth token.
     ps_token_secret: str | None = None
+    #: Secret (in each table's namespace) whose key ``token`` is the read-only token the
+    #: nodes of inference tables accept besides the PS token (readers, serving replicas).
+    ps_read_only_token_secret: str | None = None
     admin_url: str | None = None
     #: The operator's identity at the admin API: a token of the ``provisioner`` role (the
     #: only one allowed to register nodes and write shard status), not an admin token.
@@ -58,6 +61,7 @@ class OperatorConfig:
         return cls(
             ps_image=env.get("RECSTORE_PS_IMAGE") or defaults.ps_image,
             ps_token_secret=env.get("RECSTORE_PS_TOKEN_SECRET") or None,
+            ps_read_only_token_secret=env.get("RECSTORE_PS_READ_ONLY_TOKEN_SECRET") or None,
             admin_url=env.get("RECSTORE_ADMIN_URL") or None,
             provisioner_token=env.get("RECSTORE_PROVISIONER_TOKEN") or None,
             provisioner_token_file=(

@@ -59,6 +59,7 @@ class Reconciler:
         return RenderOptions(
             default_image=self.config.ps_image,
             token_secret=self.config.ps_token_secret,
+            read_only_token_secret=self.config.ps_read_only_token_secret,
             cluster_domain=self.config.cluster_domain,
             tls_secret=self.config.ps_tls_secret,
             tls_mutual=self.config.ps_tls_mutual,

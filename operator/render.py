@@ -23,12 +23,14 @@ from recstore.core.reconcile import (
     METRICS_PORT,
     Declaration,
     ps_node_args,
+    takes_read_only_token,
 )
 from recstore.core.tls import ServerTls
 
 SHARD_INDEX_ENV = "RECSTORE_SHARD_INDEX"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 TOKEN_DIR = "/var/run/secrets/recstore"
+READ_ONLY_TOKEN_DIR = "/var/run/secrets/recstore-read-only"
 #: where a PS pod mounts its TLS Secret (keys as cert-manager writes them)
 TLS_DIR = "/var/run/secrets/recstore-tls"
 TLS_KEYS = ("tls.crt", "tls.key", "ca.crt")
@@ -63,6 +65,9 @@ class RenderOptions:
     default_image: str = "recstore-ps:latest"
     #: Secret whose key ``token`` the PS nodes read as their auth token.
     token_secret: str | None = None
+    #: Secret whose key ``token`` the nodes of inference tables read as their read-only
+    #: token (``recstore.core.reconcile.takes_read_only_token``); needs ``token_secret``.
+    read_only_token_secret: str | None = None
     cluster_domain: str = "cluster.local"
     #: Secret with ``tls.crt``, ``tls.key``, ``ca.crt``: the nodes serve gRPC over TLS.
     tls_secret: str | None = None
@@ -232,10 +237,16 @@ def scrape_annotations() -> dict[str, str]:
 
 def render_pod_template(owner: Owner, decl: Declaration, options: RenderOptions) -> dict[str, Any]:
     token_file = f"{TOKEN_DIR}/token" if options.token_secret else None
+    read_only_secret = (
+        options.read_only_token_secret
+        if options.token_secret and takes_read_only_token(decl.spec)
+        else None
+    )
     args = ps_node_args(
         decl,
         shard_index=f"$({SHARD_INDEX_ENV})",
         auth_token_file=token_file,
+        read_only_token_file=f"{READ_ONLY_TOKEN_DIR}/token" if read_only_secret else None,
         tls=options.server_tls,
     )
     probe = {"grpc": {"port": GRPC_PORT}, "periodSeconds": 10, "timeoutSeconds": 5}
@@ -288,6 +299,19 @@ def render_pod_template(owner: Owner, decl: Declaration, options: RenderOptions)
                 "name": "token",
                 "secret": {
                     "secretName": options.token_secret,
+                    "items": [{"key": "token", "path": "token"}],
+                },
+            }
+        )
+    if read_only_secret:
+        container["volumeMounts"].append(
+            {"name": "read-only-token", "mountPath": READ_ONLY_TOKEN_DIR, "readOnly": True}
+        )
+        pod["volumes"].append(
+            {
+                "name": "read-only-token",
+                "secret": {
+                    "secretName": read_only_secret,
                     "items": [{"key": "token", "path": "token"}],
                 },
             }

@@ -6,9 +6,10 @@ and server reflection stay open; everything else needs
 
 A node may also have a read-only token (``--read-only-token-file``), for the
 nodes that serve a trained model: its holders may read (``READ_ONLY_METHODS``:
-Pull, MultiPull without carried updates, ListTables, GetTableStats,
-ListCheckpoints) and get PERMISSION_DENIED, with nothing changed, for every
-other RPC (Push, Update, MultiUpdate, CreateTable, DropTable, Save, Load).
+Pull, MultiPull without carried updates, ExportRows, ListTables,
+GetTableStats, ListCheckpoints) and get PERMISSION_DENIED, with nothing
+changed, for every other RPC (Push, Update, MultiUpdate, ImportRows,
+CreateTable, DropTable, Save, Load).
 
 The token is checked on the call's metadata, before gRPC reads the request:
 a refused call gets a handler that takes its request as a stream it never
@@ -33,7 +34,7 @@ OPEN_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 SERVICE_PREFIX = "/recstore.v1.ParameterServer/"
 #: what a read-only token may call (MultiPull only when it carries no updates)
 READ_ONLY_METHODS = frozenset(
-    {"Pull", "MultiPull", "ListTables", "GetTableStats", "ListCheckpoints"}
+    {"Pull", "MultiPull", "ExportRows", "ListTables", "GetTableStats", "ListCheckpoints"}
 )
 READ_ONLY_REFUSAL = "a read-only token may not call {method}: it reads, never writes"
 

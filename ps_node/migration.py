@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from recstore.core import NUM_SLOTS, InvalidArgument, RecStoreError, WrongShard, hash_keys, slot_of
+from recstore.core.migration import ranges_mask
 from recstore.ps.changes import ChangeTracker
 from recstore.store import Table
 from recstore.store.table import Chunk
@@ -58,13 +59,12 @@ class Outgoing:
     snapshot: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # sorted keys
 
 
-def slot_mask(ranges: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> np.ndarray:
-    """A NUM_SLOTS-long bool array from [start, end) ranges (checked)."""
-    mask = np.zeros(NUM_SLOTS, dtype=np.bool_)
-    for start, end in ranges:
-        if not 0 <= start < end <= NUM_SLOTS:
-            raise InvalidArgument(f"slot range [{start}, {end}) is not within 0..{NUM_SLOTS}")
-        mask[start:end] = True
+def migrating_slots(ranges: list[tuple[int, int]]) -> np.ndarray:
+    """The slots of a migration step's [start, end) ranges (at least one, all in range)."""
+    try:
+        mask = ranges_mask(ranges)
+    except ValueError as error:
+        raise InvalidArgument(str(error)) from None
     if not mask.any():
         raise InvalidArgument("a migration needs at least one slot")
     return mask

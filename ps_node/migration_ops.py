@@ -12,14 +12,16 @@ source refuse the moved slots.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
 from recstore.core import InvalidArgument, SlotMap, slot_of
 from recstore.core.migration_wire import RowBatch
-from recstore.ps import migration
-from recstore.ps.migration import MigrationConflict, keys_in, rows_of, slot_mask
-from recstore.ps.node import Node, owned_slots
+from recstore.ps import codec, migration
+from recstore.ps.migration import MigrationConflict, keys_in, migrating_slots, rows_of
+from recstore.ps.node import Node, Write, WriteAck, owned_slots
+from recstore.ps.wal import OP_IMPORT
 from recstore.store.table import Chunk
 
 
@@ -35,7 +37,7 @@ class SlotMapConflict(MigrationConflict):
 
 def begin_outgoing(node: Node, name: str, ranges: list[tuple[int, int]], target: int) -> None:
     hosted = node.get(name)
-    slots = slot_mask(ranges)
+    slots = migrating_slots(ranges)
     node.migrations.begin(name, slots, target, hosted.owned_slots)
     # the key list is read after tracking started: a row changed later is recorded
     node.migrations.outgoing[name].snapshot = np.sort(keys_in(hosted.table, slots))
@@ -86,26 +88,36 @@ def cleanup(node: Node, name: str) -> int:
 
 def begin_import(node: Node, name: str, ranges: list[tuple[int, int]]) -> None:
     hosted = node.get(name)
-    node.migrations.begin_import(name, slot_mask(ranges), hosted.owned_slots)
+    node.migrations.begin_import(name, migrating_slots(ranges), hosted.owned_slots)
 
 
-def import_rows(node: Node, name: str, rows: RowBatch) -> int:
-    """Apply rows from the source into importing slots; ``present`` (the tail) erases the rest."""
+def import_rows(node: Node, name: str, rows: RowBatch) -> WriteAck:
+    """Apply rows from the source into importing slots; ``present`` (the tail) erases the rest.
+
+    The rows are written like an ImportRows chunk (logged in WAL mode, so a restarted
+    target replays them); erasures are not logged.
+    """
     hosted = node.get(name)
     slots = node.migrations.importing_slots(name)
     for what, keys in (("row", rows.keys), ("gone key", rows.gone)):
         if len(keys) and not slots[slot_of(keys)].all():
             raise InvalidArgument(f"table {name!r}: a {what} lies outside the importing slots")
     with hosted.lock:
+        ack = WriteAck(0)
         if len(rows.keys):
-            hosted.table.import_chunk(rows.keys, rows.values, rows.state)
+            apply = functools.partial(hosted.table.import_chunk, rows.keys, rows.values, rows.state)
+            write = Write(
+                hosted, OP_IMPORT, codec.encode(rows.keys), codec.encode(rows.values),
+                hosted.dtype, None, apply, codec.encode(rows.state),
+            )  # fmt: skip
+            (ack,) = node.write_logged([write])
         erased = rows.gone
         if rows.present is not None:
             extra = np.setdiff1d(keys_in(hosted.table, slots), rows.present)
             erased = np.union1d(erased, extra)
         if len(erased):
             hosted.table.erase(erased)
-    return len(rows.keys)
+    return ack
 
 
 def abort_import(node: Node, name: str) -> int:
@@ -119,7 +131,7 @@ def abort_import(node: Node, name: str) -> int:
 
 
 def checksums(node: Node, name: str, ranges: list[tuple[int, int]]) -> tuple[np.ndarray, ...]:
-    return migration.slot_checksums(node.get(name).table, slot_mask(ranges))
+    return migration.slot_checksums(node.get(name).table, migrating_slots(ranges))
 
 
 def set_slot_map(node: Node, name: str, expected_epoch: int, slot_map: SlotMap) -> bool:

@@ -41,7 +41,7 @@ from recstore.core.wire import Buffer
 from recstore.ps import catalogue, codec
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.migration import Migrations
-from recstore.ps.wal import OP_PUSH, OP_UPDATE, Appended, TableWal, encode_record
+from recstore.ps.wal import OP_PUSH, OP_STEP, OP_UPDATE, Appended, TableWal, encode_record
 from recstore.ps.wal_io import SegmentFile, SegmentOpener
 from recstore.ps.write_gate import WriteGate
 from recstore.store import Store, Table
@@ -113,6 +113,7 @@ class Write:
     dtype: str
     lr: float | None
     apply: Callable[[], None]
+    state: Buffer = b""  # optimizer state of an import (OP_IMPORT)
 
 
 @functools.lru_cache(maxsize=64)
@@ -375,9 +376,11 @@ class Node:
         if wal is None:
             return None
         rows = len(write.keys) // codec.KEY_DTYPE.itemsize
-        dim = write.hosted.dim
+        dim = 0 if write.op == OP_STEP else write.hosted.dim  # a step record holds no values
         return wal.append(
-            encode_record(write.op, write.keys, write.values, write.dtype, rows, dim, write.lr)
+            encode_record(
+                write.op, write.keys, write.values, write.dtype, rows, dim, write.lr, write.state
+            )
         )
 
     @staticmethod

@@ -25,7 +25,7 @@ from recstore.ps import checkpoint, checkpoint_read
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
 from recstore.ps.node import HostedTable, Node
-from recstore.ps.wal import OP_PUSH, WalRecord
+from recstore.ps.wal import OP_IMPORT, OP_PUSH, OP_STEP, WalRecord
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +187,10 @@ def apply(hosted: HostedTable, record: WalRecord) -> None:
     """Apply one replayed log record to a table."""
     if record.op == OP_PUSH:
         hosted.table.push(record.keys, record.values)
+    elif record.op == OP_IMPORT:
+        hosted.table.import_chunk(record.keys, record.values, record.state)
+    elif record.op == OP_STEP:
+        hosted.table.load_optimizer_state({"step": int(record.keys[0])})
     else:
         hosted.table.update(record.keys, record.values, record.lr)
 

@@ -9,6 +9,12 @@ node's shard count, the old epoch plus one); optimizer state rows travel with
 their keys. The result is written as the node's own newest checkpoint, so a
 restart finds it and, in WAL mode, the table's log starts from it. This is also
 the disaster-recovery path: restore a fleet from the checkpoints it left.
+
+A restore may also open the tables in another mode than they were saved in
+(``mode``): a training fleet's checkpoint restored with ``mode=inference``
+gives a serving fleet whose tables hold the trained rows and no optimizer
+state (the state in the checkpoint is dropped); ``mode=training`` restores
+an inference checkpoint for training, the optimizer state starting afresh.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recstore.core import InvalidArgument, SlotMap, TableExists, TableSpec, slot_of
+from recstore.core import InvalidArgument, SlotMap, TableExists, TableMode, TableSpec, slot_of
 from recstore.ps import checkpoint_read, persistence
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.checkpoint import MANIFEST, CheckpointCorrupt, CheckpointInfo, CheckpointNotFound
@@ -83,9 +89,15 @@ def group_tables(infos: Sequence[CheckpointInfo]) -> dict[str, TableSources]:
     return tables
 
 
-def resharded_entry(entry: CatalogueEntry, num_shards: int) -> CatalogueEntry:
-    """The table as this fleet serves it: its shard count, a new map and incarnation."""
-    spec = TableSpec.model_validate({**entry.spec.model_dump(), "shards": num_shards})
+def resharded_entry(
+    entry: CatalogueEntry, num_shards: int, mode: TableMode | None = None
+) -> CatalogueEntry:
+    """The table as this fleet serves it: its shard count (and ``mode``, when given), a
+    new map and incarnation."""
+    changes: dict[str, Any] = {"shards": num_shards}
+    if mode is not None:
+        changes["mode"] = TableMode(mode)
+    spec = TableSpec.model_validate({**entry.spec.model_dump(), **changes})
     ranges = SlotMap.initial(num_shards).ranges
     slot_map = SlotMap(epoch=entry.slot_map.epoch + 1, ranges=ranges)
     return CatalogueEntry(spec, slot_map, uuid.uuid4().hex[:12])
@@ -94,19 +106,25 @@ def resharded_entry(entry: CatalogueEntry, num_shards: int) -> CatalogueEntry:
 def _import_owned(node: Node, hosted: HostedTable, infos: Sequence[CheckpointInfo]) -> int:
     """Import the rows of owned slots from every source; returns how many."""
     owned = owned_slots(hosted.entry.slot_map, node.shard_index)
-    name, rows, step = hosted.entry.spec.name, 0, 0
+    spec = hosted.entry.spec
+    name, rows, step = spec.name, 0, 0
     for info in infos:
         for keys, values, state in checkpoint_read.table_chunks(info, name):
             if owned is not None:
                 mine = owned[slot_of(keys)]
                 keys, values, state = keys[mine], values[mine], state[mine]
-            if len(keys):
+            if not len(keys):
+                continue
+            if state.shape[1] == spec.state_width:
                 hosted.table.import_chunk(keys, values, state)
-                rows += len(keys)
+            else:  # restored in another mode: the saved state does not apply
+                hosted.table.push(keys, values)
+            rows += len(keys)
         saved = info.manifest["tables"][name].get("optimizer_state", {})
         step = max(step, int(saved.get("step", 0)))
-    # each old shard counted only the updates that reached it: the furthest one is kept
-    hosted.table.load_optimizer_state({"step": step})
+    if not spec.inference:
+        # each old shard counted only the updates that reached it: the furthest one is kept
+        hosted.table.load_optimizer_state({"step": step})
     return rows
 
 
@@ -117,8 +135,10 @@ def restore(
     allowed_root: Path | None = None,
     keep: int = 3,
     on_damaged: OnDamaged | None = None,
+    mode: TableMode | None = None,
 ) -> CheckpointInfo:
-    """Host the sources' tables on ``node``, resharded; returns the checkpoint written.
+    """Host the sources' tables on ``node``, resharded (and opened in ``mode``, when
+    given); returns the checkpoint written.
 
     Refused, with the node unchanged: a source outside the allowed root, a damaged
     or missing one, an incomplete or mixed set, or a table the node already hosts.
@@ -147,7 +167,7 @@ def restore(
         restored: list[HostedTable] = []
         try:
             for sourced in tables.values():
-                hosted = node.host(resharded_entry(sourced.entry, node.num_shards))
+                hosted = node.host(resharded_entry(sourced.entry, node.num_shards, mode))
                 restored.append(hosted)
                 _import_owned(node, hosted, sourced.infos)
             if node.wal_enabled:
@@ -173,6 +193,7 @@ def restore_data_dir(
     allowed_root: Path | None = None,
     keep: int = 3,
     device: str = "cpu",
+    mode: TableMode | None = None,
 ) -> CheckpointInfo:
     """Restore into the data dir of a stopped node (``recstore restore``).
 
@@ -193,7 +214,7 @@ def restore_data_dir(
         )
         recovery.recover(node)
         try:
-            return restore(node, sources, allowed_root=allowed_root, keep=keep)
+            return restore(node, sources, allowed_root=allowed_root, keep=keep, mode=mode)
         finally:
             for name in list(node.tables):
                 node.unhost(name)  # closes the logs

@@ -15,13 +15,13 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import grpc
 
-from recstore.core import DType, InvalidArgument, NonFiniteValues, wire
+from recstore.core import DType, InvalidArgument, NonFiniteValues, RecStoreError, wire
 from recstore.core import migration_wire as wire_migration
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.core.proto_convert import (
@@ -31,7 +31,7 @@ from recstore.core.proto_convert import (
     slot_map_from_proto,
     table_stats_to_proto,
 )
-from recstore.ps import codec, limits, migration_ops, native_path, persistence
+from recstore.ps import codec, limits, migration_ops, native_path, persistence, row_transfer
 from recstore.ps.checkpoint import CheckpointInfo
 from recstore.ps.checkpoint_read import list_checkpoints
 from recstore.ps.metrics import Metrics
@@ -65,17 +65,31 @@ def rpc(method: Callable[..., Awaitable[Any]]) -> Handler:
             if not isinstance(reply, bytes):
                 limits.check_reply(reply, self.reply_limit)
         except Exception as error:
-            code = status_of(error) or grpc.StatusCode.INTERNAL
-            if code is grpc.StatusCode.INTERNAL:
-                log.exception("unexpected failure in %s", name)
-            if isinstance(error, NonFiniteValues):
-                self.metrics.nonfinite_rejected.labels(error.table).inc()
-            self.metrics.observe(name, code.name, time.perf_counter() - started)
-            await context.abort(code, str(error), trailing_metadata_of(error))
+            await self._fail(name, error, started, context)
         self.metrics.observe(name, grpc.StatusCode.OK.name, time.perf_counter() - started)
         return reply
 
     return handler
+
+
+def streaming_rpc(method: Callable[..., AsyncIterator[Any]]) -> Handler:
+    """``rpc`` for a handler that streams its replies (an async generator)."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def handler(
+        self: PsServicer, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        started = time.perf_counter()
+        try:
+            async for reply in method(self, request, context):
+                limits.check_reply(reply, self.reply_limit)
+                yield reply
+        except Exception as error:
+            await self._fail(name, error, started, context)
+        self.metrics.observe(name, grpc.StatusCode.OK.name, time.perf_counter() - started)
+
+    return handler  # type: ignore[return-value]
 
 
 def stats_of(node: Node, hosted: HostedTable) -> ps_pb2.TableStats:
@@ -162,6 +176,18 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         for table, rows in served.pulled:
             self.metrics.rows(table, "MultiPull", rows)
         return served.reply
+
+    async def _fail(
+        self, name: str, error: Exception, started: float, context: grpc.aio.ServicerContext
+    ) -> None:
+        """Count a failed call and end it with the status its error maps to."""
+        code = status_of(error) or grpc.StatusCode.INTERNAL
+        if code is grpc.StatusCode.INTERNAL:
+            log.exception("unexpected failure in %s", name)
+        if isinstance(error, NonFiniteValues):
+            self.metrics.nonfinite_rejected.labels(error.table).inc()
+        self.metrics.observe(name, code.name, time.perf_counter() - started)
+        await context.abort(code, str(error), trailing_metadata_of(error))
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await self.offload.run(fn, *args)
@@ -341,8 +367,9 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
             )
         except ValueError as error:
             raise InvalidArgument(f"table {request.table!r}: {error}") from None
-        imported = await self._step(migration_ops.import_rows, self.node, request.table, rows)
-        return ps_pb2.MigrateImportResponse(rows=imported)
+        ack = await self._step(migration_ops.import_rows, self.node, request.table, rows)
+        await self._acknowledge(ack)
+        return ps_pb2.MigrateImportResponse(rows=ack.rows)
 
     @rpc
     async def MigrateAbort(self, request, context):
@@ -381,6 +408,62 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         )
         return ps_pb2.SetSlotMapResponse(changed=changed)
 
+    # Rows with their optimizer state, streamed (recstore.ps.row_transfer).
+    @streaming_rpc
+    async def ExportRows(self, request, context):
+        chunks = await self._run(
+            functools.partial(
+                row_transfer.export_rows,
+                self.node,
+                request.table,
+                with_state=request.with_state,
+                slot_mask=request.slot_mask,
+                keys=request.keys,
+                max_chunk_bytes=request.max_chunk_bytes,
+                reply_limit=self.reply_limit,
+            )
+        )
+        hosted = self.node.get(request.table)
+        while (chunk := await self._run(next, chunks, None)) is not None:
+            self.metrics.rows(request.table, "ExportRows", chunk.rows)
+            yield ps_pb2.ExportRowsChunk(
+                table=request.table,
+                keys=chunk.keys,
+                values=chunk.values,
+                state=chunk.state,
+                dtype=hosted.dtype,
+                dim=hosted.dim,
+                state_width=chunk.state_width,
+            )
+
+    @rpc
+    async def ImportRows(self, requests, context):
+        rows = chunks = 0
+        async for chunk in requests:
+            write = functools.partial(
+                row_transfer.import_rows,
+                self.node,
+                chunk.table,
+                chunk.keys,
+                chunk.values,
+                chunk.state,
+                dtype=chunk.dtype,
+                dim=chunk.dim,
+                state_width=chunk.state_width,
+                optimizer_step=(chunk.optimizer_step if chunk.HasField("optimizer_step") else None),
+            )
+            try:
+                ack = await self.offload.run_batch(len(chunk.keys) // 8, write)
+                await self._acknowledge(ack)
+            except RecStoreError as error:
+                if chunks:  # the caller learns what of its stream is in the table
+                    note = f" ({rows} rows of the {chunks} chunks before this one were applied)"
+                    error.args = (f"{error}{note}", *error.args[1:])
+                raise
+            rows, chunks = rows + ack.rows, chunks + 1
+            self.metrics.rows(chunk.table, "ImportRows", ack.rows)
+        return ps_pb2.ImportRowsResponse(rows=rows, chunks=chunks)
+
     def _public(self, info: CheckpointInfo) -> ps_pb2.CheckpointInfo:
         """A checkpoint as replies show it: its path relative to the data dir."""
         return checkpoint_to_proto(info, root=self.node.data_dir)
@@ -388,6 +471,11 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
 
 #: methods whose handlers see raw request bytes and return raw reply bytes
 FAST_METHODS = frozenset({"Pull", "Push", "Update", "MultiPull", "MultiUpdate"})
+#: methods that stream requests or replies, and the handler kind of each
+STREAMING_METHODS = {
+    "ExportRows": grpc.unary_stream_rpc_method_handler,
+    "ImportRows": grpc.stream_unary_rpc_method_handler,
+}
 
 
 def add_to_server(servicer: PsServicer, server: grpc.aio.Server) -> None:
@@ -396,6 +484,13 @@ def add_to_server(servicer: PsServicer, server: grpc.aio.Server) -> None:
     handlers = {}
     for method in service.methods:
         behaviour = getattr(servicer, method.name)
+        if method.name in STREAMING_METHODS:
+            handlers[method.name] = STREAMING_METHODS[method.name](
+                behaviour,
+                request_deserializer=getattr(ps_pb2, method.input_type.name).FromString,
+                response_serializer=getattr(ps_pb2, method.output_type.name).SerializeToString,
+            )
+            continue
         if method.name in FAST_METHODS:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(behaviour)
             continue

@@ -49,6 +49,8 @@ FRAME = struct.Struct("<II")  # payload length, crc32(payload)
 HEAD = struct.Struct("<BBHIIf")  # op, dtype code, reserved, rows, dim, lr (NaN: none)
 OP_PUSH = 1
 OP_UPDATE = 2
+OP_IMPORT = 3  # rows with their optimizer state (ImportRows): float32 state after the values
+OP_STEP = 4  # the table's optimizer step count set (ImportRows): one key holds it, no values
 DTYPE_CODES = {name: code for code, name in enumerate(WIRE_DTYPES)}
 DTYPE_NAMES = {code: name for name, code in DTYPE_CODES.items()}
 Waiter = tuple[int, asyncio.AbstractEventLoop, "asyncio.Future[None]"]
@@ -71,14 +73,22 @@ class WalRecord:
     values: np.ndarray  # [rows, dim] of dtype (values for push, grads for update)
     dtype: str
     lr: float | None
+    state: np.ndarray | None = None  # float32[rows, width] of an import
 
 
 def encode_record(
-    op: int, keys: Buffer, values: Buffer, dtype: str, rows: int, dim: int, lr: float | None
+    op: int,
+    keys: Buffer,
+    values: Buffer,
+    dtype: str,
+    rows: int,
+    dim: int,
+    lr: float | None,
+    state: Buffer = b"",
 ) -> bytes:
-    """One framed record; ``keys``/``values`` are the request's raw buffers."""
+    """One framed record; ``keys``/``values``/``state`` are the request's raw buffers."""
     head = HEAD.pack(op, DTYPE_CODES[dtype], 0, rows, dim, math.nan if lr is None else lr)
-    payload = b"".join((head, keys, values))
+    payload = b"".join((head, keys, values, state))
     return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
 
 
@@ -88,7 +98,12 @@ def decode_payload(payload: bytes) -> WalRecord:
     keys_end = HEAD.size + rows * KEY_DTYPE.itemsize
     keys = np.frombuffer(payload, KEY_DTYPE, rows, HEAD.size)
     values = np.frombuffer(payload, WIRE_DTYPES[dtype], rows * dim, keys_end).reshape(rows, dim)
-    return WalRecord(op, keys, values, dtype, None if math.isnan(lr) else float(lr))
+    state = None
+    if op == OP_IMPORT:  # what follows the values is the rows' optimizer state
+        values_end = keys_end + values.nbytes
+        width = (len(payload) - values_end) // (4 * rows) if rows else 0
+        state = np.frombuffer(payload, np.float32, rows * width, values_end).reshape(rows, width)
+    return WalRecord(op, keys, values, dtype, None if math.isnan(lr) else float(lr), state)
 
 
 def iter_records(data: bytes) -> Iterator[WalRecord]:

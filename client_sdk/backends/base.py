@@ -8,10 +8,11 @@ Failures come back as the SDK's errors (``recstore.client.errors``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from recstore.core import TableSpec
@@ -26,6 +27,19 @@ UpdateRequest = tuple[str, torch.Tensor, torch.Tensor, float | None]
 class CreateResult:
     spec: TableSpec  # the table's spec on the backend (the existing one when not created)
     created: bool  # False: a table of that name was already there
+
+
+@dataclass(frozen=True)
+class RowChunk:
+    """Rows of one table with their optimizer state (``export_rows`` / ``import_rows``).
+
+    keys int64[n]; values [n, dim] in the table dtype; state float32[n, width] of the
+    table's optimizer (``TableSpec.state_width``), None for values alone.
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    state: torch.Tensor | None = None
 
 
 class Backend(Protocol):
@@ -86,6 +100,35 @@ class Backend(Protocol):
 
         A table whose rows a node refuses applies nothing there; every later call on
         a table raises a failure of that table's rows, as for ``update``.
+        """
+        ...
+
+    def export_rows(
+        self,
+        name: str,
+        *,
+        with_state: bool = False,
+        slots: np.ndarray | None = None,
+        keys: torch.Tensor | None = None,
+    ) -> Iterator[RowChunk]:
+        """The table's resident rows in chunks of bounded bytes, shard by shard.
+
+        ``slots``: a bool array over the 16384 routing slots (checked by the caller,
+        ``recstore.core.routing.slot_mask``); only the rows of those set. ``keys``:
+        only the rows of these keys (those resident).
+        """
+        ...
+
+    def optimizer_step(self, name: str) -> int:
+        """The table's optimizer step count (adam's bias correction; 0 for the others)."""
+        ...
+
+    def set_optimizer_step(self, name: str, step: int) -> None: ...
+
+    def import_rows(self, name: str, chunks: Iterable[RowChunk]) -> int:
+        """Write chunks (values and, where given, optimizer state); returns the rows.
+
+        Each chunk is checked whole before any of its rows is written.
         """
         ...
 

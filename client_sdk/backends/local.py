@@ -9,15 +9,18 @@ the GPU when there is one.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
-from recstore.client.backends.base import CreateResult, PullRequest, UpdateRequest
+from recstore.client.backends.base import CreateResult, PullRequest, RowChunk, UpdateRequest
 from recstore.client.errors import BackendError, TableNotInitialized
+from recstore.client.tensors import rows_from_numpy
 from recstore.core import (
     CapacityExhausted,
+    DType,
     InferenceTable,
     RecStoreError,
     StorageTier,
@@ -25,9 +28,11 @@ from recstore.core import (
     TableNotFound,
 )
 from recstore.core import TableSpec as TableSpec
+from recstore.core.limits import ROW_CHUNK_BYTES
 
 if TYPE_CHECKING:
     from recstore.store import Store, Table
+    from recstore.store.table import Chunk
 
 _store: Store | None = None
 _store_lock = threading.Lock()
@@ -70,6 +75,21 @@ def _backend_error(error: RecStoreError, name: str) -> BackendError:
     return BackendError(
         f"local store refused the call on table {name!r}: {error}", code=code, reason=str(error)
     )
+
+
+def _row_chunks(
+    name: str, chunks: Iterator[Chunk], dtype: DType, with_state: bool
+) -> Iterator[RowChunk]:
+    """Engine chunks as the SDK's (state dropped unless asked for)."""
+    while True:
+        try:
+            chunk = next(chunks, None)
+        except RecStoreError as error:
+            raise _backend_error(error, name) from error
+        if chunk is None:
+            return
+        state = torch.from_numpy(chunk.state) if with_state and chunk.state.shape[1] else None
+        yield RowChunk(torch.from_numpy(chunk.keys), rows_from_numpy(chunk.values, dtype), state)
 
 
 class LocalBackend:
@@ -154,6 +174,46 @@ class LocalBackend:
             self.table(name)
         for name, keys, grads, lr in updates:
             self.update(name, keys, grads, lr)
+
+    def export_rows(
+        self,
+        name: str,
+        *,
+        with_state: bool = False,
+        slots: np.ndarray | None = None,
+        keys: torch.Tensor | None = None,
+    ) -> Iterator[RowChunk]:
+        table = self.table(name)
+        rows = max(1, ROW_CHUNK_BYTES // (table.spec.row_bytes + 4 * table.spec.state_width))
+        wanted = None if keys is None else keys.numpy()
+        chunks = table.export_chunks(rows, slots=slots, keys=wanted)
+        return _row_chunks(name, chunks, table.dtype, with_state)
+
+    def optimizer_step(self, name: str) -> int:
+        return self.table(name).optimizer_state()["step"]
+
+    def set_optimizer_step(self, name: str, step: int) -> None:
+        table = self.table(name)
+        try:
+            table.spec.check_trainable()
+            table.load_optimizer_state({"step": step})
+        except RecStoreError as error:
+            raise _backend_error(error, name) from error
+
+    def import_rows(self, name: str, chunks: Iterable[RowChunk]) -> int:
+        table = self.table(name)
+        written = 0
+        for chunk in chunks:
+            keys, values = chunk.keys.to(table.device), chunk.values.to(table.device)
+            try:
+                if chunk.state is None:
+                    table.push(keys, values)
+                else:
+                    table.import_chunk(keys, values, chunk.state.to(table.device))
+            except RecStoreError as error:
+                raise _backend_error(error, name) from error
+            written += len(keys)
+        return written
 
     def flush(self) -> None:
         """Nothing in flight: local updates are applied when ``update`` returns."""

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import numpy as np
 import torch
 
-from recstore.client.backends.base import CreateResult, PullRequest, UpdateRequest
+from recstore.client.backends.base import CreateResult, PullRequest, RowChunk, UpdateRequest
 from recstore.client.errors import BackendError, TableNotInitialized
+from recstore.client.remote import rows
 from recstore.client.remote.nodes import NodeCalls
 from recstore.client.remote.requests import TableCall
 from recstore.client.remote.routing import ShardRouter
@@ -291,6 +292,36 @@ class GrpcBackend:
             self._step.multi_call("MultiUpdate", calls, blocking=True).wait()
         else:
             self._step.updates_ready(calls)
+
+    def export_rows(
+        self,
+        name: str,
+        *,
+        with_state: bool = False,
+        slots: np.ndarray | None = None,
+        keys: torch.Tensor | None = None,
+    ) -> Iterator[RowChunk]:
+        self._step.settle([name])
+        mask, table = rows.slot_mask_bytes(slots), self._locate(name)
+        if keys is not None:
+            return rows.export_keys(table, self._node, with_state, mask, keys_to_numpy(keys))
+        return rows.export_table(table, self._node, with_state, mask)
+
+    def optimizer_step(self, name: str) -> int:
+        self._step.settle([name])
+        table = self._locate(name)  # every shard counts every step (see update)
+        return int(self._call(table.endpoints[0], stats_rpc(name), name).engine["step"])
+
+    def set_optimizer_step(self, name: str, step: int) -> None:
+        self._step.settle([name])
+        table = self._locate(name)
+        for endpoint in table.endpoints:
+            self._node(endpoint).import_rows(rows.step_message(table, step), name)
+
+    def import_rows(self, name: str, chunks: Iterable[RowChunk]) -> int:
+        self._step.settle([name])
+        table = self._locate(name)
+        return sum(rows.import_chunk(table, chunk, self._node) for chunk in chunks)
 
     @property
     def updates_in_flight(self) -> int:

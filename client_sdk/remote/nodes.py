@@ -15,7 +15,7 @@ Python event loop roughly doubles the client's CPU time per call.)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from typing import Any
 
@@ -31,7 +31,7 @@ from recstore.core import APPLIED_METADATA_KEY, WrongShard, wire
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.core.routing import EPOCH_METADATA_KEY
 from recstore.core.tls import ClientTls, channel
-from recstore.v1 import ps_pb2_grpc
+from recstore.v1 import ps_pb2, ps_pb2_grpc
 
 MAX_MESSAGE_BYTES = DEFAULT_MESSAGE_LIMIT  # what a node with the default batch bound sends
 CHANNEL_OPTIONS = [
@@ -68,6 +68,7 @@ class NodeCalls:
             "MultiPull": self.channel.unary_unary(wire.MULTI_PULL),
             "MultiUpdate": self.channel.unary_unary(wire.MULTI_UPDATE),
         }
+        self._import_rows = self.channel.stream_unary(wire.SERVICE + "ImportRows")
         # Control calls (CreateTable, stats) fail fast, so a wrong endpoint is
         # reported at once. Data calls wait for a node that is restarting (up to
         # the timeout) instead of failing; a call already on the wire when the
@@ -81,6 +82,21 @@ class NodeCalls:
             return getattr(self.stub, method)(request, **self._options)
         except grpc.RpcError as error:
             raise self._error(error, method, table) from error
+
+    def export_rows(self, request: Any, table: str) -> Iterator[Any]:
+        """The chunks of an ExportRows stream, as they arrive."""
+        try:
+            yield from self.stub.ExportRows(request, **self._data_options)
+        except grpc.RpcError as error:
+            raise self._error(error, "ExportRows", table) from error
+
+    def import_rows(self, message: bytes, table: str) -> int:
+        """One serialized chunk through ImportRows; returns the rows written."""
+        try:
+            reply = self._import_rows(iter((message,)), **self._data_options)
+        except grpc.RpcError as error:
+            raise self._error(error, "ImportRows", table) from error
+        return int(ps_pb2.ImportRowsResponse.FromString(reply).rows)
 
     def start(self, method: str, request: bytes, table: str, *, blocking: bool) -> Waiter:
         """Send a raw ``method`` request; a waiter for the raw reply."""

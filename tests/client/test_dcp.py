@@ -17,7 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # DCP without a 
 
 @pytest.fixture
 def blocks_of_seven(monkeypatch) -> None:
-    import recstore.client.state as state
+    import recstore.client.table_rows as state
 
     monkeypatch.setattr(state, "STATE_CHUNK_BYTES", 7 * DIM * 4)  # 40 rows: 6 blocks
 

@@ -29,7 +29,8 @@ def test_documented_usage_example_runs_with_nothing_else_running() -> None:
 
 
 def test_checkpoint_example_runs() -> None:
-    assert "loads agree" in run_example("checkpoint_dcp.py")
+    output = run_example("checkpoint_dcp.py")
+    assert "loads agree" in output and "optimizer state restored" in output
 
 
 def test_inference_example_runs() -> None:

@@ -95,7 +95,7 @@ def test_load_state_dict_is_strict_like_torch(local_client) -> None:
 
 
 def test_rows_travel_in_blocks(local_client, monkeypatch) -> None:
-    import recstore.client.state as state
+    import recstore.client.table_rows as state
 
     monkeypatch.setattr(state, "STATE_CHUNK_BYTES", 7 * DIM * 4)  # 7 rows per block
     pulls: list[int] = []

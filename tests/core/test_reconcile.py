@@ -123,6 +123,20 @@ def test_ps_node_args(fields, options, expected_tail):
     assert args[11:] == expected_tail
 
 
+@pytest.mark.parametrize(("mode", "passed"), [("inference", True), ("training", False)])
+def test_read_only_token_goes_to_inference_nodes_only(mode, passed):
+    args = ps_node_args(
+        decl(mode=mode), shard_index=0, auth_token_file="/t/token", read_only_token_file="/r/t"
+    )
+    assert (args[-2:] == ["--read-only-token-file", "/r/t"]) == passed
+    assert ("--read-only-token-file" in args) == passed
+
+
+def test_a_read_only_token_without_the_auth_token_is_refused():
+    with pytest.raises(ValueError, match="needs an auth token file"):
+        ps_node_args(decl(mode="inference"), shard_index=0, read_only_token_file="/r/t")
+
+
 def test_plan_shards_orders_endpoints_and_indices():
     plans = plan_shards(decl(shards=3), lambda i: f"127.0.0.1:{7000 + i}", port=7000)
     assert [p.index for p in plans] == [0, 1, 2]

@@ -212,6 +212,24 @@ def test_operator_environment_follows_values(
     assert "RECSTORE_ADMIN_TOKEN" not in env
 
 
+@pytest.mark.parametrize(
+    ("values", "passed"),
+    [
+        ({}, None),
+        ({"auth": {"psReadOnlyToken": {"existingSecret": "readers"}}}, "readers"),
+        (  # without the PS token a read-only token would not restrict anyone
+            {"auth": {"psToken": {"enabled": False}, "psReadOnlyToken": {"existingSecret": "r"}}},
+            None,
+        ),
+    ],
+)
+def test_the_operator_learns_the_read_only_token_secret(chart, values, passed) -> None:
+    manifests = chart.render(values)
+    env = manifests.env(_operator(manifests)[1])
+    got = env.get("RECSTORE_PS_READ_ONLY_TOKEN_SECRET")
+    assert (got["value"] if got else None) == passed
+
+
 # --- images ---------------------------------------------------------------------------------
 
 

@@ -180,6 +180,7 @@ def operator_config(fake_ps: FakePS, admin_server: kmock.RawHandler) -> Operator
     return OperatorConfig(
         ps_image="registry.example/recstore-ps:1.0",
         ps_token_secret="ps-token",
+        ps_read_only_token_secret="ps-read-only-token",
         admin_url=str(admin_server.url),
         provisioner_token="provisioner-token",
         status_interval=0.2,

@@ -155,6 +155,25 @@ async def test_invalid_spec_fails_and_creates_nothing(
     assert len(api_server[kmock.action.CREATE, kmock.resource("apps/v1/statefulsets")]) == 0
 
 
+async def test_inference_tables_get_the_read_only_token(
+    operator: Any, api: httpx.AsyncClient
+) -> None:
+    (await api.post(ET, json=table("serving", mode="inference"))).raise_for_status()
+    (await api.post(ET, json=table())).raise_for_status()
+    serving = await wait_for(lambda: get(api, f"{STS}/serving-ps"), what="StatefulSet")
+    training = await wait_for(lambda: get(api, f"{STS}/clicks-ps"), what="StatefulSet")
+    pod = serving["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    at = args.index("--read-only-token-file")
+    assert args[at + 1] == "/var/run/secrets/recstore-read-only/token"
+    assert "--auth-token-file" in args
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "read-only-token"]
+    assert volume["secret"]["secretName"] == "ps-read-only-token"
+    trainer = training["spec"]["template"]["spec"]
+    assert "--read-only-token-file" not in trainer["containers"][0]["args"]
+    assert all(v["name"] != "read-only-token" for v in trainer["volumes"])
+
+
 async def test_image_change_rolls_the_statefulset(operator: Any, api: httpx.AsyncClient) -> None:
     (await api.post(ET, json=table())).raise_for_status()
     await wait_for(lambda: get(api, f"{STS}/clicks-ps"), what="StatefulSet")

@@ -12,7 +12,7 @@ import pytest
 
 from recstore.core import WriteNotDurable, WritesStopped
 from recstore.ps import wal
-from recstore.ps.wal import OP_PUSH, OP_UPDATE, TableWal, WalRecord
+from recstore.ps.wal import OP_IMPORT, OP_PUSH, OP_UPDATE, TableWal, WalRecord
 from recstore.ps.write_gate import LogFault, WriteGate
 
 from .wal_faults import FailingDisk
@@ -38,6 +38,20 @@ def test_record_roundtrip() -> None:
     assert decoded.op == OP_UPDATE and decoded.dtype == "float16" and decoded.lr == 0.5
     np.testing.assert_array_equal(decoded.keys, keys)
     np.testing.assert_array_equal(decoded.values, values)
+
+
+@pytest.mark.parametrize("rows", [3, 0])
+def test_import_record_carries_the_rows_optimizer_state(rows: int) -> None:
+    keys = np.arange(rows, dtype="<i8")
+    values = np.ones((rows, 4), "<f4")
+    state = np.arange(rows * 12, dtype="<f4").reshape(rows, 12)
+    framed = wal.encode_record(
+        OP_IMPORT, keys.tobytes(), values.tobytes(), "float32", rows, 4, None, state.tobytes()
+    )
+    (decoded,) = wal.iter_records(wal.MAGIC + framed)
+    assert decoded.op == OP_IMPORT and decoded.state is not None
+    np.testing.assert_array_equal(decoded.values, values)
+    np.testing.assert_array_equal(decoded.state, state if rows else state.reshape(0, 0))
 
 
 def test_no_lr_roundtrips_as_none() -> None:

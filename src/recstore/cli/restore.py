@@ -37,17 +37,27 @@ def restore(
     ] = None,
     keep_checkpoints: Annotated[int, typer.Option("--keep-checkpoints", min=1)] = 3,
     device: Annotated[str, typer.Option(help="cpu or cuda (cuda:N).")] = "cpu",
+    mode: Annotated[
+        str,
+        typer.Option(
+            help="saved: each table as it was saved; inference: open the tables for "
+            "serving (the optimizer state is dropped); training: open them for training "
+            "(the optimizer state starts afresh where none was saved)."
+        ),
+    ] = "saved",
 ) -> None:
     """Restore tables into a stopped node's data dir from checkpoints taken at another
     shard count; the node keeps only the rows of the slots it owns."""
     if durability not in ("checkpoint", "wal"):
         raise typer.BadParameter("must be checkpoint or wal", param_hint="--durability")
+    if mode not in ("saved", "inference", "training"):
+        raise typer.BadParameter("must be saved, inference or training", param_hint="--mode")
     if shard_index >= num_shards:
         raise typer.BadParameter(
             f"must be below --num-shards {num_shards}", param_hint="--shard-index"
         )
 
-    from recstore.core import RecStoreError
+    from recstore.core import RecStoreError, TableMode
     from recstore.ps.reshard import restore_data_dir
 
     try:
@@ -60,6 +70,7 @@ def restore(
             allowed_root=restore_root,
             keep=keep_checkpoints,
             device=device,
+            mode=None if mode == "saved" else TableMode(mode),
         )
     except RecStoreError as error:
         typer.echo(f"restore refused: {error}", err=True)

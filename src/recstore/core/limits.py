@@ -34,3 +34,6 @@ def message_limit(max_batch_bytes: int) -> int:
 
 #: the message limit of a node with the default batch bound (and of the SDK's channels)
 DEFAULT_MESSAGE_LIMIT = message_limit(DEFAULT_MAX_BATCH_BYTES)
+
+#: payload bytes (keys, values, optimizer state) of one chunk of exported rows
+ROW_CHUNK_BYTES = 4 << 20

@@ -15,7 +15,7 @@ commit (the epoch CAS e -> e+1) happened is finished, any other is aborted
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
@@ -37,6 +37,16 @@ class Phase(str, Enum):
     done = "done"  # every batch committed and cleaned up
 
 
+def ranges_mask(ranges: Iterable[tuple[int, int]]) -> np.ndarray:
+    """A NUM_SLOTS-long bool array from [start, end) ranges (ValueError when out of range)."""
+    mask = np.zeros(NUM_SLOTS, dtype=np.bool_)
+    for start, end in ranges:
+        if not 0 <= start < end <= NUM_SLOTS:
+            raise ValueError(f"slot range [{start}, {end}) is not within 0..{NUM_SLOTS}")
+        mask[start:end] = True
+    return mask
+
+
 @dataclass(frozen=True)
 class SlotBatch:
     """Slots that move together from one shard to another (ranges: [start, end))."""
@@ -51,10 +61,7 @@ class SlotBatch:
 
     def mask(self) -> np.ndarray:
         """A NUM_SLOTS-long bool array: True for the batch's slots."""
-        mask = np.zeros(NUM_SLOTS, dtype=np.bool_)
-        for start, end in self.ranges:
-            mask[start:end] = True
-        return mask
+        return ranges_mask(self.ranges)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -258,6 +258,32 @@ class SetSlotMapResponse:
     changed: Final = 1
 
 
+class ExportRowsRequest:
+    table: Final = 1
+    epoch: Final = 2
+    with_state: Final = 3
+    slot_mask: Final = 4
+    max_chunk_bytes: Final = 5
+    keys: Final = 6
+
+
+class ExportRowsChunk:
+    table: Final = 1
+    epoch: Final = 2
+    keys: Final = 3
+    values: Final = 4
+    state: Final = 5
+    dtype: Final = 6
+    dim: Final = 7
+    state_width: Final = 8
+    optimizer_step: Final = 9
+
+
+class ImportRowsResponse:
+    rows: Final = 1
+    chunks: Final = 2
+
+
 SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
     "SlotRange": {
         1: ("start", "uint32"),
@@ -456,5 +482,28 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
     },
     "SetSlotMapResponse": {
         1: ("changed", "bool"),
+    },
+    "ExportRowsRequest": {
+        1: ("table", "string"),
+        2: ("epoch", "uint64"),
+        3: ("with_state", "bool"),
+        4: ("slot_mask", "bytes"),
+        5: ("max_chunk_bytes", "uint64"),
+        6: ("keys", "bytes"),
+    },
+    "ExportRowsChunk": {
+        1: ("table", "string"),
+        2: ("epoch", "uint64"),
+        3: ("keys", "bytes"),
+        4: ("values", "bytes"),
+        5: ("state", "bytes"),
+        6: ("dtype", "string"),
+        7: ("dim", "uint32"),
+        8: ("state_width", "uint32"),
+        9: ("optimizer_step", "uint64"),
+    },
+    "ImportRowsResponse": {
+        1: ("rows", "uint64"),
+        2: ("chunks", "uint64"),
     },
 }

@@ -89,6 +89,12 @@ def _describe(exc: ValidationError, prefix: str) -> list[str]:
     return out
 
 
+def takes_read_only_token(spec: TableSpec) -> bool:
+    """Whether a table's nodes accept read-only tokens: those serving an inference table
+    (its readers never write; a training table's trainers all do)."""
+    return spec.inference
+
+
 def ps_node_args(
     decl: Declaration,
     *,
@@ -97,10 +103,14 @@ def ps_node_args(
     metrics_port: int = METRICS_PORT,
     data_dir: str = DATA_DIR,
     auth_token_file: str | None = None,
+    read_only_token_file: str | None = None,
     host: str = POD_LISTEN_HOST,
     tls: ServerTls | None = None,
 ) -> list[str]:
     """Arguments of ``recstore ps-node`` for one shard.
+
+    ``read_only_token_file`` is passed to the nodes of a table that takes read-only
+    tokens (``takes_read_only_token``); it needs ``auth_token_file``.
 
     ``host`` is the address the node listens on: every address of a pod by
     default (its Service reaches it there); the node itself defaults to loopback.
@@ -121,8 +131,12 @@ def ps_node_args(
         "--keep-checkpoints", str(decl.spec.checkpoint.keep),
         "--host", host,
     ]  # fmt: skip
+    if read_only_token_file and not auth_token_file:
+        raise ValueError("a read-only token file needs an auth token file (else anyone writes)")
     if auth_token_file:
         args += ["--auth-token-file", auth_token_file]
+    if read_only_token_file and takes_read_only_token(decl.spec):
+        args += ["--read-only-token-file", read_only_token_file]
     if tls is not None:
         args += tls.args()
     return args

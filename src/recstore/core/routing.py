@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from recstore.core.errors import InvalidArgument
+
 NUM_SLOTS = 16384
 #: trailing metadata of a wrong-owner refusal: the refusing node's slot-map epoch
 EPOCH_METADATA_KEY = "x-recstore-epoch"
@@ -42,6 +44,16 @@ def hash_keys(keys: npt.ArrayLike) -> npt.NDArray[np.uint64]:
 def slot_of(keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
     """Slot (0..16383) of every key."""
     return (hash_keys(keys) & _SLOT_MASK).astype(np.int64)
+
+
+def slot_mask(mask: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+    """A selection of slots as a bool array of ``NUM_SLOTS`` entries (True: selected)."""
+    selected = np.asarray(mask)
+    if selected.shape != (NUM_SLOTS,):
+        raise InvalidArgument(
+            f"a slot mask has one entry per slot ({NUM_SLOTS}), got shape {selected.shape}"
+        )
+    return selected.astype(np.bool_, copy=False)
 
 
 @dataclass(frozen=True)

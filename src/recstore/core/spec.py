@@ -126,15 +126,23 @@ class Optimizer(WireModel):
     beta1: Annotated[float, Field(ge=0, lt=1)] = 0.9
     beta2: Annotated[float, Field(ge=0, lt=1)] = 0.999
 
+    def state_fields(self, dim: int) -> tuple[tuple[str, int], ...]:
+        """The per-row fp32 state, in storage order: (torch's name for it, width).
+
+        adagrad: its accumulator; rowwise_adagrad: one accumulator per row; adam:
+        exp_avg, exp_avg_sq (the step count is per table, as SparseAdam's).
+        """
+        if self.kind == "adagrad":
+            return (("sum", dim),)
+        if self.kind == "rowwise_adagrad":
+            return (("sum", 1),)
+        if self.kind == "adam":
+            return (("exp_avg", dim), ("exp_avg_sq", dim))
+        return ()
+
     def state_width(self, dim: int) -> int:
         """Number of fp32 state values stored per row of a ``dim``-wide table."""
-        if self.kind == "sgd":
-            return 0
-        if self.kind == "adagrad":
-            return dim
-        if self.kind == "rowwise_adagrad":
-            return 1
-        return 2 * dim  # adam: exp_avg, exp_avg_sq (the step count is per table, as SparseAdam)
+        return sum(width for _, width in self.state_fields(dim))
 
 
 class Checkpoint(WireModel):

@@ -122,6 +122,7 @@ class LocalProvisioner:
         device: str = "cpu",
         python: str = sys.executable,
         auth_token_file: Path | None = None,
+        read_only_token_file: Path | None = None,
         poll_interval: float = 0.5,
         tls: LocalTls | None = None,
         online_resharding: bool = True,
@@ -132,9 +133,13 @@ class LocalProvisioner:
         self._reporter = reporter
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {device!r}")
+        if read_only_token_file is not None and auth_token_file is None:
+            raise ValueError("a read-only token file needs an auth token file (else anyone writes)")
         self._placement = Placement(gpus=1 if device == "cuda" else 0)
         self._python = python
         self._auth_token_file = auth_token_file
+        #: the read-only token of the nodes of inference tables (needs the auth token)
+        self._read_only_token_file = read_only_token_file
         self._tls = tls
         self._poll_interval = poll_interval
         self._tables: dict[str, _Table] = {}
@@ -161,7 +166,11 @@ class LocalProvisioner:
                 directory=directory,
                 ports=ports,
                 clients=[
-                    ShardClient(f"127.0.0.1:{grpc}", tls=self._tls.client if self._tls else None)
+                    ShardClient(
+                        f"127.0.0.1:{grpc}",
+                        token=self._node_token(),
+                        tls=self._tls.client if self._tls else None,
+                    )
                     for grpc, _ in ports
                 ],
                 node_ids=[None] * spec.shards,
@@ -283,6 +292,10 @@ class LocalProvisioner:
 
     # --- internals ----------------------------------------------------------------
 
+    def _node_token(self) -> str | None:
+        """The nodes' auth token (the provisioner creates and checkpoints tables with it)."""
+        return self._auth_token_file.read_text().strip() if self._auth_token_file else None
+
     def _process(self, table: _Table, shard: int) -> ProcessSpec:
         grpc_port, metrics_port = table.ports[shard]
         args = ps_node_args(
@@ -292,6 +305,9 @@ class LocalProvisioner:
             metrics_port=metrics_port,
             data_dir=str(_shard_dir(table, shard)),
             auth_token_file=str(self._auth_token_file) if self._auth_token_file else None,
+            read_only_token_file=(
+                str(self._read_only_token_file) if self._read_only_token_file else None
+            ),
             host="127.0.0.1",
             tls=self._tls.server if self._tls else None,
         )

@@ -23,7 +23,9 @@ from recstore.core import (
     InvalidArgument,
     NonFiniteValues,
     TableSpec,
+    slot_of,
 )
+from recstore.core.routing import slot_mask
 from recstore.store.buffers import NUMPY_DTYPES, is_torch, new_rows
 from recstore.store.options import native_options
 
@@ -215,19 +217,36 @@ class Table:
         return int(self._engine.expire())
 
     # -- checkpoint support ------------------------------------------------
-    def export_chunks(self, chunk_rows: int = 65536) -> Iterator[Chunk]:
+    def export_chunks(
+        self,
+        chunk_rows: int = 65536,
+        *,
+        slots: np.ndarray | None = None,
+        keys: np.ndarray | None = None,
+    ) -> Iterator[Chunk]:
         """Rows with their optimizer state, ``chunk_rows`` at a time.
 
         The key list is taken when iteration starts; each chunk then copies the
         rows of those keys still resident, so concurrent writers never tear a row.
+        ``slots``: a bool mask over the routing slots; only the rows of slots set in it.
+        ``keys``: only these keys' rows (those resident), in their order.
         """
         if chunk_rows < 1:
             raise InvalidArgument(f"chunk_rows must be >= 1, got {chunk_rows}")
-        all_keys = self.keys()
+        selected = None if slots is None else slot_mask(slots)
+        self._tick()
+        all_keys = self._engine.keys() if keys is None else np.asarray(keys, np.int64)
+        if selected is not None:
+            all_keys = all_keys[selected[slot_of(all_keys)]]
         for start in range(0, len(all_keys), chunk_rows):
-            chunk = self.export_keys(all_keys[start : start + chunk_rows])
-            if len(chunk.keys):
-                yield chunk
+            want = all_keys[start : start + chunk_rows]
+            n = len(want)
+            keys_out = np.empty(n, dtype=np.int64)
+            values = np.empty((n, self.dim), dtype=NUMPY_DTYPES[self.dtype])
+            state = np.empty((n, self._state_width), dtype=np.float32)
+            got = _engine_call(self.name, self._engine.export_rows, want, keys_out, values, state)
+            if got:
+                yield Chunk(keys_out[:got], values[:got], state[:got])
 
     def keys(self) -> np.ndarray:
         """Every resident key (int64), in no particular order."""
@@ -235,19 +254,11 @@ class Table:
         return np.asarray(self._engine.keys(), dtype=np.int64)
 
     def export_keys(self, keys: np.ndarray) -> Chunk:
-        """The rows, with optimizer state, of those of ``keys`` still resident."""
-        n = len(keys)
-        keys_out = np.empty(n, dtype=np.int64)
-        values = np.empty((n, self.dim), dtype=NUMPY_DTYPES[self.dtype])
-        state = np.empty((n, self._state_width), dtype=np.float32)
-        got = (
-            self._engine.export_rows(
-                np.ascontiguousarray(keys, dtype=np.int64), keys_out, values, state
-            )
-            if n
-            else 0
-        )
-        return Chunk(keys_out[:got], values[:got], state[:got])
+        """The rows, with optimizer state, of those of ``keys`` still resident (one chunk)."""
+        for chunk in self.export_chunks(max(1, len(keys)), keys=keys):
+            return chunk
+        empty = np.empty((0, self.dim), dtype=NUMPY_DTYPES[self.dtype])
+        return Chunk(np.empty(0, np.int64), empty, np.empty((0, self._state_width), np.float32))
 
     def import_chunk(self, keys: Any, values: Any, state: Any) -> None:
         """Insert or overwrite rows together with their optimizer state."""

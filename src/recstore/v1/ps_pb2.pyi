@@ -424,3 +424,49 @@ class SetSlotMapResponse(_message.Message):
     CHANGED_FIELD_NUMBER: _ClassVar[int]
     changed: bool
     def __init__(self, changed: _Optional[bool] = ...) -> None: ...
+
+class ExportRowsRequest(_message.Message):
+    __slots__ = ("table", "epoch", "with_state", "slot_mask", "max_chunk_bytes", "keys")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    WITH_STATE_FIELD_NUMBER: _ClassVar[int]
+    SLOT_MASK_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    epoch: int
+    with_state: bool
+    slot_mask: bytes
+    max_chunk_bytes: int
+    keys: bytes
+    def __init__(self, table: _Optional[str] = ..., epoch: _Optional[int] = ..., with_state: _Optional[bool] = ..., slot_mask: _Optional[bytes] = ..., max_chunk_bytes: _Optional[int] = ..., keys: _Optional[bytes] = ...) -> None: ...
+
+class ExportRowsChunk(_message.Message):
+    __slots__ = ("table", "epoch", "keys", "values", "state", "dtype", "dim", "state_width", "optimizer_step")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    STATE_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_STEP_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    epoch: int
+    keys: bytes
+    values: bytes
+    state: bytes
+    dtype: str
+    dim: int
+    state_width: int
+    optimizer_step: int
+    def __init__(self, table: _Optional[str] = ..., epoch: _Optional[int] = ..., keys: _Optional[bytes] = ..., values: _Optional[bytes] = ..., state: _Optional[bytes] = ..., dtype: _Optional[str] = ..., dim: _Optional[int] = ..., state_width: _Optional[int] = ..., optimizer_step: _Optional[int] = ...) -> None: ...
+
+class ImportRowsResponse(_message.Message):
+    __slots__ = ("rows", "chunks")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    chunks: int
+    def __init__(self, rows: _Optional[int] = ..., chunks: _Optional[int] = ...) -> None: ...

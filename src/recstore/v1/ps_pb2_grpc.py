@@ -134,6 +134,16 @@ class ParameterServerStub:
                 request_serializer=recstore_dot_v1_dot_ps__pb2.SetSlotMapRequest.SerializeToString,
                 response_deserializer=recstore_dot_v1_dot_ps__pb2.SetSlotMapResponse.FromString,
                 _registered_method=True)
+        self.ExportRows = channel.unary_stream(
+                '/recstore.v1.ParameterServer/ExportRows',
+                request_serializer=recstore_dot_v1_dot_ps__pb2.ExportRowsRequest.SerializeToString,
+                response_deserializer=recstore_dot_v1_dot_ps__pb2.ExportRowsChunk.FromString,
+                _registered_method=True)
+        self.ImportRows = channel.stream_unary(
+                '/recstore.v1.ParameterServer/ImportRows',
+                request_serializer=recstore_dot_v1_dot_ps__pb2.ExportRowsChunk.SerializeToString,
+                response_deserializer=recstore_dot_v1_dot_ps__pb2.ImportRowsResponse.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -281,6 +291,25 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportRows(self, request, context):
+        """Stream a table's resident rows (keys, values and, when asked, optimizer
+        state) in chunks of bounded bytes; optionally only the rows of some slots.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportRows(self, request_iterator, context):
+        """Write streamed chunks (values and optimizer state) into a table. Each
+        chunk is validated whole (dtype, dim, state width, lengths, slot
+        ownership) before any of its rows is applied, and logged in WAL mode
+        like a Push; a refused chunk ends the stream, leaving the chunks before
+        it applied (the error says how many rows they held).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -383,6 +412,16 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.SetSlotMap,
                     request_deserializer=recstore_dot_v1_dot_ps__pb2.SetSlotMapRequest.FromString,
                     response_serializer=recstore_dot_v1_dot_ps__pb2.SetSlotMapResponse.SerializeToString,
+            ),
+            'ExportRows': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportRows,
+                    request_deserializer=recstore_dot_v1_dot_ps__pb2.ExportRowsRequest.FromString,
+                    response_serializer=recstore_dot_v1_dot_ps__pb2.ExportRowsChunk.SerializeToString,
+            ),
+            'ImportRows': grpc.stream_unary_rpc_method_handler(
+                    servicer.ImportRows,
+                    request_deserializer=recstore_dot_v1_dot_ps__pb2.ExportRowsChunk.FromString,
+                    response_serializer=recstore_dot_v1_dot_ps__pb2.ImportRowsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -925,6 +964,60 @@ class ParameterServer:
             '/recstore.v1.ParameterServer/SetSlotMap',
             recstore_dot_v1_dot_ps__pb2.SetSlotMapRequest.SerializeToString,
             recstore_dot_v1_dot_ps__pb2.SetSlotMapResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportRows(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/recstore.v1.ParameterServer/ExportRows',
+            recstore_dot_v1_dot_ps__pb2.ExportRowsRequest.SerializeToString,
+            recstore_dot_v1_dot_ps__pb2.ExportRowsChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportRows(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/recstore.v1.ParameterServer/ImportRows',
+            recstore_dot_v1_dot_ps__pb2.ExportRowsChunk.SerializeToString,
+            recstore_dot_v1_dot_ps__pb2.ImportRowsResponse.FromString,
             options,
             channel_credentials,
             insecure,
