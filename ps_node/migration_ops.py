@@ -121,13 +121,14 @@ def import_rows(node: Node, name: str, rows: RowBatch) -> WriteAck:
 
 
 def abort_import(node: Node, name: str) -> int:
-    """Discard what was imported; returns how many rows were dropped."""
+    """Discard what was imported (rows of any slot this node does not own: also what an
+    import before a restart left); returns how many rows were dropped."""
     hosted = node.get(name)
-    slots = node.migrations.end_import(name)
-    if slots is None:
+    node.migrations.end_import(name)
+    if hosted.owned_slots is None:
         return 0
     with hosted.lock:
-        return hosted.table.erase(keys_in(hosted.table, slots))
+        return hosted.table.erase(keys_in(hosted.table, ~hosted.owned_slots))
 
 
 def checksums(node: Node, name: str, ranges: list[tuple[int, int]]) -> tuple[np.ndarray, ...]:

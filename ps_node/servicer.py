@@ -376,7 +376,8 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         if request.role == wire_migration.SOURCE:
             aborted = await self._step(migration_ops.abort_outgoing, self.node, request.table)
         elif request.role == wire_migration.TARGET:
-            aborted = await self._step(migration_ops.abort_import, self.node, request.table) > 0
+            await self._step(migration_ops.abort_import, self.node, request.table)
+            aborted = True
         else:
             raise InvalidArgument(f"unknown migration role {request.role}")
         return ps_pb2.MigrateAbortResponse(aborted=aborted)

@@ -254,7 +254,10 @@ def test_provisioner_crash_at_a_step_is_finished_or_aborted_on_restart(
     trainer.check()
 
 
-def test_a_source_restarted_mid_copy_aborts_and_the_move_is_retried(tmp_path: Path) -> None:
+@pytest.mark.parametrize("role", ["source", "target"])
+def test_a_node_restarted_mid_copy_aborts_and_the_move_is_retried(
+    tmp_path: Path, role: str
+) -> None:
     fleet = Fleet(tmp_path, 3, 2)
     try:
         trainer = Trainer(fleet.endpoints, fleet.spec.name)
@@ -262,23 +265,28 @@ def test_a_source_restarted_mid_copy_aborts_and_the_move_is_retried(tmp_path: Pa
         for _ in range(10):
             trainer.step(rng)
 
-        def restart_source(step: str, job: MigrationJob) -> None:
+        def restart(step: str, job: MigrationJob) -> None:
             if step == "catch-up" and job.current == 0:
-                shard = job.batch.source
+                shard = job.batch.source if role == "source" else job.batch.target
                 handle = fleet.handles[shard]
                 port, data_dir = handle.port, tmp_path / f"node-{shard}"
                 handle.stop()  # its migration state is gone with it
                 fleet.handles[shard] = start_in_thread(
-                    port=port, data_dir=data_dir, shard_index=shard, num_shards=2
+                    port=port,
+                    data_dir=data_dir,
+                    shard_index=shard,
+                    num_shards=2 if shard < 2 else 3,
                 )
 
         job = MigrationJob.start(fleet.spec.name, fleet.store.slot_map(), 3, batch_slots=2000)
-        with pytest.raises(ControlError, match="not moving slots out"):
-            fleet.run(3, on_step=restart_source).run(job)
+        with pytest.raises(ControlError, match="not (moving slots out|importing slots)"):
+            fleet.run(3, on_step=restart).run(job)
         assert fleet.store.slot_map().epoch == 1
         stored = fleet.store.job()
         assert stored is not None
-        fleet.run(3).resume(stored)
+        done = fleet.run(3).resume(stored)
+        for shard in (0, 1):
+            assert _rows_left(fleet, shard, done) == 0
         for _ in range(10):
             trainer.step(rng)
         trainer.check()
