@@ -346,7 +346,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         else:
             rows = await self._step(
                 migration_ops.snapshot_page, self.node, request.table,
-                int(request.offset), int(request.max_rows or 65536),
+                int(request.offset), int(request.max_rows),
             )  # fmt: skip
         return self._rows(request.table, rows)
 

@@ -122,6 +122,12 @@ class MigrationRun:
             self._step("tail", job)
             target.call(import_rpc(self.table, tail))
             moved_bytes += len(tail.keys) + len(tail.values) + len(tail.state)
+            more = tail.next_offset
+            while more:  # a tail larger than one reply: the rest, still sealed
+                rest = source.call(rows_rpc(self.table, changes=True))
+                target.call(import_rpc(self.table, rest))
+                moved_bytes += len(rest.keys) + len(rest.values) + len(rest.state)
+                more = rest.next_offset
             self._step("verify", job)
             sealed = source.call(checksums_rpc(self.table, batch.ranges))
             imported = target.call(checksums_rpc(self.table, batch.ranges))
@@ -151,7 +157,7 @@ class MigrationRun:
         moved_bytes, offset = 0, 0
         self._step("snapshot", job)
         while True:
-            page = source.call(rows_rpc(self.table, changes=False, offset=offset))
+            page = source.call(rows_rpc(self.table, changes=False, offset=offset, max_rows=0))
             target.call(import_rpc(self.table, page))
             moved_bytes += len(page.keys) + len(page.values) + len(page.state)
             offset = page.next_offset
@@ -162,7 +168,7 @@ class MigrationRun:
             changes = source.call(rows_rpc(self.table, changes=True))
             target.call(import_rpc(self.table, changes))
             moved_bytes += len(changes.keys) + len(changes.values) + len(changes.state)
-            if changes.rows < CATCH_UP_LAG_ROWS:
+            if changes.rows < CATCH_UP_LAG_ROWS and not changes.next_offset:
                 break
         return moved_bytes
 

@@ -135,7 +135,7 @@ def begin_rpc(table: str, role: Role, ranges: Ranges, shard: int) -> Rpc[int]:
 
 
 def rows_rpc(
-    table: str, *, changes: bool, offset: int = 0, max_rows: int = 65536
+    table: str, *, changes: bool, offset: int = 0, max_rows: int = 0
 ) -> Rpc[ps_pb2.MigrationRows]:
     request = ps_pb2.MigrateRowsRequest(
         table=table, changes=changes, offset=offset, max_rows=max_rows
