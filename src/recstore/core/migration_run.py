@@ -7,8 +7,8 @@ batch of ``recstore.core.migration``'s plan:
 
   begin (target importing, source tracking) -> snapshot pages -> catch-up
   rounds -> seal (the tail) -> checksums equal? -> commit (CAS e -> e+1)
-  -> activate the target (its checksums equal the seal's) -> every other node
-  -> the source (it now refuses the slots) -> cleanup on the source.
+  -> activate the target (its checksums equal the seal's) -> the source (it
+  now refuses the slots) -> every other node (the epoch) -> cleanup on the source.
 
 A failure before the commit aborts the batch: the source unseals and stays
 authoritative, the target drops what it imported. After the commit the batch
@@ -186,12 +186,14 @@ class MigrationRun:
         activated = self.clients[batch.target].call(checksums_rpc(self.table, batch.ranges))
         if sealed is not None and sealed.differing(activated):
             log.error("table %r: target's slots changed between seal and activation", self.table)
-        order = [batch.target] + [
-            s for s in range(len(self.clients)) if s not in (batch.source, batch.target)
-        ] + [batch.source]  # fmt: skip
-        for shard in order:
+        # the target serves first, then the source refuses (its held writes resume there);
+        # the other nodes only learn the new epoch
+        for shard in (batch.target, batch.source):
             self.clients[shard].call(set_slot_map_rpc(self.table, expected, committed))
         pause = time.perf_counter() - paused
+        for shard in range(len(self.clients)):
+            if shard not in (batch.source, batch.target):
+                self.clients[shard].call(set_slot_map_rpc(self.table, expected, committed))
         self._step("cleanup", job)
         self.clients[batch.source].call(cleanup_rpc(self.table))
         if sealed is not None:
