@@ -19,7 +19,7 @@ import numpy as np
 from recstore.core import InvalidArgument, SlotMap, slot_of
 from recstore.core.limits import ROW_CHUNK_BYTES
 from recstore.core.migration_wire import RowBatch
-from recstore.ps import codec, migration, row_transfer
+from recstore.ps import codec, dedup_log, migration, row_transfer
 from recstore.ps.migration import MigrationConflict, keys_in, migrating_slots, rows_of
 from recstore.ps.node import Node, Write, WriteAck, owned_slots
 from recstore.ps.wal import OP_IMPORT
@@ -87,7 +87,10 @@ def seal(node: Node, name: str, timeout: float) -> RowBatch:
     keys, more = _changed_page(node, name, node.migrations.seal(name, timeout))
     chunk, gone = rows_of(hosted.table, keys)
     out = node.migrations.outgoing_of(name)
-    return _batch(chunk, gone, keys_in(hosted.table, out.slots), more)
+    # the de-dup window moves with the slots: no update of them runs while sealed
+    count, window = dedup_log.encode_entries(hosted.window.entries_touching(out.slots))
+    tail = _batch(chunk, gone, keys_in(hosted.table, out.slots), more)
+    return dataclasses.replace(tail, dedup_entries=window, dedup_entry_count=count)
 
 
 def abort_outgoing(node: Node, name: str) -> bool:
@@ -137,6 +140,9 @@ def import_rows(node: Node, name: str, rows: RowBatch) -> WriteAck:
             erased = np.union1d(erased, extra)
         if len(erased):
             hosted.table.erase(erased)
+    if rows.dedup_entry_count:
+        entries = dedup_log.decode_entries(rows.dedup_entries, 0, rows.dedup_entry_count)
+        node.absorb_window(name, entries)
     return ack
 
 

@@ -16,6 +16,7 @@ import pytest
 from recstore.core import InvalidArgument, SlotMap, WrongShard, slot_of
 from recstore.core.migration import SlotBatch, moved
 from recstore.core.migration_wire import RowBatch
+from recstore.core.request_id import DIGEST_BYTES, Named, RequestId
 from recstore.ps import migration_ops
 from recstore.ps.changes import ChangeTracker
 from recstore.ps.migration import MigrationConflict, SealTimeout
@@ -141,3 +142,25 @@ def test_bad_steps_are_refused_and_change_nothing(pair) -> None:  # type: ignore
     with pytest.raises(SlotMapConflict, match="must follow"):
         migration_ops.set_slot_map(target, "t", 5, moved(SlotMap.initial(2), batch))
     assert target.get("t").entry.slot_map == SlotMap.initial(2)
+
+
+def test_the_dedup_window_moves_with_the_slots(pair) -> None:  # type: ignore[no-untyped-def]
+    """An update applied on the source before the move, resent to the new owner after
+    it, is answered from the window there instead of being applied twice."""
+    source, target, batch = pair
+    key = _in_batch(batch)[:1]
+    named = Named(RequestId("trainer-a", 7), b"d" * DIGEST_BYTES, b"", ())
+    source.update("t", key.tobytes(), _ones(1), "float32", DIM, None, named)
+    migration_ops.begin_import(target, "t", list(batch.ranges))
+    migration_ops.begin_outgoing(source, "t", list(batch.ranges), batch.target)
+    migration_ops.import_rows(target, "t", migration_ops.snapshot_page(source, "t", 0, 0))
+    tail = migration_ops.seal(source, "t", timeout=5)
+    assert tail.dedup_entry_count == 1
+    migration_ops.import_rows(target, "t", tail)
+    committed = moved(SlotMap.initial(2), batch)
+    migration_ops.set_slot_map(target, "t", 1, committed)
+    migration_ops.set_slot_map(source, "t", 1, committed)
+    before = target.get("t").table.export_keys(key).values.copy()
+    ack = target.update("t", key.tobytes(), _ones(1), "float32", DIM, None, named)  # the resend
+    assert ack.rows == 1
+    np.testing.assert_array_equal(target.get("t").table.export_keys(key).values, before)
