@@ -78,6 +78,18 @@ inline constexpr uint32_t kTableStats_conditions = 12;  // message
 inline constexpr int kTableStats_conditions_wire = 2;
 inline constexpr uint32_t kTableStats_version = 13;  // uint64
 inline constexpr int kTableStats_version_wire = 0;
+inline constexpr uint32_t kTableStats_migration = 14;  // message
+inline constexpr int kTableStats_migration_wire = 2;
+
+// MigrationState
+inline constexpr uint32_t kMigrationState_outgoing = 1;  // message
+inline constexpr int kMigrationState_outgoing_wire = 2;
+inline constexpr uint32_t kMigrationState_sealed = 2;  // bool
+inline constexpr int kMigrationState_sealed_wire = 0;
+inline constexpr uint32_t kMigrationState_pending_changes = 3;  // uint64
+inline constexpr int kMigrationState_pending_changes_wire = 0;
+inline constexpr uint32_t kMigrationState_importing = 4;  // message
+inline constexpr int kMigrationState_importing_wire = 2;
 
 // TableCondition
 inline constexpr uint32_t kTableCondition_type = 1;  // string
@@ -218,6 +230,116 @@ inline constexpr int kLoadResponse_checkpoint_wire = 2;
 // ListCheckpointsResponse
 inline constexpr uint32_t kListCheckpointsResponse_checkpoints = 1;  // message
 inline constexpr int kListCheckpointsResponse_checkpoints_wire = 2;
+
+// MigrateBeginRequest
+inline constexpr uint32_t kMigrateBeginRequest_table = 1;  // string
+inline constexpr int kMigrateBeginRequest_table_wire = 2;
+inline constexpr uint32_t kMigrateBeginRequest_role = 2;  // enum
+inline constexpr int kMigrateBeginRequest_role_wire = 0;
+inline constexpr uint32_t kMigrateBeginRequest_slots = 3;  // message
+inline constexpr int kMigrateBeginRequest_slots_wire = 2;
+
+// MigrateBeginResponse
+inline constexpr uint32_t kMigrateBeginResponse_snapshot_rows = 1;  // uint64
+inline constexpr int kMigrateBeginResponse_snapshot_rows_wire = 0;
+
+// MigrateRowsRequest
+inline constexpr uint32_t kMigrateRowsRequest_table = 1;  // string
+inline constexpr int kMigrateRowsRequest_table_wire = 2;
+inline constexpr uint32_t kMigrateRowsRequest_changes = 2;  // bool
+inline constexpr int kMigrateRowsRequest_changes_wire = 0;
+inline constexpr uint32_t kMigrateRowsRequest_offset = 3;  // uint64
+inline constexpr int kMigrateRowsRequest_offset_wire = 0;
+inline constexpr uint32_t kMigrateRowsRequest_max_rows = 4;  // uint32
+inline constexpr int kMigrateRowsRequest_max_rows_wire = 0;
+
+// MigrationRows
+inline constexpr uint32_t kMigrationRows_keys = 1;  // bytes
+inline constexpr int kMigrationRows_keys_wire = 2;
+inline constexpr uint32_t kMigrationRows_values = 2;  // bytes
+inline constexpr int kMigrationRows_values_wire = 2;
+inline constexpr uint32_t kMigrationRows_state = 3;  // bytes
+inline constexpr int kMigrationRows_state_wire = 2;
+inline constexpr uint32_t kMigrationRows_rows = 4;  // uint32
+inline constexpr int kMigrationRows_rows_wire = 0;
+inline constexpr uint32_t kMigrationRows_dtype = 5;  // string
+inline constexpr int kMigrationRows_dtype_wire = 2;
+inline constexpr uint32_t kMigrationRows_dim = 6;  // uint32
+inline constexpr int kMigrationRows_dim_wire = 0;
+inline constexpr uint32_t kMigrationRows_state_width = 7;  // uint32
+inline constexpr int kMigrationRows_state_width_wire = 0;
+inline constexpr uint32_t kMigrationRows_gone_keys = 8;  // bytes
+inline constexpr int kMigrationRows_gone_keys_wire = 2;
+inline constexpr uint32_t kMigrationRows_tail = 9;  // bool
+inline constexpr int kMigrationRows_tail_wire = 0;
+inline constexpr uint32_t kMigrationRows_present_keys = 10;  // bytes
+inline constexpr int kMigrationRows_present_keys_wire = 2;
+inline constexpr uint32_t kMigrationRows_next_offset = 11;  // uint64
+inline constexpr int kMigrationRows_next_offset_wire = 0;
+inline constexpr uint32_t kMigrationRows_dedup_entries = 12;  // bytes
+inline constexpr int kMigrationRows_dedup_entries_wire = 2;
+inline constexpr uint32_t kMigrationRows_dedup_entry_count = 13;  // uint32
+inline constexpr int kMigrationRows_dedup_entry_count_wire = 0;
+
+// SealSlotsRequest
+inline constexpr uint32_t kSealSlotsRequest_table = 1;  // string
+inline constexpr int kSealSlotsRequest_table_wire = 2;
+inline constexpr uint32_t kSealSlotsRequest_timeout_seconds = 2;  // double
+inline constexpr int kSealSlotsRequest_timeout_seconds_wire = 1;
+
+// MigrateImportRequest
+inline constexpr uint32_t kMigrateImportRequest_table = 1;  // string
+inline constexpr int kMigrateImportRequest_table_wire = 2;
+inline constexpr uint32_t kMigrateImportRequest_rows = 2;  // message
+inline constexpr int kMigrateImportRequest_rows_wire = 2;
+
+// MigrateImportResponse
+inline constexpr uint32_t kMigrateImportResponse_rows = 1;  // uint64
+inline constexpr int kMigrateImportResponse_rows_wire = 0;
+
+// MigrateAbortRequest
+inline constexpr uint32_t kMigrateAbortRequest_table = 1;  // string
+inline constexpr int kMigrateAbortRequest_table_wire = 2;
+inline constexpr uint32_t kMigrateAbortRequest_role = 2;  // enum
+inline constexpr int kMigrateAbortRequest_role_wire = 0;
+
+// MigrateAbortResponse
+inline constexpr uint32_t kMigrateAbortResponse_aborted = 1;  // bool
+inline constexpr int kMigrateAbortResponse_aborted_wire = 0;
+
+// MigrateCleanupRequest
+inline constexpr uint32_t kMigrateCleanupRequest_table = 1;  // string
+inline constexpr int kMigrateCleanupRequest_table_wire = 2;
+
+// MigrateCleanupResponse
+inline constexpr uint32_t kMigrateCleanupResponse_rows = 1;  // uint64
+inline constexpr int kMigrateCleanupResponse_rows_wire = 0;
+
+// SlotChecksumsRequest
+inline constexpr uint32_t kSlotChecksumsRequest_table = 1;  // string
+inline constexpr int kSlotChecksumsRequest_table_wire = 2;
+inline constexpr uint32_t kSlotChecksumsRequest_slots = 2;  // message
+inline constexpr int kSlotChecksumsRequest_slots_wire = 2;
+
+// SlotChecksumsResponse
+inline constexpr uint32_t kSlotChecksumsResponse_slots = 1;  // bytes
+inline constexpr int kSlotChecksumsResponse_slots_wire = 2;
+inline constexpr uint32_t kSlotChecksumsResponse_rows = 2;  // bytes
+inline constexpr int kSlotChecksumsResponse_rows_wire = 2;
+inline constexpr uint32_t kSlotChecksumsResponse_checksums = 3;  // bytes
+inline constexpr int kSlotChecksumsResponse_checksums_wire = 2;
+
+// SetSlotMapRequest
+inline constexpr uint32_t kSetSlotMapRequest_table = 1;  // string
+inline constexpr int kSetSlotMapRequest_table_wire = 2;
+inline constexpr uint32_t kSetSlotMapRequest_expected_epoch = 2;  // uint64
+inline constexpr int kSetSlotMapRequest_expected_epoch_wire = 0;
+inline constexpr uint32_t kSetSlotMapRequest_slot_map = 3;  // message
+inline constexpr int kSetSlotMapRequest_slot_map_wire = 2;
+
+// SetSlotMapResponse
+inline constexpr uint32_t kSetSlotMapResponse_changed = 1;  // bool
+inline constexpr int kSetSlotMapResponse_changed_wire = 0;
 
 // ExportRowsRequest
 inline constexpr uint32_t kExportRowsRequest_table = 1;  // string

@@ -123,6 +123,8 @@ def apply_checked(
     for hosted, keys_list in inserting.values():
         check_room(hosted, keys_list)
     acks = node.write_logged([write for write, _ in checked])
+    for write, keys in checked:
+        node.migrations.record(write.hosted.entry.spec.name, keys)
     updated = [(w.hosted.entry.spec.name, a.rows) for (w, _), a in zip(checked, acks, strict=True)]
     if method == "MultiUpdate":
         return Served(wire.encode_multi_rows_response(ack.rows for ack in acks), [], updated, acks)
@@ -138,5 +140,8 @@ def apply_checked(
                 f"the {len(checked)} carried updates were applied, the pulls failed: {error}"
             ) from error
         raise
+    for hosted, keys, read_only in pulled:
+        if not read_only:  # any of them may be a new row
+            node.migrations.record(hosted.entry.spec.name, keys)
     reply = wire.finish(message)
     return Served(reply, [(h.entry.spec.name, len(k)) for h, k, _ in pulled], updated, acks)

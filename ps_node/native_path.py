@@ -65,11 +65,15 @@ def refusal_error(code: int, item: int, table: str, reason: str, epoch: int) -> 
     return REFUSALS[code](message)
 
 
-def _view(hosted: HostedTable) -> tuple[Any, ...]:
-    """The validator's view of a hosted table (see csrc/node_serve_bindings.h)."""
+def _view(hosted: HostedTable, tracked: bool) -> tuple[Any, ...]:
+    """The validator's view of a hosted table (see csrc/node_serve_bindings.h).
+
+    A table moving slots out is applied by the node (no engine here), which
+    records the changed keys.
+    """
     owned = hosted.owned_slots
     return (
-        hosted.table.host_engine,
+        None if tracked else hosted.table.host_engine,
         0 if owned is None else owned.ctypes.data,  # bool per slot, kept alive by hosted
         float(hosted.entry.spec.optimizer.lr),
         hosted.dtype,
@@ -112,6 +116,11 @@ def serve(
     hosted = [node.tables.get(name) for name in names]
     by_name = dict(zip(names, hosted, strict=True))
     with contextlib.ExitStack() as locks:
+        for name in sorted(set(names)):  # held while any of their slots is sealed
+            table = by_name[name]
+            if table is not None and node.migrations.tracks(name):
+                epoch = table.entry.slot_map.epoch
+                locks.enter_context(node.migrations.admitted(name, None, epoch))
         for name in sorted(parsed.update_tables):
             table = by_name[name]
             if table is None:
@@ -119,7 +128,10 @@ def serve(
             locks.enter_context(table.lock)
             if node.tables.get(name) is not table:  # dropped or reloaded meanwhile
                 raise TableNotFound(f"table {name!r} is not hosted on this node")
-        views = [None if h is None else _view(h) for h in hosted]
+        views = [
+            None if h is None else _view(h, node.migrations.tracks(h.entry.spec.name))
+            for h in hosted
+        ]
         result = parsed.serve(views, APPLY_NATIVELY, reply_limit)
         if result[0] == "checked":
             _, pulls, updates = result

@@ -44,6 +44,7 @@ from recstore.core.wire import Buffer
 from recstore.ps import catalogue, codec
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.dedup import DedupWindow, Entry, capacity_from_env, slots_touched
+from recstore.ps.migration import Migrations
 from recstore.ps.wal import (
     OP_PUSH,
     OP_STEP,
@@ -216,6 +217,8 @@ class Node:
         self.conditions: dict[str, list[TableCondition]] = {}
         #: guards the set of tables and the catalogue (create, drop, save, load)
         self.registry_lock = threading.RLock()
+        #: slots moving out (tracked, sealable) and in (importing) per table
+        self.migrations = Migrations()
 
     # -- tables ---------------------------------------------------------------
     def wal_dir(self, entry: CatalogueEntry) -> Path:
@@ -259,20 +262,20 @@ class Node:
         catalogue.save(self.data_dir, entries | {n: h.entry for n, h in self.tables.items()})
 
     def create_table(self, spec: TableSpec, slot_map: SlotMap | None) -> tuple[HostedTable, bool]:
-        if slot_map is None:
-            if spec.shards != self.num_shards:
-                raise InvalidArgument(
-                    f"table {spec.name!r} has {spec.shards} shards but this node is shard "
-                    f"{self.shard_index} of {self.num_shards}; pass a slot map or match them"
-                )
-            slot_map = SlotMap.initial(self.num_shards)
         with self.registry_lock:
             self.check_servable((spec.name,))  # a refused table is never recreated empty
             existing = self.tables.get(spec.name)
-            if existing is not None:
+            if existing is not None:  # e.g. a client joining a table whose shards moved
                 if existing.entry.spec != spec:
                     raise TableExists(f"table {spec.name!r} exists with a different spec")
                 return existing, False
+            if slot_map is None:
+                if spec.shards != self.num_shards:
+                    raise InvalidArgument(
+                        f"table {spec.name!r} has {spec.shards} shards but this node is shard "
+                        f"{self.shard_index} of {self.num_shards}; pass a slot map or match them"
+                    )
+                slot_map = SlotMap.initial(self.num_shards)
             entry = CatalogueEntry(spec, slot_map, uuid.uuid4().hex[:12])
             hosted = self.host(entry)
             try:
@@ -328,15 +331,17 @@ class Node:
         """
         hosted = self.get(name)
         keys = codec.decode_keys(keys_buffer)
-        check_owned(hosted, keys)
-        # No table lock: the engine's reader-writer lock suffices, and rows a pull
-        # inserts come from the deterministic initializer, so neither the log nor
-        # a concurrent checkpoint needs to order them.
-        if found_out is None:
-            hosted.table.pull(keys, out=values_out)
-        else:
-            _, found = hosted.table.find(keys, out=values_out)
-            found_out[:] = found
+        with self.migrations.admitted(name, keys, hosted.entry.slot_map.epoch):
+            check_owned(hosted, keys)
+            # No table lock: the engine's reader-writer lock suffices, and rows a pull
+            # inserts come from the deterministic initializer, so neither the log nor
+            # a concurrent checkpoint needs to order them.
+            if found_out is None:
+                hosted.table.pull(keys, out=values_out)
+                self.migrations.record(name, keys)  # any of them may be a new row
+            else:
+                _, found = hosted.table.find(keys, out=values_out)
+                found_out[:] = found
         return len(keys)
 
     def push(
@@ -346,13 +351,15 @@ class Node:
         codec.check_declared(dtype, dim, hosted.dtype, hosted.dim)
         keys = codec.decode_keys(keys_buffer)
         values = codec.decode_rows(values_buffer, len(keys), hosted.dim, hosted.dtype)
-        check_owned(hosted, keys)
-        write = Write(
-            hosted, OP_PUSH, keys_buffer, values_buffer, hosted.dtype, None,
-            functools.partial(hosted.table.push, keys, values),
-        )  # fmt: skip
-        with hosted.lock:
-            (ack,) = self.write_logged([write])
+        with self.migrations.admitted(name, keys, hosted.entry.slot_map.epoch):
+            check_owned(hosted, keys)
+            write = Write(
+                hosted, OP_PUSH, keys_buffer, values_buffer, hosted.dtype, None,
+                functools.partial(hosted.table.push, keys, values),
+            )  # fmt: skip
+            with hosted.lock:
+                (ack,) = self.write_logged([write])
+            self.migrations.record(name, keys)
             return ack
 
     def update(
@@ -374,33 +381,37 @@ class Node:
         grads = codec.decode_rows(grads_buffer, len(keys), hosted.dim, grad_dtype, "grads")
         check_lr(lr)
         apply = functools.partial(hosted.table.update, keys, grads, lr)
-        if named is None:
-            check_owned(hosted, keys)
-            write = Write(hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr, apply)
-            with hosted.lock:
-                (ack,) = self.write_logged([write])
+        with self.migrations.admitted(name, keys, hosted.entry.slot_map.epoch):
+            if named is None:
+                check_owned(hosted, keys)
+                write = Write(hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr, apply)
+                with hosted.lock:
+                    (ack,) = self.write_logged([write])
+                self.migrations.record(name, keys)
                 return ack
-        # Looked up before the owner check: a resend of an update applied here before
-        # its slots moved away is answered from this window.
-        known = hosted.window.begin(named.request_id, named.digest)
-        if known is not None:
-            return recorded_ack(hosted, known)
-        try:
-            key_slots = slot_of(keys)
-            check_owned(hosted, keys, key_slots)
-            rid, digest, rows = named.request_id, named.digest, (len(keys),)
-            slots = slots_touched(key_slots)
-            logged = Entry(rid, digest, rows, slots)
-            write = Write(
-                hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr, apply, request=logged
-            )
-            with hosted.lock:
-                (ack,) = self.write_logged([write])
-        except BaseException:
-            hosted.window.abandon(named.request_id)
-            raise
-        hosted.window.finish(Entry(rid, digest, rows, slots, ack.seq))
-        return ack
+            # Looked up before the owner check: a resend of an update applied here before
+            # its slots moved away is answered from this window.
+            known = hosted.window.begin(named.request_id, named.digest)
+            if known is not None:
+                return recorded_ack(hosted, known)
+            try:
+                key_slots = slot_of(keys)
+                check_owned(hosted, keys, key_slots)
+                rid, digest, rows = named.request_id, named.digest, (len(keys),)
+                slots = slots_touched(key_slots)
+                logged = Entry(rid, digest, rows, slots)
+                write = Write(
+                    hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr, apply,
+                    request=logged,
+                )  # fmt: skip
+                with hosted.lock:
+                    (ack,) = self.write_logged([write])
+            except BaseException:
+                hosted.window.abandon(named.request_id)
+                raise
+            hosted.window.finish(Entry(rid, digest, rows, slots, ack.seq))
+            self.migrations.record(name, keys)
+            return ack
 
     def absorb_window(self, name: str, entries: Sequence[Entry]) -> None:
         """Take de-dup entries of slots moving here (online resharding: the source's

@@ -11,26 +11,39 @@ written straight into the reply; the rest use the generated classes.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import grpc
 
-from recstore.core import DType, NonFiniteValues, RecStoreError, request_id, wire
+from recstore.core import DType, InvalidArgument, NonFiniteValues, RecStoreError, request_id, wire
+from recstore.core import migration_wire as wire_migration
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.core.proto_convert import (
     TableStats,
     checkpoint_to_proto,
     read_create_table_request,
+    slot_map_from_proto,
     table_stats_to_proto,
 )
-from recstore.ps import codec, limits, named_multi, native_path, persistence, row_transfer
+from recstore.ps import (
+    codec,
+    limits,
+    migration_ops,
+    named_multi,
+    native_path,
+    persistence,
+    row_transfer,
+)  # fmt: skip
 from recstore.ps.checkpoint import CheckpointInfo
 from recstore.ps.checkpoint_read import list_checkpoints
 from recstore.ps.metrics import Metrics
+from recstore.ps.migration import mask_ranges
 from recstore.ps.multi import Served
 from recstore.ps.node import HostedTable, Node, Refusal, WriteAck
 from recstore.ps.offload import Offload
@@ -105,7 +118,22 @@ def stats_of(node: Node, hosted: HostedTable) -> ps_pb2.TableStats:
         conditions=node.conditions.get(entry.spec.name, ()),
         version=hosted.version,
     )
-    return table_stats_to_proto(stats)
+    message = table_stats_to_proto(stats)
+    migration_state(node, entry.spec.name, message.migration)
+    return message
+
+
+def migration_state(node: Node, name: str, message: ps_pb2.MigrationState) -> None:
+    """Field 14 of TableStats: what this node is moving out or importing (unset: nothing)."""
+    out = node.migrations.outgoing.get(name)
+    if out is not None:
+        message.outgoing.extend(wire_migration.ranges_to_proto(mask_ranges(out.slots), out.target))
+        message.sealed = out.sealed
+        message.pending_changes = out.tracker.pending
+    importing = node.migrations.importing.get(name)
+    if importing is not None:
+        ranges = mask_ranges(importing)
+        message.importing.extend(wire_migration.ranges_to_proto(ranges, node.shard_index))
 
 
 def refused_stats_of(node: Node, refusal: Refusal) -> ps_pb2.TableStats:
@@ -142,6 +170,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         self.keep = keep
         #: no reply is built larger (the node's message limit, its gRPC send limit)
         self.reply_limit = reply_limit
+        self.migration_steps = ThreadPoolExecutor(max_workers=2, thread_name_prefix="migration")
 
     async def _serve_multi(self, method: str, request: bytes) -> bytes:
         """A MultiPull or MultiUpdate, checked and served by recstore.ps.native_path."""
@@ -150,7 +179,10 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         args: tuple[Any, ...] = (self.node, method, request, self.reply_limit)
         if named is not None:
             serve, args = named_multi.serve, (*args, named)
-        served = await self.offload.run_multi(len(request) // 4, serve, *args)
+        if self.node.migrations.outgoing:  # it may be held by a seal: never on the loop
+            served = await self.offload.run(serve, *args)
+        else:
+            served = await self.offload.run_multi(len(request) // 4, serve, *args)
         for ack in served.acks:  # acknowledged means durable: every table's record is fsynced
             await self._acknowledge(ack)
         for table, rows in served.updated:
@@ -176,6 +208,18 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await self.offload.run(fn, *args)
+
+    async def _batch(self, table: str, rows: int, fn: Callable[..., T], *args: Any) -> T:
+        """A data-path call; on the pool when the table moves slots out (a seal may hold
+        it, which must not stop the event loop)."""
+        if self.node.migrations.tracks(table):
+            return await self.offload.run(fn, *args)
+        return await self.offload.run_batch(rows, fn, *args)
+
+    async def _step(self, fn: Callable[..., T], *args: Any) -> T:
+        """A migration step, on threads of its own: requests held by a seal may fill the pool."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.migration_steps, functools.partial(fn, *args))
 
     async def _acknowledge(self, ack: WriteAck) -> None:
         if ack.wal is not None:
@@ -221,16 +265,17 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
             rows, hosted.dim, hosted.dtype, req.read_only,
             limit=self.reply_limit, trailing=wire.PULL_VERSION_FIELD_BYTES,
         )  # fmt: skip
-        await self.offload.run_batch(rows, self.node.pull, req.table, req.keys, values, found)
+        await self._batch(req.table, rows, self.node.pull, req.table, req.keys, values, found)
         self.metrics.rows(req.table, "Pull", rows)
         return wire.finish(message) + wire.pull_version_field(version)
 
     @rpc
     async def Push(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         req = wire.decode_push_request(request)
-        ack = await self.offload.run_batch(
-            len(req.keys) // 8, self.node.push, req.table, req.keys, req.values, req.dtype, req.dim
-        )
+        ack = await self._batch(
+            req.table, len(req.keys) // 8, self.node.push,
+            req.table, req.keys, req.values, req.dtype, req.dim,
+        )  # fmt: skip
         await self._acknowledge(ack)
         self.metrics.rows(req.table, "Push", ack.rows)
         return wire.encode_rows_response(ack.rows)
@@ -238,7 +283,8 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
     @rpc
     async def Update(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         req = wire.decode_update_request(request)
-        ack = await self.offload.run_batch(
+        ack = await self._batch(
+            req.table,
             len(req.keys) // 8,
             self.node.update,
             req.table,
@@ -291,6 +337,97 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
     async def ListCheckpoints(self, request, context):
         found = await self._run(list_checkpoints, persistence.checkpoint_root(self.node))
         return ps_pb2.ListCheckpointsResponse(checkpoints=[self._public(i) for i in found])
+
+    # -- online slot migration (recstore.ps.migration_ops) -------------------------------
+    def _rows(self, name: str, rows: wire_migration.RowBatch) -> ps_pb2.MigrationRows:
+        return wire_migration.rows_to_proto(rows, self.node.get(name).dtype)
+
+    @rpc
+    async def MigrateBegin(self, request, context):
+        ranges = wire_migration.ranges_from_proto(request.slots)
+        if request.role == wire_migration.SOURCE:
+            targets = {r.shard for r in request.slots}
+            if len(targets) != 1:
+                raise InvalidArgument("a source moves its slots to exactly one target shard")
+            await self._step(
+                migration_ops.begin_outgoing, self.node, request.table, ranges, targets.pop()
+            )
+            out = self.node.migrations.outgoing_of(request.table)
+            return ps_pb2.MigrateBeginResponse(snapshot_rows=len(out.snapshot))
+        if request.role == wire_migration.TARGET:
+            await self._step(migration_ops.begin_import, self.node, request.table, ranges)
+            return ps_pb2.MigrateBeginResponse()
+        raise InvalidArgument(f"unknown migration role {request.role}")
+
+    @rpc
+    async def MigrateRows(self, request, context):
+        if request.changes:
+            rows = await self._step(migration_ops.catch_up, self.node, request.table)
+        else:
+            rows = await self._step(
+                migration_ops.snapshot_page, self.node, request.table,
+                int(request.offset), int(request.max_rows),
+            )  # fmt: skip
+        return self._rows(request.table, rows)
+
+    @rpc
+    async def SealSlots(self, request, context):
+        timeout = request.timeout_seconds
+        if not timeout > 0:
+            raise InvalidArgument(f"timeout_seconds must be > 0, got {timeout}")
+        rows = await self._step(migration_ops.seal, self.node, request.table, timeout)
+        return self._rows(request.table, rows)
+
+    @rpc
+    async def MigrateImport(self, request, context):
+        hosted = self.node.get(request.table)
+        try:
+            rows = wire_migration.rows_from_proto(
+                request.rows, hosted.dtype, hosted.dim, hosted.entry.spec.state_width
+            )
+        except ValueError as error:
+            raise InvalidArgument(f"table {request.table!r}: {error}") from None
+        ack = await self._step(migration_ops.import_rows, self.node, request.table, rows)
+        await self._acknowledge(ack)
+        return ps_pb2.MigrateImportResponse(rows=ack.rows)
+
+    @rpc
+    async def MigrateAbort(self, request, context):
+        if request.role == wire_migration.SOURCE:
+            aborted = await self._step(migration_ops.abort_outgoing, self.node, request.table)
+        elif request.role == wire_migration.TARGET:
+            await self._step(migration_ops.abort_import, self.node, request.table)
+            aborted = True
+        else:
+            raise InvalidArgument(f"unknown migration role {request.role}")
+        return ps_pb2.MigrateAbortResponse(aborted=aborted)
+
+    @rpc
+    async def MigrateCleanup(self, request, context):
+        dropped = await self._step(migration_ops.cleanup, self.node, request.table)
+        return ps_pb2.MigrateCleanupResponse(rows=dropped)
+
+    @rpc
+    async def SlotChecksums(self, request, context):
+        ranges = wire_migration.ranges_from_proto(request.slots)
+        slots, rows, sums = await self._step(
+            migration_ops.checksums, self.node, request.table, ranges
+        )
+        return ps_pb2.SlotChecksumsResponse(
+            slots=slots.astype("<i8").tobytes(), rows=rows.astype("<i8").tobytes(),
+            checksums=sums.astype("<u8").tobytes(),
+        )  # fmt: skip
+
+    @rpc
+    async def SetSlotMap(self, request, context):
+        try:
+            slot_map = slot_map_from_proto(request.slot_map)
+        except ValueError as error:
+            raise InvalidArgument(f"table {request.table!r}: bad slot map: {error}") from None
+        changed = await self._step(
+            migration_ops.set_slot_map, self.node, request.table, request.expected_epoch, slot_map
+        )
+        return ps_pb2.SetSlotMapResponse(changed=changed)
 
     # Rows with their optimizer state, streamed (recstore.ps.row_transfer).
     @streaming_rpc

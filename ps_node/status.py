@@ -21,6 +21,8 @@ from recstore.core import (
 from recstore.core.routing import EPOCH_METADATA_KEY
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointNotFound
 from recstore.ps.dedup import RequestOutcomeUnknown
+from recstore.ps.migration import MigrationConflict, SealTimeout
+from recstore.ps.migration_ops import SlotMapConflict
 from recstore.ps.multi import CarriedUpdatesApplied
 from recstore.ps.node import TableUnrecoverable
 
@@ -43,6 +45,9 @@ STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (DeviceUnavailable, grpc.StatusCode.FAILED_PRECONDITION),  # e.g. a GPU table, no GPU
     (TableUnrecoverable, grpc.StatusCode.FAILED_PRECONDITION),  # damaged data, never empty
     (InferenceTable, grpc.StatusCode.FAILED_PRECONDITION),  # an update of a mode: inference table
+    (SlotMapConflict, grpc.StatusCode.ABORTED),  # SetSlotMap's compare-and-swap lost
+    (MigrationConflict, grpc.StatusCode.FAILED_PRECONDITION),  # a step out of order
+    (SealTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),  # unsealed again: the move may retry
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (CheckpointCorrupt, grpc.StatusCode.DATA_LOSS),
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),

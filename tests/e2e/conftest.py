@@ -54,8 +54,8 @@ class Api:
         )
 
 
-def start_platform(state_dir: Path) -> LocalPlatform:
-    platform = LocalPlatform(state_dir, port=0, poll_interval=0.1)
+def start_platform(state_dir: Path, **options: Any) -> LocalPlatform:
+    platform = LocalPlatform(state_dir, port=0, poll_interval=0.1, **options)
     platform.start()
     return platform
 

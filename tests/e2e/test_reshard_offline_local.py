@@ -34,7 +34,7 @@ def _pull_all(platform: object, role: str) -> torch.Tensor:
 
 def test_local_table_reshards_offline(tmp_path: Path, helpers: SimpleNamespace) -> None:
     state = tmp_path / "state"
-    first = helpers.start_platform(state)
+    first = helpers.start_platform(state, online_resharding=False)  # the offline path
     try:
         api = helpers.Api(first)
         api.create_table({"name": "emb", "numEmbeddings": ROWS, "embeddingDim": DIM, "shards": 2})

@@ -39,6 +39,14 @@ def up(
             "state dir (clients: RECSTORE_TLS_CA=<state dir>/tls/ca.pem).",
         ),
     ] = False,
+    online_resharding: Annotated[
+        bool,
+        typer.Option(
+            "--online-resharding/--no-online-resharding",
+            help="A new shard count moves slots while the table serves (off: it is only "
+            "flagged ReshardRequired, for the offline path with `recstore restore`).",
+        ),
+    ] = True,
 ) -> None:
     """Run the platform here: admin API on SQLite, PS nodes on loopback. Ctrl-C stops it."""
     import logging
@@ -51,7 +59,10 @@ def up(
     console = Console()
     with console.status("starting the admin API and the local provisioner ..."):
         try:
-            platform = LocalPlatform(state_dir, host=host, port=port, device=device, tls=tls)
+            platform = LocalPlatform(
+                state_dir, host=host, port=port, device=device, tls=tls,
+                online_resharding=online_resharding,
+            )  # fmt: skip
         except InsecureStateDir as error:
             typer.secho(f"error: {error}", err=True, fg="red")
             raise typer.Exit(1) from None

@@ -66,6 +66,14 @@ class TableStats:
     engine: Final = 11
     conditions: Final = 12
     version: Final = 13
+    migration: Final = 14
+
+
+class MigrationState:
+    outgoing: Final = 1
+    sealed: Final = 2
+    pending_changes: Final = 3
+    importing: Final = 4
 
 
 class TableCondition:
@@ -177,6 +185,91 @@ class ListCheckpointsResponse:
     checkpoints: Final = 1
 
 
+class MigrateBeginRequest:
+    table: Final = 1
+    role: Final = 2
+    slots: Final = 3
+
+
+class MigrateBeginResponse:
+    snapshot_rows: Final = 1
+
+
+class MigrateRowsRequest:
+    table: Final = 1
+    changes: Final = 2
+    offset: Final = 3
+    max_rows: Final = 4
+
+
+class MigrationRows:
+    keys: Final = 1
+    values: Final = 2
+    state: Final = 3
+    rows: Final = 4
+    dtype: Final = 5
+    dim: Final = 6
+    state_width: Final = 7
+    gone_keys: Final = 8
+    tail: Final = 9
+    present_keys: Final = 10
+    next_offset: Final = 11
+    dedup_entries: Final = 12
+    dedup_entry_count: Final = 13
+
+
+class SealSlotsRequest:
+    table: Final = 1
+    timeout_seconds: Final = 2
+
+
+class MigrateImportRequest:
+    table: Final = 1
+    rows: Final = 2
+
+
+class MigrateImportResponse:
+    rows: Final = 1
+
+
+class MigrateAbortRequest:
+    table: Final = 1
+    role: Final = 2
+
+
+class MigrateAbortResponse:
+    aborted: Final = 1
+
+
+class MigrateCleanupRequest:
+    table: Final = 1
+
+
+class MigrateCleanupResponse:
+    rows: Final = 1
+
+
+class SlotChecksumsRequest:
+    table: Final = 1
+    slots: Final = 2
+
+
+class SlotChecksumsResponse:
+    slots: Final = 1
+    rows: Final = 2
+    checksums: Final = 3
+
+
+class SetSlotMapRequest:
+    table: Final = 1
+    expected_epoch: Final = 2
+    slot_map: Final = 3
+
+
+class SetSlotMapResponse:
+    changed: Final = 1
+
+
 class ExportRowsRequest:
     table: Final = 1
     epoch: Final = 2
@@ -247,6 +340,13 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
         11: ("engine", "message"),
         12: ("conditions", "message"),
         13: ("version", "uint64"),
+        14: ("migration", "message"),
+    },
+    "MigrationState": {
+        1: ("outgoing", "message"),
+        2: ("sealed", "bool"),
+        3: ("pending_changes", "uint64"),
+        4: ("importing", "message"),
     },
     "TableCondition": {
         1: ("type", "string"),
@@ -335,6 +435,76 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
     "ListCheckpointsRequest": {},
     "ListCheckpointsResponse": {
         1: ("checkpoints", "message"),
+    },
+    "MigrateBeginRequest": {
+        1: ("table", "string"),
+        2: ("role", "enum"),
+        3: ("slots", "message"),
+    },
+    "MigrateBeginResponse": {
+        1: ("snapshot_rows", "uint64"),
+    },
+    "MigrateRowsRequest": {
+        1: ("table", "string"),
+        2: ("changes", "bool"),
+        3: ("offset", "uint64"),
+        4: ("max_rows", "uint32"),
+    },
+    "MigrationRows": {
+        1: ("keys", "bytes"),
+        2: ("values", "bytes"),
+        3: ("state", "bytes"),
+        4: ("rows", "uint32"),
+        5: ("dtype", "string"),
+        6: ("dim", "uint32"),
+        7: ("state_width", "uint32"),
+        8: ("gone_keys", "bytes"),
+        9: ("tail", "bool"),
+        10: ("present_keys", "bytes"),
+        11: ("next_offset", "uint64"),
+        12: ("dedup_entries", "bytes"),
+        13: ("dedup_entry_count", "uint32"),
+    },
+    "SealSlotsRequest": {
+        1: ("table", "string"),
+        2: ("timeout_seconds", "double"),
+    },
+    "MigrateImportRequest": {
+        1: ("table", "string"),
+        2: ("rows", "message"),
+    },
+    "MigrateImportResponse": {
+        1: ("rows", "uint64"),
+    },
+    "MigrateAbortRequest": {
+        1: ("table", "string"),
+        2: ("role", "enum"),
+    },
+    "MigrateAbortResponse": {
+        1: ("aborted", "bool"),
+    },
+    "MigrateCleanupRequest": {
+        1: ("table", "string"),
+    },
+    "MigrateCleanupResponse": {
+        1: ("rows", "uint64"),
+    },
+    "SlotChecksumsRequest": {
+        1: ("table", "string"),
+        2: ("slots", "message"),
+    },
+    "SlotChecksumsResponse": {
+        1: ("slots", "bytes"),
+        2: ("rows", "bytes"),
+        3: ("checksums", "bytes"),
+    },
+    "SetSlotMapRequest": {
+        1: ("table", "string"),
+        2: ("expected_epoch", "uint64"),
+        3: ("slot_map", "message"),
+    },
+    "SetSlotMapResponse": {
+        1: ("changed", "bool"),
     },
     "ExportRowsRequest": {
         1: ("table", "string"),

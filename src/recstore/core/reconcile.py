@@ -42,6 +42,7 @@ class Phase(str, Enum):
     degraded = "Degraded"  # was ready, some shard stopped serving
     deleting = "Deleting"
     failed = "Failed"  # the declaration is invalid; nothing was changed
+    resharding = "Resharding"  # every shard serves; slots are moving to a new shard count
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,29 @@ class Observation:
     #: why a node refused to host the table (e.g. a GPU table on a node without a GPU):
     #: retrying the same declaration cannot help, so the table is Failed with this reason
     refused: str | None = None
+    #: an online slot migration running (or the last one's failure)
+    resharding: Resharding | None = None
+
+
+@dataclass(frozen=True)
+class Resharding:
+    """Progress of a table's online move to a new shard count (recstore.core.migration)."""
+
+    from_shards: int
+    to_shards: int
+    slots_moved: int
+    slots_total: int
+    bytes_moved: int
+    epoch: int
+    running: bool = True
+    error: str | None = None  # why the last attempt stopped (the source stayed authoritative)
+
+    def describe(self) -> str:
+        done = f"{self.slots_moved}/{self.slots_total} slots moved, {self.bytes_moved} bytes"
+        where = f"{self.from_shards} -> {self.to_shards} shards, slot-map epoch {self.epoch}"
+        if self.error:
+            return f"resharding {where} stopped at {done}: {self.error}"
+        return f"resharding {where}: {done}"
 
 
 def compute_status(
@@ -204,7 +228,11 @@ def compute_status(
     shards = observation.shards
     ready = sum(s.ready for s in shards)
     running = observation.running_shards
-    reshard = problem is None and running is not None and running != declared_shards
+    moving = observation.resharding
+    reshard = (
+        problem is None and running is not None and running != declared_shards
+        and not (moving and moving.running)
+    )  # fmt: skip
     all_ready = running is not None and ready == running == len(shards) and running > 0
 
     if deleting:
@@ -213,9 +241,13 @@ def compute_status(
         phase = Phase.failed
     elif running is None:
         phase = Phase.pending
+    elif all_ready and not observation.rolling and moving is not None and moving.running:
+        phase = Phase.resharding
     elif all_ready and not observation.rolling:
         phase = Phase.ready
-    elif not observation.rolling and previous.get("phase") in (Phase.ready, Phase.degraded):
+    elif not observation.rolling and previous.get("phase") in (
+        Phase.ready, Phase.degraded, Phase.resharding
+    ):  # fmt: skip
         phase = Phase.degraded
     else:
         phase = Phase.provisioning
@@ -224,15 +256,21 @@ def compute_status(
     wanted = [
         ("SpecValid", problem is None, "Accepted" if problem is None else "InvalidSpec",
          "the declaration is valid" if problem is None else problem),
-        ("Ready", phase == Phase.ready,
+        ("Ready", phase in (Phase.ready, Phase.resharding),
          "NodeRefused" if problem is None and observation.refused else _ready_reason(phase),
          (observation.refused or shard_msg) if problem is None else shard_msg),
         ("Progressing", observation.rolling or phase in (Phase.pending, Phase.provisioning),
          "RollingUpdate" if observation.rolling else phase.value, shard_msg),
         ("ReshardRequired", reshard, "ShardCountChanged" if reshard else "ShardCountMatches",
-         f"spec.shards is {declared_shards} but {running} shards run; online resharding is "
-         "not available, so nothing was changed" if reshard else "shard count matches"),
+         f"spec.shards is {declared_shards} but {running} shards run, and no move is running"
+         if reshard else "shard count matches"),
     ]  # fmt: skip
+    if moving is not None:
+        wanted.append(
+            ("Resharding", moving.running,
+             "MovingSlots" if moving.running else ("MoveFailed" if moving.error else "MoveDone"),
+             moving.describe())
+        )  # fmt: skip
     old = {c.get("type"): c for c in previous.get("conditions", []) if isinstance(c, Mapping)}
     conditions = [
         _condition(kind, ok, reason, message, generation, now, old.get(kind))
@@ -252,6 +290,7 @@ def compute_status(
 def _ready_reason(phase: Phase) -> str:
     return {
         Phase.ready: "AllShardsReady",
+        Phase.resharding: "AllShardsReady",
         Phase.failed: "InvalidSpec",
         Phase.deleting: "Deleting",
         Phase.pending: "NoShardsYet",

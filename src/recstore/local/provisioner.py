@@ -33,18 +33,23 @@ from typing import Any
 import httpx
 
 from recstore.admin.errors import ProvisioningError
+from recstore.core.migration import DEFAULT_BATCH_SLOTS, Phase
 from recstore.core.placement import Placement
 from recstore.core.reconcile import (
     Declaration,
     Observation,
+    Resharding,
     ShardState,
     admin_status,
     compute_status,
     ps_node_args,
 )
+from recstore.core.routing import SlotMap
 from recstore.core.spec import TableSpec
 from recstore.core.tls import LocalTls
+from recstore.local import resharding
 from recstore.local.leftovers import stop_leftover
+from recstore.local.migration_store import FileJobStore
 from recstore.local.reporting import Reporter
 from recstore.local.shard_client import ShardClient, TableRefused
 from recstore.local.supervisor import ProcessSpec, Supervisor
@@ -90,6 +95,13 @@ class _Table:
     retry: RetryBackoff = field(default_factory=RetryBackoff)
     #: one CreateTable attempt at a time (the poller and ``report_now`` both ask)
     ensuring: threading.Lock = field(default_factory=threading.Lock)
+    #: one status report at a time (the poller and a move's commits both report)
+    reporting: threading.Lock = field(default_factory=threading.Lock)
+    #: the slot map and migration job, once the table was (or is being) resharded online
+    store: FileJobStore | None = None
+    moving: Resharding | None = None
+    mover: threading.Thread | None = None
+    stopped: threading.Event = field(default_factory=threading.Event)
 
     def endpoint(self, shard: int) -> str:
         return f"127.0.0.1:{self.ports[shard][0]}"
@@ -113,8 +125,14 @@ class LocalProvisioner:
         read_only_token_file: Path | None = None,
         poll_interval: float = 0.5,
         tls: LocalTls | None = None,
+        online_resharding: bool = True,
+        reshard_batch_slots: int = DEFAULT_BATCH_SLOTS,
     ) -> None:
         self._root = Path(state_dir) / "tables"
+        #: a new shard count moves slots online (else it is only flagged ReshardRequired)
+        self._online = online_resharding
+        #: slots per batch of a move (one seal pauses this many)
+        self._batch_slots = reshard_batch_slots
         self._reporter = reporter
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {device!r}")
@@ -145,6 +163,7 @@ class LocalProvisioner:
             directory = self._root / spec.name
             directory.mkdir(parents=True, exist_ok=True)
             ports = _load_or_pick_ports(directory / "ports.json", spec.shards)
+            # a move interrupted by a stop resumes: every shard it involved starts again
             table = _Table(
                 spec=spec,
                 directory=directory,
@@ -160,9 +179,14 @@ class LocalProvisioner:
                 node_ids=[None] * spec.shards,
             )
             self._tables[spec.name] = table
-            for shard in range(spec.shards):
+            table.node_ids = [None] * len(ports)
+            table.store = resharding.job_store(directory, None)
+            for shard in range(len(ports)):
                 stop_leftover(_shard_dir(table, shard))  # one node per data dir
                 self._supervisor.start(self._process(table, shard))
+            job = table.store.job() if table.store else None
+            if (job is not None and job.phase != Phase.done) or len(ports) != spec.shards:
+                self._start_move(table)
         # Registration and status go through the admin API from the poller: the
         # admin calls this inside its own transaction, which a nested call would wait on.
 
@@ -185,8 +209,16 @@ class LocalProvisioner:
             table = self._tables.get(spec.name)
             if table is None:
                 raise ProvisioningError(f"table {spec.name!r} is not provisioned", 404)
+            if self._moving(table) and spec.shards != table.spec.shards and table.moving:
+                raise ProvisioningError(
+                    f"table {spec.name!r} is {table.moving.describe()}; change shards again "
+                    "once this move is done",
+                    status_code=409,
+                )
             table.generation += 1
-            table.spec = spec  # the declared count; the running count stays
+            table.spec = spec  # the declared count
+            if spec.shards != len(table.ports) and not self._moving(table):
+                self._start_move(table)
 
     def delete_table(self, name: str) -> None:
         """Stop the nodes (each writes a final checkpoint on SIGTERM), then remove the data."""
@@ -194,6 +226,9 @@ class LocalProvisioner:
             table = self._tables.pop(name, None)
         if table is None:
             return
+        table.stopped.set()
+        if table.mover is not None:
+            table.mover.join(timeout=30)
         self._stop_nodes(table)
         for client in table.clients:
             client.close()
@@ -245,6 +280,12 @@ class LocalProvisioner:
         """Stop every node (final checkpoints) and the status poller."""
         self._closed.set()
         self._poller.join(timeout=5)
+        with self._lock:
+            tables = list(self._tables.values())
+        for table in tables:
+            table.stopped.set()
+            if table.mover is not None:
+                table.mover.join(timeout=30)
         self._supervisor.stop_all()
         with self._lock:
             for table in self._tables.values():
@@ -273,7 +314,7 @@ class LocalProvisioner:
             host="127.0.0.1",
             tls=self._tls.server if self._tls else None,
         )
-        args[args.index("--num-shards") + 1] = str(len(table.ports))
+        args[args.index("--num-shards") + 1] = str(_sizing_shards(table, shard))
         args += ["--parent-pid", str(os.getpid())]  # the node stops when this process exits
         return ProcessSpec(
             name=_process_name(table.spec.name, shard),
@@ -322,7 +363,10 @@ class LocalProvisioner:
         if not table.retry.due(now):
             return False
         try:
-            created = client.ensure_table(table.spec)
+            # a table moved online: a node without it (a new shard) joins the moving map
+            created = client.ensure_table(
+                table.spec, table.store.slot_map() if table.store is not None else None
+            )
         except TableRefused as error:
             if error.reason != table.refused_reason:  # said once, not at every poll or shard
                 table.refused_reason = error.reason
@@ -337,6 +381,10 @@ class LocalProvisioner:
         return created
 
     def _report(self, table: _Table) -> None:
+        with table.reporting:
+            self._report_locked(table)
+
+    def _report_locked(self, table: _Table) -> None:
         shards, served_maps = [], set()
         for shard, client in enumerate(table.clients):
             stats = client.stats(table.spec.name)
@@ -360,7 +408,10 @@ class LocalProvisioner:
             problem=None,
             declared_shards=table.spec.shards,
             observation=Observation(
-                running_shards=len(table.ports), shards=tuple(shards), refused=table.refused
+                running_shards=len(table.ports),
+                shards=tuple(shards),
+                refused=table.refused,
+                resharding=table.moving,
             ),
             generation=table.generation,
             previous=table.status,
@@ -368,7 +419,13 @@ class LocalProvisioner:
         )
         status["lastCheckpoint"] = table.last_checkpoint
         served = served_maps.pop() if len(served_maps) == 1 else None
-        if served is not None and all(s.ready for s in shards):
+        if table.store is not None:  # moved online: the committed map is the truth
+            committed = table.store.slot_map()
+            status["slotMap"], status["slotMapEpoch"] = committed.to_dict(), committed.epoch
+            # a shard being emptied for removal, which the map no longer names, is not shown
+            shown = max(committed.num_shards, table.spec.shards)
+            status["shards"] = [s for s in status["shards"] if s["index"] < shown]
+        elif served is not None and all(s.ready for s in shards):
             # the nodes' map is the truth: after an offline reshard it is not the catalogue's
             status["slotMap"] = served.to_dict()
         if status != table.status:
@@ -378,19 +435,126 @@ class LocalProvisioner:
             self._reporter.report_status(table.spec.name, body)
             table.status = status
 
+    # --- online resharding (recstore.local.resharding) ------------------------------
+
+    @staticmethod
+    def _moving(table: _Table) -> bool:
+        return table.mover is not None and table.mover.is_alive()
+
+    def _start_move(self, table: _Table) -> None:
+        if not self._online:
+            return
+        epoch = table.store.slot_map().epoch if table.store else table.status.get("slotMapEpoch")
+        table.moving = Resharding(
+            len(table.ports), table.spec.shards, 0, 0, 0, int(epoch or 1), running=True
+        )  # until the job is planned
+        table.mover = threading.Thread(
+            target=self._move, args=(table,), name=f"reshard-{table.spec.name}", daemon=True
+        )
+        table.mover.start()
+
+    def _move(self, table: _Table) -> None:
+        if table.store is None:
+            served = self._served_map(table)
+            if served is None:
+                return  # stopped before the nodes served
+            table.store = resharding.job_store(table.directory, served)
+            assert table.store is not None
+        resharding.move(self._shards_of(table), table.store, table.spec.shards, self._batch_slots)
+
+    def _served_map(self, table: _Table) -> SlotMap | None:
+        """The map every running node serves (they agree before a first move)."""
+        while not table.stopped.wait(0.2):
+            maps = [c.stats(table.spec.name) for c in list(table.clients)]
+            if all(m is not None for m in maps):
+                found = {m.slot_map for m in maps if m is not None}
+                if len(found) == 1 and None not in found:
+                    return found.pop()
+        return None
+
+    def _shards_of(self, table: _Table) -> resharding.Shards:
+        def grow_to(count: int) -> None:
+            with self._lock:
+                while len(table.ports) < count:
+                    table.ports.append((_free_port(), _free_port()))
+                    grpc_port = table.ports[-1][0]
+                    tls = self._tls.client if self._tls else None
+                    table.clients.append(ShardClient(f"127.0.0.1:{grpc_port}", tls=tls))
+                    table.node_ids.append(None)
+                    _save_ports(table.directory / "ports.json", table.ports)
+                    shard = len(table.ports) - 1
+                    stop_leftover(_shard_dir(table, shard))
+                    self._supervisor.start(self._process(table, shard))
+
+        def serving(shard: int, slot_map: SlotMap) -> bool:
+            client = table.clients[shard]
+            if client.stats(table.spec.name) is not None:
+                return True
+            try:
+                return client.ensure_table(table.spec, slot_map)
+            except TableRefused as error:
+                raise RuntimeError(f"shard {shard} refused the table: {error.reason}") from error
+
+        def shrink_to(count: int) -> None:
+            with self._lock:
+                for shard in range(count, len(table.ports)):
+                    self._supervisor.stop(_process_name(table.spec.name, shard))
+                    table.clients[shard].close()
+                before = len(table.ports)
+                del table.ports[count:], table.clients[count:], table.node_ids[count:]
+                _save_ports(table.directory / "ports.json", table.ports)
+            resharding.remove_shard_dirs(table.directory, count, before)
+
+        def report() -> None:
+            try:
+                self._report(table)
+            except httpx.HTTPStatusError as error:
+                log.warning("status report for %s refused: %s %s", table.spec.name, error,
+                            error.response.text)  # fmt: skip
+            except (httpx.HTTPError, RuntimeError) as error:
+                log.warning("status report for %s failed: %s", table.spec.name, error)
+
+        def show(progress: Resharding) -> None:
+            table.moving = progress
+
+        return resharding.Shards(
+            name=table.spec.name, directory=table.directory,
+            endpoints=lambda: [table.endpoint(s) for s in range(len(table.ports))],
+            grow_to=grow_to, serving=serving, shrink_to=shrink_to, report=report, show=show,
+            tls=self._tls.client if self._tls else None, closed=table.stopped,
+        )  # fmt: skip
+
+
+def _sizing_shards(table: _Table, shard: int) -> int:
+    """The shard count a node sizes its engine table for (an engine table never grows).
+
+    While a move runs, a shard kept by both counts is sized for the smaller one, as
+    it may hold that share of the rows; the others for all the shards running.
+    """
+    job = table.store.job() if table.store is not None else None
+    if job is not None and job.phase != Phase.done:
+        kept = min(job.from_shards, job.to_shards)
+        if shard < kept:
+            return kept
+    return len(table.ports)
+
+
+def _save_ports(path: Path, ports: list[tuple[int, int]]) -> None:
+    path.write_text(json.dumps(ports))
+
 
 def _process_name(table: str, shard: int) -> str:
     return f"{table}/shard-{shard}"
 
 
 def _load_or_pick_ports(path: Path, shards: int) -> list[tuple[int, int]]:
-    """Ports a table's shards listened on before, else fresh free loopback ports."""
+    """Ports a table's shards listened on before (as many as ran), else fresh free ports."""
     if path.exists():
         saved = [tuple(p) for p in json.loads(path.read_text())]
-        if len(saved) == shards:
+        if saved:
             return [(int(g), int(m)) for g, m in saved]
     ports = [(_free_port(), _free_port()) for _ in range(shards)]
-    path.write_text(json.dumps(ports))
+    _save_ports(path, ports)
     return ports
 
 

@@ -57,15 +57,17 @@ class ShardClient:
             return None
         return ShardStats(stats.size, stats.memory_bytes, stats.slot_map)
 
-    def ensure_table(self, spec: TableSpec) -> bool:
+    def ensure_table(self, spec: TableSpec, slot_map: SlotMap | None = None) -> bool:
         """Create the table on a serving node that lacks it; True when the node has it now.
 
         False while the node is not serving yet; ``TableRefused`` when it answers
         that it will not host this table (retrying the same spec cannot help).
         A restarted node restores its tables by itself; this covers the first start.
+        ``slot_map``: the table's map when it differs from the initial one (a new shard
+        joining a table moved online owns no slot until a move gives it some).
         """
         try:
-            self._control.create_table(spec, timeout=self._timeout * 10)
+            self._control.create_table(spec, slot_map, timeout=self._timeout * 10)
         except ControlError as error:
             if error.code in REFUSALS:
                 raise TableRefused(self.endpoint, error.details) from error

@@ -271,6 +271,18 @@ class Table:
             if got:
                 yield Chunk(keys_out[:got], values[:got], state[:got])
 
+    def keys(self) -> np.ndarray:
+        """Every resident key (int64), in no particular order."""
+        self._tick()
+        return np.asarray(self._engine.keys(), dtype=np.int64)
+
+    def export_keys(self, keys: np.ndarray) -> Chunk:
+        """The rows, with optimizer state, of those of ``keys`` still resident (one chunk)."""
+        for chunk in self.export_chunks(max(1, len(keys)), keys=keys):
+            return chunk
+        empty = np.empty((0, self.dim), dtype=NUMPY_DTYPES[self.dtype])
+        return Chunk(np.empty(0, np.int64), empty, np.empty((0, self._state_width), np.float32))
+
     def import_chunk(self, keys: Any, values: Any, state: Any) -> None:
         """Insert or overwrite rows together with their optimizer state."""
         self._batch(self._engine.import_rows, keys, values, state)

@@ -1,10 +1,20 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class MigrationRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MIGRATION_ROLE_UNSPECIFIED: _ClassVar[MigrationRole]
+    MIGRATION_ROLE_SOURCE: _ClassVar[MigrationRole]
+    MIGRATION_ROLE_TARGET: _ClassVar[MigrationRole]
+MIGRATION_ROLE_UNSPECIFIED: MigrationRole
+MIGRATION_ROLE_SOURCE: MigrationRole
+MIGRATION_ROLE_TARGET: MigrationRole
 
 class SlotRange(_message.Message):
     __slots__ = ("start", "end", "shard")
@@ -69,7 +79,7 @@ class GetTableStatsRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ...) -> None: ...
 
 class TableStats(_message.Message):
-    __slots__ = ("table", "size", "capacity", "memory_bytes", "dtype", "dim", "spec_json", "shard_index", "num_shards", "slot_map", "engine", "conditions", "version")
+    __slots__ = ("table", "size", "capacity", "memory_bytes", "dtype", "dim", "spec_json", "shard_index", "num_shards", "slot_map", "engine", "conditions", "version", "migration")
     class EngineEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +100,7 @@ class TableStats(_message.Message):
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     CONDITIONS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    MIGRATION_FIELD_NUMBER: _ClassVar[int]
     table: str
     size: int
     capacity: int
@@ -103,7 +114,20 @@ class TableStats(_message.Message):
     engine: _containers.ScalarMap[str, float]
     conditions: _containers.RepeatedCompositeFieldContainer[TableCondition]
     version: int
-    def __init__(self, table: _Optional[str] = ..., size: _Optional[int] = ..., capacity: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., dtype: _Optional[str] = ..., dim: _Optional[int] = ..., spec_json: _Optional[str] = ..., shard_index: _Optional[int] = ..., num_shards: _Optional[int] = ..., slot_map: _Optional[_Union[SlotMap, _Mapping]] = ..., engine: _Optional[_Mapping[str, float]] = ..., conditions: _Optional[_Iterable[_Union[TableCondition, _Mapping]]] = ..., version: _Optional[int] = ...) -> None: ...
+    migration: MigrationState
+    def __init__(self, table: _Optional[str] = ..., size: _Optional[int] = ..., capacity: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., dtype: _Optional[str] = ..., dim: _Optional[int] = ..., spec_json: _Optional[str] = ..., shard_index: _Optional[int] = ..., num_shards: _Optional[int] = ..., slot_map: _Optional[_Union[SlotMap, _Mapping]] = ..., engine: _Optional[_Mapping[str, float]] = ..., conditions: _Optional[_Iterable[_Union[TableCondition, _Mapping]]] = ..., version: _Optional[int] = ..., migration: _Optional[_Union[MigrationState, _Mapping]] = ...) -> None: ...
+
+class MigrationState(_message.Message):
+    __slots__ = ("outgoing", "sealed", "pending_changes", "importing")
+    OUTGOING_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
+    PENDING_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    IMPORTING_FIELD_NUMBER: _ClassVar[int]
+    outgoing: _containers.RepeatedCompositeFieldContainer[SlotRange]
+    sealed: bool
+    pending_changes: int
+    importing: _containers.RepeatedCompositeFieldContainer[SlotRange]
+    def __init__(self, outgoing: _Optional[_Iterable[_Union[SlotRange, _Mapping]]] = ..., sealed: _Optional[bool] = ..., pending_changes: _Optional[int] = ..., importing: _Optional[_Iterable[_Union[SlotRange, _Mapping]]] = ...) -> None: ...
 
 class TableCondition(_message.Message):
     __slots__ = ("type", "status", "reason", "message")
@@ -282,6 +306,146 @@ class ListCheckpointsResponse(_message.Message):
     CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     checkpoints: _containers.RepeatedCompositeFieldContainer[CheckpointInfo]
     def __init__(self, checkpoints: _Optional[_Iterable[_Union[CheckpointInfo, _Mapping]]] = ...) -> None: ...
+
+class MigrateBeginRequest(_message.Message):
+    __slots__ = ("table", "role", "slots")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    role: MigrationRole
+    slots: _containers.RepeatedCompositeFieldContainer[SlotRange]
+    def __init__(self, table: _Optional[str] = ..., role: _Optional[_Union[MigrationRole, str]] = ..., slots: _Optional[_Iterable[_Union[SlotRange, _Mapping]]] = ...) -> None: ...
+
+class MigrateBeginResponse(_message.Message):
+    __slots__ = ("snapshot_rows",)
+    SNAPSHOT_ROWS_FIELD_NUMBER: _ClassVar[int]
+    snapshot_rows: int
+    def __init__(self, snapshot_rows: _Optional[int] = ...) -> None: ...
+
+class MigrateRowsRequest(_message.Message):
+    __slots__ = ("table", "changes", "offset", "max_rows")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_ROWS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    changes: bool
+    offset: int
+    max_rows: int
+    def __init__(self, table: _Optional[str] = ..., changes: _Optional[bool] = ..., offset: _Optional[int] = ..., max_rows: _Optional[int] = ...) -> None: ...
+
+class MigrationRows(_message.Message):
+    __slots__ = ("keys", "values", "state", "rows", "dtype", "dim", "state_width", "gone_keys", "tail", "present_keys", "next_offset", "dedup_entries", "dedup_entry_count")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    STATE_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    GONE_KEYS_FIELD_NUMBER: _ClassVar[int]
+    TAIL_FIELD_NUMBER: _ClassVar[int]
+    PRESENT_KEYS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_ENTRY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    keys: bytes
+    values: bytes
+    state: bytes
+    rows: int
+    dtype: str
+    dim: int
+    state_width: int
+    gone_keys: bytes
+    tail: bool
+    present_keys: bytes
+    next_offset: int
+    dedup_entries: bytes
+    dedup_entry_count: int
+    def __init__(self, keys: _Optional[bytes] = ..., values: _Optional[bytes] = ..., state: _Optional[bytes] = ..., rows: _Optional[int] = ..., dtype: _Optional[str] = ..., dim: _Optional[int] = ..., state_width: _Optional[int] = ..., gone_keys: _Optional[bytes] = ..., tail: _Optional[bool] = ..., present_keys: _Optional[bytes] = ..., next_offset: _Optional[int] = ..., dedup_entries: _Optional[bytes] = ..., dedup_entry_count: _Optional[int] = ...) -> None: ...
+
+class SealSlotsRequest(_message.Message):
+    __slots__ = ("table", "timeout_seconds")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    timeout_seconds: float
+    def __init__(self, table: _Optional[str] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class MigrateImportRequest(_message.Message):
+    __slots__ = ("table", "rows")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    rows: MigrationRows
+    def __init__(self, table: _Optional[str] = ..., rows: _Optional[_Union[MigrationRows, _Mapping]] = ...) -> None: ...
+
+class MigrateImportResponse(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    def __init__(self, rows: _Optional[int] = ...) -> None: ...
+
+class MigrateAbortRequest(_message.Message):
+    __slots__ = ("table", "role")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    role: MigrationRole
+    def __init__(self, table: _Optional[str] = ..., role: _Optional[_Union[MigrationRole, str]] = ...) -> None: ...
+
+class MigrateAbortResponse(_message.Message):
+    __slots__ = ("aborted",)
+    ABORTED_FIELD_NUMBER: _ClassVar[int]
+    aborted: bool
+    def __init__(self, aborted: _Optional[bool] = ...) -> None: ...
+
+class MigrateCleanupRequest(_message.Message):
+    __slots__ = ("table",)
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    def __init__(self, table: _Optional[str] = ...) -> None: ...
+
+class MigrateCleanupResponse(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    def __init__(self, rows: _Optional[int] = ...) -> None: ...
+
+class SlotChecksumsRequest(_message.Message):
+    __slots__ = ("table", "slots")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    slots: _containers.RepeatedCompositeFieldContainer[SlotRange]
+    def __init__(self, table: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SlotRange, _Mapping]]] = ...) -> None: ...
+
+class SlotChecksumsResponse(_message.Message):
+    __slots__ = ("slots", "rows", "checksums")
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    slots: bytes
+    rows: bytes
+    checksums: bytes
+    def __init__(self, slots: _Optional[bytes] = ..., rows: _Optional[bytes] = ..., checksums: _Optional[bytes] = ...) -> None: ...
+
+class SetSlotMapRequest(_message.Message):
+    __slots__ = ("table", "expected_epoch", "slot_map")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SLOT_MAP_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    expected_epoch: int
+    slot_map: SlotMap
+    def __init__(self, table: _Optional[str] = ..., expected_epoch: _Optional[int] = ..., slot_map: _Optional[_Union[SlotMap, _Mapping]] = ...) -> None: ...
+
+class SetSlotMapResponse(_message.Message):
+    __slots__ = ("changed",)
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    changed: bool
+    def __init__(self, changed: _Optional[bool] = ...) -> None: ...
 
 class ExportRowsRequest(_message.Message):
     __slots__ = ("table", "epoch", "with_state", "slot_mask", "max_chunk_bytes", "keys")

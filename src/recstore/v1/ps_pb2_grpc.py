@@ -94,6 +94,46 @@ class ParameterServerStub:
                 request_serializer=recstore_dot_v1_dot_ps__pb2.ListCheckpointsRequest.SerializeToString,
                 response_deserializer=recstore_dot_v1_dot_ps__pb2.ListCheckpointsResponse.FromString,
                 _registered_method=True)
+        self.MigrateBegin = channel.unary_unary(
+                '/recstore.v1.ParameterServer/MigrateBegin',
+                request_serializer=recstore_dot_v1_dot_ps__pb2.MigrateBeginRequest.SerializeToString,
+                response_deserializer=recstore_dot_v1_dot_ps__pb2.MigrateBeginResponse.FromString,
+                _registered_method=True)
+        self.MigrateRows = channel.unary_unary(
+                '/recstore.v1.ParameterServer/MigrateRows',
+                request_serializer=recstore_dot_v1_dot_ps__pb2.MigrateRowsRequest.SerializeToString,
+                response_deserializer=recstore_dot_v1_dot_ps__pb2.MigrationRows.FromString,
+                _registered_method=True)
+        self.SealSlots = channel.unary_unary(
+                '/recstore.v1.ParameterServer/SealSlots',
+                request_serializer=recstore_dot_v1_dot_ps__pb2.SealSlotsRequest.SerializeToString,
+                response_deserializer=recstore_dot_v1_dot_ps__pb2.MigrationRows.FromString,
+                _registered_method=True)
+        self.MigrateImport = channel.unary_unary(
+                '/recstore.v1.ParameterServer/MigrateImport',
+                request_serializer=recstore_dot_v1_dot_ps__pb2.MigrateImportRequest.SerializeToString,
+                response_deserializer=recstore_dot_v1_dot_ps__pb2.MigrateImportResponse.FromString,
+                _registered_method=True)
+        self.MigrateAbort = channel.unary_unary(
+                '/recstore.v1.ParameterServer/MigrateAbort',
+                request_serializer=recstore_dot_v1_dot_ps__pb2.MigrateAbortRequest.SerializeToString,
+                response_deserializer=recstore_dot_v1_dot_ps__pb2.MigrateAbortResponse.FromString,
+                _registered_method=True)
+        self.MigrateCleanup = channel.unary_unary(
+                '/recstore.v1.ParameterServer/MigrateCleanup',
+                request_serializer=recstore_dot_v1_dot_ps__pb2.MigrateCleanupRequest.SerializeToString,
+                response_deserializer=recstore_dot_v1_dot_ps__pb2.MigrateCleanupResponse.FromString,
+                _registered_method=True)
+        self.SlotChecksums = channel.unary_unary(
+                '/recstore.v1.ParameterServer/SlotChecksums',
+                request_serializer=recstore_dot_v1_dot_ps__pb2.SlotChecksumsRequest.SerializeToString,
+                response_deserializer=recstore_dot_v1_dot_ps__pb2.SlotChecksumsResponse.FromString,
+                _registered_method=True)
+        self.SetSlotMap = channel.unary_unary(
+                '/recstore.v1.ParameterServer/SetSlotMap',
+                request_serializer=recstore_dot_v1_dot_ps__pb2.SetSlotMapRequest.SerializeToString,
+                response_deserializer=recstore_dot_v1_dot_ps__pb2.SetSlotMapResponse.FromString,
+                _registered_method=True)
         self.ExportRows = channel.unary_stream(
                 '/recstore.v1.ParameterServer/ExportRows',
                 request_serializer=recstore_dot_v1_dot_ps__pb2.ExportRowsRequest.SerializeToString,
@@ -193,6 +233,64 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MigrateBegin(self, request, context):
+        """Online slot migration (planned by recstore.core.migration, driven by a
+        provisioner). Source: MigrateBegin(SOURCE) starts tracking changes of the
+        slots, MigrateRows pages the snapshot then the changes, SealSlots holds new
+        writes to them, drains the running ones and returns the tail. Target:
+        MigrateBegin(TARGET) marks the slots importing (still refused to clients),
+        MigrateImport applies rows. SlotChecksums compares both copies; SetSlotMap
+        (compare-and-swap on the epoch) commits: the target serves the slots, the
+        source refuses them as not owned. MigrateAbort unseals the source (still
+        authoritative) or discards a target's import; MigrateCleanup drops rows of
+        slots a node no longer owns.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MigrateRows(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SealSlots(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MigrateImport(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MigrateAbort(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MigrateCleanup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SlotChecksums(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetSlotMap(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ExportRows(self, request, context):
         """Stream a table's resident rows (keys, values and, when asked, optimizer
         state) in chunks of bounded bytes; optionally only the rows of some slots.
@@ -274,6 +372,46 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.ListCheckpoints,
                     request_deserializer=recstore_dot_v1_dot_ps__pb2.ListCheckpointsRequest.FromString,
                     response_serializer=recstore_dot_v1_dot_ps__pb2.ListCheckpointsResponse.SerializeToString,
+            ),
+            'MigrateBegin': grpc.unary_unary_rpc_method_handler(
+                    servicer.MigrateBegin,
+                    request_deserializer=recstore_dot_v1_dot_ps__pb2.MigrateBeginRequest.FromString,
+                    response_serializer=recstore_dot_v1_dot_ps__pb2.MigrateBeginResponse.SerializeToString,
+            ),
+            'MigrateRows': grpc.unary_unary_rpc_method_handler(
+                    servicer.MigrateRows,
+                    request_deserializer=recstore_dot_v1_dot_ps__pb2.MigrateRowsRequest.FromString,
+                    response_serializer=recstore_dot_v1_dot_ps__pb2.MigrationRows.SerializeToString,
+            ),
+            'SealSlots': grpc.unary_unary_rpc_method_handler(
+                    servicer.SealSlots,
+                    request_deserializer=recstore_dot_v1_dot_ps__pb2.SealSlotsRequest.FromString,
+                    response_serializer=recstore_dot_v1_dot_ps__pb2.MigrationRows.SerializeToString,
+            ),
+            'MigrateImport': grpc.unary_unary_rpc_method_handler(
+                    servicer.MigrateImport,
+                    request_deserializer=recstore_dot_v1_dot_ps__pb2.MigrateImportRequest.FromString,
+                    response_serializer=recstore_dot_v1_dot_ps__pb2.MigrateImportResponse.SerializeToString,
+            ),
+            'MigrateAbort': grpc.unary_unary_rpc_method_handler(
+                    servicer.MigrateAbort,
+                    request_deserializer=recstore_dot_v1_dot_ps__pb2.MigrateAbortRequest.FromString,
+                    response_serializer=recstore_dot_v1_dot_ps__pb2.MigrateAbortResponse.SerializeToString,
+            ),
+            'MigrateCleanup': grpc.unary_unary_rpc_method_handler(
+                    servicer.MigrateCleanup,
+                    request_deserializer=recstore_dot_v1_dot_ps__pb2.MigrateCleanupRequest.FromString,
+                    response_serializer=recstore_dot_v1_dot_ps__pb2.MigrateCleanupResponse.SerializeToString,
+            ),
+            'SlotChecksums': grpc.unary_unary_rpc_method_handler(
+                    servicer.SlotChecksums,
+                    request_deserializer=recstore_dot_v1_dot_ps__pb2.SlotChecksumsRequest.FromString,
+                    response_serializer=recstore_dot_v1_dot_ps__pb2.SlotChecksumsResponse.SerializeToString,
+            ),
+            'SetSlotMap': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetSlotMap,
+                    request_deserializer=recstore_dot_v1_dot_ps__pb2.SetSlotMapRequest.FromString,
+                    response_serializer=recstore_dot_v1_dot_ps__pb2.SetSlotMapResponse.SerializeToString,
             ),
             'ExportRows': grpc.unary_stream_rpc_method_handler(
                     servicer.ExportRows,
@@ -610,6 +748,222 @@ class ParameterServer:
             '/recstore.v1.ParameterServer/ListCheckpoints',
             recstore_dot_v1_dot_ps__pb2.ListCheckpointsRequest.SerializeToString,
             recstore_dot_v1_dot_ps__pb2.ListCheckpointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MigrateBegin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/recstore.v1.ParameterServer/MigrateBegin',
+            recstore_dot_v1_dot_ps__pb2.MigrateBeginRequest.SerializeToString,
+            recstore_dot_v1_dot_ps__pb2.MigrateBeginResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MigrateRows(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/recstore.v1.ParameterServer/MigrateRows',
+            recstore_dot_v1_dot_ps__pb2.MigrateRowsRequest.SerializeToString,
+            recstore_dot_v1_dot_ps__pb2.MigrationRows.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SealSlots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/recstore.v1.ParameterServer/SealSlots',
+            recstore_dot_v1_dot_ps__pb2.SealSlotsRequest.SerializeToString,
+            recstore_dot_v1_dot_ps__pb2.MigrationRows.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MigrateImport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/recstore.v1.ParameterServer/MigrateImport',
+            recstore_dot_v1_dot_ps__pb2.MigrateImportRequest.SerializeToString,
+            recstore_dot_v1_dot_ps__pb2.MigrateImportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MigrateAbort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/recstore.v1.ParameterServer/MigrateAbort',
+            recstore_dot_v1_dot_ps__pb2.MigrateAbortRequest.SerializeToString,
+            recstore_dot_v1_dot_ps__pb2.MigrateAbortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MigrateCleanup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/recstore.v1.ParameterServer/MigrateCleanup',
+            recstore_dot_v1_dot_ps__pb2.MigrateCleanupRequest.SerializeToString,
+            recstore_dot_v1_dot_ps__pb2.MigrateCleanupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SlotChecksums(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/recstore.v1.ParameterServer/SlotChecksums',
+            recstore_dot_v1_dot_ps__pb2.SlotChecksumsRequest.SerializeToString,
+            recstore_dot_v1_dot_ps__pb2.SlotChecksumsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetSlotMap(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/recstore.v1.ParameterServer/SetSlotMap',
+            recstore_dot_v1_dot_ps__pb2.SetSlotMapRequest.SerializeToString,
+            recstore_dot_v1_dot_ps__pb2.SetSlotMapResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,236 @@
+"""A node's side of online slot migration: outgoing (source) and importing (target) slots.
+
+The protocol is driven from outside (``recstore.core.migration`` plans it, a
+provisioner runs it); this module keeps what one node must hold while it runs:
+
+- source: the slots being moved out, a ``ChangeTracker`` recording every
+  mutation of them, and the seal. While sealed, requests touching those slots
+  wait (held, not refused) until the move commits or aborts; a sealing call
+  first waits for the requests already inside to finish (drain), within a
+  deadline, so the tail it then reads is complete. A held request that waits
+  longer than ``HOLD_LIMIT_S`` is refused with the wrong-owner error, nothing
+  applied, so a caller can always resend it. The source never unseals itself:
+  only an abort, or the new slot map (then held requests are refused as not
+  owned), ends a seal, because the commit happens elsewhere.
+- target: slots marked importing. They are not in the node's slot map yet,
+  so client requests for them are refused as not owned; imported rows are
+  written straight into the engine.
+
+The de-duplication window of exactly-once updates travels with the slots:
+its entries touching the sealed slots go in the tail (``migration_ops.seal``)
+and the target absorbs them, so a resend reaching the new owner is answered
+from the window instead of being applied twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from recstore.core import NUM_SLOTS, InvalidArgument, RecStoreError, WrongShard, hash_keys, slot_of
+from recstore.core.migration import ranges_mask
+from recstore.ps.changes import ChangeTracker
+from recstore.store import Table
+from recstore.store.table import Chunk
+
+#: the longest a request waits on a sealed slot before it is refused (nothing applied)
+HOLD_LIMIT_S = 5.0
+
+
+class MigrationConflict(RecStoreError):
+    """A migration step that does not fit the node's state (gRPC FAILED_PRECONDITION)."""
+
+
+class SealTimeout(RecStoreError):
+    """Requests already inside did not finish before the seal's deadline (unsealed again)."""
+
+
+@dataclass
+class Outgoing:
+    slots: np.ndarray  # bool per slot
+    target: int
+    tracker: ChangeTracker
+    sealed: bool = False
+    inside: int = 0  # admitted requests touching the slots, not yet finished
+    snapshot: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # sorted keys
+
+
+def migrating_slots(ranges: list[tuple[int, int]]) -> np.ndarray:
+    """The slots of a migration step's [start, end) ranges (at least one, all in range)."""
+    try:
+        mask = ranges_mask(ranges)
+    except ValueError as error:
+        raise InvalidArgument(str(error)) from None
+    if not mask.any():
+        raise InvalidArgument("a migration needs at least one slot")
+    return mask
+
+
+class Migrations:
+    """The migrations of one node's tables; thread-safe."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.outgoing: dict[str, Outgoing] = {}
+        self.importing: dict[str, np.ndarray] = {}
+
+    # -- the data path ------------------------------------------------------------
+    @contextlib.contextmanager
+    def admitted(self, name: str, keys: np.ndarray | None, epoch: int) -> Iterator[None]:
+        """Run a request on ``name`` (``keys``; None: a multi-table request, any slot).
+
+        Waits while it touches sealed slots; counted as inside while it runs, so a
+        seal can drain it. Requests not touching moving slots pass straight through.
+        """
+        out = self.outgoing.get(name)
+        if out is None or (keys is not None and not out.tracker.touches(keys)):
+            yield
+            return
+        deadline = time.monotonic() + HOLD_LIMIT_S
+        with self._cond:
+            while out.sealed and self.outgoing.get(name) is out:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WrongShard(
+                        f"table {name!r}: the slots of these keys are being moved; "
+                        f"nothing was applied, resend (slot-map epoch {epoch})",
+                        epoch,
+                    )
+                self._cond.wait(left)
+            if self.outgoing.get(name) is not out:  # committed or aborted meanwhile
+                yield
+                return
+            out.inside += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                out.inside -= 1
+                self._cond.notify_all()
+
+    def record(self, name: str, keys: np.ndarray) -> None:
+        """Note a mutation of ``keys`` (applied under ``admitted``)."""
+        out = self.outgoing.get(name)
+        if out is not None:
+            out.tracker.record(keys)
+
+    def tracks(self, name: str) -> bool:
+        return name in self.outgoing
+
+    # -- source -------------------------------------------------------------------
+    def begin(self, name: str, slots: np.ndarray, target: int, owned: np.ndarray | None) -> None:
+        """Start tracking changes of ``slots`` (all owned by this node) for ``target``."""
+        if owned is not None and not owned[slots].all():
+            raise MigrationConflict(f"table {name!r}: this node does not own every slot to move")
+        with self._cond:
+            current = self.outgoing.get(name)
+            if current is not None:
+                if np.array_equal(current.slots, slots) and current.target == target:
+                    return  # a resent begin: the same move, keep its changes
+                raise MigrationConflict(f"table {name!r} is already moving slots out")
+            self.outgoing[name] = Outgoing(slots, target, ChangeTracker(slots))
+
+    def changes(self, name: str) -> np.ndarray:
+        """Keys of the moving slots changed since the previous call (the catch-up)."""
+        return self.outgoing_of(name).tracker.drain()
+
+    def seal(self, name: str, timeout: float) -> np.ndarray:
+        """Hold new requests to the moving slots, drain those inside, return the last changes."""
+        with self._cond:
+            out = self.outgoing_of(name)
+            out.sealed = True
+            if not self._cond.wait_for(lambda: out.inside == 0, timeout):
+                out.sealed = False
+                self._cond.notify_all()
+                raise SealTimeout(
+                    f"table {name!r}: {out.inside} requests still running after {timeout:.3f}s; "
+                    "unsealed, the move can be retried"
+                )
+        return out.tracker.drain()
+
+    def end(self, name: str) -> Outgoing | None:
+        """Stop the outgoing move (commit or abort); held requests go on and re-check."""
+        with self._cond:
+            out = self.outgoing.pop(name, None)
+            self._cond.notify_all()
+            return out
+
+    def outgoing_of(self, name: str) -> Outgoing:
+        out = self.outgoing.get(name)
+        if out is None:
+            raise MigrationConflict(f"table {name!r} is not moving slots out")
+        return out
+
+    # -- target -------------------------------------------------------------------
+    def begin_import(self, name: str, slots: np.ndarray, owned: np.ndarray | None) -> None:
+        if owned is None or owned[slots].any():
+            raise MigrationConflict(f"table {name!r}: this node already owns slots to import")
+        with self._cond:
+            current = self.importing.get(name)
+            if current is not None and not np.array_equal(current, slots):
+                raise MigrationConflict(f"table {name!r} is already importing other slots")
+            self.importing[name] = slots
+
+    def importing_slots(self, name: str) -> np.ndarray:
+        slots = self.importing.get(name)
+        if slots is None:
+            raise MigrationConflict(f"table {name!r} is not importing slots")
+        return slots
+
+    def end_import(self, name: str) -> np.ndarray | None:
+        with self._cond:
+            return self.importing.pop(name, None)
+
+
+# -- rows of slots ----------------------------------------------------------------
+def mask_ranges(slots: np.ndarray) -> list[tuple[int, int]]:
+    """A bool-per-slot array as sorted [start, end) runs."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([False], slots, [False])).astype(np.int8)))
+    return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True)]
+
+
+def keys_in(table: Table, slots: np.ndarray) -> np.ndarray:
+    """Resident keys of ``table`` whose slot is in ``slots``."""
+    keys = table.keys()
+    return keys[slots[slot_of(keys)]]
+
+
+def rows_of(table: Table, keys: np.ndarray) -> tuple[Chunk, np.ndarray]:
+    """The rows of ``keys`` still resident, and the keys that are gone (evicted or erased)."""
+    chunk = table.export_keys(keys)
+    gone = np.setdiff1d(keys, chunk.keys, assume_unique=False)
+    return chunk, gone
+
+
+def slot_checksums(table: Table, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-slot (slot numbers, row counts, order-independent sums of row hashes).
+
+    A row's hash covers its key, value bytes and optimizer state bytes, so two
+    copies agree only when every row and its state are equal.
+    """
+    chunk = table.export_keys(keys_in(table, slots))
+    n = len(chunk.keys)
+    value_bytes = chunk.values.dtype.itemsize * chunk.values.shape[1]
+    raw = np.concatenate(
+        [chunk.values.view(np.uint8).reshape(n, value_bytes),
+         chunk.state.view(np.uint8).reshape(n, 4 * chunk.state.shape[1])],
+        axis=1,
+    )  # fmt: skip
+    pad = (-raw.shape[1]) % 8
+    if pad:
+        raw = np.pad(raw, ((0, 0), (0, pad)))
+    words = np.ascontiguousarray(raw).view(np.uint64)
+    h = hash_keys(chunk.keys)
+    for column in range(words.shape[1]):
+        h = hash_keys((h ^ words[:, column]).view(np.int64))
+    row_slots = slot_of(chunk.keys)
+    sums = np.zeros(NUM_SLOTS, dtype=np.uint64)
+    np.add.at(sums, row_slots, h)
+    counts = np.bincount(row_slots, minlength=NUM_SLOTS)
+    wanted = np.flatnonzero(slots)
+    return wanted, counts[wanted].astype(np.int64), sums[wanted]

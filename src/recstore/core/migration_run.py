@@ -1,0 +1,216 @@
+"""Running a slot migration job against live nodes: the protocol's steps, in order.
+
+Shared by the provisioners (the local one now, the operator later): they
+supply the nodes' control clients and a ``JobStore`` (where the job record and
+the slot map live durably, with the compare-and-swap commit); this runs each
+batch of ``recstore.core.migration``'s plan:
+
+  begin (target importing, source tracking) -> snapshot pages -> catch-up
+  rounds -> seal (the tail) -> checksums equal? -> commit (CAS e -> e+1)
+  -> activate the target (its checksums equal the seal's) -> the source (it
+  now refuses the slots) -> every other node (the epoch) -> cleanup on the source.
+
+A failure before the commit aborts the batch: the source unseals and stays
+authoritative, the target drops what it imported. After the commit the batch
+is finished, whatever failed. ``resume`` does the same for a job found half
+done after a restart. ``on_step`` is called with each step's name before it
+runs (progress, and where tests inject faults).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from recstore.core.control import ControlClient
+from recstore.core.errors import RecStoreError
+from recstore.core.migration import MigrationJob, Phase, ResumeAction, moved, resume_action
+from recstore.core.migration_wire import (
+    SOURCE,
+    TARGET,
+    Checksums,
+    abort_rpc,
+    begin_rpc,
+    checksums_rpc,
+    cleanup_rpc,
+    import_rpc,
+    rows_rpc,
+    seal_rpc,
+    set_slot_map_rpc,
+)
+from recstore.core.routing import SlotMap
+
+log = logging.getLogger(__name__)
+
+#: a catch-up round returning fewer changed rows than this goes on to the seal
+CATCH_UP_LAG_ROWS = 2048
+CATCH_UP_ROUNDS = 4
+#: how long the source may take to drain running requests when sealing
+SEAL_TIMEOUT_S = 5.0
+
+
+class MigrationFailed(RecStoreError):
+    """A batch could not be moved (aborted: the source is still authoritative)."""
+
+
+class JobStore(Protocol):
+    """Where a provisioner keeps a table's slot map and migration job, durably."""
+
+    def slot_map(self) -> SlotMap: ...
+
+    def save_job(self, job: MigrationJob | None) -> None: ...
+
+    def commit(self, expected_epoch: int, slot_map: SlotMap) -> bool:
+        """Store ``slot_map`` if the stored epoch is ``expected_epoch`` (the one commit point)."""
+        ...
+
+
+@dataclass
+class BatchRecord:
+    """What a batch did: its checksums at the seal and at activation, its write pause."""
+
+    batch: int
+    seal_checksums: Checksums
+    activation_checksums: Checksums
+    pause_s: float  # seal call to the source refusing the slots
+    bytes: int
+
+
+@dataclass
+class MigrationRun:
+    table: str
+    clients: Sequence[ControlClient]  # by shard index
+    store: JobStore
+    on_step: Callable[[str, MigrationJob], None] = lambda step, job: None
+    seal_timeout: float = SEAL_TIMEOUT_S
+    records: list[BatchRecord] = field(default_factory=list)
+
+    def run(self, job: MigrationJob) -> MigrationJob:
+        """Move every remaining batch; returns the finished job (phase done)."""
+        while job.phase != Phase.done:
+            job = self.batch(job)
+        self.store.save_job(job)
+        return job
+
+    def resume(self, job: MigrationJob) -> MigrationJob:
+        """Finish or abort the batch a previous run left, then run the rest."""
+        action = resume_action(job, self.store.slot_map().epoch)
+        if action == ResumeAction.finish:
+            job = self._finish(job, self.store.slot_map(), None, time.perf_counter(), 0)
+        elif action == ResumeAction.abort:
+            self._abort(job)
+            job = job.at(Phase.copying)
+        return self.run(job)
+
+    def batch(self, job: MigrationJob) -> MigrationJob:
+        batch = job.batch
+        source, target = self.clients[batch.source], self.clients[batch.target]
+        self.store.save_job(job.at(Phase.copying))
+        try:
+            self._step("begin", job)
+            target.call(begin_rpc(self.table, TARGET, batch.ranges, batch.target))
+            source.call(begin_rpc(self.table, SOURCE, batch.ranges, batch.target))
+            moved_bytes = self._copy(job, source, target)
+            self._step("seal", job)
+            paused = time.perf_counter()
+            tail = source.call(seal_rpc(self.table, self.seal_timeout))
+            job = job.at(Phase.sealed)
+            self.store.save_job(job)
+            self._step("tail", job)
+            target.call(import_rpc(self.table, tail))
+            moved_bytes += len(tail.keys) + len(tail.values) + len(tail.state)
+            more = tail.next_offset
+            while more:  # a tail larger than one reply: the rest, still sealed
+                rest = source.call(rows_rpc(self.table, changes=True))
+                target.call(import_rpc(self.table, rest))
+                moved_bytes += len(rest.keys) + len(rest.values) + len(rest.state)
+                more = rest.next_offset
+            self._step("verify", job)
+            sealed = source.call(checksums_rpc(self.table, batch.ranges))
+            imported = target.call(checksums_rpc(self.table, batch.ranges))
+            differing = sealed.differing(imported)
+            if differing:
+                raise MigrationFailed(
+                    f"table {self.table!r}: {len(differing)} slots differ after the tail "
+                    f"(first {differing[:5]})"
+                )
+            self._step("commit", job)
+            current = self.store.slot_map()
+            if current.epoch != job.base_epoch or not self.store.commit(
+                job.base_epoch, moved(current, batch)
+            ):
+                raise MigrationFailed(
+                    f"table {self.table!r}: the slot map moved on from epoch {job.base_epoch}"
+                )
+        except Exception:  # a crash (the process gone) aborts nothing: resume does
+            self._abort(job)
+            raise
+        job = job.at(Phase.committed)
+        self.store.save_job(job)
+        return self._finish(job, self.store.slot_map(), sealed, paused, moved_bytes)
+
+    def _copy(self, job: MigrationJob, source: ControlClient, target: ControlClient) -> int:
+        """Snapshot pages, then catch-up rounds until the change lag is small."""
+        moved_bytes, offset = 0, 0
+        self._step("snapshot", job)
+        while True:
+            page = source.call(rows_rpc(self.table, changes=False, offset=offset, max_rows=0))
+            target.call(import_rpc(self.table, page))
+            moved_bytes += len(page.keys) + len(page.values) + len(page.state)
+            offset = page.next_offset
+            if not offset:
+                break
+        self._step("catch-up", job)
+        for _ in range(CATCH_UP_ROUNDS):
+            changes = source.call(rows_rpc(self.table, changes=True))
+            target.call(import_rpc(self.table, changes))
+            moved_bytes += len(changes.keys) + len(changes.values) + len(changes.state)
+            if changes.rows < CATCH_UP_LAG_ROWS and not changes.next_offset:
+                break
+        return moved_bytes
+
+    def _finish(
+        self,
+        job: MigrationJob,
+        committed: SlotMap,
+        sealed: Checksums | None,
+        paused: float,
+        moved_bytes: int,
+    ) -> MigrationJob:
+        """After the commit: activate the target, tell every node, the source last; clean up."""
+        batch, expected = job.batch, committed.epoch - 1
+        self._step("activate", job)
+        activated = self.clients[batch.target].call(checksums_rpc(self.table, batch.ranges))
+        if sealed is not None and sealed.differing(activated):
+            log.error("table %r: target's slots changed between seal and activation", self.table)
+        # the target serves first, then the source refuses (its held writes resume there);
+        # the other nodes only learn the new epoch
+        for shard in (batch.target, batch.source):
+            self.clients[shard].call(set_slot_map_rpc(self.table, expected, committed))
+        pause = time.perf_counter() - paused
+        for shard in range(len(self.clients)):
+            if shard not in (batch.source, batch.target):
+                self.clients[shard].call(set_slot_map_rpc(self.table, expected, committed))
+        self._step("cleanup", job)
+        self.clients[batch.source].call(cleanup_rpc(self.table))
+        if sealed is not None:
+            self.records.append(BatchRecord(job.current, sealed, activated, pause, moved_bytes))
+        job = job.next_batch(committed.epoch, moved_bytes)
+        self.store.save_job(job)
+        return job
+
+    def _abort(self, job: MigrationJob) -> None:
+        """Unseal the source (still authoritative) and discard the target's import; a node
+        that cannot be reached is told again by the next attempt or by its own restart."""
+        batch = job.batch
+        for shard, role in ((batch.source, SOURCE), (batch.target, TARGET)):
+            try:
+                self.clients[shard].call(abort_rpc(self.table, role))
+            except RecStoreError as error:
+                log.warning("abort on shard %d of %r failed: %s", shard, self.table, error)
+
+    def _step(self, step: str, job: MigrationJob) -> None:
+        self.on_step(step, job)
