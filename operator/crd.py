@@ -44,6 +44,8 @@ _DESCRIPTIONS = {
     "optimizer": "Optimizer the PS applies to pushed gradients.",
     "storage": "Where rows live: host memory (default) or GPU memory (needs placement.gpus).",
     "checkpoint": "Periodic checkpoints and write durability.",
+    "transportDtype": "Dtype a float32 table's rows and gradients travel in over gRPC "
+    "(float16 or bfloat16: half the bytes; the node keeps float32). Unset: the table dtype.",
     "placement": "Image, resources, GPUs and node constraints of the shard pods.",
 }
 
@@ -56,16 +58,16 @@ def to_structural(schema: dict[str, Any]) -> dict[str, Any]:
 
 def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     node = dict(node)
-    if "$ref" in node:  # inline; the referring node's own keys (default, description) win
-        target = defs[node.pop("$ref").rsplit("/", 1)[-1]]
-        node = {**target, **node}
-    if "anyOf" in node:
+    if "anyOf" in node:  # an optional field; its one other type may be a $ref, inlined below
         options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
         if len(options) != 1:
             raise ValueError(f"cannot express a union of {len(options)} types structurally")
         node = {**options[0], **node, "nullable": True}
         if node.get("default", ...) is None:
             del node["default"]
+    if "$ref" in node:  # inline; the referring node's own keys (default, description) win
+        target = defs[node.pop("$ref").rsplit("/", 1)[-1]]
+        node = {**target, **node}
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _DROPPED_KEYS or (key == "additionalProperties" and value is False):

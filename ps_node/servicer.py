@@ -182,10 +182,13 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         req = wire.decode_pull_request(request)
         hosted = self.node.get(req.table)
         rows = len(codec.decode_keys(req.keys))
+        value_dtype = codec.value_dtype_for(req.value_dtype, hosted.dtype)
         message, values, found = wire.pull_response_frame(
-            rows, hosted.dim, hosted.dtype, req.read_only, limit=self.reply_limit
+            rows, hosted.dim, value_dtype, req.read_only, limit=self.reply_limit
         )
-        await self.offload.run_batch(rows, self.node.pull, req.table, req.keys, values, found)
+        await self.offload.run_batch(
+            rows, self.node.pull, req.table, req.keys, values, found, value_dtype
+        )
         self.metrics.rows(req.table, "Pull", rows)
         return wire.finish(message)
 

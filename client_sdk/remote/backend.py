@@ -29,7 +29,13 @@ from recstore.client.remote.requests import TableCall
 from recstore.client.remote.routing import ShardRouter
 from recstore.client.remote.single_table import pull_issue, push_issue, update_issue
 from recstore.client.remote.step import Step
-from recstore.client.remote.tables import Discovery, RemoteTable, check_shard_order, discover
+from recstore.client.remote.tables import (
+    Discovery,
+    RemoteTable,
+    check_shard_order,
+    discover,
+    transport_of,
+)
 from recstore.client.remote.updates import (
     CARRY_ENV,
     DEFAULT_MAX_DELAY,
@@ -71,6 +77,7 @@ class GrpcBackend:
         max_pending_updates: int | None = None,
         carry_delay: float | None = None,
         tls: ClientTls | None = None,
+        transport_dtype: str | None = None,
     ) -> None:
         if not endpoints and not admin_url:
             raise ValueError("the grpc backend needs PS endpoints or an admin API URL")
@@ -84,6 +91,8 @@ class GrpcBackend:
         self._tls = tls or ClientTls.from_environment()
         self._timeout = rpc_timeout or float(os.environ.get(RPC_TIMEOUT_ENV, "60"))
         self._max_batch_bytes = max_batch_bytes
+        # float32 tables' rows on the wire (None: each spec's transport_dtype)
+        self._transport = DType(transport_dtype).value if transport_dtype else None
         self._nodes: dict[str, NodeCalls] = {}
         self._tables: dict[str, RemoteTable] = {}
         self._lock = threading.Lock()
@@ -156,8 +165,9 @@ class GrpcBackend:
             found = self._discover(name)
             assert found.spec is not None
             table = RemoteTable(
-                found.spec, found.endpoints, self._router(name, found.slot_map, found.spec)
-            )
+                found.spec, found.endpoints, self._router(name, found.slot_map, found.spec),
+                transport_of(found.spec, self._transport),
+            )  # fmt: skip
             self._tables[name] = table
         return table
 
@@ -197,8 +207,9 @@ class GrpcBackend:
         if slot_map is None:
             slot_map = _newest(r.stats.slot_map for r in replies) or SlotMap.initial(len(endpoints))
         self._tables[spec.name] = RemoteTable(
-            spec, endpoints, self._router(spec.name, slot_map, spec)
-        )
+            spec, endpoints, self._router(spec.name, slot_map, spec),
+            transport_of(spec, self._transport),
+        )  # fmt: skip
         return CreateResult(spec, created=any(reply.created for reply in replies))
 
     def describe(self, name: str) -> TableSpec | None:
@@ -223,7 +234,7 @@ class GrpcBackend:
         keys_np = keys_to_numpy(distinct)
         dtype = DType(table.spec.dtype)
         out = np.empty((len(keys_np), table.spec.embedding_dim), dtype=wire.wire_dtype(dtype))
-        issue = pull_issue(table.spec, keys_np, out, self._node_of(table))
+        issue = pull_issue(table.spec, keys_np, out, self._node_of(table), table.transport)
         table.router.start(keys_np, issue).wait()
         rows = rows_from_numpy(out, dtype)
         return rows if inverse is None else rows[inverse]
@@ -248,7 +259,9 @@ class GrpcBackend:
         self._step.settle([name])  # one update in flight per table: applied in order
         table = self._locate(name)
         keys_np, grads_np = keys_to_numpy(keys), rows_to_numpy(grads)
-        issue = update_issue(table.spec, keys_np, grads_np, lr, self._node_of(table))
+        issue = update_issue(
+            table.spec, keys_np, grads_np, lr, self._node_of(table), table.transport
+        )
         every_shard = table.spec.optimizer.kind == "adam"
         call = table.router.start(keys_np, issue, every_shard=every_shard, blocking=wait)
         if wait:
