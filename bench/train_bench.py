@@ -349,6 +349,19 @@ def main() -> None:
                 "bytes_sent_per_node_and_step": meter.sent / node_steps,
                 "bytes_received_per_node_and_step": meter.received / node_steps,
             }
+            narrow_name = f"recstore-grpc-2-shards-collection-{args.transport_dtype}"
+            if narrow_name in variants:  # the same steps' bytes with 16-bit rows and gradients
+                narrow_meter = TrafficMeter()
+                model, optimizers, client = variants[narrow_name]
+                with narrow_meter.watching():
+                    for batch in warm_up:
+                        train_step(model, optimizers, batch)
+                    assert client is not None
+                    client.flush()
+                traffic["narrow_bytes_sent_per_node_and_step"] = narrow_meter.sent / node_steps
+                traffic["narrow_bytes_received_per_node_and_step"] = (
+                    narrow_meter.received / node_steps
+                )
             torch.manual_seed(0)
             floor = TransportFloor(
                 DLRM(config, args.embedding_dim, torch_bags), stack.enter_context(echo_nodes(2)),
@@ -417,6 +430,12 @@ def main() -> None:
             f"{traffic['bytes_received_per_node_and_step'] / 1e3:.0f} kB received "
             "(transport-floor: torch's step plus those bytes echoed by 2 gRPC nodes)"
         )
+        if "narrow_bytes_sent_per_node_and_step" in traffic:
+            print(
+                f"with {args.transport_dtype} transport: "
+                f"{traffic['narrow_bytes_sent_per_node_and_step'] / 1e3:.0f} kB sent, "
+                f"{traffic['narrow_bytes_received_per_node_and_step'] / 1e3:.0f} kB received"
+            )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "config": {k: str(v) for k, v in vars(args).items()},
