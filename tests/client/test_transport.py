@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import grpc
 import numpy as np
 import pytest
@@ -109,3 +112,26 @@ def test_the_node_refuses_a_transport_the_table_does_not_allow(
         assert multi.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "value_dtype 'bfloat16' must be the table dtype 'float16'" in multi.value.details()
     assert grpc_client.pull(name, torch.tensor([3])).dtype == torch.float16
+
+
+def test_the_demo_model_trains_as_well_with_bfloat16_transport(
+    grpc_client: RecStoreClient, ps_endpoints: list[str]
+) -> None:
+    """The DLRM example, one collection over 2 nodes: bfloat16 transport against float32."""
+    examples = str(Path(__file__).resolve().parents[2] / "examples")
+    sys.path.insert(0, examples)
+    try:
+        import dlrm_synthetic as dlrm
+    finally:
+        sys.path.remove(examples)
+    config = dlrm.DataConfig(num_features=3, cardinality=2000, batch_size=128, seed=5)
+    final = {}
+    for transport in (None, "bfloat16"):
+        grpc_client.set_transport_dtype(transport)
+        torch.manual_seed(0)
+        model = dlrm.DLRM(config, 8, dlrm.recstore_bags(grpc_client, lr=0.5), collection=True)
+        losses = dlrm.train(model, dlrm.SyntheticClicks(config), steps=80, lr=0.5, progress=False)
+        final[transport] = sum(losses[-20:]) / 20
+        assert final[transport] < sum(losses[:20]) / 20  # it learns
+    assert final["bfloat16"] == pytest.approx(final[None], rel=0.01)
+    assert final["bfloat16"] != final[None]  # the rows did travel rounded
