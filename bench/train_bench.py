@@ -239,6 +239,12 @@ def main() -> None:
     parser.add_argument("--num-features", type=int, default=8)
     parser.add_argument("--cardinality", type=int, default=100_000)
     parser.add_argument("--embedding-dim", type=int, default=16)
+    parser.add_argument("--bag-size", type=int, default=4, help="ids per sample and feature")
+    parser.add_argument(
+        "--transport-dtype",
+        choices=["float16", "bfloat16"],
+        help="also run the collection variant with rows and gradients in this dtype on the wire",
+    )
     parser.add_argument("--lr", type=float, default=0.5)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--no-grpc", action="store_true", help="skip the 2-shard gRPC variants")
@@ -259,7 +265,9 @@ def main() -> None:
     # One intra-op thread: on a shared machine, spinning thread pools measure the neighbours.
     torch.set_num_threads(args.threads)
 
-    config = DataConfig(args.num_features, args.cardinality, batch_size=args.batch_size, seed=1)
+    config = DataConfig(
+        args.num_features, args.cardinality, args.bag_size, batch_size=args.batch_size, seed=1
+    )
     data = SyntheticClicks(config)
     steps = args.rounds * args.steps_per_round
     batches = [data.batch(step) for step in range(steps + 1)]  # data generation is not timed
@@ -298,6 +306,17 @@ def main() -> None:
             variants["recstore-grpc-2-shards-collection"] = (
                 model, dense_optimizer(model, args.lr), grouped,
             )  # fmt: skip
+            if args.transport_dtype:  # the same variant, 16-bit rows and gradients on the wire
+                narrow = RecStoreClient(role="bench-grpc-collection-narrow")
+                narrow.set_ps_endpoints(endpoints)
+                narrow.set_transport_dtype(args.transport_dtype)
+                torch.manual_seed(0)
+                model = DLRM(
+                    config, args.embedding_dim, recstore_bags(narrow, args.lr), collection=True
+                )
+                variants[f"recstore-grpc-2-shards-collection-{args.transport_dtype}"] = (
+                    model, dense_optimizer(model, args.lr), narrow,
+                )  # fmt: skip
             ahead = RecStoreClient(role="bench-grpc-pipelined")
             ahead.set_ps_endpoints(endpoints)
             torch.manual_seed(0)
@@ -330,6 +349,19 @@ def main() -> None:
                 "bytes_sent_per_node_and_step": meter.sent / node_steps,
                 "bytes_received_per_node_and_step": meter.received / node_steps,
             }
+            narrow_name = f"recstore-grpc-2-shards-collection-{args.transport_dtype}"
+            if narrow_name in variants:  # the same steps' bytes with 16-bit rows and gradients
+                narrow_meter = TrafficMeter()
+                model, optimizers, client = variants[narrow_name]
+                with narrow_meter.watching():
+                    for batch in warm_up:
+                        train_step(model, optimizers, batch)
+                    assert client is not None
+                    client.flush()
+                traffic["narrow_bytes_sent_per_node_and_step"] = narrow_meter.sent / node_steps
+                traffic["narrow_bytes_received_per_node_and_step"] = (
+                    narrow_meter.received / node_steps
+                )
             torch.manual_seed(0)
             floor = TransportFloor(
                 DLRM(config, args.embedding_dim, torch_bags), stack.enter_context(echo_nodes(2)),
@@ -398,6 +430,12 @@ def main() -> None:
             f"{traffic['bytes_received_per_node_and_step'] / 1e3:.0f} kB received "
             "(transport-floor: torch's step plus those bytes echoed by 2 gRPC nodes)"
         )
+        if "narrow_bytes_sent_per_node_and_step" in traffic:
+            print(
+                f"with {args.transport_dtype} transport: "
+                f"{traffic['narrow_bytes_sent_per_node_and_step'] / 1e3:.0f} kB sent, "
+                f"{traffic['narrow_bytes_received_per_node_and_step'] / 1e3:.0f} kB received"
+            )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "config": {k: str(v) for k, v in vars(args).items()},

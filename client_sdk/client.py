@@ -63,6 +63,7 @@ def _make_backend(connection: conn.Connection) -> Backend | None:
         endpoints=connection.endpoints,
         admin_url=connection.admin_url,
         admin_token=connection.token,
+        transport_dtype=connection.transport_dtype,
     )
 
 
@@ -131,8 +132,12 @@ class RecStoreClient:
         if old is not None:
             old.close()
 
-    def set_ps_config(self, host: str, port: int) -> None:
-        """Talk to the single PS node ``host:port`` over gRPC (reconnects)."""
+    def set_ps_config(self, host: str, port: int, *, transport_dtype: str | None = None) -> None:
+        """Talk to the single PS node ``host:port`` over gRPC (reconnects).
+
+        ``transport_dtype`` (float16 or bfloat16): float32 tables' pulls and updates
+        travel in it, as with set_transport_dtype.
+        """
         if (
             not isinstance(host, str)
             or not host
@@ -142,7 +147,18 @@ class RecStoreClient:
             raise ValueError(
                 f"set_ps_config needs a host name and an int port, got {host!r}, {port!r}"
             )
-        self._reconnect(conn.with_endpoints(self._connection, [f"{host}:{port}"]))
+        connection = conn.with_endpoints(self._connection, [f"{host}:{port}"])
+        if transport_dtype is not None:
+            connection = conn.with_transport(connection, transport_dtype)
+        self._reconnect(connection)
+
+    def set_transport_dtype(self, dtype: str | None) -> None:
+        """Pull and update float32 tables' rows as ``dtype`` (float16 or bfloat16) on the wire.
+
+        Half the bytes; the nodes keep the rows, and run the optimizer, in float32.
+        None: as each table's spec says (``transport_dtype``). Reconnects.
+        """
+        self._reconnect(conn.with_transport(self._connection, dtype))
 
     def set_ps_endpoints(self, endpoints: str | list[str] | tuple[str, ...]) -> None:
         """Talk to a sharded table's PS nodes, ``host:port`` in shard order (reconnects)."""

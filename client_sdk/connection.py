@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from recstore.client.remote.tables import ADMIN_URL_ENV, ENDPOINTS_ENV, TOKEN_ENV, parse_endpoints
+from recstore.core import DType
 
 BACKENDS = ("local", "grpc")
 
@@ -24,6 +25,8 @@ class Connection:
     endpoints: tuple[str, ...] | None = None
     admin_url: str | None = None
     token: str | None = None
+    #: float32 tables' rows and gradients on the wire (None: each spec's transport_dtype)
+    transport_dtype: str | None = None
 
     @property
     def configured(self) -> bool:
@@ -60,10 +63,21 @@ def with_endpoints(
     connection: Connection, endpoints: str | list[str] | tuple[str, ...]
 ) -> Connection:
     """Explicit shard endpoints win over admin discovery."""
-    return Connection("grpc", parse_endpoints(endpoints), None, connection.token)
+    return Connection(
+        "grpc", parse_endpoints(endpoints), None, connection.token, connection.transport_dtype
+    )
 
 
 def with_admin(connection: Connection, admin_url: str, token: str | None) -> Connection:
     if not admin_url.startswith(("http://", "https://")):
         raise ValueError(f"admin URL must start with http:// or https://, got {admin_url!r}")
-    return Connection("grpc", None, admin_url.rstrip("/"), token or connection.token)
+    return Connection(
+        "grpc", None, admin_url.rstrip("/"), token or connection.token, connection.transport_dtype
+    )
+
+
+def with_transport(connection: Connection, dtype: str | None) -> Connection:
+    """float32 tables' rows travel as ``dtype`` (float16/bfloat16; None: as each spec says)."""
+    if dtype is not None:
+        dtype = DType(dtype).value  # ValueError names the dtypes a table has
+    return replace(connection, transport_dtype=dtype)

@@ -5,7 +5,7 @@ table spec: dense keys covering ids ``base_offset .. base_offset + rows - 1``
 (so ``num_embeddings = base_offset + rows``), the table dtype, and the
 optimizer (sgd at the client's learning rate unless ``metadata`` or the
 ``optimizer`` keyword gives another). Everything else a spec holds (key mode,
-initializer, shards, storage tier, checkpoints, the non-finite policy) may come
+initializer, shards, storage tier, checkpoints, the non-finite policy, the transport dtype) may come
 in ``metadata``.
 """
 
@@ -33,6 +33,7 @@ SPEC_METADATA_KEYS = frozenset(
         "checkpoint",
         "non_finite",
         "mode",
+        "transport_dtype",
     }
 )
 

@@ -104,7 +104,8 @@ def check_id_range(ids: torch.Tensor, low: int, high: int | None, name: str) -> 
     """Dense tables address rows ``low..high-1``; anything else is refused before sending."""
     if high is None or ids.numel() == 0:
         return
-    smallest, largest = int(ids.min()), int(ids.max())
+    bounds = torch.aminmax(ids)  # one pass over the ids, not two
+    smallest, largest = int(bounds.min), int(bounds.max)
     if smallest < low or largest >= high:
         bad = smallest if smallest < low else largest
         raise IdOutOfRange(

@@ -24,6 +24,8 @@
 #include <utility>
 #include <vector>
 
+#include "transport.h"
+
 namespace recstore::arrays {
 
 namespace nb = nanobind;
@@ -121,14 +123,16 @@ inline const char* rows_dtype_name(int code) {
   return code == 0 ? "float32" : code == 1 ? "float16" : "bfloat16 (or its bits as uint16)";
 }
 
-// The DTypeCode of `a`, which must be rows in `table_dtype` (or float32 when
-// `or_float32`); TypeError naming `what` otherwise.
+// The DTypeCode of `a`, which must be rows in `table_dtype` (or, `grads`, any
+// dtype gradients may travel as: transport.h); TypeError naming `what` otherwise.
 template <class A>
-int row_dtype(const A& a, const char* what, int table_dtype, bool or_float32 = false) {
+int row_dtype(const A& a, const char* what, int table_dtype, bool grads = false) {
   int code = rows_code(a.dtype());
-  if (code == table_dtype || (or_float32 && code == 0)) return code;
+  if (code == table_dtype || (grads && code >= 0 && grads_may_travel_as(table_dtype, code)))
+    return code;
   std::string want = rows_dtype_name(table_dtype);
-  if (or_float32 && table_dtype != 0) want = "float32 or " + want;
+  if (grads && table_dtype != 0) want = "float32 or " + want;
+  if (grads && table_dtype == 0) want = "float32, float16 or bfloat16 (or its bits as uint16)";
   throw nb::type_error((std::string(what) + " must be " + want + ", got " +
                         dtype_name(a.dtype()) + " of shape " + shape_of(a))
                            .c_str());
@@ -170,8 +174,8 @@ void expect_length(const A& a, const char* what, int64_t n) {
 
 // Rows in the table's dtype (or float32 too, for gradients), one per key: their DTypeCode.
 template <class T, class A>
-int table_rows(const T& table, const A& a, const char* what, int64_t n, bool or_float32 = false) {
-  int code = row_dtype(a, what, table.options().dtype, or_float32);
+int table_rows(const T& table, const A& a, const char* what, int64_t n, bool grads = false) {
+  int code = row_dtype(a, what, table.options().dtype, grads);
   expect_rows(a, what, n, table.dim());
   return code;
 }

@@ -9,6 +9,7 @@
 #include "protowire.h"
 #include "ps_decode.h"
 #include "ps_messages.h"
+#include "transport.h"
 
 namespace recstore::codec {
 namespace {
@@ -28,7 +29,7 @@ Payload gather_keys(const Keys& keys, const Route& route, int node, std::vector<
 void write_pull(Writer& w, const PullItem& item, const Route& route, int node,
                 std::vector<int64_t>& scratch) {
   write_pull_request(w, item.keys.table, item.keys.epoch,
-                     gather_keys(item.keys, route, node, scratch), false);
+                     gather_keys(item.keys, route, node, scratch), false, item.value_dtype);
 }
 
 void write_update(Writer& w, const UpdateItem& item, const Route& route, int node,
@@ -36,10 +37,13 @@ void write_update(Writer& w, const UpdateItem& item, const Route& route, int nod
   const Payload keys = gather_keys(item.keys, route, node, scratch);
   const int64_t count = route.counts[node];
   const int64_t* order = route.order.data() + route.offsets[node];
-  const size_t row = static_cast<size_t>(item.row_bytes);
+  const int wire = dtype_code_of(item.grad_dtype);
+  const int64_t dim = item.row_bytes / dtype_size(item.grads_dtype);
+  const size_t row = static_cast<size_t>(dim * dtype_size(wire));
   rows.resize(static_cast<size_t>(count) * row);
   for (int64_t i = 0; i < count; ++i) {
-    std::memcpy(rows.data() + i * row, item.grads + order[i] * item.row_bytes, row);
+    convert_rows(item.grads + order[i] * item.row_bytes, item.grads_dtype, rows.data() + i * row,
+                 wire, dim);
   }
   write_update_request(w, item.keys.table, item.keys.epoch, keys, {rows.data(), rows.size()},
                        item.grad_dtype, item.has_lr ? &item.lr : nullptr, item.dim);
@@ -127,16 +131,18 @@ std::vector<uint64_t> scatter_pull_reply(const uint8_t* data, size_t size,
                                   std::to_string(item.dim) + " " + std::string(dtype) +
                                   ", expected dim " + std::to_string(t.dim) + " " + t.dtype);
     }
-    const size_t expected = static_cast<size_t>(t.count * t.row_bytes);
+    const int wire = dtype_code_of(t.dtype);
+    const size_t row = static_cast<size_t>(t.dim) * static_cast<size_t>(dtype_size(wire));
+    const size_t expected = static_cast<size_t>(t.count) * row;
     if (item.values.size() != expected) {
       throw std::invalid_argument("item " + std::to_string(i) + ": " +
                                   std::to_string(item.values.size()) + " bytes of values for " +
                                   std::to_string(t.count) + " rows");
     }
     const uint8_t* src = reinterpret_cast<const uint8_t*>(item.values.data());
-    const size_t row = static_cast<size_t>(t.row_bytes);
     for (int64_t k = 0; k < t.count; ++k) {
-      std::memcpy(t.out + t.order[t.offset + k] * t.row_bytes, src + k * row, row);
+      convert_rows(src + k * row, wire, t.out + t.order[t.offset + k] * t.row_bytes, t.out_dtype,
+                   t.dim);
     }
   }
   return applied;

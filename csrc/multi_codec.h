@@ -33,13 +33,15 @@ struct Keys {
 
 struct PullItem {
   Keys keys;
+  std::string value_dtype;  // the rows' wire dtype; empty: the table's
 };
 
 struct UpdateItem {
   Keys keys;
-  const uint8_t* grads = nullptr;  // n rows of row_bytes
+  const uint8_t* grads = nullptr;  // n rows of row_bytes, in grads_dtype
   int64_t row_bytes = 0;
-  std::string grad_dtype;
+  int grads_dtype = 0;     // DTypeCode of the caller's rows
+  std::string grad_dtype;  // the wire dtype they travel as (converted when it differs)
   bool has_lr = false;
   float lr = 0;
   uint32_t dim = 0;
@@ -76,9 +78,10 @@ size_t encode_request(Method method, int node, const std::vector<PullItem>& pull
 // Where one pulled item's rows go: out rows indexed by order[offset + r].
 struct PullTarget {
   uint8_t* out = nullptr;
-  int64_t row_bytes = 0;
+  int64_t row_bytes = 0;  // of out's rows
   uint32_t dim = 0;
   std::string dtype;  // the wire dtype name the rows must have
+  int out_dtype = 0;  // DTypeCode of out's rows (converted from the wire dtype)
   const int64_t* order = nullptr;
   int64_t offset = 0;
   int64_t count = 0;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "multi_codec.h"
+#include "transport.h"
 
 namespace recstore::codec::bindings {
 
@@ -24,6 +25,13 @@ using namespace nb::literals;
 template <class T>
 T* address(nb::handle value) {
   return reinterpret_cast<T*>(nb::cast<uintptr_t>(value));
+}
+
+// DTypeCode of a wire dtype name; std::invalid_argument when unknown.
+inline int wire_code(const std::string& name) {
+  const int code = dtype_code_of(name);
+  if (code < 0) throw std::invalid_argument("unknown dtype '" + name + "'");
+  return code;
 }
 
 inline Keys keys_of(const nb::tuple& t) {
@@ -63,7 +71,10 @@ inline nb::tuple encode_multi(const std::string& method_name, const nb::list& pu
   }
   if (num_nodes < 1) throw std::invalid_argument("num_nodes must be >= 1");
   std::vector<PullItem> pulls;
-  for (nb::handle h : pull_args) pulls.push_back(PullItem{keys_of(nb::cast<nb::tuple>(h))});
+  for (nb::handle h : pull_args) {
+    auto t = nb::cast<nb::tuple>(h);
+    pulls.push_back(PullItem{keys_of(t), t.size() > 5 ? nb::cast<std::string>(t[5]) : ""});
+  }
   std::vector<UpdateItem> updates;
   for (nb::handle h : update_args) {
     auto t = nb::cast<nb::tuple>(h);
@@ -76,6 +87,13 @@ inline nb::tuple encode_multi(const std::string& method_name, const nb::list& pu
     u.lr = u.has_lr ? nb::cast<float>(t[8]) : 0.0f;
     u.dim = nb::cast<uint32_t>(t[9]);
     u.every_node = nb::cast<std::vector<int32_t>>(t[10]);
+    // The caller's rows' dtype (default: as they travel); converted when it differs.
+    const std::string source = t.size() > 11 ? nb::cast<std::string>(t[11]) : u.grad_dtype;
+    u.grads_dtype = wire_code(source);
+    if (wire_code(u.grad_dtype) != u.grads_dtype &&
+        !grads_may_travel_as(u.grads_dtype, wire_code(u.grad_dtype)))
+      throw std::invalid_argument("gradients of " + source + " cannot travel as " +
+                                  u.grad_dtype);
     updates.push_back(std::move(u));
   }
   std::vector<Route> pull_routes, update_routes;
@@ -133,6 +151,9 @@ inline std::vector<uint64_t> scatter(const nb::bytes& reply, const nb::list& tar
     p.order = address<const int64_t>(t[4]);
     p.offset = nb::cast<int64_t>(t[5]);
     p.count = nb::cast<int64_t>(t[6]);
+    // out's rows' dtype (default: as they travel); converted when it differs.
+    p.out_dtype = wire_code(t.size() > 7 ? nb::cast<std::string>(t[7]) : p.dtype);
+    wire_code(p.dtype);
     targets.push_back(std::move(p));
   }
   const auto* data = reinterpret_cast<const uint8_t*>(reply.c_str());

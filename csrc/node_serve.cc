@@ -12,6 +12,7 @@
 #include "optimizer.h"
 #include "protowire.h"
 #include "ps_messages.h"
+#include "transport.h"
 
 namespace recstore::serve {
 namespace {
@@ -19,12 +20,7 @@ namespace {
 using namespace recstore::protowire;
 using namespace recstore::ps_fields;
 
-int dtype_code(std::string_view name) {
-  if (name == "float32") return kFloat32;
-  if (name == "float16") return kFloat16;
-  if (name == "bfloat16") return kBFloat16;
-  return -1;
-}
+int dtype_code(std::string_view name) { return dtype_code_of(name); }
 
 std::string str(int64_t v) { return std::to_string(v); }
 
@@ -168,8 +164,9 @@ void frame_reply(Writer& w, Method method, std::vector<Pull>& pulls,
     const Hosted& h = hosted[p.table];
     w.message(kMultiPullResponse_items, [&] {
       const size_t bytes = static_cast<size_t>(p.n) * static_cast<size_t>(h.dim) *
-                           static_cast<size_t>(dtype_size(dtype_code(h.dtype)));
-      p.value_at = write_pull_response(w, h.dtype, static_cast<uint32_t>(h.dim), bytes,
+                           static_cast<size_t>(dtype_size(p.value_dtype));
+      p.value_at = write_pull_response(w, dtype_name_of(p.value_dtype),
+                                       static_cast<uint32_t>(h.dim), bytes,
                                        p.read_only, static_cast<size_t>(p.n))
                        .values_at;
     });
@@ -194,11 +191,8 @@ bool check_update(Checker& check, const UpdateRequestView& item, int64_t index,
                             str(h.dim));
   }
   std::string_view grad_dtype = item.grad_dtype.empty() ? "float32" : item.grad_dtype;
-  if (grad_dtype != "float32" && grad_dtype != h.dtype) {
-    return check.refuse(Code::kInvalidArgument, index, item.table,
-                        "grad_dtype " + py_repr(grad_dtype) +
-                            " must be float32 or the table dtype " + py_repr(h.dtype));
-  }
+  std::string refusal = transport_refusal_for(grad_dtype, h.dtype, true);
+  if (!refusal.empty()) return check.refuse(Code::kInvalidArgument, index, item.table, refusal);
   u.grad_dtype = dtype_code(grad_dtype);
   if (!check.keys(item.table, item.keys, index, u.keys, u.n)) return false;
   const size_t expected = static_cast<size_t>(u.n * h.dim) * dtype_size(u.grad_dtype);
@@ -262,6 +256,14 @@ Plan plan(const Request& request, const std::vector<Hosted>& hosted, size_t repl
         !check.keys(item.table, item.keys, index, p.keys, p.n)) {
       return plan;
     }
+    const Hosted& h = hosted[p.table];
+    std::string refusal = transport_refusal_for(item.value_dtype, h.dtype, false);
+    if (!refusal.empty()) {
+      check.refuse(Code::kInvalidArgument, index, item.table, refusal);
+      return plan;
+    }
+    p.value_dtype = dtype_code(item.value_dtype.empty() ? std::string_view(h.dtype)
+                                                         : item.value_dtype);
     p.read_only = item.read_only;
     p.keys_at = check.offset(item.keys);
     plan.pulls.push_back(p);
@@ -317,9 +319,32 @@ void apply(Plan& plan, const std::vector<Hosted>& hosted, uint8_t* reply, bool& 
   updates_applied = true;
   Writer w(reply);  // frame first (the holes stay), then fill each pull's rows in place
   frame_reply(w, plan.method, plan.pulls, rows_of(plan.updates), hosted);
+  std::vector<char> rows;  // a pull's rows in the table dtype, when they travel in another
   for (const Pull& p : plan.pulls) {
-    if (p.n > 0) hosted[p.table].table->pull(p.n, p.keys, reply + p.value_at);
+    if (p.n == 0) continue;
+    Table& table = *hosted[p.table].table;
+    const int table_dtype = table.options().dtype;
+    if (p.value_dtype == table_dtype) {
+      table.pull(p.n, p.keys, reply + p.value_at);
+      continue;
+    }
+    const int64_t count = p.n * table.dim();
+    rows.resize(static_cast<size_t>(count) * dtype_size(table_dtype));
+    table.pull(p.n, p.keys, rows.data());
+    convert_parallel(rows.data(), table_dtype, reply + p.value_at, p.value_dtype, count);
   }
+}
+
+std::string transport_refusal_for(std::string_view requested, std::string_view table_dtype,
+                                  bool grads) {
+  const int table = dtype_code_of(table_dtype);
+  if (requested.empty()) return "";
+  const int wire = dtype_code_of(requested);
+  const bool allowed = wire >= 0 && (grads ? grads_may_travel_as(table, wire)
+                                           : values_may_travel_as(table, wire));
+  if (allowed) return "";
+  return transport_refusal(grads ? "grad_dtype" : "value_dtype", py_repr(requested), table,
+                           py_repr(table_dtype), grads);
 }
 
 std::string py_repr(std::string_view text) {

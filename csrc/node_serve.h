@@ -3,7 +3,7 @@
 // This is the one validator of multi-table requests. A request is parsed in
 // place (`parse`), then `plan` checks every item against the node's hosted
 // tables in the order the node has always made them (pull items: table
-// hosted and keys whole int64s for each, then the reply's size against the
+// hosted, keys whole int64s and the rows' wire dtype for each, then the reply's size against the
 // node's message limit, then slots owned and dense ids in range for each;
 // updates, item by item: table hosted, declared dim, grad dtype, keys, grads
 // length, lr, slots, ids, finite gradients where the table rejects non-finite
@@ -83,6 +83,7 @@ struct Pull {
   const int64_t* keys;
   int64_t n;
   bool read_only = false;
+  int value_dtype = 0;  // DTypeCode the rows travel as (transport.h)
   size_t keys_at = 0;   // offset of the keys in the request
   size_t value_at = 0;  // where its rows go in the reply
 };
@@ -119,6 +120,12 @@ Plan plan(const Request& request, const std::vector<Hosted>& hosted, size_t repl
 // bytes), framing the reply. Engine errors propagate; `updates_applied` says
 // whether the updates were all applied before one happened.
 void apply(Plan& plan, const std::vector<Hosted>& hosted, uint8_t* reply, bool& updates_applied);
+
+// Why the node refuses rows of a `table_dtype` table travelling as `requested` ("" when
+// it does not): `grads` for an update's grad_dtype, else a pull's value_dtype; an empty
+// `requested` is the default (float32 gradients, values in the table dtype).
+std::string transport_refusal_for(std::string_view requested, std::string_view table_dtype,
+                                  bool grads);
 
 // Python's repr() of a str (printable names exactly): how the node quotes names.
 std::string py_repr(std::string_view text);

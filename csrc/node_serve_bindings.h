@@ -8,6 +8,7 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "node_serve.h"
+#include "transport.h"
 
 namespace recstore::serve::bindings {
 
@@ -123,15 +125,16 @@ struct MultiRequest {
   }
 
   // The checked items, for the node to apply: ("checked", pulls, updates) with
-  // pulls (table, keys offset, rows, read_only) and updates (table, keys offset,
+  // pulls (table, keys offset, rows, read_only, value dtype) and updates (table, keys offset,
   // rows, grads offset, grads bytes, grad dtype, lr or None), offsets into the request.
   static nb::tuple checked(const Plan& p) {
     nb::list pulls, updates;
-    for (const Pull& u : p.pulls) pulls.append(nb::make_tuple(u.table, u.keys_at, u.n, u.read_only));
+    for (const Pull& u : p.pulls) {
+      pulls.append(
+          nb::make_tuple(u.table, u.keys_at, u.n, u.read_only, dtype_name_of(u.value_dtype)));
+    }
     for (const Update& u : p.updates) {
-      const char* dtype = u.grad_dtype == kFloat32 ? "float32"
-                          : u.grad_dtype == kFloat16 ? "float16"
-                                                      : "bfloat16";
+      const char* dtype = dtype_name_of(u.grad_dtype);
       nb::object lr = u.has_lr ? nb::object(nb::float_(u.lr)) : nb::none();
       updates.append(nb::make_tuple(u.table, u.keys_at, u.n, u.grads_at, u.grads_size, dtype, lr));
     }
@@ -140,6 +143,9 @@ struct MultiRequest {
 };
 
 inline void bind(nb::module_& m) {
+  m.def("transport_refusal", &transport_refusal_for, "requested"_a, "table_dtype"_a, "grads"_a,
+        "Why rows of a table of `table_dtype` may not travel as `requested` ('' when they may; "
+        "`grads`: gradients, else pulled values; '' requested: the default)");
   nb::class_<MultiRequest>(m, "MultiRequest",
                            "A MultiPull/MultiUpdate request parsed once (ValueError when malformed)")
       .def(nb::init<const std::string&, nb::bytes>(), "method"_a, "request"_a)

@@ -68,6 +68,7 @@ struct PullRequestView {
   uint64_t epoch = 0;
   std::string_view keys;
   bool read_only = false;
+  std::string_view value_dtype;  // empty: the table dtype
 
   template <class View, class Visit>
   static constexpr void fields(View& v, Visit&& visit) {
@@ -75,6 +76,7 @@ struct PullRequestView {
     RECSTORE_VISIT(PullRequest, epoch, kUint64);
     RECSTORE_VISIT(PullRequest, keys, kBytes);
     RECSTORE_VISIT(PullRequest, read_only, kBool);
+    RECSTORE_VISIT(PullRequest, value_dtype, kString);
   }
 };
 

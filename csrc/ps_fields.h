@@ -110,6 +110,8 @@ inline constexpr uint32_t kPullRequest_keys = 3;  // bytes
 inline constexpr int kPullRequest_keys_wire = 2;
 inline constexpr uint32_t kPullRequest_read_only = 4;  // bool
 inline constexpr int kPullRequest_read_only_wire = 0;
+inline constexpr uint32_t kPullRequest_value_dtype = 5;  // string
+inline constexpr int kPullRequest_value_dtype_wire = 2;
 
 // PullResponse
 inline constexpr uint32_t kPullResponse_values = 1;  // bytes

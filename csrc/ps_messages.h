@@ -24,10 +24,11 @@ struct Payload {
 };
 
 inline void write_pull_request(Writer& w, std::string_view table, uint64_t epoch, Payload keys,
-                               bool read_only) {
+                               bool read_only, std::string_view value_dtype) {
   using namespace ps_fields;
   w.string_field(kPullRequest_table, table);
   w.varint_field(kPullRequest_read_only, read_only ? 1 : 0);
+  w.string_field(kPullRequest_value_dtype, value_dtype);
   w.aligned_payload(kPullRequest_keys, keys.data, keys.size, kPullRequest_epoch, epoch);
 }
 

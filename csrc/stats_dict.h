@@ -22,6 +22,7 @@ inline nanobind::dict stats_dict(const TableStats& s) {
   d["erasures"] = s.erasures;
   d["step"] = s.step;
   d["nonfinite_skipped"] = s.nonfinite_skipped;
+  d["prefaulted_bytes"] = s.prefaulted_bytes;
   return d;
 }
 

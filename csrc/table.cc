@@ -62,6 +62,8 @@ Table::Table(const TableOptions& options) : opt_(options) {
   try {
     values_ = static_cast<char*>(alloc_zeroed(values_bytes(), huge));
     if (state_w_ > 0) state_ = static_cast<float*>(alloc_zeroed(state_bytes(), huge));
+    values_faults_ = PageFaulter(values_, values_bytes());
+    if (state_ != nullptr) state_faults_ = PageFaulter(reinterpret_cast<char*>(state_), state_bytes());
     if (opt_.direct) {
       present_ = static_cast<uint8_t*>(alloc_zeroed(static_cast<size_t>(opt_.capacity), false));
     } else {
@@ -331,6 +333,8 @@ TableStats Table::stats() const {
   s.erasures = erasures_.load();
   s.step = step_.load();
   s.nonfinite_skipped = nonfinite_skipped_.load();
+  s.prefaulted_bytes =
+      static_cast<int64_t>(values_faults_.faulted_bytes() + state_faults_.faulted_bytes());
   return s;
 }
 

@@ -26,6 +26,7 @@
 
 #include "hash_index.h"
 #include "initializer.h"
+#include "memory.h"
 #include "non_finite.h"
 #include "optimizer.h"
 
@@ -78,6 +79,7 @@ struct TableStats {
   int64_t erasures = 0;
   int64_t step = 0;
   int64_t nonfinite_skipped = 0;  // keys left out of writes for non-finite rows (skip-rows)
+  int64_t prefaulted_bytes = 0;   // arena bytes faulted in ahead of first writes (memory.h)
 };
 
 // Throws std::invalid_argument for options no table (CPU or CUDA) accepts.
@@ -173,6 +175,8 @@ class Table {
   // Hashed: a free row for a new key, entered in the index.
   int64_t insert_key(int64_t key);
   void init_row(int64_t row, int64_t key, bool values);
+  // Faults in, over the cores, the arena pages under rows about to be first written.
+  void prefault_rows(const std::vector<std::pair<int64_t, int64_t>>& fresh);
   void remove_row(int64_t key, int64_t row);
   void gather(int64_t n, const int64_t* rows, void* out) const;
   void lookup_range(const int64_t* keys, int64_t* rows, int64_t b, int64_t e) const;
@@ -198,6 +202,7 @@ class Table {
   int64_t state_w_;
   char* values_ = nullptr;
   float* state_ = nullptr;
+  PageFaulter values_faults_, state_faults_;  // which arena pages are faulted in
   std::unique_ptr<HashIndex> index_;   // hashed addressing
   uint8_t* present_ = nullptr;         // direct addressing: row resident (capacity bytes)
   std::vector<uint32_t> free_rows_;    // hashed: released rows

@@ -24,6 +24,19 @@ void Table::init_row(int64_t row, int64_t key, bool values) {
   }
 }
 
+void Table::prefault_rows(const std::vector<std::pair<int64_t, int64_t>>& fresh) {
+  if (fresh.empty() || !(values_faults_.active() || state_faults_.active())) return;
+  const auto row_bytes = static_cast<size_t>(row_bytes_);
+  const size_t state_row = static_cast<size_t>(state_w_) * sizeof(float);
+  for (const auto& [row, key] : fresh) {
+    const auto r = static_cast<size_t>(row);
+    if (values_faults_.active()) values_faults_.want(r * row_bytes, row_bytes);
+    if (state_faults_.active() && state_row > 0) state_faults_.want(r * state_row, state_row);
+  }
+  values_faults_.fault_in();
+  state_faults_.fault_in();
+}
+
 void Table::remove_row(int64_t key, int64_t row) {
   if (opt_.direct) {
     present_[static_cast<size_t>(row)] = 0;
@@ -167,6 +180,7 @@ void Table::resolve_for_write(int64_t n, const int64_t* keys, int64_t* rows, boo
   }
   inserts_ += static_cast<int64_t>(fresh.size());
   expirations_ += static_cast<int64_t>(stale.size());
+  prefault_rows(fresh);
   parallel_for(static_cast<int64_t>(fresh.size()), 256, [&](int64_t b, int64_t e) {
     for (int64_t k = b; k < e; ++k) init_row(fresh[k].first, fresh[k].second, initialise);
   });

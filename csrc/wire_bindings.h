@@ -16,12 +16,14 @@
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "message_limit.h"
 #include "protowire.h"
 #include "ps_messages.h"
+#include "transport.h"
 
 namespace recstore::protowire::bindings {
 
@@ -71,11 +73,12 @@ nb::bytes encode(Write&& write, size_t limit = SIZE_MAX, size_t trailing = 0) {
   return message;
 }
 
-struct PullItem {  // as recstore.core.wire.PullRequest: (table, epoch, keys, read_only)
+struct PullItem {  // as recstore.core.wire.PullRequest: (table, epoch, keys, read_only, value_dtype)
   std::string table;
   uint64_t epoch;
   Buffer keys;
   bool read_only;
+  std::string value_dtype;
 };
 
 struct UpdateItem {  // (table, epoch, keys, grads, grad_dtype, lr or None, dim)
@@ -89,7 +92,7 @@ struct UpdateItem {  // (table, epoch, keys, grads, grad_dtype, lr or None, dim)
 
 inline PullItem pull_item(const nb::tuple& t) {
   return {nb::cast<std::string>(t[0]), nb::cast<uint64_t>(t[1]), Buffer(t[2]),
-          nb::cast<bool>(t[3])};
+          nb::cast<bool>(t[3]), nb::cast<std::string>(t[4])};
 }
 
 inline UpdateItem update_item(const nb::tuple& t) {
@@ -109,7 +112,8 @@ auto items_of(const nb::list& items, Read&& read) {
 }
 
 inline void write_pull_item(Writer& w, const PullItem& item) {
-  write_pull_request(w, item.table, item.epoch, item.keys.payload(), item.read_only);
+  write_pull_request(w, item.table, item.epoch, item.keys.payload(), item.read_only,
+                     item.value_dtype);
 }
 
 inline void write_update_item(Writer& w, const UpdateItem& item) {
@@ -175,7 +179,33 @@ inline nb::tuple pull_reply_frame(const nb::list& shape_args, bool embedded,
   return nb::make_tuple(std::move(frame), views);
 }
 
+// convert_rows between two Python buffers of named wire dtypes (the slow paths' conversion).
+inline void convert_buffer(nb::handle src, const std::string& src_dtype, nb::handle dst,
+                           const std::string& dst_dtype) {
+  const int from = dtype_code_of(src_dtype), to = dtype_code_of(dst_dtype);
+  if (from < 0 || to < 0) throw std::invalid_argument("unknown dtype " + src_dtype + " or " + dst_dtype);
+  const Buffer in(src);
+  Py_buffer out{};
+  if (PyObject_GetBuffer(dst.ptr(), &out, PyBUF_SIMPLE | PyBUF_WRITABLE) != 0)
+    throw nb::python_error();
+  const size_t count = in.payload().size / static_cast<size_t>(dtype_size(from));
+  if (in.payload().size % static_cast<size_t>(dtype_size(from)) != 0 ||
+      static_cast<size_t>(out.len) != count * static_cast<size_t>(dtype_size(to))) {
+    PyBuffer_Release(&out);
+    throw std::invalid_argument("convert_rows: buffers of " + std::to_string(in.payload().size) +
+                                " and " + std::to_string(out.len) + " bytes do not match");
+  }
+  {
+    nb::gil_scoped_release release;
+    convert_parallel(in.payload().data, from, out.buf, to, static_cast<int64_t>(count));
+  }
+  PyBuffer_Release(&out);
+}
+
 inline void bind(nb::module_& m) {
+  m.def("convert_rows", &convert_buffer, "src"_a, "src_dtype"_a, "dst"_a, "dst_dtype"_a,
+        "Convert the elements of `src` into `dst` (bfloat16 as raw bits; to 16 bits: "
+        "round to nearest even)");
   nb::class_<Frame>(m, "MessageFrame")
       .def("finish", [](const Frame& f) { return f.message; },
            "The message, to send once its holes are filled");
@@ -187,12 +217,14 @@ inline void bind(nb::module_& m) {
         "The node's refusal of a reply of `size` bytes over its message limit");
   m.def(
       "encode_pull_request",
-      [](const std::string& table, nb::handle keys, uint64_t epoch, bool read_only) {
+      [](const std::string& table, nb::handle keys, uint64_t epoch, bool read_only,
+         const std::string& value_dtype) {
         const Buffer k(keys);
-        return encode(
-            [&](Writer& w) { write_pull_request(w, table, epoch, k.payload(), read_only); });
+        return encode([&](Writer& w) {
+          write_pull_request(w, table, epoch, k.payload(), read_only, value_dtype);
+        });
       },
-      "table"_a, "keys"_a, "epoch"_a, "read_only"_a);
+      "table"_a, "keys"_a, "epoch"_a, "read_only"_a, "value_dtype"_a);
   m.def(
       "encode_push_request",
       [](const std::string& table, nb::handle keys, nb::handle values, uint64_t epoch,

@@ -217,6 +217,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="look the bags up as one EmbeddingBagCollection (one request per PS node)",
     )
+    parser.add_argument(
+        "--transport-dtype",
+        choices=["float16", "bfloat16"],
+        help="grpc: rows and gradients travel in this dtype (the nodes keep float32)",
+    )
     args = parser.parse_args(argv)
 
     client = RecStoreClient()
@@ -227,6 +232,8 @@ def main(argv: list[str] | None = None) -> None:
             client.set_admin_url(args.admin_url)
         else:
             parser.error("--backend grpc needs --endpoints or --admin-url")
+        if args.transport_dtype:
+            client.set_transport_dtype(args.transport_dtype)
     else:
         client.set_ps_backend("local")
     torch.manual_seed(0)

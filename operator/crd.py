@@ -44,6 +44,8 @@ _DESCRIPTIONS = {
     "optimizer": "Optimizer the PS applies to pushed gradients.",
     "storage": "Where rows live: host memory (default) or GPU memory (needs placement.gpus).",
     "checkpoint": "Periodic checkpoints and write durability.",
+    "transportDtype": "Dtype a float32 table's rows and gradients travel in over gRPC "
+    "(float16 or bfloat16: half the bytes; the node keeps float32). Unset: the table dtype.",
     "placement": "Image, resources, GPUs and node constraints of the shard pods.",
 }
 
@@ -71,7 +73,7 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         node = {**options[0], **node, "nullable": True}
         if node.get("default", ...) is None:
             del node["default"]
-        node = _inline(node, defs)  # an optional model
+        node = _inline(node, defs)  # an optional model (or enum)
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _DROPPED_KEYS or (key == "additionalProperties" and value is False):

@@ -9,7 +9,8 @@ generated classes, malformed bytes refused as InvalidArgument.
 
 from __future__ import annotations
 
-from typing import TypeVar
+import importlib
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +29,8 @@ wire_dtype = wire.wire_dtype
 # this runs, but otherwise every buffer takes the general path.
 _ALIGNMENT_IS_SIZE = all(d.alignment == d.itemsize for d in (KEY_DTYPE, *WIRE_DTYPES.values()))
 M = TypeVar("M", bound=Message)
+#: the transport rule and conversion (csrc/transport.h), shared with the native path
+_native: Any = importlib.import_module("recstore._native")
 
 
 def decode_keys(buffer: wire.Buffer) -> npt.NDArray[np.int64]:
@@ -60,13 +63,25 @@ def decode_rows(
 
 
 def grad_dtype_for(requested: str, table_dtype: str) -> str:
-    """Gradients are float32 (the default) or the table's own dtype."""
+    """Gradients are float32 (the default) or the table's own dtype; float32 tables take any."""
     grad_dtype = requested or DType.float32.value
-    if grad_dtype not in (DType.float32.value, table_dtype):
-        raise InvalidArgument(
-            f"grad_dtype {grad_dtype!r} must be float32 or the table dtype {table_dtype!r}"
-        )
+    refusal: str = _native.transport_refusal(grad_dtype, table_dtype, True)
+    if refusal:
+        raise InvalidArgument(refusal)
     return grad_dtype
+
+
+def value_dtype_for(requested: str, table_dtype: str) -> str:
+    """Pulled rows travel in the table dtype (the default); a float32 table's in any."""
+    refusal: str = _native.transport_refusal(requested, table_dtype, False)
+    if refusal:
+        raise InvalidArgument(refusal)
+    return requested or table_dtype
+
+
+def convert_rows(src: np.ndarray, src_dtype: str, dst: np.ndarray, dst_dtype: str) -> None:
+    """``src`` into ``dst`` (same shape) as ``dst_dtype``: the one wire conversion (native)."""
+    _native.convert_rows(np.ascontiguousarray(src), src_dtype, dst, dst_dtype)
 
 
 def encode(array: np.ndarray) -> bytes:

@@ -29,7 +29,7 @@ import numpy as np
 from recstore.core import CapacityExhausted, RecStoreError, wire
 from recstore.ps import codec
 from recstore.ps.dedup import Entry
-from recstore.ps.node import HostedTable, Node, Write, WriteAck
+from recstore.ps.node import HostedTable, Node, Write, WriteAck, pull_into
 from recstore.ps.wal import OP_UPDATE
 
 
@@ -47,8 +47,8 @@ class Served:
     acks: list[WriteAck] = field(default_factory=list)
 
 
-#: a checked pull: (hosted table, keys, read_only)
-PullItem = tuple[HostedTable, np.ndarray, bool]
+#: a checked pull: (hosted table, keys, read_only, the dtype its rows travel as)
+PullItem = tuple[HostedTable, np.ndarray, bool, str]
 
 
 def check_room(hosted: HostedTable, keys: Sequence[np.ndarray]) -> None:
@@ -71,12 +71,8 @@ def pull_items(
     items: Sequence[PullItem], outs: Sequence[tuple[np.ndarray, np.ndarray | None]]
 ) -> None:
     """Each pull's rows into its place in the reply (read-only ones with their found flags)."""
-    for (hosted, keys, _), (values, found_out) in zip(items, outs, strict=True):
-        if found_out is None:
-            hosted.table.pull(keys, out=values)
-        else:
-            _, found = hosted.table.find(keys, out=values)
-            found_out[:] = found
+    for (hosted, keys, _, value_dtype), (values, found_out) in zip(items, outs, strict=True):
+        pull_into(hosted, keys, values, found_out, value_dtype)
 
 
 def apply_checked(
@@ -84,7 +80,7 @@ def apply_checked(
     method: str,
     request: bytes,
     tables: Sequence[HostedTable | None],
-    pulls: Sequence[tuple[int, int, int, bool]],
+    pulls: Sequence[tuple[int, int, int, bool, str]],
     updates: Sequence[tuple[int, int, int, int, int, str, float | None]],
     reply_limit: int,
     named: Mapping[str, Entry] | None = None,
@@ -96,10 +92,11 @@ def apply_checked(
     """
     buffer = memoryview(request)
     pulled: list[PullItem] = []
-    for table, keys_at, rows, read_only in pulls:
+    for table, keys_at, rows, read_only, value_dtype in pulls:
         hosted = tables[table]
         assert hosted is not None  # the validator refused items of tables not hosted
-        pulled.append((hosted, codec.decode_keys(buffer[keys_at : keys_at + 8 * rows]), read_only))
+        keys = codec.decode_keys(buffer[keys_at : keys_at + 8 * rows])
+        pulled.append((hosted, keys, read_only, value_dtype))
     checked: list[tuple[Write, np.ndarray]] = []  # each update and its keys
     for table, keys_at, rows, grads_at, grads_size, grad_dtype, lr in updates:
         hosted = tables[table]
@@ -128,7 +125,7 @@ def apply_checked(
     updated = [(w.hosted.entry.spec.name, a.rows) for (w, _), a in zip(checked, acks, strict=True)]
     if method == "MultiUpdate":
         return Served(wire.encode_multi_rows_response(ack.rows for ack in acks), [], updated, acks)
-    shapes = [(len(keys), h.dim, h.dtype, read_only) for h, keys, read_only in pulled]
+    shapes = [(len(keys), h.dim, dtype, read_only) for h, keys, read_only, dtype in pulled]
     message, outs = wire.multi_pull_response_frame(
         shapes, carried_rows=[a.rows for a in acks], limit=reply_limit
     )
@@ -140,8 +137,8 @@ def apply_checked(
                 f"the {len(checked)} carried updates were applied, the pulls failed: {error}"
             ) from error
         raise
-    for hosted, keys, read_only in pulled:
+    for hosted, keys, read_only, _ in pulled:
         if not read_only:  # any of them may be a new row
             node.migrations.record(hosted.entry.spec.name, keys)
     reply = wire.finish(message)
-    return Served(reply, [(h.entry.spec.name, len(k)) for h, k, _ in pulled], updated, acks)
+    return Served(reply, [(h.entry.spec.name, len(k)) for h, k, _, _ in pulled], updated, acks)

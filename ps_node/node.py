@@ -324,10 +324,12 @@ class Node:
         keys_buffer: Buffer,
         values_out: np.ndarray,
         found_out: np.ndarray | None = None,
+        value_dtype: str = "",
     ) -> int:
         """Gather rows into ``values_out`` (the reply's payload); read-only when ``found_out``.
 
-        Returns the number of rows.
+        ``value_dtype``: what ``values_out`` holds (empty: the table dtype; a float32
+        table's rows converted, codec.value_dtype_for). Returns the number of rows.
         """
         hosted = self.get(name)
         keys = codec.decode_keys(keys_buffer)
@@ -336,12 +338,9 @@ class Node:
             # No table lock: the engine's reader-writer lock suffices, and rows a pull
             # inserts come from the deterministic initializer, so neither the log nor
             # a concurrent checkpoint needs to order them.
+            pull_into(hosted, keys, values_out, found_out, value_dtype or hosted.dtype)
             if found_out is None:
-                hosted.table.pull(keys, out=values_out)
                 self.migrations.record(name, keys)  # any of them may be a new row
-            else:
-                _, found = hosted.table.find(keys, out=values_out)
-                found_out[:] = found
         return len(keys)
 
     def push(
@@ -478,3 +477,23 @@ class Node:
         for write, record in reversed(list(zip(writes, appended, strict=False))):
             if record is not None and write.hosted.wal is not None:
                 write.hosted.wal.retract(record)
+
+
+def pull_into(
+    hosted: HostedTable,
+    keys: np.ndarray,
+    values_out: np.ndarray,
+    found_out: np.ndarray | None,
+    value_dtype: str,
+) -> None:
+    """A pull's rows into ``values_out`` as ``value_dtype`` (read-only when ``found_out``)."""
+    rows = values_out
+    if value_dtype != hosted.dtype:  # a float32 table's rows travelling in 16 bits
+        rows = np.empty(values_out.shape, codec.WIRE_DTYPES[hosted.dtype])
+    if found_out is None:
+        hosted.table.pull(keys, out=rows)
+    else:
+        _, found = hosted.table.find(keys, out=rows)
+        found_out[:] = found
+    if rows is not values_out:
+        codec.convert_rows(rows, hosted.dtype, values_out, value_dtype)

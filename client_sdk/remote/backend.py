@@ -30,7 +30,13 @@ from recstore.client.remote.requests import TableCall
 from recstore.client.remote.routing import ShardRouter
 from recstore.client.remote.single_table import pull_issue, push_issue, update_issue
 from recstore.client.remote.step import Step
-from recstore.client.remote.tables import Discovery, RemoteTable, check_shard_order, discover
+from recstore.client.remote.tables import (
+    Discovery,
+    RemoteTable,
+    check_shard_order,
+    discover,
+    transport_of,
+)
 from recstore.client.remote.updates import (
     CARRY_ENV,
     DEFAULT_MAX_DELAY,
@@ -73,6 +79,7 @@ class GrpcBackend:
         max_pending_updates: int | None = None,
         carry_delay: float | None = None,
         tls: ClientTls | None = None,
+        transport_dtype: str | None = None,
     ) -> None:
         if not endpoints and not admin_url:
             raise ValueError("the grpc backend needs PS endpoints or an admin API URL")
@@ -86,6 +93,8 @@ class GrpcBackend:
         self._tls = tls or ClientTls.from_environment()
         self._timeout = rpc_timeout or float(os.environ.get(RPC_TIMEOUT_ENV, "60"))
         self._max_batch_bytes = max_batch_bytes
+        # float32 tables' rows on the wire (None: each spec's transport_dtype)
+        self._transport = DType(transport_dtype).value if transport_dtype else None
         self._nodes: dict[str, NodeCalls] = {}
         #: names this client's writes, on every node (recstore.core.request_id)
         self._request_ids = RequestIds()
@@ -163,8 +172,9 @@ class GrpcBackend:
             found = self._discover(name)
             assert found.spec is not None
             table = RemoteTable(
-                found.spec, found.endpoints, self._router(name, found.slot_map, found.spec)
-            )
+                found.spec, found.endpoints, self._router(name, found.slot_map, found.spec),
+                transport_of(found.spec, self._transport),
+            )  # fmt: skip
             self._tables[name] = table
         return table
 
@@ -204,8 +214,9 @@ class GrpcBackend:
         if slot_map is None:
             slot_map = _newest(r.stats.slot_map for r in replies) or SlotMap.initial(len(endpoints))
         self._tables[spec.name] = RemoteTable(
-            spec, endpoints, self._router(spec.name, slot_map, spec)
-        )
+            spec, endpoints, self._router(spec.name, slot_map, spec),
+            transport_of(spec, self._transport),
+        )  # fmt: skip
         return CreateResult(spec, created=any(reply.created for reply in replies))
 
     def describe(self, name: str) -> TableSpec | None:
@@ -230,7 +241,7 @@ class GrpcBackend:
         keys_np = keys_to_numpy(distinct)
         dtype = DType(table.spec.dtype)
         out = np.empty((len(keys_np), table.spec.embedding_dim), dtype=wire.wire_dtype(dtype))
-        issue = pull_issue(table.spec, keys_np, out, self._node_of(table))
+        issue = pull_issue(table.spec, keys_np, out, self._node_of(table), transport=table.transport)
         table.router.start(keys_np, issue).wait()
         rows = rows_from_numpy(out, dtype)
         return rows if inverse is None else rows[inverse]
@@ -247,7 +258,7 @@ class GrpcBackend:
         dtype = DType(table.spec.dtype)
         out = np.empty((len(keys_np), table.spec.embedding_dim), dtype=wire.wire_dtype(dtype))
         versions: dict[int, int] = {}
-        issue = pull_issue(table.spec, keys_np, out, self._node_of(table), versions)
+        issue = pull_issue(table.spec, keys_np, out, self._node_of(table), versions, table.transport)
         table.router.start(keys_np, issue, every_shard=True).wait()
         shards = table.router.slot_map.num_shards
         return rows_from_numpy(out, dtype), tuple(versions.get(s, 0) for s in range(shards))
@@ -272,7 +283,9 @@ class GrpcBackend:
         self._step.settle([name])  # one update in flight per table: applied in order
         table = self._locate(name)
         keys_np, grads_np = keys_to_numpy(keys), rows_to_numpy(grads)
-        issue = update_issue(table.spec, keys_np, grads_np, lr, self._node_of(table))
+        issue = update_issue(
+            table.spec, keys_np, grads_np, lr, self._node_of(table), table.transport
+        )
         every_shard = table.spec.optimizer.kind == "adam"
         call = table.router.start(keys_np, issue, every_shard=every_shard, blocking=wait)
         if wait:

@@ -150,13 +150,8 @@ class MultiCall:
     def _store_rows(self, part: Part, reply: wire.PullResponse) -> None:
         call = self.calls[part.index]
         dim, count = call.table.spec.embedding_dim, len(part.positions)
-        if count and (reply.dim != dim or wire.wire_dtype(reply.dtype) != call.rows.dtype):
-            raise InvalidArgument(
-                f"table {call.name!r}: rows of dim {reply.dim} {reply.dtype!r}, the table has "
-                f"dim {dim}"
-            )
-        call.rows[part.positions] = wire.rows_view(
-            reply.values, count, dim, reply.dtype or "float32"
+        call.rows[part.positions] = wire.reply_rows(
+            reply, count, dim, call.table.transport, call.rows.dtype, f"table {call.name!r}: "
         )
 
     def _resend(self, part: Part, calls: Sequence[TableCall], method: str) -> None:
@@ -169,11 +164,12 @@ class MultiCall:
 
         if method == "MultiPull":
             out = np.empty((len(keys), table.spec.embedding_dim), dtype=call.rows.dtype)
-            table.router.start(keys, pull_issue(table.spec, keys, out, node_of)).wait()
+            issue = pull_issue(table.spec, keys, out, node_of, transport=table.transport)
+            table.router.start(keys, issue).wait()
             call.rows[part.positions] = out
         else:
             grads = np.ascontiguousarray(call.rows[part.positions])
-            issue = update_issue(table.spec, keys, grads, call.lr, node_of)
+            issue = update_issue(table.spec, keys, grads, call.lr, node_of, table.transport)
             table.router.start(keys, issue).wait()
 
 

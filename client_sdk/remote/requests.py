@@ -141,20 +141,24 @@ def plan_carrying(
 
 def _pull_items(calls: Sequence[TableCall], parts: list[Part]) -> list[wire.PullRequest]:
     return [
-        wire.PullRequest(calls[p.index].name, p.epoch, calls[p.index].keys[p.positions].data)
+        wire.PullRequest(
+            calls[p.index].name, p.epoch, calls[p.index].keys[p.positions].data,
+            value_dtype=calls[p.index].table.transport,
+        )
         for p in parts
-    ]
+    ]  # fmt: skip
 
 
 def _update_items(calls: Sequence[TableCall], parts: list[Part]) -> list[wire.UpdateRequest]:
     items = []
     for p in parts:
         call = calls[p.index]
-        grads = call.rows[p.positions]
+        grad_dtype = call.table.transport or wire.dtype_name(call.rows)
+        grads = wire.as_wire_dtype(call.rows[p.positions], grad_dtype)
         items.append(
             wire.UpdateRequest(
                 call.name, p.epoch, call.keys[p.positions].data, grads.data,
-                wire.dtype_name(grads), call.lr, call.table.spec.embedding_dim,
+                grad_dtype, call.lr, call.table.spec.embedding_dim,
             )
         )  # fmt: skip
     return items
@@ -229,7 +233,7 @@ def native_requests(
     for call in pulls:
         args = _keys_args(call, nodes)
         keep.append(args[-1])
-        pull_args.append(args[:-1])
+        pull_args.append((*args[:-1], call.table.transport))
     update_args = []
     for call in updates:
         args = _keys_args(call, nodes)
@@ -238,9 +242,10 @@ def native_requests(
             raise ValueError("gradients must be contiguous [n, dim] rows")
         every = [index[e] for e in call.table.endpoints] if call.every_shard else []
         keep += [args[-1], grads]
+        source = wire.dtype_name(grads)
         update_args.append((
-            *args[:-1], grads.ctypes.data, grads.strides[0], wire.dtype_name(grads), call.lr,
-            call.table.spec.embedding_dim, every,
+            *args[:-1], grads.ctypes.data, grads.strides[0], call.table.transport or source,
+            call.lr, call.table.spec.embedding_dim, every, source,
         ))  # fmt: skip
     bodies, pull_routes, update_routes = _native.encode_multi(
         method, pull_args, update_args, len(nodes)
@@ -262,10 +267,11 @@ def native_requests(
             targets = []
             for part in parts:
                 call, (order, offsets, counts) = pulls[part.index], pull_routes[part.index]
+                out_dtype = wire.dtype_name(call.rows)
                 targets.append((
                     call.rows.ctypes.data, call.rows.strides[0], call.table.spec.embedding_dim,
-                    wire.dtype_name(call.rows), order.ctypes.data, int(offsets[node]),
-                    int(counts[node]),
+                    call.table.transport or out_dtype, order.ctypes.data, int(offsets[node]),
+                    int(counts[node]), out_dtype,
                 ))  # fmt: skip
         requests.append(Request(nodes[node], parts, carried_parts, body, targets))
     return requests

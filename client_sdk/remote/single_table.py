@@ -37,27 +37,27 @@ def pull_issue(
     out: np.ndarray,
     node_of: NodeOf,
     versions: dict[int, int] | None = None,
+    transport: str = "",
 ) -> Issue:
     """Requests that fill ``out[positions]`` with the rows of ``keys[positions]``.
 
     ``versions``: filled with each shard's table version (the oldest its replies report).
+    ``transport``: the dtype the rows travel in ("": ``out``'s), converted into ``out``.
     """
     name, dim, dtype = spec.name, spec.embedding_dim, out.dtype
 
     def issue(shard: int, positions: Positions, epoch: int, blocking: bool) -> Waiter[object]:
         node = node_of(shard)
-        request = wire.encode_pull_request(name, keys[positions], epoch=epoch)
+        request = wire.encode_pull_request(
+            name, keys[positions], epoch=epoch, value_dtype=transport
+        )
         waiter = node.start("Pull", request, name, blocking=blocking)
 
         def finish() -> None:
             raw = waiter()
             try:
                 reply = wire.decode_pull_response(raw)
-                if len(positions) and (reply.dim != dim or wire.wire_dtype(reply.dtype) != dtype):
-                    raise InvalidArgument(
-                        f"rows of dim {reply.dim} {reply.dtype!r}, the table has dim {dim}"
-                    )
-                rows = wire.rows_view(reply.values, len(positions), dim, reply.dtype or "float32")
+                rows = wire.reply_rows(reply, len(positions), dim, transport, dtype)
             except InvalidArgument as error:
                 raise _bad_reply(node, name, str(error)) from error
             out[positions] = rows
@@ -82,14 +82,21 @@ def push_issue(spec: TableSpec, keys: np.ndarray, values: np.ndarray, node_of: N
 
 
 def update_issue(
-    spec: TableSpec, keys: np.ndarray, grads: np.ndarray, lr: float | None, node_of: NodeOf
+    spec: TableSpec,
+    keys: np.ndarray,
+    grads: np.ndarray,
+    lr: float | None,
+    node_of: NodeOf,
+    transport: str = "",
 ) -> Issue:
-    name, dim, grad_dtype = spec.name, spec.embedding_dim, wire.dtype_name(grads)
+    """Requests of ``grads``, sent as ``transport`` ("": as they are)."""
+    name, dim = spec.name, spec.embedding_dim
+    grad_dtype = transport or wire.dtype_name(grads)
 
     def issue(shard: int, positions: Positions, epoch: int, blocking: bool) -> Waiter[object]:
+        sent = wire.as_wire_dtype(grads[positions], grad_dtype)
         request = wire.encode_update_request(
-            name, keys[positions], grads[positions], epoch=epoch, grad_dtype=grad_dtype,
-            dim=dim, lr=lr,
+            name, keys[positions], sent, epoch=epoch, grad_dtype=grad_dtype, dim=dim, lr=lr,
         )  # fmt: skip
         return node_of(shard).start("Update", request, name, blocking=blocking)
 

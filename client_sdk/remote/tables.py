@@ -23,7 +23,7 @@ from typing import Any
 
 from recstore.client.errors import BackendError, TableNotInitialized
 from recstore.client.remote.routing import ShardRouter
-from recstore.core import SlotMap, TableSpec
+from recstore.core import DType, SlotMap, TableSpec
 from recstore.core.tls import ClientTls
 
 ENDPOINTS_ENV = "RECSTORE_PS_ENDPOINTS"
@@ -37,10 +37,22 @@ class RemoteTable:
     spec: TableSpec
     endpoints: tuple[str, ...]  # shard order (refreshed with the slot map)
     router: ShardRouter
+    #: the dtype rows and gradients travel in ("": the table dtype); see transport_of
+    transport: str = ""
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+
+def transport_of(spec: TableSpec, client_choice: str | None) -> str:
+    """The wire dtype of a table's rows: the client's choice for a float32 table, else the spec's.
+
+    A client asking for 16-bit transport leaves tables that are not float32 as they are.
+    """
+    if client_choice and DType(spec.dtype) == DType.float32:
+        return DType(client_choice).value
+    return spec.wire_dtype
 
 
 @dataclass(frozen=True)

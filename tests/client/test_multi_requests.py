@@ -21,13 +21,16 @@ NODES = ("10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1")
 BIG = 1 << 30
 
 
-def _table(name: str, dim: int, endpoints: tuple[str, ...], epoch: int = 0) -> Any:
+def _table(
+    name: str, dim: int, endpoints: tuple[str, ...], epoch: int = 0, transport: str = ""
+) -> Any:
     initial = SlotMap.initial(len(endpoints))
     slot_map = SlotMap(epoch=epoch, ranges=initial.ranges)
     spec = SimpleNamespace(name=name, embedding_dim=dim, row_bytes=dim * 4)
     return SimpleNamespace(
-        spec=spec, endpoints=endpoints, router=SimpleNamespace(slot_map=slot_map)
-    )
+        spec=spec, endpoints=endpoints, router=SimpleNamespace(slot_map=slot_map),
+        transport=transport,
+    )  # fmt: skip
 
 
 def _call(table: Any, keys: np.ndarray, rows: np.ndarray, **kwargs: Any) -> TableCall:
@@ -55,11 +58,26 @@ def _cases() -> list[tuple[str, list[TableCall], list[TableCall]]]:
         _call(tables[3], keys[2], np.empty((0, 64), np.uint16), every_shard=True),
         _call(tables[4], keys[4], rng.standard_normal((17, 5)).astype(np.float32), lr=1e-3),
     ]
+    # float32 tables whose rows and gradients travel in 16 bits
+    narrow = [
+        _table("f", 16, two, transport="bfloat16"),
+        _table("g", 8, three, transport="float16"),
+    ]
+    narrow_pulls = [
+        _call(narrow[0], keys[0], np.empty((50, 16), np.float32)),
+        _call(narrow[1], keys[3], np.empty((300, 8), np.float32)),
+    ]
+    narrow_updates = [
+        _call(narrow[0], keys[0], rng.standard_normal((50, 16)).astype(np.float32)),
+        _call(narrow[1], keys[3], rng.standard_normal((300, 8)).astype(np.float32), lr=0.5),
+    ]
     return [
         ("pulls", pulls, []),
         ("pulls carrying updates", pulls, updates),
         ("updates only ride where they go", pulls[:1], updates[2:]),
         ("updates", updates, []),
+        ("16-bit transport", [*narrow_pulls, pulls[0]], narrow_updates),
+        ("16-bit updates", narrow_updates, []),
     ]
 
 
@@ -78,7 +96,7 @@ def _by_endpoint(requests: Any) -> dict[str, Any]:
 def test_native_requests_are_the_python_planners_byte_for_byte(
     case: str, calls: list[TableCall], carried: list[TableCall]
 ) -> None:
-    method = "MultiUpdate" if case == "updates" else "MultiPull"
+    method = "MultiUpdate" if case in ("updates", "16-bit updates") else "MultiPull"
     got = native_requests(method, calls, carried, BIG)
     expected = python_requests(method, calls, carried, BIG)
     assert got is not None and expected is not None
@@ -162,3 +180,36 @@ def test_bad_arguments_are_refused() -> None:
     bad.keys = bad.keys.astype(np.int32)
     with pytest.raises(ValueError, match="int64"):
         native_requests("MultiPull", [bad], [], BIG)
+
+
+def test_16_bit_transport_narrows_gradients_and_widens_pulled_rows() -> None:
+    _, calls, carried = _cases()[4]
+    requests = native_requests("MultiPull", calls, carried, BIG)
+    assert requests is not None
+    for request in requests:
+        pulls, updates = wire.decode_multi_pull_carrying(request.body)
+        assert {p.table: p.value_dtype for p in pulls} == {
+            p.table: {"f": "bfloat16", "g": "float16", "a": ""}[p.table] for p in pulls
+        }
+        for u in updates:  # half the bytes, rounded to nearest even from the float32 rows
+            assert u.grad_dtype == {"f": "bfloat16", "g": "float16"}[u.table]
+            assert len(u.grads) == len(u.keys) // 8 * {"f": 16, "g": 8}[u.table] * 2
+        # the node answers in the dtype asked for; the scatter widens into the float32 rows
+        dims = {c.name: c.table.spec.embedding_dim for c in calls}
+        shapes = [
+            (len(p.keys) // 8, dims[p.table], p.value_dtype or "float32", False) for p in pulls
+        ]
+        message, outs = wire.multi_pull_response_frame(shapes, carried_rows=[1] * len(updates))
+        for pull, (values, _) in zip(pulls, outs, strict=True):
+            keys = np.frombuffer(pull.keys, np.int64)
+            exact = (keys[:, None] % 32 + np.arange(values.shape[1]) / 4).astype(np.float32)
+            values[:] = wire.as_wire_dtype(exact, pull.value_dtype or "float32")
+        native.scatter_pull_reply(wire.finish(message), request.targets, len(request.carried))
+    for call in calls:
+        exact = call.keys[:, None] % 32 + np.arange(call.table.spec.embedding_dim) / 4
+        np.testing.assert_array_equal(call.rows, exact.astype(np.float32))  # exact in 16 bits
+    grads = carried[0].rows
+    narrowed = wire.as_wire_dtype(grads, "bfloat16")
+    assert narrowed.dtype == np.uint16
+    widened = wire.as_wire_dtype(narrowed, "float32")
+    np.testing.assert_allclose(widened, grads, rtol=2**-8)

@@ -74,6 +74,22 @@ def test_mode_defaults_to_training_and_round_trips(given: dict[str, Any], mode: 
 
 
 @pytest.mark.parametrize(
+    ("given", "wire_dtype"),
+    [
+        ({}, "float32"),
+        ({"transportDtype": "bfloat16"}, "bfloat16"),
+        ({"transport_dtype": "float16"}, "float16"),
+        ({"dtype": "float16", "transportDtype": "float16"}, "float16"),
+        ({"dtype": "bfloat16"}, "bfloat16"),
+    ],
+)
+def test_transport_dtype_both_spellings(given: dict[str, Any], wire_dtype: str) -> None:
+    spec = TableSpec.model_validate({"name": "t", "numEmbeddings": 10, "embeddingDim": 4, **given})
+    assert spec.wire_dtype == wire_dtype
+    assert TableSpec.model_validate(spec.to_wire()) == spec
+
+
+@pytest.mark.parametrize(
     ("change", "message"),
     [
         ({"name": "Bad Name"}, "pattern"),
@@ -94,6 +110,9 @@ def test_mode_defaults_to_training_and_round_trips(given: dict[str, Any], mode: 
         ({"nonFinite": None}, "'reject', 'skip-rows' or 'allow'"),
         ({"mode": "serving"}, "'training' or 'inference'"),
         ({"mode": "read-only"}, "'training' or 'inference'"),
+        ({"transport_dtype": "int8"}, "float32"),
+        ({"dtype": "float16", "transport_dtype": "bfloat16"}, "needs a float32 table"),
+        ({"dtype": "bfloat16", "transportDtype": "float32"}, "needs a float32 table"),
     ],
 )
 def test_rejections_name_the_problem(change: dict[str, Any], message: str) -> None:

@@ -245,7 +245,9 @@ def test_fields_in_any_order_and_overlong_varints_parse() -> None:
     keys = tag(3, wire.LEN) + wire.encode_varint(8, 5) + b"12345678"
     data = keys + tag(2, wire.VARINT) + wire.encode_varint(4, 10) + tag(1, wire.LEN) + b"\x01t"
     expected = generated_fields(ps_pb2.PullRequest.FromString(data))
-    assert expected == {"table": "t", "epoch": 4, "keys": b"12345678", "read_only": False}
+    assert expected == {
+        "table": "t", "epoch": 4, "keys": b"12345678", "read_only": False, "value_dtype": "",
+    }  # fmt: skip
     assert fields_of(wire.decode_pull_request(data)) == expected
 
 

@@ -72,7 +72,9 @@ def test_declared_dtype_and_dim_must_match(
         ("", "float16", "float32"),
         ("float32", "bfloat16", "float32"),
         ("float16", "float16", "float16"),
-        ("float16", "float32", None),
+        ("float16", "float32", "float16"),  # 16-bit transport of a float32 table
+        ("bfloat16", "float32", "bfloat16"),
+        ("float64", "float32", None),
         ("bfloat16", "float16", None),
     ],
 )
@@ -82,6 +84,45 @@ def test_grad_dtype(requested: str, table: str, expected: str | None) -> None:
             codec.grad_dtype_for(requested, table)
     else:
         assert codec.grad_dtype_for(requested, table) == expected
+
+
+@pytest.mark.parametrize(
+    ("requested", "table", "expected"),
+    [
+        ("", "float16", "float16"),
+        ("", "float32", "float32"),
+        ("bfloat16", "float32", "bfloat16"),
+        ("float16", "float32", "float16"),
+        ("bfloat16", "bfloat16", "bfloat16"),
+        (
+            "float32",
+            "float16",
+            None,
+        ),  # rows travel in their own dtype, or a float32 table's in 16 bits
+        ("float16", "bfloat16", None),
+        ("int8", "float32", None),
+    ],
+)
+def test_value_dtype(requested: str, table: str, expected: str | None) -> None:
+    if expected is None:
+        with pytest.raises(InvalidArgument, match="value_dtype"):
+            codec.value_dtype_for(requested, table)
+    else:
+        assert codec.value_dtype_for(requested, table) == expected
+
+
+def test_convert_rows_rounds_to_nearest_even() -> None:
+    # 1 + 2^-8 lies halfway between the bfloat16 neighbours 1 and 1 + 2^-7: even wins (1);
+    # 1 + 3 * 2^-8 lies halfway between 1 + 2^-7 and 1 + 2^-6: even wins (1 + 2^-6).
+    values = np.array([[1 + 2**-8, 1 + 3 * 2**-8, -2.5, 65504.0]], np.float32)
+    bf16 = np.empty(values.shape, np.uint16)
+    codec.convert_rows(values, "float32", bf16, "bfloat16")
+    back = np.empty(values.shape, np.float32)
+    codec.convert_rows(bf16, "bfloat16", back, "float32")
+    assert back.tolist() == [[1.0, 1 + 2**-6, -2.5, 65536.0]]
+    half = np.empty(values.shape, np.float16)
+    codec.convert_rows(values, "float32", half, "float16")
+    assert half.tolist() == values.astype(np.float16).tolist()  # numpy rounds to nearest even
 
 
 def test_encode_roundtrip() -> None:

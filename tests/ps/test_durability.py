@@ -164,3 +164,37 @@ def test_sigterm_drains_and_writes_final_checkpoint(tmp_path: Path, spawn: Any) 
 def _drain(node: Any) -> bool:
     node.wait_for("final checkpoint written", 10)
     return True
+
+
+def test_wal_replays_16_bit_gradients_of_a_float32_table(tmp_path: Path, spawn: Any) -> None:
+    """16-bit transport: the log keeps the gradients as they came, replay widens them alike."""
+    import grpc
+
+    from recstore.core.wire import WireClient
+
+    node = spawn(tmp_path, "--durability", "wal")
+    client = Client(node.address)
+    client.create(table_spec())
+    client.save()
+    oracle = Table(table_spec())
+    rng = np.random.default_rng(4)
+    with grpc.insecure_channel(node.address) as channel:
+        fast = WireClient(channel, timeout=60)
+        for step in range(6):
+            keys = rng.integers(0, 200, 16)
+            grads = rng.standard_normal((16, 8)).astype(np.float32)
+            narrow = grads.astype(np.float16) if step % 2 else _bfloat16_bits(grads)
+            if step % 3:
+                assert fast.update("emb", keys, narrow) == 16
+            else:
+                assert fast.multi_update([("emb", keys, narrow)]) == [16]
+            oracle.update(keys, narrow)
+    node.kill()
+    restarted = Client(spawn(tmp_path, "--durability", "wal").address)
+    np.testing.assert_array_equal(restarted.pull("emb", KEYS), oracle.pull(KEYS))
+
+
+def _bfloat16_bits(values: np.ndarray) -> np.ndarray:
+    import torch
+
+    return torch.from_numpy(values).to(torch.bfloat16).view(torch.uint16).numpy()

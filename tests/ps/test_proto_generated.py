@@ -26,7 +26,7 @@ def test_generated_package_imports() -> None:
     assert hasattr(ps_pb2_grpc, "ParameterServerStub")
     # field numbers are the wire contract: the codec in recstore.core.wire relies on them
     fields = {f.name: f.number for f in ps_pb2.PullRequest.DESCRIPTOR.fields}
-    assert fields == {"table": 1, "epoch": 2, "keys": 3, "read_only": 4}
+    assert fields == {"table": 1, "epoch": 2, "keys": 3, "read_only": 4, "value_dtype": 5}
 
 
 def test_generated_field_tables_match_the_descriptor() -> None:

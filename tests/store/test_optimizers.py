@@ -181,3 +181,19 @@ def test_half_tables_update_in_fp32_and_round_once(dtype) -> None:
     assert torch.allclose(
         t.find(torch.tensor([0]))[0].float(), torch.full((1, DIM), 0.4), rtol=1e-2
     )
+
+
+@pytest.mark.parametrize("grad_dtype", [np.float16, np.uint16], ids=["float16", "bfloat16 bits"])
+def test_a_float32_table_takes_16_bit_gradients_and_steps_in_float32(grad_dtype: Any) -> None:
+    """What 16-bit transport sends: the optimizer still runs on the float32 rows."""
+    keys = np.array([1, 4, 4, 9])
+    grads = np.random.default_rng(5).standard_normal((4, DIM)).astype(np.float32)
+    if grad_dtype is np.float16:
+        narrow, widened = grads.astype(np.float16), grads.astype(np.float16).astype(np.float32)
+    else:
+        narrow = torch.from_numpy(grads).to(torch.bfloat16).view(torch.uint16).numpy()
+        widened = torch.from_numpy(grads).to(torch.bfloat16).float().numpy()
+    sixteen, exact = table("adagrad", lr=0.1), table("adagrad", lr=0.1)
+    sixteen.update(keys, narrow)
+    exact.update(keys, widened)
+    np.testing.assert_array_equal(sixteen.pull(np.arange(12)), exact.pull(np.arange(12)))

@@ -88,6 +88,7 @@ class PullRequest:
     epoch: Final = 2
     keys: Final = 3
     read_only: Final = 4
+    value_dtype: Final = 5
 
 
 class PullResponse:
@@ -359,6 +360,7 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
         2: ("epoch", "uint64"),
         3: ("keys", "bytes"),
         4: ("read_only", "bool"),
+        5: ("value_dtype", "string"),
     },
     "PullResponse": {
         1: ("values", "bytes"),

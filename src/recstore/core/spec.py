@@ -199,6 +199,20 @@ class TableSpec(WireModel):
     #: inference: no optimizer state is allocated (the optimizer is kept but never
     #: used) and updates are refused; pushes still assign rows (loading weights).
     mode: TableMode = TableMode.training
+    #: the dtype remote pulls and updates carry rows in (None: the table dtype). A
+    #: float32 table may send them as float16 or bfloat16, half the bytes; the node
+    #: keeps rows, and runs the optimizer, in float32.
+    transport_dtype: DType | None = None
+
+    @model_validator(mode="after")
+    def _transport(self) -> TableSpec:
+        check_transport_dtype(self.dtype, self.transport_dtype)
+        return self
+
+    @property
+    def wire_dtype(self) -> str:
+        """The dtype rows travel in: transport_dtype, else the table dtype."""
+        return DType(self.transport_dtype or self.dtype).value
 
     @model_validator(mode="after")
     def _gpu_cache_tier(self) -> TableSpec:
@@ -256,3 +270,13 @@ class TableSpec(WireModel):
     def to_wire(self) -> dict[str, object]:
         """JSON-ready camelCase form (CRD spec, gRPC CreateTable payload)."""
         return self.model_dump(mode="json", by_alias=True)
+
+
+def check_transport_dtype(dtype: DType | str, transport: DType | str | None) -> None:
+    """Rows travel in the table dtype, or a float32 table's in float16 or bfloat16."""
+    if transport is None or DType(transport) == DType(dtype) or DType(dtype) == DType.float32:
+        return
+    raise ValueError(
+        f"transport_dtype {DType(transport).value} needs a float32 table; "
+        f"a {DType(dtype).value} table's rows travel as {DType(dtype).value}"
+    )

@@ -93,6 +93,7 @@ class PullRequest:
     epoch: int = 0
     keys: Buffer = b""
     read_only: bool = False
+    value_dtype: str = ""  # the dtype the rows travel as; empty: the table dtype
 
 
 @dataclass
@@ -185,17 +186,19 @@ def decode_multi_rows_response(data: Buffer) -> list[int]:
 # -- encoding (native: recstore._native, csrc/ps_messages.h) --------------------------
 # Each encoder writes its message straight into a new bytes object, every payload
 # copied once and laid out 8-byte aligned (a padded varint field goes before it).
-def _pull_item(item: PullRequest) -> tuple[str, int, Any, bool]:
-    return item.table, item.epoch, item.keys, item.read_only
+def _pull_item(item: PullRequest) -> tuple[str, int, Any, bool, str]:
+    return item.table, item.epoch, item.keys, item.read_only, item.value_dtype
 
 
 def _update_item(item: UpdateRequest) -> tuple[str, int, Any, Any, str, float | None, int]:
     return item.table, item.epoch, item.keys, item.grads, item.grad_dtype, item.lr, item.dim
 
 
-def encode_pull_request(table: str, keys: Any, *, epoch: int = 0, read_only: bool = False) -> bytes:
-    """PullRequest; ``keys`` any contiguous int64 buffer."""
-    message: bytes = _native.encode_pull_request(table, keys, epoch, read_only)
+def encode_pull_request(
+    table: str, keys: Any, *, epoch: int = 0, read_only: bool = False, value_dtype: str = ""
+) -> bytes:
+    """PullRequest; ``keys`` any contiguous int64 buffer; rows asked for as ``value_dtype``."""
+    message: bytes = _native.encode_pull_request(table, keys, epoch, read_only, value_dtype)
     return message
 
 
@@ -383,11 +386,19 @@ class WireClient:
         self._options = {"metadata": tuple(metadata), "timeout": timeout}
 
     def pull(
-        self, table: str, keys: Any, *, epoch: int = 0, read_only: bool = False
+        self,
+        table: str,
+        keys: Any,
+        *,
+        epoch: int = 0,
+        read_only: bool = False,
+        value_dtype: str = "",
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """(values [n, dim], found bool[n] when ``read_only`` else None)."""
+        """(values [n, dim] as they travelled, found bool[n] when ``read_only`` else None)."""
         keys = np.ascontiguousarray(keys, dtype="<i8")
-        request = encode_pull_request(table, keys, epoch=epoch, read_only=read_only)
+        request = encode_pull_request(
+            table, keys, epoch=epoch, read_only=read_only, value_dtype=value_dtype
+        )
         reply = decode_pull_response(self._pull(request, **self._options))
         values = rows_view(reply.values, len(keys), reply.dim, reply.dtype)
         found = np.frombuffer(reply.found, np.bool_) if read_only else None
@@ -412,12 +423,17 @@ class WireClient:
         return decode_rows_response(self._update(request, **self._options))
 
     def multi_pull(
-        self, items: Sequence[tuple[str, Any]], *, epoch: int = 0, read_only: bool = False
+        self,
+        items: Sequence[tuple[str, Any]],
+        *,
+        epoch: int = 0,
+        read_only: bool = False,
+        value_dtype: str = "",
     ) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """One MultiPull of ``(table, keys)`` items: (values, found or None) per item."""
         keys = [np.ascontiguousarray(k, dtype="<i8") for _, k in items]
         request = encode_multi_pull_request(
-            PullRequest(table, epoch, k.data, read_only)
+            PullRequest(table, epoch, k.data, read_only, value_dtype)
             for (table, _), k in zip(items, keys, strict=True)
         )
         replies = decode_multi_pull_response(self._multi_pull(request, **self._options))
@@ -456,6 +472,30 @@ def dtype_name(rows: np.ndarray) -> str:
         if rows.dtype == storage:
             return name
     raise TypeError(f"rows must be float32, float16 or uint16 (bfloat16 bits), got {rows.dtype}")
+
+
+def as_wire_dtype(rows: np.ndarray, dtype: str) -> np.ndarray:
+    """``rows`` as ``dtype`` on the wire: themselves, or converted (native, nearest even)."""
+    if dtype_name(rows) == dtype:
+        return rows
+    out = np.empty(rows.shape, wire_dtype(dtype))
+    _native.convert_rows(np.ascontiguousarray(rows), dtype_name(rows), out, dtype)
+    return out
+
+
+def reply_rows(
+    reply: PullResponse, rows: int, dim: int, transport: str, out_dtype: np.dtype, what: str = ""
+) -> np.ndarray:
+    """A PullResponse's rows as ``out_dtype``, checked: sent as ``transport`` ("": as is)."""
+    out_name = dtype_name(np.empty(0, out_dtype))
+    expected = transport or out_name
+    got = reply.dtype or "float32"
+    if rows and (reply.dim != dim or got != expected):
+        raise InvalidArgument(
+            f"{what}rows of dim {reply.dim} {reply.dtype!r}, expected dim {dim} {expected!r}"
+        )
+    values = rows_view(reply.values, rows, dim, got)
+    return values if got == out_name else as_wire_dtype(values, out_name)
 
 
 def _dim(rows: np.ndarray) -> int:

@@ -142,16 +142,18 @@ class TableCondition(_message.Message):
     def __init__(self, type: _Optional[str] = ..., status: _Optional[bool] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("table", "epoch", "keys", "read_only")
+    __slots__ = ("table", "epoch", "keys", "read_only", "value_dtype")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     table: str
     epoch: int
     keys: bytes
     read_only: bool
-    def __init__(self, table: _Optional[str] = ..., epoch: _Optional[int] = ..., keys: _Optional[bytes] = ..., read_only: _Optional[bool] = ...) -> None: ...
+    value_dtype: str
+    def __init__(self, table: _Optional[str] = ..., epoch: _Optional[int] = ..., keys: _Optional[bytes] = ..., read_only: _Optional[bool] = ..., value_dtype: _Optional[str] = ...) -> None: ...
 
 class PullResponse(_message.Message):
     __slots__ = ("values", "dim", "dtype", "found", "version")
