@@ -241,7 +241,9 @@ class GrpcBackend:
         keys_np = keys_to_numpy(distinct)
         dtype = DType(table.spec.dtype)
         out = np.empty((len(keys_np), table.spec.embedding_dim), dtype=wire.wire_dtype(dtype))
-        issue = pull_issue(table.spec, keys_np, out, self._node_of(table), transport=table.transport)
+        issue = pull_issue(
+            table.spec, keys_np, out, self._node_of(table), transport=table.transport
+        )
         table.router.start(keys_np, issue).wait()
         rows = rows_from_numpy(out, dtype)
         return rows if inverse is None else rows[inverse]
@@ -258,7 +260,9 @@ class GrpcBackend:
         dtype = DType(table.spec.dtype)
         out = np.empty((len(keys_np), table.spec.embedding_dim), dtype=wire.wire_dtype(dtype))
         versions: dict[int, int] = {}
-        issue = pull_issue(table.spec, keys_np, out, self._node_of(table), versions, table.transport)
+        issue = pull_issue(
+            table.spec, keys_np, out, self._node_of(table), versions, table.transport
+        )
         table.router.start(keys_np, issue, every_shard=True).wait()
         shards = table.router.slot_map.num_shards
         return rows_from_numpy(out, dtype), tuple(versions.get(s, 0) for s in range(shards))
