@@ -174,6 +174,36 @@ NB_MODULE(_native, m) {
       },
       "keys"_a.noconvert(), "grads"_a.noconvert(), "lr"_a);
   def_checked(
+      table, "pool",
+      [](Table& t, HostKeys keys, int64_t bag_size, bool mean, Host<float, nb::ndim<2>> out) {
+        const int64_t n = count(keys);
+        if (bag_size < 1 || n % bag_size != 0)
+          throw std::invalid_argument("the ids must fill bags of bag_size ids each");
+        if (static_cast<int64_t>(out.shape(0)) != n / bag_size ||
+            static_cast<int64_t>(out.shape(1)) != t.dim())
+          throw std::invalid_argument("out must have shape [number of bags, dim]");
+        nb::gil_scoped_release release;
+        if (n) t.pool(n, keys.data(), bag_size, mean, out.data());
+      },
+      "keys"_a.noconvert(), "bag_size"_a, "mean"_a, "out"_a.noconvert(),
+      "Sum (mean) of each bag of bag_size consecutive keys' rows (float32 tables)");
+  def_checked(
+      table, "update_bags",
+      [](Table& t, HostKeys keys, int64_t bag_size, Host<const float, nb::ndim<2>> grads,
+         double scale, double lr) {
+        const int64_t n = count(keys);
+        if (bag_size < 1 || n % bag_size != 0)
+          throw std::invalid_argument("the ids must fill bags of bag_size ids each");
+        if (static_cast<int64_t>(grads.shape(0)) != n / bag_size ||
+            static_cast<int64_t>(grads.shape(1)) != t.dim())
+          throw std::invalid_argument("grads must have shape [number of bags, dim]");
+        nb::gil_scoped_release release;
+        t.update_bags(n, keys.data(), bag_size, grads.data(), static_cast<float>(scale),
+                      static_cast<float>(lr));
+      },
+      "keys"_a.noconvert(), "bag_size"_a, "grads"_a.noconvert(), "scale"_a, "lr"_a,
+      "Update of pooled bags: each key of bag b gets scale * grads[b], summed per row");
+  def_checked(
       table, "erase",
       [](Table& t, HostKeys keys) {
         int64_t n = count(keys);

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "merge_duplicates.h"
 #include "parallel.h"
 #include "scratch.h"
 #include "table.h"
@@ -73,19 +74,33 @@ void Table::update(int64_t n, const int64_t* keys, const void* grads, int grad_d
   int64_t* rows = scratch_rows(n);
   std::unique_lock<std::shared_mutex> lock(mutex_);
   resolve_for_write(n, keys, rows, true);
-  int64_t step = step_.fetch_add(1) + 1;
+  apply_update(n, rows, grads, grad_dtype, 1, 1.0f, lr);
+}
+
+void Table::apply_update(int64_t n, const int64_t* rows, const void* grads, int grad_dtype,
+                         int64_t bag_size, float scale, float lr) {
+  const int64_t step = step_.fetch_add(1) + 1;
   if (n == 0) return;
-
-  uint64_t* order;
-  int64_t* starts;
-  const int64_t groups = group_by_row(n, rows, &order, &starts);
-
   UpdateBatch batch;
-  batch.order = order;
-  batch.starts = starts;
-  batch.groups = groups;
-  batch.grads = grads;
-  batch.grad_dtype = grad_dtype;
+  MergedUpdate merged;  // heavy duplicates: one merged fp32 row per distinct row
+  if (bag_size == 1 && few_distinct_rows(n, rows) &&
+      merge_by_hash(n, rows, grads, grad_dtype, opt_.dim, &merged)) {
+    batch.order = merged.order.data();
+    batch.starts = merged.starts.data();
+    batch.groups = merged.groups;
+    batch.grads = merged.grads.data();
+    batch.grad_dtype = kFloat32;
+  } else {
+    uint64_t* order;
+    int64_t* starts;
+    batch.groups = group_by_row(n, rows, &order, &starts);
+    batch.order = order;
+    batch.starts = starts;
+    batch.grads = grads;
+    batch.grad_dtype = grad_dtype;
+    batch.bag_size = bag_size;
+    batch.grad_scale = scale;
+  }
   batch.values = values_;
   batch.row_bytes = row_bytes_;
   batch.state = state_;
@@ -97,7 +112,7 @@ void Table::update(int64_t n, const int64_t* keys, const void* grads, int grad_d
   batch.step_size = opt_.opt.kind == kAdam
                         ? adam_step_size(lr, opt_.opt.beta1, opt_.opt.beta2, step)
                         : 0.0f;
-  parallel_for(groups, 1024, [&](int64_t b, int64_t e) { apply_update_groups(batch, b, e); });
+  parallel_for(batch.groups, 1024, [&](int64_t b, int64_t e) { apply_update_groups(batch, b, e); });
 }
 
 int64_t Table::erase(int64_t n, const int64_t* keys) {

@@ -18,6 +18,7 @@ from recstore.client.backends.base import CreateResult, PullRequest, UpdateReque
 from recstore.client.errors import BackendError, TableNotInitialized
 from recstore.core import (
     CapacityExhausted,
+    DType,
     InferenceTable,
     RecStoreError,
     StorageTier,
@@ -138,6 +139,39 @@ class LocalBackend:
         table = self.table(name)
         try:
             table.update(keys.to(table.device), grads.to(table.device), lr=lr)
+        except RecStoreError as error:
+            raise _backend_error(error, name) from error
+
+    def pools_bags(self, name: str) -> bool:
+        """Whether ``name``'s bags can be pooled by the engine: float32 rows in host memory."""
+        try:
+            table = self._store.get(name)
+        except TableNotFound:
+            return False
+        return table.device == "cpu" and table.dtype == DType.float32
+
+    def pool_bags(self, name: str, keys: torch.Tensor, bag_size: int, mean: bool) -> torch.Tensor:
+        """Each bag of ``bag_size`` consecutive keys' rows, summed (``mean``: averaged)."""
+        table = self.table(name)
+        try:
+            out: torch.Tensor = table.pool(keys, bag_size, mean)
+        except RecStoreError as error:
+            raise _backend_error(error, name) from error
+        return out
+
+    def update_bags(
+        self,
+        name: str,
+        keys: torch.Tensor,
+        bag_size: int,
+        grads: torch.Tensor,
+        scale: float,
+        lr: float | None,
+    ) -> None:
+        """``pool_bags``' update: bag b's gradient row times ``scale`` for each of its keys."""
+        table = self.table(name)
+        try:
+            table.update_bags(keys, bag_size, grads, scale, lr=lr)
         except RecStoreError as error:
             raise _backend_error(error, name) from error
 
