@@ -1,12 +1,13 @@
-// Heavy duplicates: merging an update's gradient rows per row id by hashing.
+// Heavy duplicates: merging an update's gradient rows per key by hashing.
 //
-// An update grouped by radix sort costs a sort of every position and then a
-// gather of the gradient rows in row order, however few rows are distinct.
-// When a batch repeats a few rows many times (500k gradients over ~1k rows),
-// one streaming pass that adds each gradient row into its row's sum costs a
-// fraction of that. The rows' sums are formed per fixed block of positions
-// (in position order within a block) and the blocks added in block order, so
-// the result does not depend on the thread count; a batch of one block sums
+// An update grouped by radix sort screens every gradient row, sorts every
+// position and then gathers the gradient rows in row order, however few keys
+// are distinct. When a batch repeats a few keys many times (500k gradients
+// over ~1k keys), one streaming pass that adds each gradient row into its
+// key's sum costs a fraction of that, and what is left to screen and apply is
+// one row per key. The sums are formed per fixed block of positions (in
+// position order within a block) and the blocks added in block order, so the
+// result does not depend on the thread count; a batch of one block sums
 // exactly as the grouped path does.
 #pragma once
 
@@ -15,22 +16,20 @@
 
 namespace recstore {
 
-// The hash-merged form of an update: group g is row order[g] >> 32 with the
-// merged fp32 gradient row g of `grads`; starts is 0..groups (one per group).
+// The hash-merged form of an update: distinct keys (first occurrence first) and
+// their summed fp32 gradient rows.
 struct MergedUpdate {
-  std::vector<uint64_t> order;
-  std::vector<int64_t> starts;
+  std::vector<int64_t> keys;
   std::vector<float> grads;
-  int64_t groups = 0;
 };
 
-// Whether a batch of n positions over `rows` looks worth merging by hashing
-// (a sample of it repeats rows heavily).
-bool few_distinct_rows(int64_t n, const int64_t* rows);
+// Whether a batch of n keys looks worth merging by hashing (large, and a sample
+// of it repeats keys heavily).
+bool few_distinct_keys(int64_t n, const int64_t* keys);
 
-// Merges grads ([n, dim] of grad_dtype) per distinct row into `out`; false
-// (out untouched) when the batch has too many distinct rows for it.
-bool merge_by_hash(int64_t n, const int64_t* rows, const void* grads, int grad_dtype,
+// Merges grads ([n, dim] of grad_dtype) per distinct key into `out`; false
+// (out untouched) when the batch has too many distinct keys for it.
+bool merge_by_hash(int64_t n, const int64_t* keys, const void* grads, int grad_dtype,
                    int64_t dim, MergedUpdate* out);
 
 }  // namespace recstore

@@ -1,31 +1,35 @@
 """Updates that repeat a few rows many times: merged by hashing, same result as grouping.
 
-A batch of 200k gradient rows over ~300 distinct rows takes the engine's hash
-merge (few distinct rows in a large batch); it must equal the float64 sum of
-every row's gradients pushed through the optimizer, give the same bits with
-one thread or several, and match the grouped path a small batch takes.
+A batch of 200k gradient rows over ~300 distinct keys takes the engine's hash
+merge (few distinct keys in a large batch); it must equal the float64 sum of
+every key's gradients pushed through the optimizer, give the same bits with
+one thread or several, follow the non-finite policy as the exact path does,
+and match the grouped path a small batch takes.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pytest
 
 from recstore import _native
-from recstore.core import TableSpec
+from recstore.core import NonFiniteValues, TableSpec
 from recstore.store import Table
 
 ROWS, DIM, BATCH, DISTINCT = 5_000, 16, 200_000, 300
 LR, EPS = 0.05, 1e-8
 
 
-def _table(kind: str) -> Table:
+def _table(kind: str, **options: Any) -> Table:
     spec = TableSpec(
         name="heavy",
         num_embeddings=ROWS,
         embedding_dim=DIM,
         initializer={"kind": "uniform", "low": -1.0, "high": 1.0, "seed": 3},
         optimizer={"kind": kind, "lr": LR, "eps": EPS},
+        **options,
     )
     return Table(spec)
 
@@ -99,3 +103,24 @@ def test_small_batches_keep_the_grouped_sum() -> None:
     one_by_one.update(rows, np.stack([merged[k] for k in rows.tolist()]))
     grouped.update(keys, grads)
     np.testing.assert_array_equal(grouped.pull(rows), one_by_one.pull(rows))
+
+
+def test_a_poisoned_row_in_a_heavy_batch_follows_the_policy() -> None:
+    """Merged rows are screened, and a non-finite one sends the batch down the exact path:
+    reject leaves the table unchanged, skip-rows leaves out exactly the poisoned key."""
+    keys, grads = _batch(seed=3)
+    grads[1234, 5] = np.inf
+    poisoned = keys[1234]
+    everything = np.arange(ROWS, dtype=np.int64)
+    rejecting = _table("sgd")
+    before = rejecting.pull(everything).copy()
+    with pytest.raises(NonFiniteValues):
+        rejecting.update(keys, grads)
+    np.testing.assert_array_equal(rejecting.pull(everything), before)
+
+    skipping = _table("sgd", non_finite="skip-rows")
+    start = skipping.pull(everything).copy()
+    skipping.update(keys, grads)
+    kept = keys != poisoned
+    expected = _expected("sgd", start, keys[kept], grads[kept])
+    np.testing.assert_allclose(skipping.pull(everything), expected, rtol=1e-5, atol=1e-3)
