@@ -78,7 +78,9 @@ class _PooledMany(torch.autograd.Function):
             if grad is None or not trains or not share.keys.numel():
                 continue
             ref = writable(share.handle)
-            rows = grad.detach().to("cpu", torch.float32).contiguous()
+            rows = grad.detach().to("cpu", torch.float32)
+            if rows.stride(-1) != 1:  # strided rows (a column slice) will do, strided columns not
+                rows = rows.contiguous()
             scale = 1.0 / share.pool.bag_size if share.pool.mean else 1.0
             ref.client._for_modules.update_bags(
                 ref.name, share.keys, share.pool.bag_size, rows, scale

@@ -74,24 +74,26 @@ void Table::pool(int64_t n, const int64_t* keys, int64_t bag_size, bool mean, fl
 }
 
 void Table::update_bags(int64_t n, const int64_t* keys, int64_t bag_size, const float* grads,
-                        float scale, float lr) {
+                        int64_t grad_stride, float scale, float lr) {
   if (opt_.inference) throw InferenceTableError();
   check_bags(n, bag_size, opt_.dtype);
   validate_ids(n, keys);
   const int64_t bags = n / bag_size, dim = opt_.dim;
   bool finite = true;
-  for (int64_t i = 0; i < bags * dim && finite; ++i) finite = std::isfinite(grads[i]);
+  for (int64_t b = 0; b < bags && finite; ++b)
+    for (int64_t j = 0; j < dim; ++j) finite &= std::isfinite(grads[b * grad_stride + j]);
   if (!finite) {  // the non-finite policy judges the per-occurrence rows, as update() would
     std::vector<float> rows(static_cast<size_t>(n * dim));
     for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < dim; ++j) rows[i * dim + j] = grads[(i / bag_size) * dim + j] * scale;
+      for (int64_t j = 0; j < dim; ++j)
+        rows[i * dim + j] = grads[(i / bag_size) * grad_stride + j] * scale;
     update(n, keys, rows.data(), kFloat32, lr);
     return;
   }
   int64_t* rows = scratch_rows(n);
   std::unique_lock<std::shared_mutex> lock(mutex_);
   resolve_for_write(n, keys, rows, true);
-  apply_update(n, rows, grads, kFloat32, bag_size, scale, lr);
+  apply_update(n, rows, grads, kFloat32, bag_size, scale, lr, grad_stride);
 }
 
 }  // namespace recstore

@@ -96,7 +96,7 @@ void Table::update(int64_t n, const int64_t* keys, const void* grads, int grad_d
 }
 
 void Table::apply_update(int64_t n, const int64_t* rows, const void* grads, int grad_dtype,
-                         int64_t bag_size, float scale, float lr) {
+                         int64_t bag_size, float scale, float lr, int64_t grad_stride) {
   const int64_t step = step_.fetch_add(1) + 1;
   if (n == 0) return;
   uint64_t* order;
@@ -109,6 +109,7 @@ void Table::apply_update(int64_t n, const int64_t* rows, const void* grads, int 
   batch.grad_dtype = grad_dtype;
   batch.bag_size = bag_size;
   batch.grad_scale = scale;
+  batch.grad_stride = grad_stride;
   batch.values = values_;
   batch.row_bytes = row_bytes_;
   batch.state = state_;

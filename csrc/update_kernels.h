@@ -30,6 +30,7 @@ struct UpdateBatch {
   float step_size;
   int64_t bag_size = 1;     // position i's gradient is row i / bag_size of grads
   float grad_scale = 1.0f;  // times this (mean bags: 1 / bag_size)
+  int64_t grad_stride = 0;  // elements from one gradient row to the next (0: dim)
 };
 
 // Applies the optimizer to groups [begin, end) of the batch.

@@ -67,6 +67,17 @@ def test_update_bags_equals_the_per_occurrence_update(kind: str, scale: float) -
     torch.testing.assert_close(bags.pull(everything), rows.pull(everything), atol=0, rtol=0)
 
 
+def test_update_bags_takes_a_column_slice_of_a_wider_gradient() -> None:
+    """A bag's gradient as the slice of a concatenated output: rows strided, no copy needed."""
+    sliced, copied = _table(), _table()
+    ids = _ids()
+    wide = torch.randn(BAGS, 3 * DIM, generator=torch.Generator().manual_seed(4))
+    sliced.update_bags(ids, BAG, wide[:, DIM : 2 * DIM])
+    copied.update_bags(ids, BAG, wide[:, DIM : 2 * DIM].contiguous())
+    everything = torch.arange(ROWS)
+    torch.testing.assert_close(sliced.pull(everything), copied.pull(everything), atol=0, rtol=0)
+
+
 def test_non_finite_bag_gradients_follow_the_policy_and_change_nothing() -> None:
     table = _table()
     ids = _ids()
