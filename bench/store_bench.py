@@ -8,8 +8,13 @@ on the touched rows). 1 and 2 threads. Prints a table and writes
 bench/results/store_bench.json with medians and ratios (each ratio the median over
 repeats of engine and baseline timed back to back, so both see the same load).
 
+Heavy duplicates: an SGD update of 500k ids over ~1k distinct keys (Pareto(1.05)
+ids) through the SDK's local backend (``RecStoreClient.update``), against
+``torch.unique`` + ``index_add_`` (sum per id, then update the touched rows).
+
 Targets: dense pull >= 1.0x index_select, hashed pull >= 0.6x, SGD update >= 3x
-the torch path, Adagrad / Adam >= 2x, hashed index <= 16 bytes per row.
+the torch path, Adagrad / Adam >= 2x, heavy-duplicate SDK update >= 3x,
+hashed index <= 16 bytes per row.
 
 Usage: python bench/store_bench.py [--rows 10000000] [--dim 64] [--batch 1000000]
        [--repeats 7] [--threads 1,2] [--out bench/results/store_bench.json]
@@ -42,7 +47,9 @@ TARGETS = {
     "update_sgd": 3.0,
     "update_adagrad": 2.0,
     "update_adam": 2.0,
+    "update_heavy_sdk": 3.0,
 }
+HEAVY_BATCH, HEAVY_ROWS = 500_000, 1_000_000
 LR, EPS, BETAS = 0.01, 1e-8, (0.9, 0.999)
 SETTLE_S = 0.05  # idle gap before each timed call (see paired_seconds)
 
@@ -227,6 +234,46 @@ def bench_updates(
             report.add("update", f"{kind}/{dist}", t, ours, base, ratio, f"update_{kind}")
 
 
+def heavy_duplicate_ids(rng: np.random.Generator) -> np.ndarray:
+    """500k ids over ~1k distinct keys: Pareto(1.05) draws, floored."""
+    return np.minimum(np.floor(rng.pareto(1.05, HEAVY_BATCH)), HEAVY_ROWS - 1).astype(np.int64)
+
+
+def torch_unique_update(weight: torch.Tensor, ids: torch.Tensor, grads: torch.Tensor) -> None:
+    """The torch path for a heavily repeated batch: sum per distinct id, update those rows."""
+    unique, inverse = torch.unique(ids, return_inverse=True)
+    summed = torch.zeros(len(unique), grads.shape[1]).index_add_(0, inverse, grads)
+    weight.index_add_(0, unique, summed, alpha=-LR)
+
+
+def bench_heavy_duplicates(dim: int, threads: list[int], repeats: int, rng: np.random.Generator):
+    """The SDK's local update of a heavily repeated batch against ``torch_unique_update``."""
+    from recstore.client import RecStoreClient
+
+    ids = torch.from_numpy(heavy_duplicate_ids(rng))
+    grads = torch.from_numpy(rng.normal(0, 1, (HEAVY_BATCH, dim)).astype(np.float32))
+    client = RecStoreClient(role="store-bench-heavy")
+    client.set_ps_backend("local")
+    name = "store_bench_heavy"
+    client.init_data(name, (HEAVY_ROWS, dim), torch.float32, optimizer={"kind": "sgd", "lr": LR})
+    weight = torch.zeros(HEAVY_ROWS, dim)
+    report = Report(HEAVY_BATCH)
+    distinct = len(torch.unique(ids))
+    try:
+        for t in threads:
+            set_threads(t)
+            ours, base, ratio = paired_seconds(
+                partial(client.update, name, ids, grads),
+                partial(torch_unique_update, weight, ids, grads),
+                repeats,
+            )
+            report.add("update", f"heavy-{distinct}-sdk", t, ours, base, ratio, "update_heavy_sdk")
+    finally:
+        client.delete_data(name)
+        client.close()
+    return report.rows
+
+
 def main() -> None:
     global SETTLE_S
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
@@ -241,15 +288,22 @@ def main() -> None:
         default=0.05,
         help="idle seconds before each timed call (0: back to back, torch's spinning included)",
     )
+    ap.add_argument("--only-heavy", action="store_true", help="only the heavy-duplicate SDK update")
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/store_bench.json")
     args = ap.parse_args()
     SETTLE_S = args.settle
+    if args.only_heavy:  # the other measurements' tables and batches are not built
+        args.rows = args.batch = 16
     threads = [int(t) for t in args.threads.split(",")]
     rng = np.random.default_rng(0)
     batches = id_batches(args.rows, args.batch, rng)
     report = Report(args.batch)
     started = time.perf_counter()
 
+    heavy = bench_heavy_duplicates(args.dim, threads, args.repeats, rng)
+    if args.only_heavy:
+        report.rows.extend(heavy)
+        args.out = args.out.with_name(args.out.stem + "_heavy.json")
     weight = torch.empty(args.rows, args.dim).uniform_(-0.01, 0.01)
     base_spec = TableSpec(
         name="bench",
@@ -258,7 +312,7 @@ def main() -> None:
         initializer=Initializer(kind="zeros"),
     )
     index_bytes_per_row = 0.0
-    for mode in ("dense", "hashed"):
+    for mode in () if args.only_heavy else ("dense", "hashed"):
         keys = Keys(mode=KeyMode(mode), capacity=args.rows if mode == "hashed" else None)
         spec = base_spec.model_copy(update={"keys": keys})
         per_row = bench_pulls(mode, weight, spec, batches, threads, args.repeats, report)
@@ -267,12 +321,14 @@ def main() -> None:
         gc.collect()
 
     grads = torch.from_numpy(rng.normal(0, 1, (args.batch, args.dim)).astype(np.float32))
-    for kind in ("sgd", "adagrad", "adam"):
+    for kind in () if args.only_heavy else ("sgd", "adagrad", "adam"):
         opt = Optimizer(kind=kind, lr=LR, eps=EPS)
         spec = base_spec.model_copy(update={"optimizer": opt})
         bench_updates(kind, weight, spec, batches, grads, threads, args.repeats, report)
         gc.collect()
 
+    if not args.only_heavy:
+        report.rows.extend(heavy)
     summary = {
         "config": {
             "rows": args.rows,

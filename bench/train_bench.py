@@ -23,7 +23,17 @@ weights are all allocated up front); ``--cold`` times first touches as well
 (each new id's row is created from the initializer on its first pull).
 Prints a table, writes bench/results/train_bench.json.
 
+``--tbe`` runs multi-hot embedding steps instead (``tbe_workloads``: 8 tables of
+200k rows x 64, batch 2048; uniform ids with SGD, Zipf(1.05) ids with row-wise
+Adagrad, one id per bag with SGD) for torch, FBGEMM's CPU TBE (when
+``fbgemm-gpu-cpu`` is installed; skipped with a message otherwise), RecStore
+local (eager and compiled) and over gRPC, with each one's speed relative to
+FBGEMM's median step in the same run (target: RecStore local >= 1.0x) and a
+check that RecStore local and FBGEMM tables agree after 3 steps; writes
+bench/results/train_bench_tbe.json.
+
     python bench/train_bench.py [--rounds 8 --steps-per-round 5 --no-grpc --no-compile --cold]
+    python bench/train_bench.py --tbe [--rounds 5 --steps-per-round 4 --no-grpc --no-compile]
 """
 
 from __future__ import annotations
@@ -62,6 +72,7 @@ from dlrm_synthetic import (  # noqa: E402
     train_step,
 )
 
+from recstore import _native  # noqa: E402
 from recstore.client import RecStoreClient  # noqa: E402
 from recstore.client.remote.nodes import CHANNEL_OPTIONS, NodeCalls  # noqa: E402
 from recstore.v1 import ps_pb2, ps_pb2_grpc  # noqa: E402
@@ -231,6 +242,94 @@ class TransportFloor(nn.Module):
             channel.close()
 
 
+# -- multi-hot steps against FBGEMM's CPU TBE (--tbe) --------------------------------------
+def run_tbe(args: argparse.Namespace) -> None:
+    """The workloads of ``tbe_workloads``: per-step medians and speed relative to FBGEMM."""
+    import tbe_workloads as tw
+
+    _native.set_num_threads(args.threads)  # the engine's pool: as many threads as torch's
+    missing = tw.fbgemm_available()
+    if missing:
+        print(f"fbgemm-gpu-cpu not usable ({missing}): the FBGEMM peer is skipped")
+    shape = (args.tbe_tables, args.tbe_rows, args.tbe_dim)
+    report: dict[str, Any] = {"config": {k: str(v) for k, v in vars(args).items()}, "workloads": {}}
+    with contextlib.ExitStack() as stack:
+        endpoints = None if args.no_grpc else stack.enter_context(ps_nodes(2))
+        for work in tw.WORKLOADS:
+            if args.tbe_workloads and work.name not in args.tbe_workloads.split(","):
+                continue
+            data = tw.batches(work, *shape[:2], args.tbe_batch, args.tbe_dim, args.steps_per_round)
+            variants: dict[str, tuple[nn.Module, torch.optim.Optimizer | None]] = {}
+            clients: list[RecStoreClient] = []
+            torch.manual_seed(0)
+            model = tw.TorchBags(*shape)
+            variants["torch"] = (model, tw.torch_optimizer(model, work))
+            if not missing:
+                variants["fbgemm"] = (tw.FbgemmBags(work, *shape), None)
+            kinds = [("recstore-local", "local", False)]
+            if not args.no_compile:
+                kinds.append((COMPILED, "local", True))
+            if endpoints is not None:
+                kinds.append(("recstore-grpc-2-shards-collection", "grpc", False))
+            for name, backend, compiled in kinds:
+                client = RecStoreClient(role=f"tbe-{name}-{work.name}")
+                if backend == "local":
+                    client.set_ps_backend("local")
+                else:
+                    client.set_ps_endpoints(endpoints)
+                clients.append(client)
+                bags = tw.RecStoreBags(client, work, *shape)
+                variants[name] = (torch.compile(bags) if compiled else bags, None)
+            for model, optimizer in variants.values():  # warm-up: every row resident
+                for batch in data:
+                    tw.step(model, optimizer, batch)
+            for client in clients:
+                client.flush()
+            times: dict[str, list[float]] = {name: [] for name in variants}
+            for _ in range(args.rounds):
+                for name, (model, optimizer) in variants.items():
+                    for batch in data:
+                        start = time.perf_counter()
+                        tw.step(model, optimizer, batch)
+                        times[name].append(time.perf_counter() - start)
+            for client in clients:
+                client.flush()
+                for table in client.data_name_list():
+                    client.delete_data(table)
+                client.close()
+            del variants
+            numerics = None
+            if not missing:
+
+                def local_client(work: tw.Workload = work) -> RecStoreClient:
+                    client = RecStoreClient(role=f"tbe-check-{work.name}")
+                    client.set_ps_backend("local")
+                    return client
+
+                numerics = tw.check_numerics(work, *shape, data[:3], local_client)
+            report["workloads"][work.name] = _tbe_table(work.name, times, numerics)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.json}")
+
+
+def _tbe_table(
+    workload: str, times: dict[str, list[float]], numerics: float | None
+) -> dict[str, Any]:
+    medians = {name: statistics.median(samples) for name, samples in times.items()}
+    peer = medians.get("fbgemm")
+    print(f"\n{workload}: {'variant':<40}{'median step ms':>16}{'speed vs FBGEMM':>18}")
+    rows = []
+    for name, median in medians.items():
+        speed = None if peer is None else peer / median
+        rows.append({"variant": name, "median_step_s": median, "speed_vs_fbgemm": speed})
+        shown = "" if speed is None else f"{speed:.2f}x"
+        print(f"{'':<{len(workload) + 2}}{name:<40}{median * 1e3:>16.2f}{shown:>18}")
+    if numerics is not None:
+        print(f"  RecStore local vs FBGEMM after 3 steps: max |weight difference| {numerics:.2e}")
+    return {"results": rows, "max_weight_difference_vs_fbgemm": numerics}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=8)
@@ -256,7 +355,17 @@ def main() -> None:
         action="store_true",
         help="time first touches too: skip the untimed pass that makes the rows resident",
     )
-    parser.add_argument("--json", type=Path, default=ROOT / "bench/results/train_bench.json")
+    parser.add_argument(
+        "--tbe",
+        action="store_true",
+        help="multi-hot steps against FBGEMM's CPU TBE instead of the DLRM model",
+    )
+    parser.add_argument("--tbe-tables", type=int, default=8)
+    parser.add_argument("--tbe-rows", type=int, default=200_000)
+    parser.add_argument("--tbe-dim", type=int, default=64)
+    parser.add_argument("--tbe-batch", type=int, default=2048)
+    parser.add_argument("--tbe-workloads", default="", help="comma-separated names (default: all)")
+    parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--echo-server", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.echo_server:
@@ -264,6 +373,11 @@ def main() -> None:
         return
     # One intra-op thread: on a shared machine, spinning thread pools measure the neighbours.
     torch.set_num_threads(args.threads)
+    if args.tbe:
+        args.json = args.json or ROOT / "bench/results/train_bench_tbe.json"
+        run_tbe(args)
+        return
+    args.json = args.json or ROOT / "bench/results/train_bench.json"
 
     config = DataConfig(
         args.num_features, args.cardinality, args.bag_size, batch_size=args.batch_size, seed=1

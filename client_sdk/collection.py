@@ -25,6 +25,7 @@ from recstore.client import dispatch
 from recstore.client.client import RecStoreClient
 from recstore.client.lookup import NO_PADDING
 from recstore.client.nn import EmbeddingBag, Lookup
+from recstore.client.pooled import pooled_many
 
 #: one feature's input: 2-D ids, or (ids, offsets), or (ids, offsets, per_sample_weights)
 Feature = torch.Tensor | tuple[torch.Tensor, ...]
@@ -170,15 +171,37 @@ class EmbeddingBagCollection(nn.Module):
             raise ValueError(f"{len(self.bags)} bags but {len(features)} features")
         bags: list[EmbeddingBag] = list(self.bags)  # type: ignore[arg-type]
         plans = self._plans(bags, features)
-        rows = dispatch.lookup_many(
-            self._anchor,
-            [bag._handle for bag in bags],
-            [plan.ids for plan in plans],
-            [NO_PADDING if bag.padding_idx is None else bag.padding_idx for bag in bags],
-            [plan.scale_grad_by_freq for plan in plans],
-            [bag.takes_gradients for bag in bags],
-        )
-        return [plan.finish(r) for plan, r in zip(plans, rows, strict=True)]
+        out: list[torch.Tensor | None] = [None] * len(plans)
+        pooled = [
+            i for i, plan in enumerate(plans) if plan.pooled(bags[i].client, bags[i].table_name)
+        ]
+        if pooled:  # plain fixed-size bags: pooled in the engine
+            results = pooled_many(
+                self._anchor,
+                [bags[i]._handle for i in pooled],
+                [plans[i].ids for i in pooled],
+                [plans[i].pool for i in pooled],  # type: ignore[misc]
+                [bags[i].takes_gradients for i in pooled],
+            )
+            for i, result in zip(pooled, results, strict=True):
+                out[i] = result
+        rest = [i for i in range(len(plans)) if out[i] is None]
+        if rest:
+            rows = dispatch.lookup_many(
+                self._anchor,
+                [bags[i]._handle for i in rest],
+                [plans[i].ids for i in rest],
+                [_padding(bags[i]) for i in rest],
+                [plans[i].scale_grad_by_freq for i in rest],
+                [bags[i].takes_gradients for i in rest],
+            )
+            for i, r in zip(rest, rows, strict=True):
+                out[i] = plans[i].finish(r)
+        return out  # type: ignore[return-value]
 
     def extra_repr(self) -> str:
         return f"tables={self.table_names}"
+
+
+def _padding(bag: EmbeddingBag) -> int:
+    return NO_PADDING if bag.padding_idx is None else bag.padding_idx

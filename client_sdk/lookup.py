@@ -27,7 +27,7 @@ from recstore.client.tensors import module_keys, unique_keys
 NO_PADDING = -1
 
 
-def _flat_keys(ids: torch.Tensor) -> torch.Tensor:
+def flat_keys(ids: torch.Tensor) -> torch.Tensor:
     return module_keys(ids.reshape(-1))
 
 
@@ -39,7 +39,7 @@ def read_rows(handles: Sequence[str], ids: Sequence[torch.Tensor]) -> list[torch
         mine = [i for i, ref in enumerate(refs) if ref.client is client]
         requests, inverses = [], []
         for i in mine:
-            keys, unique, inverse = client._for_modules.wire_keys(_flat_keys(ids[i]))
+            keys, unique, inverse = client._for_modules.wire_keys(flat_keys(ids[i]))
             requests.append((refs[i].name, keys, unique))
             inverses.append(inverse)
         pulled = client._for_modules.pull_many(requests)
@@ -89,7 +89,7 @@ def send_gradients(gradients: Sequence[Gradient]) -> None:
     refs = [writable(g.handle) for g in gradients]
     updates: dict[int, list[GradientRows]] = {}  # per client: one multi-table update each
     for ref, gradient in zip(refs, gradients, strict=True):
-        keys = _flat_keys(gradient.ids)
+        keys = flat_keys(gradient.ids)
         grads = gradient.grads.detach().to("cpu", torch.float32).reshape(len(keys), -1)
         if gradient.scale_grad_by_freq:  # torch divides by the id's count in the whole batch
             _, inverse, counts = torch.unique(keys, return_inverse=True, return_counts=True)
@@ -107,7 +107,7 @@ def send_gradients(gradients: Sequence[Gradient]) -> None:
 def renormalise_table(handle: str, ids: torch.Tensor, max_norm: float, norm_type: float) -> None:
     """torch's ``max_norm``: rescale the stored rows of ``ids`` whose norm exceeds it."""
     ref = writable(handle)
-    unique, _ = unique_keys(_flat_keys(ids))
+    unique, _ = unique_keys(flat_keys(ids))
     with torch.no_grad():
         rows = ref.client.pull(ref.name, unique)
         changed = renormalise_(rows, max_norm, norm_type)

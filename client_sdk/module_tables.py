@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from recstore.client.backends.base import PullRequest
+from recstore.client.backends.local import LocalBackend
 from recstore.client.initial_data import RowSource
 from recstore.client.tensors import check_id_range, coalesce, unique_keys
 
@@ -101,6 +102,30 @@ class ModuleTables:
                 keys, rows = coalesce(keys, rows)
             batch.append((name, keys, rows, lr))
         backend.update_many(batch, wait=False)
+
+    # -- fixed-size bags pooled in the engine (``recstore.client.pooled``) ------------------
+    def pools_bags(self, name: str) -> bool:
+        """Whether ``name`` is a float32 table of the local backend in host memory."""
+        backend = self._client.ops
+        return isinstance(backend, LocalBackend) and backend.pools_bags(name)
+
+    def pool_bags(self, name: str, keys: torch.Tensor, bag_size: int, mean: bool) -> torch.Tensor:
+        """Each bag of ``bag_size`` consecutive keys pooled (sum or mean); keys checked first."""
+        self._check_keys([(name, keys, False)])
+        return self._local().pool_bags(name, keys, bag_size, mean)
+
+    def update_bags(
+        self, name: str, keys: torch.Tensor, bag_size: int, grads: torch.Tensor, scale: float
+    ) -> None:
+        """``pool_bags``' update: bag b's gradient row (times ``scale``) for each of its keys."""
+        client = self._client
+        lr = client.learning_rate if client._learning_rate_set else None
+        self._local().update_bags(name, keys, bag_size, grads, scale, lr)
+
+    def _local(self) -> LocalBackend:
+        backend = self._client._backend()
+        assert isinstance(backend, LocalBackend)
+        return backend
 
     def _check_keys(self, requests: list[PullRequest]) -> None:
         for name, keys, _ in requests:

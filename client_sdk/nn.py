@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from recstore.client import dispatch, op_tables
 from recstore.client.client import RecStoreClient
+from recstore.client.pooled import Pool, pooled_many, pools_in_engine
 from recstore.client.state import TableState
 from recstore.client.tensors import MODULE_ID_DTYPES, check_module_id_dtype
 from recstore.core import Optimizer
@@ -57,6 +58,18 @@ class Lookup:
     ids: torch.Tensor
     scale_grad_by_freq: bool
     finish: Callable[[torch.Tensor], torch.Tensor]
+    #: plain fixed-size bags: eager forwards on a local float32 table pool in the engine
+    #: (``recstore.client.pooled``)
+    pool: Pool | None = None
+
+    def pooled(self, client: RecStoreClient, table: str) -> bool:
+        """Whether this lookup takes the engine's pooled path (eager, CPU ids)."""
+        return (
+            self.pool is not None
+            and self.ids.device.type == "cpu"
+            and not dispatch.tracing((self.ids,))
+            and pools_in_engine(client, table)
+        )
 
 
 def _padding_index(padding_idx: int | None, num_embeddings: int) -> int | None:
@@ -309,6 +322,12 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
         per_sample_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
         lookup = self._plan(input, offsets, per_sample_weights)
+        if lookup.pooled(self.client, self.table_name):
+            assert lookup.pool is not None
+            (out,) = pooled_many(
+                self._anchor, [self._handle], [lookup.ids], [lookup.pool], [self.takes_gradients]
+            )
+            return out
         return lookup.finish(self._lookup(lookup.ids, lookup.scale_grad_by_freq))
 
     def _plan(
@@ -355,7 +374,8 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
                     rows = rows * per_sample_weights.reshape(-1, bag_size, 1)
                 return rows.sum(1) if self.mode == "sum" else rows.mean(1)
 
-            return Lookup(flat, False, pooled)
+            pool = Pool(bag_size, self.mode == "mean") if per_sample_weights is None else None
+            return Lookup(flat, False, pooled, pool)
 
         def bagged(rows: torch.Tensor) -> torch.Tensor:
             # each occurrence has its own row; padding occurrences point at an extra zero row

@@ -175,6 +175,41 @@ NB_MODULE(_native, m) {
       },
       "keys"_a.noconvert(), "grads"_a.noconvert(), "lr"_a);
   def_checked(
+      table, "pool",
+      [](Table& t, HostKeys keys, int64_t bag_size, bool mean, Host<float, nb::ndim<2>> out) {
+        const int64_t n = count(keys);
+        if (bag_size < 1 || n % bag_size != 0)
+          throw std::invalid_argument("the ids must fill bags of bag_size ids each");
+        if (static_cast<int64_t>(out.shape(0)) != n / bag_size ||
+            static_cast<int64_t>(out.shape(1)) != t.dim())
+          throw std::invalid_argument("out must have shape [number of bags, dim]");
+        nb::gil_scoped_release release;
+        if (n) t.pool(n, keys.data(), bag_size, mean, out.data());
+      },
+      "keys"_a.noconvert(), "bag_size"_a, "mean"_a, "out"_a.noconvert(),
+      "Sum (mean) of each bag of bag_size consecutive keys' rows (float32 tables)");
+  def_checked(
+      table, "update_bags",
+      [](Table& t, HostKeys keys, int64_t bag_size,
+         recstore::arrays::Array<const float, nb::ndim<2>, nb::device::cpu> grads, double scale,
+         double lr) {
+        // grads may be a column slice of a wider gradient (rows strided, columns not)
+        const int64_t n = count(keys);
+        if (bag_size < 1 || n % bag_size != 0)
+          throw std::invalid_argument("the ids must fill bags of bag_size ids each");
+        if (static_cast<int64_t>(grads.shape(0)) != n / bag_size ||
+            static_cast<int64_t>(grads.shape(1)) != t.dim())
+          throw std::invalid_argument("grads must have shape [number of bags, dim]");
+        if (t.dim() > 1 && grads.stride(1) != 1)
+          throw std::invalid_argument("grads must have contiguous rows");
+        const int64_t stride = grads.shape(0) > 0 ? static_cast<int64_t>(grads.stride(0)) : 0;
+        nb::gil_scoped_release release;
+        t.update_bags(n, keys.data(), bag_size, grads.data(), stride, static_cast<float>(scale),
+                      static_cast<float>(lr));
+      },
+      "keys"_a.noconvert(), "bag_size"_a, "grads"_a.noconvert(), "scale"_a, "lr"_a,
+      "Update of pooled bags: each key of bag b gets scale * grads[b], summed per row");
+  def_checked(
       table, "erase",
       [](Table& t, HostKeys keys) {
         int64_t n = count(keys);

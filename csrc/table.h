@@ -117,6 +117,16 @@ class Table {
   // `screened`: the caller found every gradient finite already (node_serve's plan).
   void update(int64_t n, const int64_t* keys, const void* grads, int grad_dtype, float lr,
               bool screened = false);
+  // Fixed-size bags of a float32 table (table_bags.cc): out[b] ([n / bag_size, dim]) is
+  // the sum (mean: average) of the rows of keys[b * bag_size, (b + 1) * bag_size);
+  // missing rows are inserted from the initializer first, as pull() does.
+  void pool(int64_t n, const int64_t* keys, int64_t bag_size, bool mean, float* out);
+  // The update of those bags' lookups: every key of bag b gets scale * grads[b] (fp32),
+  // summed per row in position order, then the optimizer, exactly as update() of the
+  // per-occurrence rows would.
+  // grads rows are grad_stride floats apart (a column slice of a wider gradient).
+  void update_bags(int64_t n, const int64_t* keys, int64_t bag_size, const float* grads,
+                   int64_t grad_stride, float scale, float lr);
   // Remove rows; returns how many live rows were removed.
   int64_t erase(int64_t n, const int64_t* keys);
   // Remove every row whose last touch is older than ttl_seconds; returns the count.
@@ -188,6 +198,12 @@ class Table {
                           bool stream) const;
   // Groups the positions of a call by row (see table_write.cc); returns the group count.
   int64_t group_by_row(int64_t n, const int64_t* rows, uint64_t** order, int64_t** starts) const;
+  // Exclusive lock held, rows resolved: the optimizer step of one update call; position
+  // i's gradient is row i / bag_size of grads, times scale (update(): 1 and 1).
+  void apply_update(int64_t n, const int64_t* rows, const void* grads, int grad_dtype,
+                    int64_t bag_size, float scale, float lr, int64_t grad_stride = 0);
+  // Sums (mean: averages) the rows of each bag of bag_size positions into out.
+  void pool_rows(int64_t n, const int64_t* rows, int64_t bag_size, bool mean, float* out) const;
   // Copies values (and state when given) of the last position of every row.
   void write_rows(int64_t n, const int64_t* rows, const void* values, const float* state);
   // Lock held: rows of all keys, gathered into out when every key is resident;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "merge_duplicates.h"
 #include "parallel.h"
 #include "scratch.h"
 #include "table.h"
@@ -65,6 +66,24 @@ void Table::update(int64_t n, const int64_t* keys, const void* grads, int grad_d
   if (opt_.inference) throw InferenceTableError();
   if (grad_dtype != kFloat32 && grad_dtype != kFloat16 && grad_dtype != kBFloat16)
     throw std::invalid_argument("gradient dtype must be float32, float16 or bfloat16");
+  if (few_distinct_keys(n, keys)) {
+    // Heavy duplicates: one row per key to screen and apply. A key's merged row is
+    // non-finite whenever one of its rows is; then the batch takes the exact path below,
+    // whose screening judges the rows as given.
+    validate_ids(n, keys);
+    MergedUpdate merged;
+    if (merge_by_hash(n, keys, grads, grad_dtype, opt_.dim, &merged)) {
+      const int64_t u = static_cast<int64_t>(merged.keys.size());
+      const void* rows = merged.grads.data();
+      if (screened || check_batch(u, merged.keys.data(), rows, kFloat32).count == 0) {
+        int64_t* at = scratch_rows(u);
+        std::unique_lock<std::shared_mutex> lock(mutex_);
+        resolve_for_write(u, merged.keys.data(), at, true);
+        apply_update(u, at, rows, kFloat32, 1, 1.0f, lr);
+        return;
+      }
+    }
+  }
   const WriteBatch admitted = admit(n, keys, screened ? nullptr : grads, grad_dtype, nullptr,
                                     "gradient");
   n = admitted.n;
@@ -73,19 +92,24 @@ void Table::update(int64_t n, const int64_t* keys, const void* grads, int grad_d
   int64_t* rows = scratch_rows(n);
   std::unique_lock<std::shared_mutex> lock(mutex_);
   resolve_for_write(n, keys, rows, true);
-  int64_t step = step_.fetch_add(1) + 1;
-  if (n == 0) return;
+  apply_update(n, rows, grads, grad_dtype, 1, 1.0f, lr);
+}
 
+void Table::apply_update(int64_t n, const int64_t* rows, const void* grads, int grad_dtype,
+                         int64_t bag_size, float scale, float lr, int64_t grad_stride) {
+  const int64_t step = step_.fetch_add(1) + 1;
+  if (n == 0) return;
   uint64_t* order;
   int64_t* starts;
-  const int64_t groups = group_by_row(n, rows, &order, &starts);
-
   UpdateBatch batch;
+  batch.groups = group_by_row(n, rows, &order, &starts);
   batch.order = order;
   batch.starts = starts;
-  batch.groups = groups;
   batch.grads = grads;
   batch.grad_dtype = grad_dtype;
+  batch.bag_size = bag_size;
+  batch.grad_scale = scale;
+  batch.grad_stride = grad_stride;
   batch.values = values_;
   batch.row_bytes = row_bytes_;
   batch.state = state_;
@@ -97,7 +121,7 @@ void Table::update(int64_t n, const int64_t* keys, const void* grads, int grad_d
   batch.step_size = opt_.opt.kind == kAdam
                         ? adam_step_size(lr, opt_.opt.beta1, opt_.opt.beta2, step)
                         : 0.0f;
-  parallel_for(groups, 1024, [&](int64_t b, int64_t e) { apply_update_groups(batch, b, e); });
+  parallel_for(batch.groups, 1024, [&](int64_t b, int64_t e) { apply_update_groups(batch, b, e); });
 }
 
 int64_t Table::erase(int64_t n, const int64_t* keys) {

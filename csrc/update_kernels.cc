@@ -37,6 +37,13 @@ void run_groups(const UpdateBatch& b, int64_t begin, int64_t end) {
   const float lr = b.lr, wd = p.weight_decay, eps = p.eps, step_size = b.step_size;
   const float one_minus_b1 = 1.0f - p.beta1, one_minus_b2 = 1.0f - p.beta2;
   const auto* grads = static_cast<const typename G::raw*>(b.grads);
+  const int64_t bag_size = b.bag_size;
+  const int64_t stride = b.grad_stride > 0 ? b.grad_stride : dim;
+  const float scale = b.grad_scale;
+  const bool scaled = scale != 1.0f;
+  auto grad_row = [bag_size](uint64_t pos) {
+    return bag_size == 1 ? static_cast<int64_t>(pos) : static_cast<int64_t>(pos) / bag_size;
+  };
   std::vector<float> acc_buf(static_cast<size_t>(dim));
   float* acc = acc_buf.data();
   for (int64_t gi = begin; gi < end; ++gi) {
@@ -46,7 +53,8 @@ void run_groups(const UpdateBatch& b, int64_t begin, int64_t end) {
       const int64_t k = b.starts[gi + kAhead];
       const int64_t ahead = static_cast<int64_t>(b.order[k] >> 32);
       const char* wa = b.values + ahead * b.row_bytes;
-      const char* ga = reinterpret_cast<const char*>(grads + (b.order[k] & 0xFFFFFFFFu) * dim);
+      const char* ga =
+          reinterpret_cast<const char*>(grads + grad_row(b.order[k] & 0xFFFFFFFFu) * stride);
       const int64_t grad_bytes = dim * static_cast<int64_t>(sizeof(typename G::raw));
       for (int64_t off = 0; off < b.row_bytes; off += 64) __builtin_prefetch(wa + off, 1);
       for (int64_t off = 0; off < grad_bytes; off += 64) __builtin_prefetch(ga + off);
@@ -56,12 +64,19 @@ void run_groups(const UpdateBatch& b, int64_t begin, int64_t end) {
       }
     }
     // Merge the group's gradients in position order (fp32).
-    const int64_t pos0 = static_cast<int64_t>(b.order[first] & 0xFFFFFFFFu);
-    for (int64_t j = 0; j < dim; ++j) acc[j] = G::load(grads[pos0 * dim + j]);
+    const typename G::raw* g0 = grads + grad_row(b.order[first] & 0xFFFFFFFFu) * stride;
+    if (scaled) {
+      for (int64_t j = 0; j < dim; ++j) acc[j] = G::load(g0[j]) * scale;
+    } else {
+      for (int64_t j = 0; j < dim; ++j) acc[j] = G::load(g0[j]);
+    }
     for (int64_t k = first + 1; k < last; ++k) {
-      const int64_t pos = static_cast<int64_t>(b.order[k] & 0xFFFFFFFFu);
-      const typename G::raw* g = grads + pos * dim;
-      for (int64_t j = 0; j < dim; ++j) acc[j] += G::load(g[j]);
+      const typename G::raw* g = grads + grad_row(b.order[k] & 0xFFFFFFFFu) * stride;
+      if (scaled) {
+        for (int64_t j = 0; j < dim; ++j) acc[j] += G::load(g[j]) * scale;
+      } else {
+        for (int64_t j = 0; j < dim; ++j) acc[j] += G::load(g[j]);
+      }
     }
     auto* w = reinterpret_cast<typename W::raw*>(b.values + row * b.row_bytes);
     float* s = b.state + row * b.state_width;

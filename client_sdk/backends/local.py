@@ -184,6 +184,41 @@ class LocalBackend:
         finally:
             _versions[table] = next(_next_version)
 
+    def pools_bags(self, name: str) -> bool:
+        """Whether ``name``'s bags can be pooled by the engine: float32 rows in host memory."""
+        try:
+            table = self._store.get(name)
+        except TableNotFound:
+            return False
+        return table.device == "cpu" and table.dtype == DType.float32
+
+    def pool_bags(self, name: str, keys: torch.Tensor, bag_size: int, mean: bool) -> torch.Tensor:
+        """Each bag of ``bag_size`` consecutive keys' rows, summed (``mean``: averaged)."""
+        table = self.table(name)
+        try:
+            out: torch.Tensor = table.pool(keys, bag_size, mean)
+        except RecStoreError as error:
+            raise _backend_error(error, name) from error
+        return out
+
+    def update_bags(
+        self,
+        name: str,
+        keys: torch.Tensor,
+        bag_size: int,
+        grads: torch.Tensor,
+        scale: float,
+        lr: float | None,
+    ) -> None:
+        """``pool_bags``' update: bag b's gradient row times ``scale`` for each of its keys."""
+        table = self.table(name)
+        try:
+            table.update_bags(keys, bag_size, grads, scale, lr=lr)
+        except RecStoreError as error:
+            raise _backend_error(error, name) from error
+        finally:
+            _versions[table] = next(_next_version)
+
     def pull_many(self, requests: Sequence[PullRequest]) -> list[torch.Tensor]:
         """Direct store calls, table by table (no request to save locally)."""
         return [self.pull(name, keys, unique=unique) for name, keys, unique in requests]
@@ -235,6 +270,8 @@ class LocalBackend:
                     table.import_chunk(keys, values, chunk.state.to(table.device))
             except RecStoreError as error:
                 raise _backend_error(error, name) from error
+            finally:
+                _versions[table] = next(_next_version)
             written += len(keys)
         return written
 

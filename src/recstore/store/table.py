@@ -223,12 +223,36 @@ class Table:
 
         An inference table (``mode: inference``) refuses with InferenceTable.
         """
+        rate = self._rate(lr)
+        self._tick()
+        _engine_call(self.name, self._engine.update, keys, grads, rate)
+
+    def _rate(self, lr: float | None) -> float:
+        """The learning rate of an update (the optimizer's unless given); trainable tables only."""
         self.spec.check_trainable()
         rate = self.spec.optimizer.lr if lr is None else float(lr)
         if not np.isfinite(rate) or rate <= 0:
             raise InvalidArgument(f"lr must be a positive finite number, got {lr}")
+        return rate
+
+    # -- fixed-size bags (float32 CPU tables) ----------------------------------
+    def pool(self, keys: Any, bag_size: int, mean: bool = False) -> Any:
+        """Sum (``mean``: average) of the rows of each bag of ``bag_size`` consecutive keys,
+        rows inserted as ``pull`` does: [len(keys) // bag_size, dim]."""
+        bags = len(keys) // bag_size if bag_size > 0 else 0
+        # float32 sums (the engine refuses other tables with a clear error)
+        out = new_rows(bags, self.dim, DType.float32, is_torch(keys), self.device)
+        self._batch(self._engine.pool, keys, bag_size, mean, out)
+        return out
+
+    def update_bags(
+        self, keys: Any, bag_size: int, grads: Any, scale: float = 1.0, lr: float | None = None
+    ) -> None:
+        """The update of ``pool``'s lookups: each key of bag b gets ``scale * grads[b]``
+        (fp32, one row per bag), summed per row, then the optimizer, as ``update``."""
+        rate = self._rate(lr)
         self._tick()
-        _engine_call(self.name, self._engine.update, keys, grads, rate)
+        _engine_call(self.name, self._engine.update_bags, keys, bag_size, grads, scale, rate)
 
     def erase(self, keys: Any) -> int:
         """Remove rows; returns how many resident rows went."""

@@ -1,0 +1,99 @@
+// Table: fixed-size bags pooled straight from the rows, and their update.
+//
+// A training step over bags (an EmbeddingBag of L ids per bag, sum or mean)
+// otherwise copies one row per occurrence out of the table and takes one
+// gradient row per occurrence back; both copies are most of the step's memory
+// traffic. Here the forward sums each bag's rows into its output row as it
+// reads them, and the update reads each bag's one gradient row for every
+// occurrence (UpdateBatch::bag_size), summing per row in position order: the
+// same sums as update() of the per-occurrence rows.
+#include <cmath>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+#include "parallel.h"
+#include "row_copy.h"
+#include "scratch.h"
+#include "table.h"
+
+namespace recstore {
+
+namespace {
+
+constexpr int64_t kBagsPerChunk = 256;  // bags per parallel block
+constexpr int64_t kPoolAhead = 16;      // rows prefetched ahead of their sum
+
+void check_bags(int64_t n, int64_t bag_size, int dtype) {
+  if (dtype != kFloat32) throw std::invalid_argument("pooled bags need a float32 table");
+  if (bag_size < 1 || n % bag_size != 0)
+    throw std::invalid_argument("the ids must fill bags of bag_size ids each");
+}
+
+}  // namespace
+
+void Table::pool_rows(int64_t n, const int64_t* rows, int64_t bag_size, bool mean,
+                      float* out) const {
+  const int64_t dim = opt_.dim, rb = row_bytes_;
+  const float inv = 1.0f / static_cast<float>(bag_size);
+  parallel_for(n / bag_size, kBagsPerChunk, [&](int64_t b, int64_t e) {
+    const int64_t first = b * bag_size, last = e * bag_size;
+    for (int64_t i = first; i < std::min(last, first + kPoolAhead); ++i)
+      prefetch_row(row_values(rows[i]), rb);
+    for (int64_t bag = b; bag < e; ++bag) {
+      float* acc = out + bag * dim;
+      for (int64_t j = 0; j < dim; ++j) acc[j] = 0.0f;
+      for (int64_t i = bag * bag_size; i < (bag + 1) * bag_size; ++i) {
+        if (i + kPoolAhead < last) prefetch_row(row_values(rows[i + kPoolAhead]), rb);
+        const float* w = reinterpret_cast<const float*>(row_values(rows[i]));
+        for (int64_t j = 0; j < dim; ++j) acc[j] += w[j];
+      }
+      if (mean)
+        for (int64_t j = 0; j < dim; ++j) acc[j] *= inv;
+    }
+  });
+}
+
+void Table::pool(int64_t n, const int64_t* keys, int64_t bag_size, bool mean, float* out) {
+  check_bags(n, bag_size, opt_.dtype);
+  validate_ids(n, keys);
+  int64_t* rows = scratch_rows(n);
+  if (!tracks_rows()) {  // every row resident: a shared lock will do
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    lookup_all(n, keys, rows);
+    bool resident = true;
+    for (int64_t i = 0; i < n && resident; ++i) resident = rows[i] >= 0;
+    if (resident) {
+      pool_rows(n, rows, bag_size, mean, out);
+      return;
+    }
+  }
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  resolve_for_write(n, keys, rows, true);
+  pool_rows(n, rows, bag_size, mean, out);
+}
+
+void Table::update_bags(int64_t n, const int64_t* keys, int64_t bag_size, const float* grads,
+                        int64_t grad_stride, float scale, float lr) {
+  if (opt_.inference) throw InferenceTableError();
+  check_bags(n, bag_size, opt_.dtype);
+  validate_ids(n, keys);
+  const int64_t bags = n / bag_size, dim = opt_.dim;
+  bool finite = true;
+  for (int64_t b = 0; b < bags && finite; ++b)
+    for (int64_t j = 0; j < dim; ++j) finite &= std::isfinite(grads[b * grad_stride + j]);
+  if (!finite) {  // the non-finite policy judges the per-occurrence rows, as update() would
+    std::vector<float> rows(static_cast<size_t>(n * dim));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < dim; ++j)
+        rows[i * dim + j] = grads[(i / bag_size) * grad_stride + j] * scale;
+    update(n, keys, rows.data(), kFloat32, lr);
+    return;
+  }
+  int64_t* rows = scratch_rows(n);
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  resolve_for_write(n, keys, rows, true);
+  apply_update(n, rows, grads, kFloat32, bag_size, scale, lr, grad_stride);
+}
+
+}  // namespace recstore
