@@ -73,10 +73,10 @@ def test_a_gpu_table_without_a_gpu_fails_with_the_reason_and_backs_off(
     refused: list[str] = []  # those a serving node answered with a refusal
     ensure = ShardClient.ensure_table
 
-    def counted(self: ShardClient, spec: Any) -> bool:
+    def counted(self: ShardClient, spec: Any, slot_map: Any = None) -> bool:
         attempts.append(self.endpoint)
         try:
-            return ensure(self, spec)
+            return ensure(self, spec, slot_map)
         except TableRefused:
             refused.append(self.endpoint)
             raise
