@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -40,11 +41,15 @@ from recstore.core.proto_convert import TableCondition
 from recstore.core.wire import Buffer
 from recstore.ps import catalogue, codec
 from recstore.ps.catalogue import CatalogueEntry
+from recstore.ps.changes import ChangeTracker
 from recstore.ps.migration import Migrations
 from recstore.ps.wal import OP_PUSH, OP_STEP, OP_UPDATE, Appended, TableWal, encode_record
 from recstore.ps.wal_io import SegmentFile, SegmentOpener
 from recstore.ps.write_gate import WriteGate
 from recstore.store import Store, Table
+
+if TYPE_CHECKING:
+    from recstore.ps.incremental import ChainTip
 
 
 @dataclass
@@ -54,6 +59,10 @@ class HostedTable:
     owned_slots: np.ndarray | None  # bool per slot; None when the node owns every slot
     lock: threading.Lock
     wal: TableWal | None
+    #: keys changed since the last checkpoint (tables saved incrementally only)
+    changes: ChangeTracker | None = None
+    #: what the table's newest checkpoint left for an increment to build on
+    chain: ChainTip | None = None
 
     # The entry never changes while a table is hosted (a reload hosts a new
     # HostedTable), so what the data path derives from its spec is computed once.
@@ -75,6 +84,17 @@ class HostedTable:
     def evicts(self) -> bool:
         """Whether the table makes room by evicting rows (else inserts can fill it)."""
         return self.entry.spec.keys.eviction != Eviction.none
+
+    def note_pulled(self, keys: np.ndarray) -> None:
+        """Record what a pull touched where it matters to an increment: in a table that
+        drops rows on its own, a pull may bring back a row the last checkpoint held
+        with other values (elsewhere a row a pull inserts is found as a new key)."""
+        if self.changes is not None and self.drops_rows:
+            self.changes.record(keys)
+
+    @functools.cached_property
+    def drops_rows(self) -> bool:
+        return self.evicts or self.entry.spec.keys.ttl_seconds is not None
 
 
 class TableUnrecoverable(RecStoreError):
@@ -201,6 +221,7 @@ class Node:
             owned_slots=owned_slots(entry.slot_map, self.shard_index),
             lock=threading.Lock(),
             wal=None,
+            changes=ChangeTracker.of_every_slot() if entry.spec.checkpoint.full_every > 1 else None,
         )
         self.tables[entry.spec.name] = hosted
         self.refused.pop(entry.spec.name, None)  # e.g. an explicit Load repaired it
@@ -295,6 +316,7 @@ class Node:
             if found_out is None:
                 hosted.table.pull(keys, out=values_out)
                 self.migrations.record(name, keys)  # any of them may be a new row
+                hosted.note_pulled(keys)
             else:
                 _, found = hosted.table.find(keys, out=values_out)
                 found_out[:] = found
@@ -366,6 +388,9 @@ class Node:
             except BaseException:
                 self._retract(writes[done:], appended[done:])
                 raise
+            changes = write.hosted.changes
+            if changes is not None and write.op != OP_STEP:  # the step is saved in every link
+                changes.record(codec.decode_keys(write.keys))
         return [
             WriteAck(len(w.keys) // codec.KEY_DTYPE.itemsize, w.hosted.wal, a.seq if a else 0)
             for w, a in zip(writes, appended, strict=True)
