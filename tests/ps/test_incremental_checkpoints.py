@@ -12,13 +12,28 @@ from typing import Any
 import numpy as np
 import pydantic
 import pytest
+from typer.testing import CliRunner
 
-from recstore.core import KeyMode, TableSpec
-from recstore.ps import changes, checkpoint_read, incremental, persistence, recovery, reshard, wal
+from recstore.cli import app
+from recstore.core import KeyMode, TableSpec, wire
+from recstore.ps import (
+    changes,
+    checkpoint_read,
+    incremental,
+    native_path,
+    persistence,
+    recovery,
+    reshard,
+    row_transfer,
+    wal,
+)
 from recstore.ps.checkpoint import CheckpointCorrupt
 from recstore.ps.node import Node
+from recstore.ps.server import start_in_thread
 from recstore.store import Table
+from recstore.v1 import ps_pb2
 
+from .conftest import Client
 from .test_damaged_checkpoints import damage
 
 DIM = 8
@@ -289,3 +304,58 @@ def test_the_tracker_merges_repeats_while_drains_are_rare(monkeypatch: pytest.Mo
     assert tracker._held <= 200  # 40 distinct keys, never the 1800 recorded
     assert tracker.pending == sum(40 - r % 5 for r in range(50))
     np.testing.assert_array_equal(tracker.drain(), np.arange(40))
+
+
+def test_multi_update_and_import_rows_are_in_the_increment(tmp_path: Path) -> None:
+    node = Node(tmp_path / "node")
+    node.create_table(table_spec("hashed", "adagrad"), None)
+    held = np.arange(0, 800, 7, dtype=np.int64)  # rows the base holds: changes, not new keys
+    node.push("emb", held.tobytes(), np.ones((len(held), DIM), np.float32).tobytes(), "", DIM)
+    persistence.save(node)
+    keys = np.array([7, 14, 700], np.int64)
+    grads = np.ones((3, DIM), np.float32)
+    request = wire.encode_multi_update_request(
+        [wire.UpdateRequest("emb", 0, keys, grads, "float32", None, DIM)]
+    )
+    native_path.serve(node, "MultiUpdate", request)
+    imported = np.array([21, 28], np.int64)
+    values, state = np.full((2, DIM), 2.0, np.float32), np.full((2, DIM), 3.0, np.float32)
+    row_transfer.import_rows(
+        node, "emb", imported.tobytes(), values.tobytes(), state.tobytes(),
+        dtype="float32", dim=DIM, state_width=DIM,
+    )  # fmt: skip
+    increment = persistence.save(node)
+    assert incremental.kind_of(increment, "emb") == "incremental"
+    (chunk,) = checkpoint_read.table_chunks(increment, "emb")
+    np.testing.assert_array_equal(chunk[0], np.union1d(keys, imported))
+    again = restart(node)
+    assert_same(snapshot(live(again)), snapshot(live(node)))
+
+
+def test_load_rpc_and_restore_command_take_a_chain(tmp_path: Path) -> None:
+    data_dir = tmp_path / "old-0"
+    handle = start_in_thread(data_dir=data_dir)
+    try:
+        client = Client(handle.address)
+        client.create(table_spec("hashed", "adam"))
+        client.push("emb", np.arange(50), np.ones((50, DIM), np.float32))
+        client.save("base")
+        client.update("emb", np.arange(10, 20), np.ones((10, DIM), np.float32))
+        client.save("tip")
+        want = client.pull("emb", np.arange(50))
+        client.update("emb", np.arange(50), np.ones((50, DIM), np.float32))
+        client.call("Load", ps_pb2.LoadRequest(checkpoint_id="tip"))
+        np.testing.assert_array_equal(client.pull("emb", np.arange(50)), want)
+        client.close()
+    finally:
+        handle.stop(final_checkpoint=False)
+    tip = checkpoint_read.read_manifest(data_dir / "checkpoints" / "tip")
+    assert incremental.kind_of(tip, "emb") == "incremental"
+    argv = ["restore", "--data-dir", str(tmp_path / "new-0"), "--shard-index", "0",
+            "--num-shards", "1", "--from", str(tip.path)]  # fmt: skip
+    done = CliRunner().invoke(app, argv)
+    assert done.exit_code == 0, done.output
+    restored = Node(tmp_path / "new-0")
+    recovery.recover(restored)
+    found, _ = live(restored).find(np.arange(50))
+    np.testing.assert_array_equal(found, want)
