@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from recstore.ps.changes import distinct
 from recstore.ps.checkpoint import MANIFEST_DIGEST, CheckpointInfo, CheckpointWriter, Chunk
 from recstore.ps.checkpoint_read import CHAIN
 from recstore.ps.node import HostedTable
@@ -67,10 +68,10 @@ def write_table(writer: CheckpointWriter, name: str, hosted: HostedTable, **tabl
     if tip is None or not _continues(writer, hosted, tip):
         seen: list[np.ndarray] = []
         writer.add_table(name, chunks=_whole(hosted, seen), meta=meta, **table)
-        keys = np.sort(np.concatenate(seen)) if seen else np.empty(0, np.int64)
+        keys = distinct(np.concatenate(seen)) if seen else np.empty(0, np.int64)
         return Written([], keys)
-    now = np.unique(hosted.table.keys())
-    wanted = np.union1d(changed, np.setdiff1d(now, tip.keys, assume_unique=True))
+    now = distinct(hosted.table.keys())
+    wanted = distinct(np.concatenate([changed, np.setdiff1d(now, tip.keys, assume_unique=True)]))
     exported: list[np.ndarray] = []
     writer.add_table(
         name,
@@ -80,7 +81,7 @@ def write_table(writer: CheckpointWriter, name: str, hosted: HostedTable, **tabl
         **table,
     )
     # a row a concurrent pull inserted is in the checkpoint even when ``now`` missed it
-    return Written(tip.links, np.union1d(now, np.concatenate([now[:0], *exported])))
+    return Written(tip.links, distinct(np.concatenate([now, *exported])))
 
 
 def _continues(writer: CheckpointWriter, hosted: HostedTable, tip: ChainTip) -> bool:
