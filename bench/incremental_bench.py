@@ -5,9 +5,11 @@ whole, then ``--touch`` of its rows updated and saved as an increment (the
 baseline is the full save of the same node in the same run). Reported: save
 seconds and bytes of each, and their ratios.
 
-Part 2: update throughput of two tables of the same node, one tracked
-(``full_every: 2``) and one not, batches of ``--batch`` random keys
-alternating between them (paired, same process), as rows/s and their ratio.
+Part 2: update throughput of one table, batches of ``--batch`` random keys,
+with its change tracker on and off, each batch applied both ways in random
+order (paired, same process), as rows/s and their ratio: through the node's
+Update (the recording alone) and through MultiUpdate (where a tracked table
+also leaves the native path for the node's, which records the keys).
 
 Prints a table and writes bench/results/incremental_bench.json.
 
@@ -17,6 +19,7 @@ Usage: python bench/incremental_bench.py [--rows 1000000] [--dim 64] [--touch 0.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import tempfile
 import time
@@ -24,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from recstore.core import TableSpec
-from recstore.ps import persistence
+from recstore.core import TableSpec, wire
+from recstore.ps import native_path, persistence
 from recstore.ps.node import Node
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,26 +71,39 @@ def saves(args: argparse.Namespace, directory: Path) -> dict[str, float]:
 
 
 def tracker_cost(args: argparse.Namespace, directory: Path) -> dict[str, float]:
+    """The same table's updates with its tracker on and off, in random order per round."""
     node = Node(directory / "updates")
     rows = min(args.rows, 200_000)
-    for name, full_every in (("plain", 1), ("tracked", 2)):
-        node.create_table(spec(name, rows, args.dim, full_every), None)
-        fill(node, name, rows, args.dim)
+    node.create_table(spec("emb", rows, args.dim, 2), None)
+    fill(node, "emb", rows, args.dim)
+    hosted = node.tables["emb"]
+    tracker = hosted.changes
     rng = np.random.default_rng(1)
-    spent = {"plain": 0.0, "tracked": 0.0}
+    spent = {f"{call}_{how}": 0.0 for call in ("update", "multi") for how in ("off", "on")}
     for _ in range(args.rounds):
-        keys = rng.integers(0, rows, args.batch).astype(np.int64).tobytes()
-        grads = rng.standard_normal((args.batch, args.dim)).astype(np.float32).tobytes()
-        order = ("plain", "tracked") if rng.random() < 0.5 else ("tracked", "plain")
-        for name in order:  # either may go first: neither gains from the other's warm caches
-            started = time.perf_counter()
-            node.update(name, keys, grads, "float32", args.dim, None)
-            spent[name] += time.perf_counter() - started
-    rate = {name: args.rounds * args.batch / seconds for name, seconds in spent.items()}
-    return {
-        "untracked_rows_per_s": rate["plain"], "tracked_rows_per_s": rate["tracked"],
-        "tracked_over_untracked": rate["tracked"] / rate["plain"],
-    }  # fmt: skip
+        keys = rng.integers(0, rows, args.batch).astype(np.int64)
+        grads = rng.standard_normal((args.batch, args.dim)).astype(np.float32)
+        multi = wire.encode_multi_update_request(
+            [wire.UpdateRequest("emb", 0, keys, grads, "float32", None, args.dim)]
+        )
+        calls = {
+            "update": functools.partial(
+                node.update, "emb", keys.tobytes(), grads.tobytes(), "float32", args.dim, None
+            ),
+            "multi": functools.partial(native_path.serve, node, "MultiUpdate", multi),
+        }
+        for call, run in calls.items():
+            order = ("off", "on") if rng.random() < 0.5 else ("on", "off")
+            for how in order:  # either may go first: neither gains from the other's warm caches
+                hosted.changes = tracker if how == "on" else None
+                started = time.perf_counter()
+                run()
+                spent[f"{call}_{how}"] += time.perf_counter() - started
+    rate = {key: args.rounds * args.batch / seconds for key, seconds in spent.items()}
+    result = {f"{key}_rows_per_s": value for key, value in rate.items()}
+    for call in ("update", "multi"):
+        result[f"{call}_tracked_over_untracked"] = rate[f"{call}_on"] / rate[f"{call}_off"]
+    return result
 
 
 def main() -> None:
