@@ -9,6 +9,11 @@ Two figures, each measured with CUDA events on one GPU in one run:
 * gather: a fully resident dense table's ``pull`` and ``find`` against
   ``torch.index_select(weight, 0, ids, out=...)`` on a weight of the same shape.
   Bar: ratio (index_select time / ours) >= 1.0.
+* gpu_cache: lookups per second of a ``storage: gpu_cache`` table (rows in host
+  memory, a GPU cache of 10% of them in front) on Zipf(1.05) batches of GPU
+  keys, once the cache is warm, with the hit rate; against NVIDIA's anchor of
+  4.32e8 keys/s (a host table with a 10% GPU cache, GB200) and, in the same run,
+  the uncached path: torch.index_select on the host weight plus the copy to the GPU.
 
 Prints a table and writes JSON (``--out``). Never run by the test suite.
 """
@@ -23,6 +28,7 @@ from typing import Any
 
 FIND_BAR_KEYS_PER_S = 2.0e9
 GATHER_BAR_RATIO = 1.0
+NVE_ANCHOR_KEYS_PER_S = 4.32e8
 # Multiplying by an odd constant is a bijection of int64: distinct, scattered keys.
 SCRAMBLE = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 
@@ -199,6 +205,99 @@ def bench_gather(torch: Any, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def zipf_sampler(torch: Any, rows: int, alpha: float, gen: Any) -> Any:
+    """Batches of Zipf(alpha) ids over [0, rows) on the GPU: one popularity order
+    for every batch, its hot ids scattered over the range by a fixed permutation."""
+    ranks = torch.arange(1, rows + 1, device="cuda", dtype=torch.float64)
+    cdf = torch.cumsum(ranks.pow(-alpha), 0)
+    cdf /= cdf[-1].clone()
+    perm = torch.randperm(rows, device="cuda", generator=gen)
+
+    def sample(batch: int) -> Any:
+        u = torch.rand(batch, device="cuda", dtype=torch.float64, generator=gen)
+        return perm[torch.searchsorted(cdf, u).clamp_(max=rows - 1)]
+
+    return sample
+
+
+def bench_gpu_cache(torch: Any, args: argparse.Namespace) -> dict[str, Any]:
+    from recstore.core import TableSpec
+    from recstore.store import Table
+
+    rows_total = args.cache_table_rows
+    spec = TableSpec.model_validate(
+        {
+            "name": "bench_cache",
+            "num_embeddings": rows_total,
+            "embedding_dim": args.dim,
+            "storage": "gpu_cache",
+            "gpu_cache": {"rows": rows_total // 10, "ways": 8},
+            "initializer": {"kind": "uniform", "seed": 1},
+        }
+    )
+    table = Table(spec, device="cuda")
+    engine = table._engine
+    host_weight = torch.rand((rows_total, args.dim))
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    batch = args.cache_batch
+    sample = zipf_sampler(torch, rows_total, 1.05, gen)
+    traces = [sample(batch) for _ in range(args.cache_batches)]
+    out = torch.empty((batch, args.dim), device="cuda")
+    for ids in traces:  # warm: every row of the trace is in host memory, the cache filled
+        engine.pull(ids, out)
+    torch.cuda.synchronize()
+    before = engine.cache_stats()
+    state = {"i": 0}
+
+    def lookup() -> None:
+        engine.pull(traces[state["i"] % len(traces)], out)
+        state["i"] += 1
+
+    ms = timed_ms(torch, lookup, args.repeats, warmup=0)
+    after = engine.cache_stats()
+    hits = after["cache_hits"] - before["cache_hits"]
+    looked = hits + after["cache_misses"] - before["cache_misses"]
+    host_ids = [t.cpu() for t in traces]
+    staged = torch.empty((batch, args.dim)).pin_memory()
+
+    def uncached() -> None:
+        i = state["i"] % len(host_ids)
+        state["i"] += 1
+        torch.index_select(host_weight, 0, host_ids[i], out=staged)
+        out.copy_(staged)
+
+    base_ms = timed_ms(torch, uncached, args.repeats)
+    keys_per_s = batch / (ms / 1e3)
+    return {
+        "rows_in_table": rows_total,
+        "cache_rows": after["cache_capacity_rows"],
+        "dim": args.dim,
+        "batch": batch,
+        "zipf_alpha": 1.05,
+        "hit_rate": hits / looked if looked else 0.0,
+        "pull_ms": ms,
+        "keys_per_s": keys_per_s,
+        "uncached_ms": base_ms,
+        "ratio_vs_uncached": base_ms / ms,
+        "anchor_keys_per_s": NVE_ANCHOR_KEYS_PER_S,
+        "ratio_vs_anchor": keys_per_s / NVE_ANCHOR_KEYS_PER_S,
+    }
+
+
+def print_cache_report(cache: dict[str, Any]) -> None:
+    print(
+        f"\ngpu_cache: {cache['rows_in_table']:,} host rows x dim {cache['dim']} fp32, "
+        f"{cache['cache_rows']:,} cached (10%), Zipf 1.05 batches of {cache['batch']:,}"
+    )
+    print(
+        f"hit rate {cache['hit_rate']:.3f}, {cache['pull_ms']:.3f} ms per batch, "
+        f"{cache['keys_per_s']:.3e} keys/s = {cache['ratio_vs_anchor']:.2f}x NVIDIA's 4.32e8 "
+        f"anchor; uncached host gather + copy {cache['uncached_ms']:.3f} ms "
+        f"({cache['ratio_vs_uncached']:.2f}x)"
+    )
+
+
 def print_report(result: dict[str, Any]) -> None:
     find = result["find"]
     print(f"\nGPU: {result['device']}")
@@ -231,6 +330,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--batches", type=parse_sizes, default=parse_sizes("1M,4M,16M"))
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--cache-table-rows", type=int, default=8 << 20, help="gpu_cache rows")
+    parser.add_argument("--cache-batch", type=int, default=1 << 20)
+    parser.add_argument("--cache-batches", type=int, default=4, help="distinct traces cycled")
+    parser.add_argument(
+        "--only", choices=["all", "store", "gpu_cache"], default="all", help="which figures"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results/gpu_store_bench.json"))
     args = parser.parse_args(argv)
     args.capacity = args.capacity[0]
@@ -244,10 +349,15 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_store_bench: needs a CUDA build of recstore._native and a GPU", file=sys.stderr)
         return 2
     result: dict[str, Any] = {"device": _native.cuda_device_name(0), "torch": torch.__version__}
-    result["find"] = bench_find(torch, args)
-    torch.cuda.empty_cache()  # the hashed table is gone: give its memory back
-    result["gather"] = bench_gather(torch, args)
-    print_report(result)
+    if args.only in ("all", "store"):
+        result["find"] = bench_find(torch, args)
+        torch.cuda.empty_cache()  # the hashed table is gone: give its memory back
+        result["gather"] = bench_gather(torch, args)
+        torch.cuda.empty_cache()
+        print_report(result)
+    if args.only in ("all", "gpu_cache"):
+        result["gpu_cache"] = bench_gpu_cache(torch, args)
+        print_cache_report(result["gpu_cache"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {args.out}")

@@ -125,9 +125,8 @@ def main() -> None:
     after = trainer.median_between(last, float("inf"))
     checkpoint_rate = args.rows / checkpoint_s
     print(f"table {args.rows} x {args.dim} (adam), batches of {args.batch_slots} slots")
-    print(
-        f"{'move':>8} {'s':>7} {'rows':>9} {'rows/s':>10} {'vs ckpt':>8} {'p50 ms':>7} {'p99 ms':>7}"
-    )
+    header = ("move", "s", "rows", "rows/s", "vs ckpt", "p50 ms", "p99 ms")
+    print(" ".join(f"{h:>{w}}" for h, w in zip(header, (8, 7, 9, 10, 8, 7, 7), strict=True)))
     for m in moves:
         print(
             f"{'-> ' + str(m['to_shards']):>8} {m['seconds']:7.2f} {m['rows']:9d} "

@@ -23,7 +23,17 @@ from recstore.core import DType, KeyMode, Optimizer, TableSpec
 
 #: ``metadata`` keys that become spec fields (the rest of a spec comes from the arguments).
 SPEC_METADATA_KEYS = frozenset(
-    {"keys", "initializer", "optimizer", "shards", "storage", "checkpoint", "non_finite", "mode"}
+    {
+        "keys",
+        "initializer",
+        "optimizer",
+        "shards",
+        "storage",
+        "gpu_cache",
+        "checkpoint",
+        "non_finite",
+        "mode",
+    }
 )
 
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "arrays.h"
+#include "cache_bindings.h"
 #include "hash.h"
 #include "multi_codec_bindings.h"
 #include "node_serve_bindings.h"
@@ -216,6 +217,7 @@ NB_MODULE(_native, m) {
       .def_prop_ro("memory_bytes", &Table::memory_bytes)
       .def("stats", [](Table& t) { return stats_dict(t.stats()); });
 
+  recstore::cache_bindings::bind(m);
   recstore::codec::bindings::bind(m);
   recstore::serve::bindings::bind(m);
   recstore::protowire::bindings::bind(m);

@@ -119,6 +119,7 @@ struct PullResponseView {
   std::string_view values;
   uint32_t dim = 0;
   std::string_view dtype, found;
+  uint64_t version = 0;
 
   template <class View, class Visit>
   static constexpr void fields(View& v, Visit&& visit) {
@@ -126,6 +127,7 @@ struct PullResponseView {
     RECSTORE_VISIT(PullResponse, dim, kUint32);
     RECSTORE_VISIT(PullResponse, dtype, kString);
     RECSTORE_VISIT(PullResponse, found, kBytes);
+    RECSTORE_VISIT(PullResponse, version, kUint64);
   }
 };
 

@@ -76,6 +76,8 @@ inline constexpr uint32_t kTableStats_engine = 11;  // message
 inline constexpr int kTableStats_engine_wire = 2;
 inline constexpr uint32_t kTableStats_conditions = 12;  // message
 inline constexpr int kTableStats_conditions_wire = 2;
+inline constexpr uint32_t kTableStats_version = 13;  // uint64
+inline constexpr int kTableStats_version_wire = 0;
 inline constexpr uint32_t kTableStats_migration = 14;  // message
 inline constexpr int kTableStats_migration_wire = 2;
 
@@ -118,6 +120,8 @@ inline constexpr uint32_t kPullResponse_dtype = 3;  // string
 inline constexpr int kPullResponse_dtype_wire = 2;
 inline constexpr uint32_t kPullResponse_found = 4;  // bytes
 inline constexpr int kPullResponse_found_wire = 2;
+inline constexpr uint32_t kPullResponse_version = 5;  // uint64
+inline constexpr int kPullResponse_version_wire = 0;
 
 // PushRequest
 inline constexpr uint32_t kPushRequest_table = 1;  // string
@@ -152,6 +156,14 @@ inline constexpr uint32_t kUpdateRequest_lr = 6;  // float
 inline constexpr int kUpdateRequest_lr_wire = 5;
 inline constexpr uint32_t kUpdateRequest_dim = 7;  // uint32
 inline constexpr int kUpdateRequest_dim_wire = 0;
+inline constexpr uint32_t kUpdateRequest_request_id = 8;  // message
+inline constexpr int kUpdateRequest_request_id_wire = 2;
+
+// UpdateRequestId
+inline constexpr uint32_t kUpdateRequestId_client = 1;  // string
+inline constexpr int kUpdateRequestId_client_wire = 2;
+inline constexpr uint32_t kUpdateRequestId_seq = 2;  // uint64
+inline constexpr int kUpdateRequestId_seq_wire = 0;
 
 // UpdateResponse
 inline constexpr uint32_t kUpdateResponse_rows = 1;  // uint64
@@ -162,6 +174,8 @@ inline constexpr uint32_t kMultiPullRequest_items = 1;  // message
 inline constexpr int kMultiPullRequest_items_wire = 2;
 inline constexpr uint32_t kMultiPullRequest_updates = 2;  // message
 inline constexpr int kMultiPullRequest_updates_wire = 2;
+inline constexpr uint32_t kMultiPullRequest_request_id = 3;  // message
+inline constexpr int kMultiPullRequest_request_id_wire = 2;
 
 // MultiPullResponse
 inline constexpr uint32_t kMultiPullResponse_items = 1;  // message
@@ -172,6 +186,8 @@ inline constexpr int kMultiPullResponse_updates_wire = 2;
 // MultiUpdateRequest
 inline constexpr uint32_t kMultiUpdateRequest_items = 1;  // message
 inline constexpr int kMultiUpdateRequest_items_wire = 2;
+inline constexpr uint32_t kMultiUpdateRequest_request_id = 2;  // message
+inline constexpr int kMultiUpdateRequest_request_id_wire = 2;
 
 // MultiUpdateResponse
 inline constexpr uint32_t kMultiUpdateResponse_items = 1;  // message
@@ -260,6 +276,10 @@ inline constexpr uint32_t kMigrationRows_present_keys = 10;  // bytes
 inline constexpr int kMigrationRows_present_keys_wire = 2;
 inline constexpr uint32_t kMigrationRows_next_offset = 11;  // uint64
 inline constexpr int kMigrationRows_next_offset_wire = 0;
+inline constexpr uint32_t kMigrationRows_dedup_entries = 12;  // bytes
+inline constexpr int kMigrationRows_dedup_entries_wire = 2;
+inline constexpr uint32_t kMigrationRows_dedup_entry_count = 13;  // uint32
+inline constexpr int kMigrationRows_dedup_entry_count_wire = 0;
 
 // SealSlotsRequest
 inline constexpr uint32_t kSealSlotsRequest_table = 1;  // string

@@ -54,11 +54,16 @@ def to_structural(schema: dict[str, Any]) -> dict[str, Any]:
     return _convert(schema, defs)
 
 
+def _inline(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """A ``$ref`` node inlined; the referring node's own keys (default, description) win."""
+    if "$ref" not in node:
+        return node
+    target = defs[node.pop("$ref").rsplit("/", 1)[-1]]
+    return {**target, **node}
+
+
 def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
-    node = dict(node)
-    if "$ref" in node:  # inline; the referring node's own keys (default, description) win
-        target = defs[node.pop("$ref").rsplit("/", 1)[-1]]
-        node = {**target, **node}
+    node = _inline(dict(node), defs)
     if "anyOf" in node:
         options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
         if len(options) != 1:
@@ -66,6 +71,7 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         node = {**options[0], **node, "nullable": True}
         if node.get("default", ...) is None:
             del node["default"]
+        node = _inline(node, defs)  # an optional model
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _DROPPED_KEYS or (key == "additionalProperties" and value is False):

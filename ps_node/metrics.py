@@ -20,6 +20,18 @@ if TYPE_CHECKING:
     from recstore.ps.node import HostedTable, Refusal
     from recstore.ps.write_gate import WriteGate
 
+#: The gpu_cache tier's stats (Table.stats() keys) as metric families: whether a
+#: counter, and the help text. Only tables with a cache report them.
+CACHE_METRICS = {
+    "cache_hits": (True, "Looked-up keys the GPU cache held"),
+    "cache_misses": (True, "Looked-up keys read from host memory"),
+    "cache_evictions": (True, "Cached rows replaced by other keys"),
+    "cache_resident_rows": (False, "Rows the GPU cache holds"),
+    "cache_resident_bytes": (False, "Bytes of the rows the GPU cache holds"),
+    "cache_bytes": (False, "GPU memory of the cache (rows and directory)"),
+    "cache_hit_rate": (False, "Share of looked-up keys the GPU cache held"),
+}
+
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 
 
@@ -45,11 +57,21 @@ class _TableCollector(Collector):
             "Keys left out of writes for NaN or infinite values (nonFinite: skip-rows)",
             labels=["table"],
         )
+        cache = {
+            key: (CounterMetricFamily if counter else GaugeMetricFamily)(
+                f"recstore_ps_table_{key}", text, labels=["table"]
+            )
+            for key, (counter, text) in CACHE_METRICS.items()
+        }
         for name, hosted in sorted(self._tables().items()):
+            stats = hosted.table.stats()
             rows.add_metric([name], hosted.table.size)
             capacity.add_metric([name], hosted.table.capacity)
             memory.add_metric([name], hosted.table.memory_bytes)
-            skipped.add_metric([name], hosted.table.stats()["nonfinite_skipped"])
+            skipped.add_metric([name], stats["nonfinite_skipped"])
+            for key, family in cache.items():
+                if key in stats:
+                    family.add_metric([name], stats[key])
         unrecoverable = GaugeMetricFamily(
             "recstore_ps_table_unrecoverable",
             "1 for a table the node refuses to serve: nothing valid restored it",
@@ -57,7 +79,7 @@ class _TableCollector(Collector):
         )
         for name in sorted(self._refused()):
             unrecoverable.add_metric([name], 1)
-        yield from (rows, capacity, memory, skipped, unrecoverable)
+        yield from (rows, capacity, memory, skipped, unrecoverable, *cache.values())
 
 
 class _WriteGateCollector(Collector):

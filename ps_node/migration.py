@@ -16,9 +16,10 @@ provisioner runs it); this module keeps what one node must hold while it runs:
   so client requests for them are refused as not owned; imported rows are
   written straight into the engine.
 
-The de-duplication window of exactly-once updates must travel with the slots:
-its entries for the sealed slots belong in the tail ``seal`` returns, next to
-the rows (not built here).
+The de-duplication window of exactly-once updates travels with the slots:
+its entries touching the sealed slots go in the tail (``migration_ops.seal``)
+and the target absorbs them, so a resend reaching the new owner is answered
+from the window instead of being applied twice.
 """
 
 from __future__ import annotations

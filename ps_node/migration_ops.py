@@ -17,8 +17,9 @@ import functools
 import numpy as np
 
 from recstore.core import InvalidArgument, SlotMap, slot_of
+from recstore.core.limits import ROW_CHUNK_BYTES
 from recstore.core.migration_wire import RowBatch
-from recstore.ps import codec, migration
+from recstore.ps import codec, dedup_log, migration, row_transfer
 from recstore.ps.migration import MigrationConflict, keys_in, migrating_slots, rows_of
 from recstore.ps.node import Node, Write, WriteAck, owned_slots
 from recstore.ps.wal import OP_IMPORT
@@ -43,31 +44,53 @@ def begin_outgoing(node: Node, name: str, ranges: list[tuple[int, int]], target:
     node.migrations.outgoing[name].snapshot = np.sort(keys_in(hosted.table, slots))
 
 
+def page_rows(node: Node, name: str, wanted: int) -> int:
+    """Rows of one reply: ``wanted`` (0: any), within half the row-chunk budget, so a
+    page fits a default gRPC receive limit whatever the row width."""
+    budget = row_transfer.rows_per_chunk(node.get(name), True, ROW_CHUNK_BYTES // 2, 1 << 62)
+    return min(wanted, budget) if wanted > 0 else budget
+
+
 def snapshot_page(node: Node, name: str, offset: int, rows: int) -> RowBatch:
     hosted = node.get(name)
     keys = node.migrations.outgoing_of(name).snapshot
-    if offset < 0 or rows < 1:
-        raise InvalidArgument(f"snapshot page needs offset >= 0 and rows >= 1: {offset}, {rows}")
-    want = keys[offset : offset + rows]
+    if offset < 0 or rows < 0:
+        raise InvalidArgument(f"snapshot page needs offset >= 0 and rows >= 0: {offset}, {rows}")
+    want = keys[offset : offset + page_rows(node, name, rows)]
     chunk = hosted.table.export_keys(want)
     following = offset + len(want)
     # keys gone since the snapshot began were recorded (evictions) or will be in the tail
     return _batch(chunk, np.empty(0, np.int64), None, following if following < len(keys) else 0)
 
 
+def _changed_page(node: Node, name: str, keys: np.ndarray) -> tuple[np.ndarray, int]:
+    """At most a page of ``keys``; the rest go back to the tracker (more: 1)."""
+    page = page_rows(node, name, 0)
+    if len(keys) <= page:
+        return keys, 0
+    node.migrations.outgoing_of(name).tracker.record(keys[page:])
+    return keys[:page], 1
+
+
 def catch_up(node: Node, name: str) -> RowBatch:
+    """Rows changed since the previous call (a page; ``next_offset`` 1: more are pending)."""
     hosted = node.get(name)
-    chunk, gone = rows_of(hosted.table, node.migrations.changes(name))
-    return _batch(chunk, gone)
+    keys, more = _changed_page(node, name, node.migrations.changes(name))
+    chunk, gone = rows_of(hosted.table, keys)
+    return _batch(chunk, gone, None, more)
 
 
 def seal(node: Node, name: str, timeout: float) -> RowBatch:
-    """Seal the outgoing slots and return the tail: last changes and every resident key."""
+    """Seal the outgoing slots and return the tail: last changes and every resident key
+    (``next_offset`` 1: more changes follow through ``catch_up``, still sealed)."""
     hosted = node.get(name)
-    changed = node.migrations.seal(name, timeout)
-    chunk, gone = rows_of(hosted.table, changed)
+    keys, more = _changed_page(node, name, node.migrations.seal(name, timeout))
+    chunk, gone = rows_of(hosted.table, keys)
     out = node.migrations.outgoing_of(name)
-    return _batch(chunk, gone, keys_in(hosted.table, out.slots))
+    # the de-dup window moves with the slots: no update of them runs while sealed
+    count, window = dedup_log.encode_entries(hosted.window.entries_touching(out.slots))
+    tail = _batch(chunk, gone, keys_in(hosted.table, out.slots), more)
+    return dataclasses.replace(tail, dedup_entries=window, dedup_entry_count=count)
 
 
 def abort_outgoing(node: Node, name: str) -> bool:
@@ -117,6 +140,9 @@ def import_rows(node: Node, name: str, rows: RowBatch) -> WriteAck:
             erased = np.union1d(erased, extra)
         if len(erased):
             hosted.table.erase(erased)
+    if rows.dedup_entry_count:
+        entries = dedup_log.decode_entries(rows.dedup_entries, 0, rows.dedup_entry_count)
+        node.absorb_window(name, entries)
     return ack
 
 

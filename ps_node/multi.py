@@ -21,13 +21,14 @@ before anything is applied.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from recstore.core import CapacityExhausted, RecStoreError, wire
 from recstore.ps import codec
+from recstore.ps.dedup import Entry
 from recstore.ps.node import HostedTable, Node, Write, WriteAck
 from recstore.ps.wal import OP_UPDATE
 
@@ -86,10 +87,12 @@ def apply_checked(
     pulls: Sequence[tuple[int, int, int, bool]],
     updates: Sequence[tuple[int, int, int, int, int, str, float | None]],
     reply_limit: int,
+    named: Mapping[str, Entry] | None = None,
 ) -> Served:
     """Apply the validator's checked items (offsets into ``request``, tables by index).
 
     The validator refused a reply over ``reply_limit`` already; the frame checks it again.
+    ``named``: the request's de-dup entry per updated table, logged with its records.
     """
     buffer = memoryview(request)
     pulled: list[PullItem] = []
@@ -106,7 +109,10 @@ def apply_checked(
         keys = codec.decode_keys(keys_buffer)
         grads = codec.decode_rows(grads_buffer, rows, hosted.dim, grad_dtype, "grads")
         apply = functools.partial(hosted.table.update, keys, grads, lr)
-        write = Write(hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr, apply)
+        entry = None if named is None else named[hosted.entry.spec.name]
+        write = Write(
+            hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr, apply, request=entry
+        )
         checked.append((write, keys))
     inserting: dict[str, tuple[HostedTable, list[np.ndarray]]] = {}
     for hosted, keys in [(w.hosted, k) for w, k in checked] + [

@@ -16,6 +16,7 @@ cannot deadlock) around checking and applying, and call the engine.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from typing import Any
 
 from recstore import _native as _native_module
@@ -31,6 +32,7 @@ from recstore.core import (
 )
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.ps import multi
+from recstore.ps.dedup import Entry
 from recstore.ps.multi import CarriedUpdatesApplied, Served
 from recstore.ps.node import HostedTable, Node
 from recstore.store.options import non_finite_code
@@ -85,18 +87,30 @@ def _view(hosted: HostedTable, tracked: bool) -> tuple[Any, ...]:
     )
 
 
+def parse(method: str, request: bytes) -> Any:
+    try:
+        return _native.MultiRequest(method, request)
+    except ValueError as error:
+        raise InvalidArgument(f"malformed {method}Request: {error}") from None
+
+
 def serve(
-    node: Node, method: str, request: bytes, reply_limit: int = DEFAULT_MESSAGE_LIMIT
+    node: Node,
+    method: str,
+    request: bytes,
+    reply_limit: int = DEFAULT_MESSAGE_LIMIT,
+    logged: Mapping[str, Entry] | None = None,
+    parsed: Any = None,
 ) -> Served:
     """Check ``request`` (MultiPull or MultiUpdate) and serve it; refusals raise.
 
     A reply over ``reply_limit`` bytes (the node's message limit) is refused before
-    anything is allocated for it.
+    anything is allocated for it. ``logged``: the de-dup entry per updated table of
+    a named request (``recstore.ps.named_multi``), written with its log records;
+    ``parsed``: the request as ``parse`` read it already.
     """
-    try:
-        parsed = _native.MultiRequest(method, request)
-    except ValueError as error:
-        raise InvalidArgument(f"malformed {method}Request: {error}") from None
+    if parsed is None:
+        parsed = parse(method, request)
     names = parsed.tables
     node.check_servable(names)
     hosted = [node.tables.get(name) for name in names]
@@ -123,7 +137,9 @@ def serve(
         result = parsed.serve(views, APPLY_NATIVELY, reply_limit)
         if result[0] == "checked":
             _, pulls, updates = result
-            return multi.apply_checked(node, method, request, hosted, pulls, updates, reply_limit)
+            return multi.apply_checked(
+                node, method, request, hosted, pulls, updates, reply_limit, logged
+            )
     kind = result[0]
     if kind == "refused":
         raise refusal_error(*result[1:])

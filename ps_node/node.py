@@ -13,12 +13,14 @@ kept as refused (catalogued, never served, never silently recreated empty).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,18 +40,37 @@ from recstore.core import (
     slot_of,
 )
 from recstore.core.proto_convert import TableCondition
+from recstore.core.request_id import Named
 from recstore.core.wire import Buffer
 from recstore.ps import catalogue, codec
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.changes import ChangeTracker
+from recstore.ps.dedup import DedupWindow, Entry, capacity_from_env, slots_touched
 from recstore.ps.migration import Migrations
-from recstore.ps.wal import OP_PUSH, OP_STEP, OP_UPDATE, Appended, TableWal, encode_record
+from recstore.ps.wal import (
+    OP_PUSH,
+    OP_STEP,
+    OP_UPDATE,
+    Appended,
+    TableWal,
+    encode_record,
+    encode_window_record,
+)
 from recstore.ps.wal_io import SegmentFile, SegmentOpener
 from recstore.ps.write_gate import WriteGate
 from recstore.store import Store, Table
 
 if TYPE_CHECKING:
     from recstore.ps.incremental import ChainTip
+
+#: One increasing sequence for the versions of every table this process hosts, started
+#: at the clock: a table reloaded, or hosted again after a restart, never reports a
+#: version it reported before, so a client cache cannot mistake old rows for current.
+_VERSIONS = itertools.count(time.time_ns())
+
+
+def next_version() -> int:
+    return next(_VERSIONS)
 
 
 @dataclass
@@ -59,10 +80,19 @@ class HostedTable:
     owned_slots: np.ndarray | None  # bool per slot; None when the node owns every slot
     lock: threading.Lock
     wal: TableWal | None
+    #: request ids of the updates applied lately (recstore.ps.dedup)
+    window: DedupWindow = field(default_factory=DedupWindow)
+    #: moves after every write is applied (never before: a pull reads it before its rows,
+    #: so rows read with a version are at least that new); PullResponse/TableStats.version
+    version: int = field(default_factory=next_version)
     #: keys changed since the last checkpoint (tables saved incrementally only)
     changes: ChangeTracker | None = None
     #: what the table's newest checkpoint left for an increment to build on
     chain: ChainTip | None = None
+
+    def wrote(self) -> None:
+        """A write to this table was applied: rows read earlier may be stale."""
+        self.version = next_version()
 
     # The entry never changes while a table is hosted (a reload hosts a new
     # HostedTable), so what the data path derives from its spec is computed once.
@@ -134,6 +164,13 @@ class Write:
     lr: float | None
     apply: Callable[[], None]
     state: Buffer = b""  # optimizer state of an import (OP_IMPORT)
+    request: Entry | None = None  # the named request it belongs to, logged with it
+
+
+def recorded_ack(hosted: HostedTable, known: Entry) -> WriteAck:
+    """The acknowledgement of a request applied already: its rows, once its record is durable."""
+    wal = hosted.wal if known.log_seq else None
+    return WriteAck(sum(known.rows), wal, known.log_seq)
 
 
 @functools.lru_cache(maxsize=64)
@@ -147,11 +184,12 @@ def owned_slots(slot_map: SlotMap, shard_index: int) -> np.ndarray | None:
     return owned
 
 
-def check_owned(hosted: HostedTable, keys: np.ndarray) -> None:
-    """Refuse the whole request when any key belongs to another shard."""
+def check_owned(hosted: HostedTable, keys: np.ndarray, slots: np.ndarray | None = None) -> None:
+    """Refuse the whole request when any key belongs to another shard (``slots``: of
+    the keys, when the caller has them already)."""
     if hosted.owned_slots is None or len(keys) == 0:
         return
-    foreign = ~hosted.owned_slots[slot_of(keys)]
+    foreign = ~hosted.owned_slots[slot_of(keys) if slots is None else slots]
     if foreign.any():
         epoch = hosted.entry.slot_map.epoch
         raise WrongShard(
@@ -185,6 +223,8 @@ class Node:
         self.num_shards = num_shards
         self.device = device
         self.wal_enabled = wal_enabled
+        #: request ids each table's de-dup window holds
+        self.dedup_capacity = capacity_from_env()
         #: how log segments are opened: the seam where tests inject a failing disk
         self.wal_files = wal_files
         #: shut by the first log failure: no write is accepted until the log works again
@@ -205,10 +245,13 @@ class Node:
         return self.data_dir / "wal" / f"{entry.spec.name}-{entry.incarnation}"
 
     def open_wal(self, entry: CatalogueEntry) -> TableWal:
-        """A table's log on a fresh segment, sharing the node's write gate."""
+        """A table's log on a fresh segment, sharing the node's write gate; every
+        segment opens with the hosted table's de-dup window."""
+        window = self.tables[entry.spec.name].window
         return TableWal(
-            self.wal_dir(entry), table=entry.spec.name, gate=self.write_gate, files=self.wal_files
-        )
+            self.wal_dir(entry), table=entry.spec.name, gate=self.write_gate,
+            files=self.wal_files, opening=lambda: encode_window_record(window.entries()),
+        )  # fmt: skip
 
     def host(self, entry: CatalogueEntry) -> HostedTable:
         """Create the engine table for ``entry`` and register it (no catalogue write)."""
@@ -221,6 +264,7 @@ class Node:
             owned_slots=owned_slots(entry.slot_map, self.shard_index),
             lock=threading.Lock(),
             wal=None,
+            window=DedupWindow(self.dedup_capacity),
             changes=ChangeTracker.of_every_slot() if entry.spec.checkpoint.full_every > 1 else None,
         )
         self.tables[entry.spec.name] = hosted
@@ -348,7 +392,9 @@ class Node:
         grad_dtype: str,
         dim: int,
         lr: float | None,
+        named: Named | None = None,
     ) -> WriteAck:
+        """Apply gradients; a ``named`` request applied already is answered, not applied."""
         hosted = self.get(name)
         hosted.entry.spec.check_trainable()
         codec.check_declared("", dim, hosted.dtype, hosted.dim)
@@ -356,16 +402,50 @@ class Node:
         keys = codec.decode_keys(keys_buffer)
         grads = codec.decode_rows(grads_buffer, len(keys), hosted.dim, grad_dtype, "grads")
         check_lr(lr)
+        apply = functools.partial(hosted.table.update, keys, grads, lr)
         with self.migrations.admitted(name, keys, hosted.entry.slot_map.epoch):
-            check_owned(hosted, keys)
-            write = Write(
-                hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr,
-                functools.partial(hosted.table.update, keys, grads, lr),
-            )  # fmt: skip
-            with hosted.lock:
-                (ack,) = self.write_logged([write])
+            if named is None:
+                check_owned(hosted, keys)
+                write = Write(hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr, apply)
+                with hosted.lock:
+                    (ack,) = self.write_logged([write])
+                self.migrations.record(name, keys)
+                return ack
+            # Looked up before the owner check: a resend of an update applied here before
+            # its slots moved away is answered from this window.
+            known = hosted.window.begin(named.request_id, named.digest)
+            if known is not None:
+                return recorded_ack(hosted, known)
+            try:
+                key_slots = slot_of(keys)
+                check_owned(hosted, keys, key_slots)
+                rid, digest, rows = named.request_id, named.digest, (len(keys),)
+                slots = slots_touched(key_slots)
+                logged = Entry(rid, digest, rows, slots)
+                write = Write(
+                    hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr, apply,
+                    request=logged,
+                )  # fmt: skip
+                with hosted.lock:
+                    (ack,) = self.write_logged([write])
+            except BaseException:
+                hosted.window.abandon(named.request_id)
+                raise
+            hosted.window.finish(Entry(rid, digest, rows, slots, ack.seq))
             self.migrations.record(name, keys)
             return ack
+
+    def absorb_window(self, name: str, entries: Sequence[Entry]) -> None:
+        """Take de-dup entries of slots moving here (online resharding: the source's
+        ``window.entries_touching``); in WAL mode they are logged, durably, first."""
+        hosted = self.get(name)
+        with hosted.lock:
+            appended = None
+            if hosted.wal is not None:
+                appended = hosted.wal.append(encode_window_record(list(entries)))
+            hosted.window.absorb(entries)
+        if appended is not None and hosted.wal is not None:
+            hosted.wal.wait_durable(appended.seq)
 
     def write_logged(self, writes: Sequence[Write]) -> list[WriteAck]:
         """Log every write, then apply them in order (callers hold the tables' locks).
@@ -388,6 +468,7 @@ class Node:
             except BaseException:
                 self._retract(writes[done:], appended[done:])
                 raise
+            write.hosted.wrote()
             changes = write.hosted.changes
             if changes is not None and write.op != OP_STEP:  # the step is saved in every link
                 changes.record(codec.decode_keys(write.keys))
@@ -404,7 +485,15 @@ class Node:
         dim = 0 if write.op == OP_STEP else write.hosted.dim  # a step record holds no values
         return wal.append(
             encode_record(
-                write.op, write.keys, write.values, write.dtype, rows, dim, write.lr, write.state
+                write.op,
+                write.keys,
+                write.values,
+                write.dtype,
+                rows,
+                dim,
+                write.lr,
+                write.state,
+                write.request,
             )
         )
 

@@ -17,15 +17,17 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Collection, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from recstore.core import SlotMap, TableSpec
+from recstore.core import SlotMap, TableSpec, slot_of
 from recstore.ps import checkpoint, checkpoint_read, incremental
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
+from recstore.ps.dedup import slots_touched
 from recstore.ps.node import HostedTable, Node
 from recstore.ps.wal import OP_IMPORT, OP_PUSH, OP_STEP, WalRecord
 
@@ -205,7 +207,7 @@ def entry_of(meta: dict[str, Any]) -> CatalogueEntry:
 
 
 def apply(hosted: HostedTable, record: WalRecord) -> None:
-    """Apply one replayed log record to a table."""
+    """Apply one replayed log record to a table (and rebuild its de-dup window)."""
     if record.op == OP_PUSH:
         hosted.table.push(record.keys, record.values)
     elif record.op == OP_IMPORT:
@@ -214,6 +216,9 @@ def apply(hosted: HostedTable, record: WalRecord) -> None:
         hosted.table.load_optimizer_state({"step": int(record.keys[0])})
     else:
         hosted.table.update(record.keys, record.values, record.lr)
+    if record.request is not None:
+        slots = slots_touched(slot_of(record.keys))
+        hosted.window.absorb([replace(record.request, slots=slots)])
 
 
 def load(

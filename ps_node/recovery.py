@@ -134,7 +134,9 @@ def _recover_table(
 
 def _replay(node: Node, entry: CatalogueEntry, wal_dir: Path, generation: int) -> str:
     hosted = node.tables[entry.spec.name]
-    records = wal.replay(wal_dir, generation, functools.partial(apply, hosted))
+    records = wal.replay(
+        wal_dir, generation, functools.partial(apply, hosted), hosted.window.absorb
+    )
     hosted.wal = node.open_wal(entry)
     log.info("wal replayed", extra={"table": entry.spec.name, "records": records})
     return f" and replayed {records} log records from generation {generation}"

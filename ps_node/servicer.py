@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from recstore.core import DType, InvalidArgument, NonFiniteValues, RecStoreError, wire
+from recstore.core import DType, InvalidArgument, NonFiniteValues, RecStoreError, request_id, wire
 from recstore.core import migration_wire as wire_migration
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.core.proto_convert import (
@@ -31,11 +31,20 @@ from recstore.core.proto_convert import (
     slot_map_from_proto,
     table_stats_to_proto,
 )
-from recstore.ps import codec, limits, migration_ops, native_path, persistence, row_transfer
+from recstore.ps import (
+    codec,
+    limits,
+    migration_ops,
+    named_multi,
+    native_path,
+    persistence,
+    row_transfer,
+)  # fmt: skip
 from recstore.ps.checkpoint import CheckpointInfo
 from recstore.ps.checkpoint_read import list_checkpoints
 from recstore.ps.metrics import Metrics
 from recstore.ps.migration import mask_ranges
+from recstore.ps.multi import Served
 from recstore.ps.node import HostedTable, Node, Refusal, WriteAck
 from recstore.ps.offload import Offload
 from recstore.ps.status import status_of, trailing_metadata_of
@@ -107,6 +116,7 @@ def stats_of(node: Node, hosted: HostedTable) -> ps_pb2.TableStats:
         slot_map=entry.slot_map,
         engine=table.stats(),
         conditions=node.conditions.get(entry.spec.name, ()),
+        version=hosted.version,
     )
     message = table_stats_to_proto(stats)
     migration_state(node, entry.spec.name, message.migration)
@@ -164,14 +174,21 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
 
     async def _serve_multi(self, method: str, request: bytes) -> bytes:
         """A MultiPull or MultiUpdate, checked and served by recstore.ps.native_path."""
-        args = (native_path.serve, self.node, method, request, self.reply_limit)
+        named = request_id.read(method, request)
+        serve: Callable[..., Served] = native_path.serve
+        args: tuple[Any, ...] = (self.node, method, request, self.reply_limit)
+        if named is not None:
+            serve, args = named_multi.serve, (*args, named)
         if self.node.migrations.outgoing:  # it may be held by a seal: never on the loop
-            served = await self.offload.run(*args)
+            served = await self.offload.run(serve, *args)
         else:
-            served = await self.offload.run_multi(len(request) // 4, *args)
+            served = await self.offload.run_multi(len(request) // 4, serve, *args)
         for ack in served.acks:  # acknowledged means durable: every table's record is fsynced
             await self._acknowledge(ack)
         for table, rows in served.updated:
+            hosted = self.node.tables.get(table)
+            if hosted is not None:  # applied by the engine itself: its version moves here
+                hosted.wrote()
             self.metrics.rows(table, "MultiUpdate", rows)
         for table, rows in served.pulled:
             self.metrics.rows(table, "MultiPull", rows)
@@ -242,13 +259,15 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
     async def Pull(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         req = wire.decode_pull_request(request)
         hosted = self.node.get(req.table)
+        version = hosted.version  # before the rows are read: they are at least this new
         rows = len(codec.decode_keys(req.keys))
         message, values, found = wire.pull_response_frame(
-            rows, hosted.dim, hosted.dtype, req.read_only, limit=self.reply_limit
-        )
+            rows, hosted.dim, hosted.dtype, req.read_only,
+            limit=self.reply_limit - wire.PULL_VERSION_FIELD_BYTES,
+        )  # fmt: skip
         await self._batch(req.table, rows, self.node.pull, req.table, req.keys, values, found)
         self.metrics.rows(req.table, "Pull", rows)
-        return wire.finish(message)
+        return wire.finish(message) + wire.pull_version_field(version)
 
     @rpc
     async def Push(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -274,6 +293,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
             req.grad_dtype,
             req.dim,
             req.lr,
+            request_id.read("Update", request),
         )
         await self._acknowledge(ack)
         self.metrics.rows(req.table, "Update", ack.rows)
@@ -346,7 +366,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         else:
             rows = await self._step(
                 migration_ops.snapshot_page, self.node, request.table,
-                int(request.offset), int(request.max_rows or 65536),
+                int(request.offset), int(request.max_rows),
             )  # fmt: skip
         return self._rows(request.table, rows)
 

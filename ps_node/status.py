@@ -20,6 +20,7 @@ from recstore.core import (
 )
 from recstore.core.routing import EPOCH_METADATA_KEY
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointNotFound
+from recstore.ps.dedup import RequestOutcomeUnknown
 from recstore.ps.migration import MigrationConflict, SealTimeout
 from recstore.ps.migration_ops import SlotMapConflict
 from recstore.ps.multi import CarriedUpdatesApplied
@@ -29,6 +30,8 @@ from recstore.ps.node import TableUnrecoverable
 STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (WrongShard, grpc.StatusCode.FAILED_PRECONDITION),
     (CarriedUpdatesApplied, grpc.StatusCode.ABORTED),
+    # a resend the de-dup window can no longer check: refused, maybe applied before
+    (RequestOutcomeUnknown, grpc.StatusCode.ABORTED),
     # a write refused after a log failure: nothing applied, safe to send again later
     (WritesStopped, grpc.StatusCode.UNAVAILABLE),
     # applied in memory, its log record not durable: never resend it blindly

@@ -39,6 +39,8 @@ import numpy as np
 from recstore.core import WriteNotDurable, WritesStopped
 from recstore.core.wire import Buffer
 from recstore.ps.codec import KEY_DTYPE, WIRE_DTYPES
+from recstore.ps.dedup import Entry
+from recstore.ps.dedup_log import FLAG_REQUEST, decode_entries, encode_entries, encode_entry
 from recstore.ps.wal_io import SegmentFile, SegmentOpener
 from recstore.ps.write_gate import LogFault, WriteGate, refusal
 
@@ -46,11 +48,12 @@ log = logging.getLogger(__name__)
 
 MAGIC = b"RSWAL001"
 FRAME = struct.Struct("<II")  # payload length, crc32(payload)
-HEAD = struct.Struct("<BBHIIf")  # op, dtype code, reserved, rows, dim, lr (NaN: none)
+HEAD = struct.Struct("<BBHIIf")  # op, dtype code, flags, rows, dim, lr (NaN: none)
 OP_PUSH = 1
 OP_UPDATE = 2
 OP_IMPORT = 3  # rows with their optimizer state (ImportRows): float32 state after the values
 OP_STEP = 4  # the table's optimizer step count set (ImportRows): one key holds it, no values
+OP_WINDOW = 5  # the table's de-dup window (recstore.ps.dedup_log); rows: its entry count
 DTYPE_CODES = {name: code for code, name in enumerate(WIRE_DTYPES)}
 DTYPE_NAMES = {code: name for name, code in DTYPE_CODES.items()}
 Waiter = tuple[int, asyncio.AbstractEventLoop, "asyncio.Future[None]"]
@@ -74,6 +77,8 @@ class WalRecord:
     dtype: str
     lr: float | None
     state: np.ndarray | None = None  # float32[rows, width] of an import
+    request: Entry | None = None  # the request it belongs to (slots not filled in)
+    window: tuple[Entry, ...] = ()  # an OP_WINDOW record's entries
 
 
 def encode_record(
@@ -85,25 +90,47 @@ def encode_record(
     dim: int,
     lr: float | None,
     state: Buffer = b"",
+    request: Entry | None = None,
 ) -> bytes:
-    """One framed record; ``keys``/``values``/``state`` are the request's raw buffers."""
-    head = HEAD.pack(op, DTYPE_CODES[dtype], 0, rows, dim, math.nan if lr is None else lr)
-    payload = b"".join((head, keys, values, state))
+    """One framed record; ``keys``/``values``/``state`` are the request's raw buffers.
+
+    An import's state follows its values; a named write's request ends the record
+    (imports are never named, so the two never meet)."""
+    assert not (state and request), "an import record names no request"
+    flags = 0 if request is None else FLAG_REQUEST
+    head = HEAD.pack(op, DTYPE_CODES[dtype], flags, rows, dim, math.nan if lr is None else lr)
+    trailer = b"" if request is None else encode_entry(request, with_slots=False)
+    return _framed(b"".join((head, keys, values, state, trailer)))
+
+
+def encode_window_record(entries: list[Entry]) -> bytes:
+    """The record a segment opens with: the table's de-dup window."""
+    count, body = encode_entries(entries)
+    return _framed(HEAD.pack(OP_WINDOW, 0, 0, count, 0, math.nan) + body)
+
+
+def _framed(payload: bytes) -> bytes:
     return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
 
 
 def decode_payload(payload: bytes) -> WalRecord:
-    op, code, _, rows, dim, lr = HEAD.unpack_from(payload)
+    op, code, flags, rows, dim, lr = HEAD.unpack_from(payload)
     dtype = DTYPE_NAMES[code]
+    if op == OP_WINDOW:
+        window = tuple(decode_entries(payload, HEAD.size, rows))
+        return WalRecord(op, np.empty(0, KEY_DTYPE), np.empty((0, 0)), dtype, None, window=window)
     keys_end = HEAD.size + rows * KEY_DTYPE.itemsize
     keys = np.frombuffer(payload, KEY_DTYPE, rows, HEAD.size)
     values = np.frombuffer(payload, WIRE_DTYPES[dtype], rows * dim, keys_end).reshape(rows, dim)
-    state = None
+    values_end = keys_end + values.nbytes
+    state = request = None
     if op == OP_IMPORT:  # what follows the values is the rows' optimizer state
-        values_end = keys_end + values.nbytes
         width = (len(payload) - values_end) // (4 * rows) if rows else 0
         state = np.frombuffer(payload, np.float32, rows * width, values_end).reshape(rows, width)
-    return WalRecord(op, keys, values, dtype, None if math.isnan(lr) else float(lr), state)
+    elif flags & FLAG_REQUEST:
+        (request,) = decode_entries(payload, values_end, 1)
+    lr_or_none = None if math.isnan(lr) else float(lr)
+    return WalRecord(op, keys, values, dtype, lr_or_none, state, request)
 
 
 def iter_records(data: bytes) -> Iterator[WalRecord]:
@@ -142,13 +169,23 @@ def reaches_back(directory: Path, generation: int) -> bool:
     return bool(present) and present == list(range(generation, present[-1] + 1))
 
 
-def replay(directory: Path, start_generation: int, apply: Callable[[WalRecord], None]) -> int:
-    """Apply every record of segments >= ``start_generation`` in order; returns the count."""
+def replay(
+    directory: Path,
+    start_generation: int,
+    apply: Callable[[WalRecord], None],
+    window: Callable[[tuple[Entry, ...]], None] | None = None,
+) -> int:
+    """Apply every write record of segments >= ``start_generation`` in order; returns
+    their count. Window records go to ``window`` (skipped without one)."""
     count = 0
     for generation in generations(directory):
         if generation < start_generation:
             continue
         for record in iter_records(segment_path(directory, generation).read_bytes()):
+            if record.op == OP_WINDOW:
+                if window is not None:
+                    window(record.window)
+                continue
             apply(record)
             count += 1
     return count
@@ -172,8 +209,11 @@ class TableWal:
         table: str = "",
         gate: WriteGate | None = None,
         files: SegmentOpener = SegmentFile,
+        opening: Callable[[], bytes] | None = None,
     ) -> None:
         self.directory = directory
+        #: the record every fresh segment starts with (the table's de-dup window)
+        self._opening = opening
         self.table = table or directory.name
         self.gate = gate if gate is not None else WriteGate()
         self._files = files
@@ -209,7 +249,7 @@ class TableWal:
         path = segment_path(self.directory, generation)
         handle = self._files(path)
         try:
-            handle.write(MAGIC)
+            handle.write(MAGIC + (self._opening() if self._opening is not None else b""))
             handle.sync()
             fsync_dir(self.directory)
         except BaseException:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check, run from anywhere on a machine with an NVIDIA GPU and nvcc (no
 # network needed): builds recstore._native with the CUDA kernels, runs the CUDA
-# tests against the CPU engine (tests marked gpu), then the GPU benchmark.
+# tests against the CPU engine (tests marked gpu: the CUDA table and the gpu_cache
+# tier), then the GPU benchmark (store figures and gpu_cache lookups/s).
 # Logs, the JUnit report and the benchmark JSON go to $OUT when set, else to
 # bench/results/. Wheels under .whl/ (scripts/gpu_wheels.sh fetches them) are
 # installed into a private folder first, for what the machine's Python lacks
@@ -70,7 +71,16 @@ print("device 0:", _native.cuda_device_name(0))
 PYCHECK
 
   stage "CUDA tests against the CPU engine"
-  timeout 300 "$PY" -m pytest -m gpu tests/store -p no:cacheprovider -q -rfE \
+  # tests/store: CudaTable and the gpu_cache tier against their CPU twins; the
+  # node test serves a gpu_cache table over gRPC where the node's packages exist.
+  local node_tests=()
+  if "$PY" -c "import grpc, prometheus_client" 2>/dev/null; then
+    node_tests=(tests/ps/test_gpu_cache_node.py tests/client/test_gpu_cache_local.py)
+  else
+    echo "gpu_check: grpc or prometheus_client missing: the gpu_cache node test is left out"
+  fi
+  timeout 300 "$PY" -m pytest -m gpu tests/store ${node_tests[@]+"${node_tests[@]}"} \
+    -p no:cacheprovider -q -rfE \
     --continue-on-collection-errors \
     --junitxml "$RESULTS/gpu_tests.xml" || status=$?
   timeout 60 "$PY" -m pytest tests/store/test_cuda_build.py -p no:cacheprovider -q || status=$?

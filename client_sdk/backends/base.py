@@ -62,6 +62,14 @@ class Backend(Protocol):
         """
         ...
 
+    def pull_versioned(self, name: str, keys: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
+        """``pull`` of unique ``keys`` and the table's version per shard, read before the rows.
+
+        A version moves on every write to the table, so rows kept from a pull
+        that reported the same versions are still current.
+        """
+        ...
+
     def push(self, name: str, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Assign rows; ``keys`` are unique."""
         ...

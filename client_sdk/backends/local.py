@@ -8,7 +8,9 @@ the GPU when there is one.
 
 from __future__ import annotations
 
+import itertools
 import threading
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -20,6 +22,7 @@ from recstore.client.errors import BackendError, TableNotInitialized
 from recstore.client.tensors import rows_from_numpy
 from recstore.core import (
     CapacityExhausted,
+    DeviceUnavailable,
     DType,
     InferenceTable,
     RecStoreError,
@@ -36,6 +39,10 @@ if TYPE_CHECKING:
 
 _store: Store | None = None
 _store_lock = threading.Lock()
+#: each table's version (``pull_versioned``), moved by every write made through a local
+#: client; a table dropped and created again is a new object with a newer version
+_versions: weakref.WeakKeyDictionary[Table, int] = weakref.WeakKeyDictionary()
+_next_version = itertools.count(1)
 
 
 def process_store() -> Store:
@@ -58,8 +65,12 @@ def load_native() -> None:
 
 
 def _device_for(spec: TableSpec) -> str:
-    wants_gpu = StorageTier(spec.storage) == StorageTier.gpu
-    return "cuda" if wants_gpu and torch.cuda.is_available() else "cpu"
+    """Where the local store keeps a table: storage gpu falls back to the CPU without
+    a GPU; gpu_cache has no CPU form, so it asks for one and is refused clearly."""
+    tier = StorageTier(spec.storage)
+    if tier == StorageTier.gpu_cache:
+        return "cuda"
+    return "cuda" if tier == StorageTier.gpu and torch.cuda.is_available() else "cpu"
 
 
 def _backend_error(error: RecStoreError, name: str) -> BackendError:
@@ -70,7 +81,9 @@ def _backend_error(error: RecStoreError, name: str) -> BackendError:
     code = "INVALID_ARGUMENT"
     if isinstance(error, CapacityExhausted):
         code = "RESOURCE_EXHAUSTED"
-    elif isinstance(error, InferenceTable):  # the PS node's status for it, as over gRPC
+    elif isinstance(
+        error, InferenceTable | DeviceUnavailable
+    ):  # the PS node's status, as over gRPC
         code = "FAILED_PRECONDITION"
     return BackendError(
         f"local store refused the call on table {name!r}: {error}", code=code, reason=str(error)
@@ -138,12 +151,20 @@ class LocalBackend:
         except RecStoreError as error:
             raise _backend_error(error, name) from error
 
+    def pull_versioned(self, name: str, keys: torch.Tensor) -> tuple[torch.Tensor, tuple[int]]:
+        """``pull`` of unique ``keys`` and the table's version read before them."""
+        table = self.table(name)
+        version = _versions.setdefault(table, next(_next_version))
+        return self.pull(name, keys, unique=True), (version,)
+
     def push(self, name: str, keys: torch.Tensor, values: torch.Tensor) -> None:
         table = self.table(name)
         try:
             table.push(keys.to(table.device), values.to(table.device))
         except RecStoreError as error:
             raise _backend_error(error, name) from error
+        finally:
+            _versions[table] = next(_next_version)
 
     def update(
         self,
@@ -160,6 +181,8 @@ class LocalBackend:
             table.update(keys.to(table.device), grads.to(table.device), lr=lr)
         except RecStoreError as error:
             raise _backend_error(error, name) from error
+        finally:
+            _versions[table] = next(_next_version)
 
     def pull_many(self, requests: Sequence[PullRequest]) -> list[torch.Tensor]:
         """Direct store calls, table by table (no request to save locally)."""

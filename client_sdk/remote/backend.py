@@ -42,6 +42,7 @@ from recstore.client.tensors import keys_to_numpy, rows_from_numpy, rows_to_nump
 from recstore.core import DType, SlotMap, TableSpec, wire
 from recstore.core.control import Rpc, create_table_rpc, drop_table_rpc, stats_rpc
 from recstore.core.proto_convert import bearer_metadata
+from recstore.core.request_id import RequestIds
 from recstore.core.tls import ClientTls
 
 PS_TOKEN_ENV = "RECSTORE_PS_TOKEN"
@@ -86,6 +87,8 @@ class GrpcBackend:
         self._timeout = rpc_timeout or float(os.environ.get(RPC_TIMEOUT_ENV, "60"))
         self._max_batch_bytes = max_batch_bytes
         self._nodes: dict[str, NodeCalls] = {}
+        #: names this client's writes, on every node (recstore.core.request_id)
+        self._request_ids = RequestIds()
         self._tables: dict[str, RemoteTable] = {}
         self._lock = threading.Lock()
         # senders: every request but the one the caller's thread makes itself
@@ -112,7 +115,10 @@ class GrpcBackend:
             with self._lock:
                 node = self._nodes.get(endpoint)
                 if node is None:
-                    node = NodeCalls(endpoint, self._metadata, self._timeout, self._pool, self._tls)
+                    node = NodeCalls(
+                        endpoint, self._metadata, self._timeout, self._pool, self._tls,
+                        self._request_ids,
+                    )  # fmt: skip
                     self._nodes[endpoint] = node
         return node
 
@@ -228,6 +234,23 @@ class GrpcBackend:
         table.router.start(keys_np, issue).wait()
         rows = rows_from_numpy(out, dtype)
         return rows if inverse is None else rows[inverse]
+
+    def pull_versioned(self, name: str, keys: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
+        """``pull`` of unique ``keys`` and every shard's table version, read before the rows.
+
+        Every shard answers (an empty Pull where it owns none of the keys), so a
+        cache learns of a write on any shard at its next lookup.
+        """
+        self._step.settle([name])
+        table = self._locate(name)
+        keys_np = keys_to_numpy(keys)
+        dtype = DType(table.spec.dtype)
+        out = np.empty((len(keys_np), table.spec.embedding_dim), dtype=wire.wire_dtype(dtype))
+        versions: dict[int, int] = {}
+        issue = pull_issue(table.spec, keys_np, out, self._node_of(table), versions)
+        table.router.start(keys_np, issue, every_shard=True).wait()
+        shards = table.router.slot_map.num_shards
+        return rows_from_numpy(out, dtype), tuple(versions.get(s, 0) for s in range(shards))
 
     def push(self, name: str, keys: torch.Tensor, values: torch.Tensor) -> None:
         self._step.settle([name])

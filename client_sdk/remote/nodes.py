@@ -11,10 +11,18 @@ either way the caller gets a waiter that returns the reply bytes or raises the
 SDK's error for the failure. (gRPC's own futures on a synchronous channel were
 measured slower here: each burst of them starts a channel-spin thread whose
 Python event loop roughly doubles the client's CPU time per call.)
+
+Updates are sent once, named: every Update, MultiUpdate and MultiPull that
+carries updates gets a request id (``recstore.core.request_id``). When its
+outcome is unknown (the deadline passed, the connection was lost) the same
+bytes, id included, are sent again, up to ``RESENDS_ENV`` times: the node's
+de-dup window applies it once. A refusal the node made before applying (e.g.
+wrong owner) is left to the router; anything else is never resent.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from typing import Any
@@ -29,6 +37,7 @@ from recstore.client.errors import (
 )
 from recstore.core import APPLIED_METADATA_KEY, WrongShard, wire
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
+from recstore.core.request_id import RequestIds, with_request_id
 from recstore.core.routing import EPOCH_METADATA_KEY
 from recstore.core.tls import ClientTls, channel
 from recstore.v1 import ps_pb2, ps_pb2_grpc
@@ -44,6 +53,29 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 Waiter = Callable[[], bytes]
+RESENDS_ENV = "RECSTORE_UPDATE_RESENDS"
+DEFAULT_RESENDS = 3
+#: methods whose every request writes (a MultiPull writes when it carries updates)
+WRITING_METHODS = frozenset({"Update", "MultiUpdate"})
+#: failures after which a request may or may not have been applied
+AMBIGUOUS_CODES = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE})
+
+
+def resends_from_env() -> int:
+    raw = os.environ.get(RESENDS_ENV, "")
+    try:
+        value = int(raw) if raw else DEFAULT_RESENDS
+    except ValueError:
+        raise ValueError(f"{RESENDS_ENV} must be a count >= 0, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"{RESENDS_ENV} must be a count >= 0, got {value}")
+    return value
+
+
+def ambiguous(error: grpc.RpcError) -> bool:
+    """Whether a failed write's outcome is unknown: no reply, and the node did not say."""
+    call: Any = error
+    return call.code() in AMBIGUOUS_CODES and applied_of(call.trailing_metadata()) is None
 
 
 class NodeCalls:
@@ -56,9 +88,15 @@ class NodeCalls:
         timeout: float,
         senders: Executor,
         tls: ClientTls | None = None,
+        request_ids: RequestIds | None = None,
     ) -> None:
         self.endpoint = endpoint
         self._senders = senders
+        #: the ids of this client instance, shared by its nodes
+        self.request_ids = request_ids or RequestIds()
+        self.resends = resends_from_env()
+        #: writes sent again after an ambiguous failure (a metric for tests)
+        self.resent = 0
         self.channel = channel(endpoint, tls, CHANNEL_OPTIONS)
         self.stub = ps_pb2_grpc.ParameterServerStub(self.channel)
         self._methods = {
@@ -72,7 +110,7 @@ class NodeCalls:
         # Control calls (CreateTable, stats) fail fast, so a wrong endpoint is
         # reported at once. Data calls wait for a node that is restarting (up to
         # the timeout) instead of failing; a call already on the wire when the
-        # node dies still fails (UNAVAILABLE), so nothing is sent twice.
+        # node dies fails (UNAVAILABLE), and only a named write is sent again.
         self._options: dict[str, Any] = {"metadata": metadata, "timeout": timeout}
         self._data_options: dict[str, Any] = {**self._options, "wait_for_ready": True}
 
@@ -98,12 +136,22 @@ class NodeCalls:
             raise self._error(error, "ImportRows", table) from error
         return int(ps_pb2.ImportRowsResponse.FromString(reply).rows)
 
-    def start(self, method: str, request: bytes, table: str, *, blocking: bool) -> Waiter:
-        """Send a raw ``method`` request; a waiter for the raw reply."""
-        callable_ = self._methods[method]
+    def start(
+        self, method: str, request: bytes, table: str, *, blocking: bool,
+        writes: bool | None = None,
+    ) -> Waiter:  # fmt: skip
+        """Send a raw ``method`` request; a waiter for the raw reply.
+
+        ``writes`` (default: an Update or MultiUpdate): name the request and resend
+        it on an ambiguous failure.
+        """
+        if writes is None:
+            writes = method in WRITING_METHODS
+        if writes:
+            request = with_request_id(method, request, self.request_ids.next())
         if blocking:
             try:
-                reply = callable_(request, **self._data_options)
+                reply = self._send(method, request, writes)
             except grpc.RpcError as error:
                 failure = self._error(error, method, table)
                 failure.__cause__ = error
@@ -113,7 +161,7 @@ class NodeCalls:
 
                 return fail
             return lambda: reply
-        future = self._senders.submit(callable_, request, **self._data_options)
+        future = self._senders.submit(self._send, method, request, writes)
 
         def wait() -> bytes:
             try:
@@ -122,6 +170,20 @@ class NodeCalls:
                 raise self._error(error, method, table) from error
 
         return wait
+
+    def _send(self, method: str, request: bytes, resend: bool) -> bytes:
+        """One call; a named write is sent again, unchanged, while its outcome is unknown."""
+        callable_ = self._methods[method]
+        attempts = 0
+        while True:
+            try:
+                reply: bytes = callable_(request, **self._data_options)
+                return reply
+            except grpc.RpcError as error:
+                if not resend or attempts >= self.resends or not ambiguous(error):
+                    raise
+                attempts += 1
+                self.resent += 1
 
     def _error(self, error: grpc.RpcError, method: str, table: str) -> Exception:
         call: Any = error

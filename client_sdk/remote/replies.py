@@ -62,6 +62,7 @@ class MultiCall:
             waiter = node(request.endpoint).start(
                 method, request.body, ", ".join(dict.fromkeys(names)),
                 blocking=blocking and number == len(requests) - 1,
+                writes=method == "MultiUpdate" or bool(request.carried),
             )  # fmt: skip
             self._sent.append((request, waiter))
 

@@ -31,8 +31,17 @@ def _bad_reply(node: NodeCalls, table: str, why: str) -> BackendError:
     )
 
 
-def pull_issue(spec: TableSpec, keys: np.ndarray, out: np.ndarray, node_of: NodeOf) -> Issue:
-    """Requests that fill ``out[positions]`` with the rows of ``keys[positions]``."""
+def pull_issue(
+    spec: TableSpec,
+    keys: np.ndarray,
+    out: np.ndarray,
+    node_of: NodeOf,
+    versions: dict[int, int] | None = None,
+) -> Issue:
+    """Requests that fill ``out[positions]`` with the rows of ``keys[positions]``.
+
+    ``versions``: filled with each shard's table version (the oldest its replies report).
+    """
     name, dim, dtype = spec.name, spec.embedding_dim, out.dtype
 
     def issue(shard: int, positions: Positions, epoch: int, blocking: bool) -> Waiter[object]:
@@ -52,6 +61,8 @@ def pull_issue(spec: TableSpec, keys: np.ndarray, out: np.ndarray, node_of: Node
             except InvalidArgument as error:
                 raise _bad_reply(node, name, str(error)) from error
             out[positions] = rows
+            if versions is not None:
+                versions[shard] = min(versions.get(shard, reply.version), reply.version)
 
         return finish
 

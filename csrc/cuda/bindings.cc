@@ -42,6 +42,8 @@ void on_device(const CudaTable& t, const std::pair<const A&, const char*>&... ar
   (expect_device(arrays.first, arrays.second, t.device()), ...);
 }
 
+}  // namespace
+
 // The caller's stream as a cudaStream_t value (GIL held).
 uintptr_t caller_stream(const nb::handle& stream, int device) {
   if (!stream.is_none()) {
@@ -58,7 +60,6 @@ uintptr_t caller_stream(const nb::handle& stream, int device) {
   return nb::cast<uintptr_t>(torch_cuda.attr("current_stream")(device).attr("cuda_stream"));
 }
 
-}  // namespace
 
 void bind_cuda(nb::module_& m) {
   m.def("cuda_available", &recstore::cuda::available,
@@ -207,4 +208,5 @@ void bind_cuda(nb::module_& m) {
       },
       "keys"_a.noconvert(), "values"_a.noconvert(), "state"_a.noconvert(),
       "stream"_a = no_stream);
+  bind_cuda_cache(m);
 }

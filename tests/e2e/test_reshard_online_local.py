@@ -9,6 +9,7 @@ and `recstore get table` prints it; a second change while one runs is refused.
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -130,3 +131,45 @@ def test_two_to_three_and_back_while_training(tmp_path: Path, helpers: SimpleNam
         api.http.close()
     finally:
         platform.stop()
+
+
+def test_a_move_stopped_midway_resumes_when_the_platform_starts_again(
+    tmp_path: Path, helpers: SimpleNamespace
+) -> None:
+    state = tmp_path / "state"
+    rows = torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(9))
+    first = helpers.start_platform(state, reshard_batch_slots=64)  # 86 batches
+    try:
+        api = helpers.Api(first)
+        api.create_table(SPEC)
+        api.wait_ready("live")
+        client = RecStoreClient(role="online-resume")
+        client.set_admin_url(first.url, first.token)
+        client.init_data("live", (ROWS, DIM), torch.float32)
+        client.push("live", torch.arange(ROWS), rows)
+        client.close()
+        _patch(api, 3).raise_for_status()
+
+        def some_moved() -> bool:
+            moving = _conditions(api.table("live")).get("Resharding")
+            return moving is not None and " 0/" not in moving["message"]
+
+        helpers.wait_for(some_moved, 120, "a first batch moved")
+        api.http.close()
+    finally:
+        first.stop()  # mid-move: the batch in flight is aborted or, if committed, kept
+    stored = json.loads((state / "tables" / "live" / "migration.json").read_text())
+    assert stored["job"]["phase"] != "done" and stored["job"]["current"] > 0
+
+    second = helpers.start_platform(state)
+    try:
+        api = helpers.Api(second)
+        _moved_to(helpers, api, 3)
+        client = RecStoreClient(role="online-resume-2")
+        client.set_admin_url(second.url, second.token)
+        client.init_data("live", (ROWS, DIM), torch.float32)
+        torch.testing.assert_close(client.pull("live", torch.arange(ROWS)), rows)
+        client.close()
+        api.http.close()
+    finally:
+        second.stop()

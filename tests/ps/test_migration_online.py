@@ -279,7 +279,7 @@ def test_a_node_restarted_mid_copy_aborts_and_the_move_is_retried(
                 )
 
         job = MigrationJob.start(fleet.spec.name, fleet.store.slot_map(), 3, batch_slots=2000)
-        with pytest.raises(ControlError, match="not (moving slots out|importing slots)"):
+        with pytest.raises(ControlError, match=r"not (moving slots out|importing slots)"):
             fleet.run(3, on_step=restart).run(job)
         assert fleet.store.slot_map().epoch == 1
         stored = fleet.store.job()

@@ -34,6 +34,7 @@ def _gpu_visible() -> bool:
 def test_a_toolkit_means_the_cuda_kernels_are_built_in() -> None:
     assert _native.built_with_cuda() is True
     assert callable(_native.CudaTable)
+    assert callable(_native.CudaCacheTable)  # the gpu_cache tier
 
 
 def test_device_queries_answer_without_raising() -> None:
@@ -57,6 +58,10 @@ def test_a_cuda_table_without_a_device_fails_cleanly_and_the_cpu_engine_still_wo
     options.capacity = options.id_limit = 16
     with pytest.raises(RuntimeError, match="no CUDA device"):
         _native.CudaTable(options)
+    cache = _native.CacheOptions()
+    cache.rows = 8
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        _native.CudaCacheTable(options, cache)
     spec = TableSpec(name="after", num_embeddings=16, embedding_dim=4)
     table = Table(spec)
     rows = table.pull(np.arange(16, dtype=np.int64))

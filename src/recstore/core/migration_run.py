@@ -7,8 +7,8 @@ batch of ``recstore.core.migration``'s plan:
 
   begin (target importing, source tracking) -> snapshot pages -> catch-up
   rounds -> seal (the tail) -> checksums equal? -> commit (CAS e -> e+1)
-  -> activate the target (its checksums equal the seal's) -> every other node
-  -> the source (it now refuses the slots) -> cleanup on the source.
+  -> activate the target (its checksums equal the seal's) -> the source (it
+  now refuses the slots) -> every other node (the epoch) -> cleanup on the source.
 
 A failure before the commit aborts the batch: the source unseals and stays
 authoritative, the target drops what it imported. After the commit the batch
@@ -122,6 +122,12 @@ class MigrationRun:
             self._step("tail", job)
             target.call(import_rpc(self.table, tail))
             moved_bytes += len(tail.keys) + len(tail.values) + len(tail.state)
+            more = tail.next_offset
+            while more:  # a tail larger than one reply: the rest, still sealed
+                rest = source.call(rows_rpc(self.table, changes=True))
+                target.call(import_rpc(self.table, rest))
+                moved_bytes += len(rest.keys) + len(rest.values) + len(rest.state)
+                more = rest.next_offset
             self._step("verify", job)
             sealed = source.call(checksums_rpc(self.table, batch.ranges))
             imported = target.call(checksums_rpc(self.table, batch.ranges))
@@ -151,7 +157,7 @@ class MigrationRun:
         moved_bytes, offset = 0, 0
         self._step("snapshot", job)
         while True:
-            page = source.call(rows_rpc(self.table, changes=False, offset=offset))
+            page = source.call(rows_rpc(self.table, changes=False, offset=offset, max_rows=0))
             target.call(import_rpc(self.table, page))
             moved_bytes += len(page.keys) + len(page.values) + len(page.state)
             offset = page.next_offset
@@ -162,7 +168,7 @@ class MigrationRun:
             changes = source.call(rows_rpc(self.table, changes=True))
             target.call(import_rpc(self.table, changes))
             moved_bytes += len(changes.keys) + len(changes.values) + len(changes.state)
-            if changes.rows < CATCH_UP_LAG_ROWS:
+            if changes.rows < CATCH_UP_LAG_ROWS and not changes.next_offset:
                 break
         return moved_bytes
 
@@ -180,12 +186,14 @@ class MigrationRun:
         activated = self.clients[batch.target].call(checksums_rpc(self.table, batch.ranges))
         if sealed is not None and sealed.differing(activated):
             log.error("table %r: target's slots changed between seal and activation", self.table)
-        order = [batch.target] + [
-            s for s in range(len(self.clients)) if s not in (batch.source, batch.target)
-        ] + [batch.source]  # fmt: skip
-        for shard in order:
+        # the target serves first, then the source refuses (its held writes resume there);
+        # the other nodes only learn the new epoch
+        for shard in (batch.target, batch.source):
             self.clients[shard].call(set_slot_map_rpc(self.table, expected, committed))
         pause = time.perf_counter() - paused
+        for shard in range(len(self.clients)):
+            if shard not in (batch.source, batch.target):
+                self.clients[shard].call(set_slot_map_rpc(self.table, expected, committed))
         self._step("cleanup", job)
         self.clients[batch.source].call(cleanup_rpc(self.table))
         if sealed is not None:

@@ -42,6 +42,8 @@ class RowBatch:
     gone: np.ndarray  # int64[]
     present: np.ndarray | None = None
     next_offset: int = 0
+    dedup_entries: bytes = b""  # a seal's tail: de-dup window entries of the slots (encoded)
+    dedup_entry_count: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -62,6 +64,8 @@ def rows_to_proto(rows: RowBatch, dtype: str) -> ps_pb2.MigrationRows:
         tail=rows.present is not None,
         present_keys=b"" if rows.present is None else rows.present.astype("<i8").tobytes(),
         next_offset=rows.next_offset,
+        dedup_entries=rows.dedup_entries,
+        dedup_entry_count=rows.dedup_entry_count,
     )
 
 
@@ -93,6 +97,8 @@ def rows_from_proto(message: ps_pb2.MigrationRows, dtype: str, dim: int, width: 
         if message.tail
         else None,
         next_offset=int(message.next_offset),
+        dedup_entries=bytes(message.dedup_entries),
+        dedup_entry_count=int(message.dedup_entry_count),
     )
 
 
@@ -135,7 +141,7 @@ def begin_rpc(table: str, role: Role, ranges: Ranges, shard: int) -> Rpc[int]:
 
 
 def rows_rpc(
-    table: str, *, changes: bool, offset: int = 0, max_rows: int = 65536
+    table: str, *, changes: bool, offset: int = 0, max_rows: int = 0
 ) -> Rpc[ps_pb2.MigrationRows]:
     request = ps_pb2.MigrateRowsRequest(
         table=table, changes=changes, offset=offset, max_rows=max_rows

@@ -121,11 +121,13 @@ class TableStats:
     slot_map: SlotMap | None  # None when the reply carries no slot map
     engine: Mapping[str, float] = field(default_factory=dict)  # the engine's own counters
     conditions: Sequence[TableCondition] = ()  # what the node wants an operator to know
+    version: int = 0  # the table's version on this node: moves on every write
 
 
 #: TableStats fields the message carries as they are (the rest are converted)
 _PLAIN_STATS_FIELDS = (
     "table", "size", "capacity", "memory_bytes", "dtype", "dim", "shard_index", "num_shards",
+    "version",
 )  # fmt: skip
 
 

@@ -65,6 +65,7 @@ class TableStats:
     slot_map: Final = 10
     engine: Final = 11
     conditions: Final = 12
+    version: Final = 13
     migration: Final = 14
 
 
@@ -94,6 +95,7 @@ class PullResponse:
     dim: Final = 2
     dtype: Final = 3
     found: Final = 4
+    version: Final = 5
 
 
 class PushRequest:
@@ -117,6 +119,12 @@ class UpdateRequest:
     grad_dtype: Final = 5
     lr: Final = 6
     dim: Final = 7
+    request_id: Final = 8
+
+
+class UpdateRequestId:
+    client: Final = 1
+    seq: Final = 2
 
 
 class UpdateResponse:
@@ -126,6 +134,7 @@ class UpdateResponse:
 class MultiPullRequest:
     items: Final = 1
     updates: Final = 2
+    request_id: Final = 3
 
 
 class MultiPullResponse:
@@ -135,6 +144,7 @@ class MultiPullResponse:
 
 class MultiUpdateRequest:
     items: Final = 1
+    request_id: Final = 2
 
 
 class MultiUpdateResponse:
@@ -204,6 +214,8 @@ class MigrationRows:
     tail: Final = 9
     present_keys: Final = 10
     next_offset: Final = 11
+    dedup_entries: Final = 12
+    dedup_entry_count: Final = 13
 
 
 class SealSlotsRequest:
@@ -327,6 +339,7 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
         10: ("slot_map", "message"),
         11: ("engine", "message"),
         12: ("conditions", "message"),
+        13: ("version", "uint64"),
         14: ("migration", "message"),
     },
     "MigrationState": {
@@ -352,6 +365,7 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
         2: ("dim", "uint32"),
         3: ("dtype", "string"),
         4: ("found", "bytes"),
+        5: ("version", "uint64"),
     },
     "PushRequest": {
         1: ("table", "string"),
@@ -372,6 +386,11 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
         5: ("grad_dtype", "string"),
         6: ("lr", "float"),
         7: ("dim", "uint32"),
+        8: ("request_id", "message"),
+    },
+    "UpdateRequestId": {
+        1: ("client", "string"),
+        2: ("seq", "uint64"),
     },
     "UpdateResponse": {
         1: ("rows", "uint64"),
@@ -379,6 +398,7 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
     "MultiPullRequest": {
         1: ("items", "message"),
         2: ("updates", "message"),
+        3: ("request_id", "message"),
     },
     "MultiPullResponse": {
         1: ("items", "message"),
@@ -386,6 +406,7 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
     },
     "MultiUpdateRequest": {
         1: ("items", "message"),
+        2: ("request_id", "message"),
     },
     "MultiUpdateResponse": {
         1: ("items", "message"),
@@ -441,6 +462,8 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
         9: ("tail", "bool"),
         10: ("present_keys", "bytes"),
         11: ("next_offset", "uint64"),
+        12: ("dedup_entries", "bytes"),
+        13: ("dedup_entry_count", "uint32"),
     },
     "SealSlotsRequest": {
         1: ("table", "string"),

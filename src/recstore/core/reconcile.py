@@ -125,7 +125,7 @@ def ps_node_args(
         "--data-dir", data_dir,
         "--shard-index", str(shard_index),
         "--num-shards", str(decl.spec.shards),
-        "--device", "cuda" if StorageTier(decl.spec.storage) == StorageTier.gpu else "cpu",
+        "--device", "cpu" if StorageTier(decl.spec.storage) == StorageTier.host else "cuda",
         "--durability", Durability(decl.spec.checkpoint.durability).value,
         "--checkpoint-interval", str(decl.spec.checkpoint.interval_seconds),
         "--keep-checkpoints", str(decl.spec.checkpoint.keep),

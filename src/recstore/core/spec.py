@@ -60,6 +60,14 @@ class Eviction(str, Enum):
 class StorageTier(str, Enum):
     gpu = "gpu"
     host = "host"
+    #: rows in host memory (authoritative, written through), a GPU cache in front
+    gpu_cache = "gpu_cache"
+
+
+#: Share of a table's rows a gpu_cache tier caches when neither rows nor bytes is given.
+DEFAULT_GPU_CACHE_FRACTION = 0.1
+#: Most ways a gpu_cache set may have (csrc/cache_sets.h, kMaxCacheWays).
+MAX_GPU_CACHE_WAYS = 32
 
 
 class Durability(str, Enum):
@@ -145,6 +153,24 @@ class Optimizer(WireModel):
         return sum(width for _, width in self.state_fields(dim))
 
 
+class GpuCache(WireModel):
+    """The GPU cache of ``storage: gpu_cache``: its size (whole table) and associativity."""
+
+    #: cached rows of the whole table (split over the shards) ...
+    rows: Annotated[int, Field(ge=1)] | None = None
+    #: ... or GPU bytes of cached rows; neither: 10% of the table's rows.
+    bytes: Annotated[int, Field(ge=1)] | None = None
+    #: slots per set: a key may live in any way of its set (set-associative).
+    ways: Annotated[int, Field(ge=1, le=MAX_GPU_CACHE_WAYS)] = 8
+    eviction: Literal["lru"] = "lru"
+
+    @model_validator(mode="after")
+    def _one_size(self) -> GpuCache:
+        if self.rows is not None and self.bytes is not None:
+            raise ValueError("give the cache size as rows or as bytes, not both")
+        return self
+
+
 class Checkpoint(WireModel):
     #: seconds between periodic checkpoints; 0 disables them.
     interval_seconds: Annotated[int, Field(ge=0)] = 0
@@ -169,12 +195,38 @@ class TableSpec(WireModel):
     initializer: Initializer = Initializer()
     optimizer: Optimizer = Optimizer()
     storage: StorageTier = StorageTier.host
+    #: the cache of ``storage: gpu_cache`` (defaults apply when left out).
+    gpu_cache: GpuCache | None = None
     checkpoint: Checkpoint = Checkpoint()
     #: NaN / Inf in an update's gradients or a push's (or import's) values.
     non_finite: NonFinite = NonFinite.reject
     #: inference: no optimizer state is allocated (the optimizer is kept but never
     #: used) and updates are refused; pushes still assign rows (loading weights).
     mode: TableMode = TableMode.training
+
+    @model_validator(mode="after")
+    def _gpu_cache_tier(self) -> TableSpec:
+        if StorageTier(self.storage) != StorageTier.gpu_cache:
+            if self.gpu_cache is not None:
+                raise ValueError("gpu_cache applies to storage: gpu_cache only")
+            return self
+        if Eviction(self.keys.eviction) != Eviction.none or self.keys.ttl_seconds is not None:
+            raise ValueError(
+                "storage gpu_cache keeps every row in host memory: keys.eviction and "
+                "keys.ttl_seconds do not apply to it"
+            )
+        size = self.cache.bytes
+        if size is not None and size < self.row_bytes * self.shards:
+            raise ValueError(
+                f"gpu_cache.bytes {size} holds no row of {self.row_bytes} bytes on each "
+                f"of the {self.shards} shards"
+            )
+        return self
+
+    @property
+    def cache(self) -> GpuCache:
+        """The gpu_cache settings in force (the defaults when none were given)."""
+        return self.gpu_cache or GpuCache()
 
     @property
     def key_mode(self) -> KeyMode:

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from recstore.core import ps_fields
 from recstore.core.errors import InvalidArgument
 
 VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
@@ -121,6 +122,7 @@ class PullResponse:
     dim: int = 0
     dtype: str = ""
     found: Buffer = b""
+    version: int = 0  # the table's version on the node before the rows were read
 
 
 @dataclass
@@ -301,6 +303,15 @@ def multi_pull_response_frame(
         for (rows, dim, _, _), storage, (values, found) in zip(shapes, storages, holes, strict=True)
     ]
     return frame, out
+
+
+#: the most bytes ``pull_version_field`` adds to a PullResponse (tag + a 64-bit varint)
+PULL_VERSION_FIELD_BYTES = 1 + MAX_VARINT_BYTES
+
+
+def pull_version_field(version: int) -> bytes:
+    """PullResponse.version, to append to a framed reply (a field may follow the others)."""
+    return encode_varint(ps_fields.PullResponse.version << 3) + encode_varint(version)
 
 
 def finish(frame: Frame) -> bytes:

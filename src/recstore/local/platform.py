@@ -27,6 +27,7 @@ import uvicorn
 
 from recstore.admin.main import create_app
 from recstore.admin.settings import Settings
+from recstore.core.migration import DEFAULT_BATCH_SLOTS
 from recstore.core.spec import TableSpec
 from recstore.core.tls import LocalTls, http_verify
 from recstore.local.provisioner import LocalProvisioner
@@ -77,6 +78,7 @@ class LocalPlatform:
         poll_interval: float = 0.5,
         tls: bool = False,
         online_resharding: bool = True,
+        reshard_batch_slots: int = DEFAULT_BATCH_SLOTS,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.token = ensure_token(self.state_dir)
@@ -102,6 +104,7 @@ class LocalPlatform:
             poll_interval=poll_interval,
             tls=self.tls,
             online_resharding=online_resharding,
+            reshard_batch_slots=reshard_batch_slots,
         )
         settings = Settings(
             database_url=f"sqlite:///{self.state_dir / 'admin.db'}",

@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 
 from recstore.admin.errors import ProvisioningError
-from recstore.core.migration import Phase
+from recstore.core.migration import DEFAULT_BATCH_SLOTS, Phase
 from recstore.core.placement import Placement
 from recstore.core.reconcile import (
     Declaration,
@@ -126,10 +126,13 @@ class LocalProvisioner:
         poll_interval: float = 0.5,
         tls: LocalTls | None = None,
         online_resharding: bool = True,
+        reshard_batch_slots: int = DEFAULT_BATCH_SLOTS,
     ) -> None:
         self._root = Path(state_dir) / "tables"
         #: a new shard count moves slots online (else it is only flagged ReshardRequired)
         self._online = online_resharding
+        #: slots per batch of a move (one seal pauses this many)
+        self._batch_slots = reshard_batch_slots
         self._reporter = reporter
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {device!r}")
@@ -311,7 +314,7 @@ class LocalProvisioner:
             host="127.0.0.1",
             tls=self._tls.server if self._tls else None,
         )
-        args[args.index("--num-shards") + 1] = str(len(table.ports))
+        args[args.index("--num-shards") + 1] = str(_sizing_shards(table, shard))
         args += ["--parent-pid", str(os.getpid())]  # the node stops when this process exits
         return ProcessSpec(
             name=_process_name(table.spec.name, shard),
@@ -457,7 +460,7 @@ class LocalProvisioner:
                 return  # stopped before the nodes served
             table.store = resharding.job_store(table.directory, served)
             assert table.store is not None
-        resharding.move(self._shards_of(table), table.store, table.spec.shards)
+        resharding.move(self._shards_of(table), table.store, table.spec.shards, self._batch_slots)
 
     def _served_map(self, table: _Table) -> SlotMap | None:
         """The map every running node serves (they agree before a first move)."""
@@ -520,6 +523,20 @@ class LocalProvisioner:
             grow_to=grow_to, serving=serving, shrink_to=shrink_to, report=report, show=show,
             tls=self._tls.client if self._tls else None, closed=table.stopped,
         )  # fmt: skip
+
+
+def _sizing_shards(table: _Table, shard: int) -> int:
+    """The shard count a node sizes its engine table for (an engine table never grows).
+
+    While a move runs, a shard kept by both counts is sized for the smaller one, as
+    it may hold that share of the rows; the others for all the shards running.
+    """
+    job = table.store.job() if table.store is not None else None
+    if job is not None and job.phase != Phase.done:
+        kept = min(job.from_shards, job.to_shards)
+        if shard < kept:
+            return kept
+    return len(table.ports)
 
 
 def _save_ports(path: Path, ports: list[tuple[int, int]]) -> None:

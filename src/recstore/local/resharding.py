@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recstore.core.control import ControlClient
-from recstore.core.migration import MigrationJob, Phase
+from recstore.core.migration import DEFAULT_BATCH_SLOTS, MigrationJob, Phase
 from recstore.core.migration_run import MigrationRun
 from recstore.core.reconcile import Resharding
 from recstore.core.routing import SlotMap
@@ -70,12 +70,14 @@ class Shards:
     closed: threading.Event
 
 
-def move(shards: Shards, store: FileJobStore, to_shards: int) -> MigrationJob | None:
+def move(
+    shards: Shards, store: FileJobStore, to_shards: int, batch_slots: int = DEFAULT_BATCH_SLOTS
+) -> MigrationJob | None:
     """Move the table to ``to_shards`` (or finish the stored job first); None when stopped."""
     job = store.job()
     resuming = job is not None and job.phase != Phase.done
     if job is None or not resuming:
-        job = MigrationJob.start(shards.name, store.slot_map(), to_shards)
+        job = MigrationJob.start(shards.name, store.slot_map(), to_shards, batch_slots)
     assert job is not None
     shards.show(progress(job, store.slot_map().epoch, running=True))
     widest = max(job.from_shards, job.to_shards)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recstore.core import DType, Eviction, KeyMode, NonFinite, TableSpec
+from recstore.core.spec import DEFAULT_GPU_CACHE_FRACTION
 
 DTYPE_CODES = {DType.float32: 0, DType.float16: 1, DType.bfloat16: 2}
 OPTIMIZER_CODES = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 2, "adam": 3}
@@ -79,4 +80,29 @@ def native_options(spec: TableSpec, shard_index: int, num_shards: int, native: A
     opts.opt.initial_accumulator_value = o.initial_accumulator_value
     opts.opt.beta1 = o.beta1
     opts.opt.beta2 = o.beta2
+    return opts
+
+
+def cache_size(spec: TableSpec, shard_index: int, num_shards: int) -> tuple[int, int]:
+    """(rows, bytes) one shard of a ``storage: gpu_cache`` table asks its cache for
+    (one of them 0; the engine turns bytes into rows of the table).
+
+    ``rows`` and ``bytes`` size the whole table's cache and are split evenly over
+    the shards; without either, each shard caches 10% of the rows it holds.
+    """
+    cache = spec.cache
+    if cache.rows is not None:
+        return max(1, math.ceil(cache.rows / num_shards)), 0
+    if cache.bytes is not None:
+        return 0, cache.bytes // num_shards
+    held = shard_layout(spec, shard_index, num_shards).capacity
+    return max(1, math.ceil(DEFAULT_GPU_CACHE_FRACTION * held)), 0
+
+
+def native_cache_options(spec: TableSpec, shard_index: int, num_shards: int, native: Any) -> Any:
+    """A ``_native.CacheOptions`` for this shard of a ``storage: gpu_cache`` table."""
+    opts = native.CacheOptions()
+    opts.rows, opts.bytes = cache_size(spec, shard_index, num_shards)
+    opts.ways = spec.cache.ways
+    opts.policy = native.CACHE_LRU
     return opts

@@ -22,12 +22,13 @@ from recstore.core import (
     InferenceTable,
     InvalidArgument,
     NonFiniteValues,
+    StorageTier,
     TableSpec,
     slot_of,
 )
 from recstore.core.routing import slot_mask
 from recstore.store.buffers import NUMPY_DTYPES, is_torch, new_rows
-from recstore.store.options import native_options
+from recstore.store.options import native_cache_options, native_options
 
 #: The compiled engine (no type stubs).
 _native: Any = _native_module
@@ -62,6 +63,35 @@ def _engine_call(table: str, fn: Callable[..., Any], *args: Any) -> Any:
         raise InvalidArgument(str(e)) from None
 
 
+def _gpu_index(spec: TableSpec, device: str, tier: StorageTier) -> int:
+    """The CUDA device a GPU-backed table goes on (-1: the current one).
+
+    DeviceUnavailable when there is none to use: the gpu_cache tier has no CPU
+    form (its CPU twin, ``_native.CacheTable``, is the test oracle: a copy of host
+    rows in host memory would only add work), so a CPU-only node refuses it.
+    """
+    what = {
+        StorageTier.gpu_cache: "keeps a GPU cache in front of host memory (storage: gpu_cache)",
+    }.get(tier, "is stored on a GPU (storage: gpu)")
+    index = device.partition(":")[2]
+    if index and not index.isdigit():
+        raise InvalidArgument(f"device must be 'cuda' or 'cuda:N', got {device!r}")
+    if device == "cpu":
+        why = "it runs on the CPU (device cpu)"
+    elif not _native.cuda_available():
+        why = (
+            "no CUDA device is visible to it"
+            if _native.built_with_cuda()
+            else "recstore._native was built without CUDA"
+        )
+    else:
+        return int(index) if index else -1
+    raise DeviceUnavailable(
+        f"table {spec.name!r} {what}, but this node cannot use one: {why}; "
+        "run it on a GPU node or use storage: host"
+    )
+
+
 class Table:
     """Holds the rows of one shard of a table (every row when num_shards == 1)."""
 
@@ -80,7 +110,8 @@ class Table:
         self.device = device
         self._clock = clock
         options = native_options(spec, shard_index, num_shards, _native)
-        if device == "cpu":
+        tier = StorageTier(spec.storage)
+        if device == "cpu" and tier != StorageTier.gpu_cache:
             try:
                 self._engine = _native.Table(options)
             except MemoryError:
@@ -89,21 +120,13 @@ class Table:
                     f"table {spec.name!r}: cannot reserve {options.capacity} rows of "
                     f"{width} bytes ({options.capacity * width / 2**30:.1f} GiB) on this host"
                 ) from None
-        elif device.split(":")[0] == "cuda":
-            index = device.partition(":")[2]
-            if index and not index.isdigit():
-                raise InvalidArgument(f"device must be 'cuda' or 'cuda:N', got {device!r}")
-            if not _native.cuda_available():
-                why = (
-                    "no CUDA device is visible to it"
-                    if _native.built_with_cuda()
-                    else "recstore._native was built without CUDA"
-                )
-                raise DeviceUnavailable(
-                    f"table {spec.name!r} is stored on a GPU (storage: gpu), but this node "
-                    f"cannot use one: {why}; run it on a GPU node or use storage: host"
-                )
-            self._engine = _native.CudaTable(options, int(index) if index else -1)
+        elif device == "cpu" or device.split(":")[0] == "cuda":
+            gpu = _gpu_index(spec, device, tier)
+            if tier == StorageTier.gpu_cache:
+                cache = native_cache_options(spec, shard_index, num_shards, _native)
+                self._engine = _engine_call(spec.name, _native.CudaCacheTable, options, cache, gpu)
+            else:
+                self._engine = _native.CudaTable(options, gpu)
         else:
             raise InvalidArgument(f"device must be 'cpu' or 'cuda', got {device!r}")
         self._state_width = spec.state_width

@@ -79,7 +79,7 @@ class GetTableStatsRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ...) -> None: ...
 
 class TableStats(_message.Message):
-    __slots__ = ("table", "size", "capacity", "memory_bytes", "dtype", "dim", "spec_json", "shard_index", "num_shards", "slot_map", "engine", "conditions", "migration")
+    __slots__ = ("table", "size", "capacity", "memory_bytes", "dtype", "dim", "spec_json", "shard_index", "num_shards", "slot_map", "engine", "conditions", "version", "migration")
     class EngineEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +99,7 @@ class TableStats(_message.Message):
     SLOT_MAP_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     CONDITIONS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     MIGRATION_FIELD_NUMBER: _ClassVar[int]
     table: str
     size: int
@@ -112,8 +113,9 @@ class TableStats(_message.Message):
     slot_map: SlotMap
     engine: _containers.ScalarMap[str, float]
     conditions: _containers.RepeatedCompositeFieldContainer[TableCondition]
+    version: int
     migration: MigrationState
-    def __init__(self, table: _Optional[str] = ..., size: _Optional[int] = ..., capacity: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., dtype: _Optional[str] = ..., dim: _Optional[int] = ..., spec_json: _Optional[str] = ..., shard_index: _Optional[int] = ..., num_shards: _Optional[int] = ..., slot_map: _Optional[_Union[SlotMap, _Mapping]] = ..., engine: _Optional[_Mapping[str, float]] = ..., conditions: _Optional[_Iterable[_Union[TableCondition, _Mapping]]] = ..., migration: _Optional[_Union[MigrationState, _Mapping]] = ...) -> None: ...
+    def __init__(self, table: _Optional[str] = ..., size: _Optional[int] = ..., capacity: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., dtype: _Optional[str] = ..., dim: _Optional[int] = ..., spec_json: _Optional[str] = ..., shard_index: _Optional[int] = ..., num_shards: _Optional[int] = ..., slot_map: _Optional[_Union[SlotMap, _Mapping]] = ..., engine: _Optional[_Mapping[str, float]] = ..., conditions: _Optional[_Iterable[_Union[TableCondition, _Mapping]]] = ..., version: _Optional[int] = ..., migration: _Optional[_Union[MigrationState, _Mapping]] = ...) -> None: ...
 
 class MigrationState(_message.Message):
     __slots__ = ("outgoing", "sealed", "pending_changes", "importing")
@@ -152,16 +154,18 @@ class PullRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., epoch: _Optional[int] = ..., keys: _Optional[bytes] = ..., read_only: _Optional[bool] = ...) -> None: ...
 
 class PullResponse(_message.Message):
-    __slots__ = ("values", "dim", "dtype", "found")
+    __slots__ = ("values", "dim", "dtype", "found", "version")
     VALUES_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     FOUND_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     values: bytes
     dim: int
     dtype: str
     found: bytes
-    def __init__(self, values: _Optional[bytes] = ..., dim: _Optional[int] = ..., dtype: _Optional[str] = ..., found: _Optional[bytes] = ...) -> None: ...
+    version: int
+    def __init__(self, values: _Optional[bytes] = ..., dim: _Optional[int] = ..., dtype: _Optional[str] = ..., found: _Optional[bytes] = ..., version: _Optional[int] = ...) -> None: ...
 
 class PushRequest(_message.Message):
     __slots__ = ("table", "epoch", "keys", "values", "dtype", "dim")
@@ -186,7 +190,7 @@ class PushResponse(_message.Message):
     def __init__(self, rows: _Optional[int] = ...) -> None: ...
 
 class UpdateRequest(_message.Message):
-    __slots__ = ("table", "epoch", "keys", "grads", "grad_dtype", "lr", "dim")
+    __slots__ = ("table", "epoch", "keys", "grads", "grad_dtype", "lr", "dim", "request_id")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +198,7 @@ class UpdateRequest(_message.Message):
     GRAD_DTYPE_FIELD_NUMBER: _ClassVar[int]
     LR_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     table: str
     epoch: int
     keys: bytes
@@ -201,7 +206,16 @@ class UpdateRequest(_message.Message):
     grad_dtype: str
     lr: float
     dim: int
-    def __init__(self, table: _Optional[str] = ..., epoch: _Optional[int] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., grad_dtype: _Optional[str] = ..., lr: _Optional[float] = ..., dim: _Optional[int] = ...) -> None: ...
+    request_id: UpdateRequestId
+    def __init__(self, table: _Optional[str] = ..., epoch: _Optional[int] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., grad_dtype: _Optional[str] = ..., lr: _Optional[float] = ..., dim: _Optional[int] = ..., request_id: _Optional[_Union[UpdateRequestId, _Mapping]] = ...) -> None: ...
+
+class UpdateRequestId(_message.Message):
+    __slots__ = ("client", "seq")
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    client: str
+    seq: int
+    def __init__(self, client: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class UpdateResponse(_message.Message):
     __slots__ = ("rows",)
@@ -210,12 +224,14 @@ class UpdateResponse(_message.Message):
     def __init__(self, rows: _Optional[int] = ...) -> None: ...
 
 class MultiPullRequest(_message.Message):
-    __slots__ = ("items", "updates")
+    __slots__ = ("items", "updates", "request_id")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     UPDATES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[PullRequest]
     updates: _containers.RepeatedCompositeFieldContainer[UpdateRequest]
-    def __init__(self, items: _Optional[_Iterable[_Union[PullRequest, _Mapping]]] = ..., updates: _Optional[_Iterable[_Union[UpdateRequest, _Mapping]]] = ...) -> None: ...
+    request_id: UpdateRequestId
+    def __init__(self, items: _Optional[_Iterable[_Union[PullRequest, _Mapping]]] = ..., updates: _Optional[_Iterable[_Union[UpdateRequest, _Mapping]]] = ..., request_id: _Optional[_Union[UpdateRequestId, _Mapping]] = ...) -> None: ...
 
 class MultiPullResponse(_message.Message):
     __slots__ = ("items", "updates")
@@ -226,10 +242,12 @@ class MultiPullResponse(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[PullResponse, _Mapping]]] = ..., updates: _Optional[_Iterable[_Union[UpdateResponse, _Mapping]]] = ...) -> None: ...
 
 class MultiUpdateRequest(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "request_id")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[UpdateRequest]
-    def __init__(self, items: _Optional[_Iterable[_Union[UpdateRequest, _Mapping]]] = ...) -> None: ...
+    request_id: UpdateRequestId
+    def __init__(self, items: _Optional[_Iterable[_Union[UpdateRequest, _Mapping]]] = ..., request_id: _Optional[_Union[UpdateRequestId, _Mapping]] = ...) -> None: ...
 
 class MultiUpdateResponse(_message.Message):
     __slots__ = ("items",)
@@ -318,7 +336,7 @@ class MigrateRowsRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., changes: _Optional[bool] = ..., offset: _Optional[int] = ..., max_rows: _Optional[int] = ...) -> None: ...
 
 class MigrationRows(_message.Message):
-    __slots__ = ("keys", "values", "state", "rows", "dtype", "dim", "state_width", "gone_keys", "tail", "present_keys", "next_offset")
+    __slots__ = ("keys", "values", "state", "rows", "dtype", "dim", "state_width", "gone_keys", "tail", "present_keys", "next_offset", "dedup_entries", "dedup_entry_count")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -330,6 +348,8 @@ class MigrationRows(_message.Message):
     TAIL_FIELD_NUMBER: _ClassVar[int]
     PRESENT_KEYS_FIELD_NUMBER: _ClassVar[int]
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_ENTRY_COUNT_FIELD_NUMBER: _ClassVar[int]
     keys: bytes
     values: bytes
     state: bytes
@@ -341,7 +361,9 @@ class MigrationRows(_message.Message):
     tail: bool
     present_keys: bytes
     next_offset: int
-    def __init__(self, keys: _Optional[bytes] = ..., values: _Optional[bytes] = ..., state: _Optional[bytes] = ..., rows: _Optional[int] = ..., dtype: _Optional[str] = ..., dim: _Optional[int] = ..., state_width: _Optional[int] = ..., gone_keys: _Optional[bytes] = ..., tail: _Optional[bool] = ..., present_keys: _Optional[bytes] = ..., next_offset: _Optional[int] = ...) -> None: ...
+    dedup_entries: bytes
+    dedup_entry_count: int
+    def __init__(self, keys: _Optional[bytes] = ..., values: _Optional[bytes] = ..., state: _Optional[bytes] = ..., rows: _Optional[int] = ..., dtype: _Optional[str] = ..., dim: _Optional[int] = ..., state_width: _Optional[int] = ..., gone_keys: _Optional[bytes] = ..., tail: _Optional[bool] = ..., present_keys: _Optional[bytes] = ..., next_offset: _Optional[int] = ..., dedup_entries: _Optional[bytes] = ..., dedup_entry_count: _Optional[int] = ...) -> None: ...
 
 class SealSlotsRequest(_message.Message):
     __slots__ = ("table", "timeout_seconds")

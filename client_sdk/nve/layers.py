@@ -1,0 +1,271 @@
+"""``NVEmbedding`` and ``NVEmbeddingBag``: the NV Embedding Cache layer API over RecStore.
+
+Constructor arguments and rules follow NVIDIA's ``pynve.torch.nve_layers``
+(docs/sdk.md, "recstore.nve"). A ``Hierarchical`` layer reads a RecStore table
+(``storage=RemoteTable(client, name)``) through an optional host cache
+(``config["host_cache_size"]``, bytes); its backward sends the gradient rows
+to the table's server-side optimizer through ``recstore.nn``'s update op
+(``torch.ops.recstore.emb_update_table``), in chunks of ``max_modify_size``
+keys. A ``HostLayer`` is a block of host memory for inference. The GPU layer
+types need a CUDA GPU and say so when there is none.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import recstore.client.ops as _ops  # registers torch.ops.recstore.*
+from recstore.client.lookup import read_rows
+from recstore.client.nve.cached import CachedTable, CacheReport, log
+from recstore.client.nve.config import LayerConfig, LayerType, parse_config, resolve_device
+from recstore.client.nve.metrics import track
+from recstore.client.nve.storage import RemoteTable, host_rows
+from recstore.client.tensors import check_module_id_dtype
+
+_layer_ids = itertools.count()
+assert _ops.NAMESPACE == "recstore"
+
+
+class _TableLookup(torch.autograd.Function):
+    """Rows of ``keys`` read through ``layer``'s cache (or straight from the table);
+    backward: the gradient to the table's optimizer."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, layer: _NVELayer, keys: torch.Tensor) -> Any:
+        ctx.layer = layer
+        ctx.save_for_backward(keys)
+        return layer._read(keys)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None]:
+        (keys,) = ctx.saved_tensors
+        layer: _NVELayer = ctx.layer
+        chunk = layer.settings.max_modify_size or max(1, keys.numel())
+        for start in range(0, keys.numel(), chunk):
+            torch.ops.recstore.emb_update_table(
+                layer._handle, keys[start : start + chunk], grad[start : start + chunk]
+            )
+        return None, None, None
+
+
+class _NVELayer(torch.nn.Module):
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_size: int,
+        data_type: torch.dtype,
+        layer_type: LayerType,
+        gpu_cache_size: int,
+        weight_init: torch.Tensor | None,
+        config: Mapping[str, Any] | None,
+        storage: Any,
+        optimize_for_training: bool,
+        device: Any,
+    ) -> None:
+        super().__init__()
+        if not isinstance(layer_type, LayerType):
+            raise TypeError(f"layer_type must be a recstore.nve.LayerType, got {layer_type!r}")
+        if num_embeddings < 1 or embedding_size < 1:
+            raise ValueError(
+                "num_embeddings and embedding_size must be >= 1, "
+                f"got {num_embeddings}, {embedding_size}"
+            )
+        if layer_type is LayerType.HostLayer and optimize_for_training:
+            raise ValueError(
+                "LayerType.HostLayer is inference-only: pass optimize_for_training=False"
+            )
+        if gpu_cache_size < 0:
+            raise ValueError(f"gpu_cache_size must be >= 0 bytes, got {gpu_cache_size}")
+        shape = (num_embeddings, embedding_size)
+        if weight_init is not None and tuple(weight_init.shape) != shape:
+            raise ValueError(
+                f"weight_init must have shape {list(shape)}, got {list(weight_init.shape)}"
+            )
+        self.settings: LayerConfig = parse_config(config)
+        self.device = resolve_device(layer_type, device, gpu_cache_size)
+        self.num_embeddings, self.embedding_size = num_embeddings, embedding_size
+        self.data_type, self.layer_type = data_type, layer_type
+        self.gpu_cache_size = gpu_cache_size
+        self.optimize_for_training = optimize_for_training
+        self.name = f"nve_{next(_layer_ids)}"
+        self._lookups = 0
+        self._cached: CachedTable | None = None
+        self._host: torch.Tensor | None = None
+        if layer_type is LayerType.HostLayer:
+            self._host = host_rows(storage, shape, data_type, weight_init)
+        elif layer_type is LayerType.Hierarchical:
+            if gpu_cache_size:
+                raise RuntimeError(
+                    "the GPU cache of a Hierarchical layer is not available in this build "
+                    "(the gpu_cache storage tier); use gpu_cache_size=0 with "
+                    "config={'host_cache_size': ...}"
+                )
+            self._bind(storage, weight_init)
+        else:  # GPULayer / LinearUVM: resolve_device refused them without a GPU
+            raise RuntimeError(
+                f"LayerType.{layer_type.name} keeps rows in GPU memory or behind a GPU cache, "
+                "which this build does not provide (the gpu_cache storage tier); use "
+                "LayerType.Hierarchical with storage=recstore.nve.RemoteTable(client, name)"
+            )
+        self._anchor = torch.empty(0, requires_grad=optimize_for_training)
+
+    def _bind(self, storage: Any, weight_init: torch.Tensor | None) -> None:
+        if not isinstance(storage, RemoteTable):
+            raise TypeError(
+                "LayerType.Hierarchical needs storage=recstore.nve.RemoteTable(client, name), "
+                f"got {type(storage).__name__}"
+            )
+        self.storage = storage
+        self._handle = storage.bind(
+            self.num_embeddings, self.embedding_size, self.data_type, weight_init,
+            self.optimize_for_training,
+        )  # fmt: skip
+        settings = self.settings
+        # training reads exact rows unless a staleness bound allows cached ones
+        if settings.host_cache_size and (
+            not self.optimize_for_training or settings.max_staleness_steps is not None
+        ):
+            self._cached = CachedTable(
+                storage.client, storage.name, self.name, self.embedding_size, self.data_type,
+                settings.host_cache_size, policy=settings.cache_policy,
+                max_staleness_steps=settings.max_staleness_steps if self.optimize_for_training
+                else None,
+                max_modify_size=settings.max_modify_size,
+            )  # fmt: skip
+            track(self)
+
+    # -- lookups --------------------------------------------------------------------
+    def _keys(self, keys: torch.Tensor) -> torch.Tensor:
+        """The reference's device rule: keys on the layer's device; CPU int64 for the table."""
+        if keys.device != self.device:
+            raise ValueError(
+                f"keys are on {keys.device} but the layer is on {self.device}; "
+                "move them to the layer's device"
+            )
+        check_module_id_dtype(keys)
+        flat = keys.reshape(-1).to("cpu", torch.int64)
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.num_embeddings):
+            raise IndexError(f"keys must lie in [0, {self.num_embeddings})")
+        return flat
+
+    def _read(self, keys: torch.Tensor) -> torch.Tensor:
+        if self._cached is not None:
+            return self._cached.read(keys)
+        return read_rows([self._handle], [keys])[0]
+
+    def _rows(self, keys: torch.Tensor) -> torch.Tensor:
+        """One row per element of ``keys`` ([n, dim] on the layer's device)."""
+        flat = self._keys(keys)
+        if self._host is not None:
+            rows = self._host.index_select(0, flat)
+        else:
+            if self._cached is not None and self._trains:
+                self._cached.step += 1
+            rows = _TableLookup.apply(self._anchor, self, flat)
+        self._lookups += 1
+        interval = self.settings.logging_interval
+        if interval and self._lookups % interval == 0:
+            log.info("%s", self.log_line())
+        return rows.to(self.device)
+
+    @property
+    def _trains(self) -> bool:
+        return self.optimize_for_training and self.training
+
+    # -- observability --------------------------------------------------------------
+    def cache_stats(self) -> dict[str, object]:
+        """Hits, misses, evictions, hit rate and bytes of this layer's host cache."""
+        if self._cached is None:
+            table = None if self._host is not None else self.storage.name
+            return {"table": table, "layer": self.name, "enabled": False, "lookups": self._lookups}
+        report: CacheReport = self._cached.report()
+        return {**report.as_dict(), "enabled": True, "lookups": self._lookups}
+
+    def log_line(self) -> str:
+        """The ``logging_interval`` line: lookups and the cache's counters."""
+        stats = self.cache_stats()
+        if not stats["enabled"]:
+            return f"nve layer={self.name} lookups={self._lookups} cache=off"
+        return (
+            f"nve layer={self.name} table={stats['table']} lookups={self._lookups} "
+            f"hits={stats['hits']} misses={stats['misses']} hit_rate={stats['hit_rate']:.4f} "
+            f"evictions={stats['evictions']} bytes={stats['bytes_used']}/{stats['capacity_bytes']}"
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_embeddings}, {self.embedding_size}, {self.data_type}, "
+            f"layer_type={self.layer_type.name}, device={self.device}"
+        )
+
+
+class NVEmbedding(_NVELayer):
+    """torch.nn.Embedding-like: ``forward(keys)`` -> rows of shape [*keys.shape, dim]."""
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_size: int,
+        data_type: torch.dtype = torch.float32,
+        layer_type: LayerType = LayerType.Hierarchical,
+        gpu_cache_size: int = 0,
+        weight_init: torch.Tensor | None = None,
+        config: Mapping[str, Any] | None = None,
+        storage: Any = None,
+        optimize_for_training: bool = True,
+        device: Any = None,
+    ) -> None:
+        super().__init__(
+            num_embeddings, embedding_size, data_type, layer_type, gpu_cache_size, weight_init,
+            config, storage, optimize_for_training, device,
+        )  # fmt: skip
+
+    def forward(self, keys: torch.Tensor) -> torch.Tensor:
+        return self._rows(keys).view(*keys.shape, self.embedding_size)
+
+
+class NVEmbeddingBag(_NVELayer):
+    """torch.nn.EmbeddingBag-like: pooled rows per bag (``mode`` sum, mean or max)."""
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_size: int,
+        data_type: torch.dtype = torch.float32,
+        layer_type: LayerType = LayerType.Hierarchical,
+        gpu_cache_size: int = 0,
+        weight_init: torch.Tensor | None = None,
+        config: Mapping[str, Any] | None = None,
+        storage: Any = None,
+        optimize_for_training: bool = True,
+        device: Any = None,
+        mode: str = "sum",
+    ) -> None:
+        if layer_type is LayerType.HostLayer:
+            raise ValueError("NVEmbeddingBag does not support LayerType.HostLayer; use NVEmbedding")
+        if mode not in ("sum", "mean", "max"):
+            raise ValueError(f"mode has to be one of sum, mean or max, got {mode!r}")
+        super().__init__(
+            num_embeddings, embedding_size, data_type, layer_type, gpu_cache_size, weight_init,
+            config, storage, optimize_for_training, device,
+        )  # fmt: skip
+        self.mode = mode
+
+    def forward(
+        self,
+        keys: torch.Tensor,
+        offsets: torch.Tensor | None = None,
+        per_sample_weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        rows = self._rows(keys)  # one per occurrence; torch pools them (and its backward)
+        positions = torch.arange(keys.numel(), device=rows.device).view(keys.shape)
+        if offsets is not None:
+            offsets = offsets.to(rows.device)
+        return F.embedding_bag(
+            positions, rows, offsets, mode=self.mode, per_sample_weights=per_sample_weights
+        )

@@ -1,0 +1,64 @@
+"""Prometheus export of the NVE layers' host-cache counters.
+
+A training job has no HTTP endpoint of the SDK's own; a job that serves a
+``prometheus_client`` registry (an extra dependency, not a trainer's) can add
+this collector to it. It reads ``cache_stats()`` of every live layer with a
+host cache at scrape time, labelled by table and layer.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+#: live layers with a host cache (weak: a dropped layer leaves the export)
+_layers: weakref.WeakSet[Any] = weakref.WeakSet()
+
+COUNTERS = ("hits", "misses", "evictions", "insertions", "rejected", "invalidations")
+GAUGES = ("hit_rate", "bytes_used", "capacity_bytes")
+
+
+def track(layer: Any) -> None:
+    _layers.add(layer)
+
+
+class CacheCollector:
+    """``prometheus_client`` collector: ``recstore_nve_cache_<counter>_total`` and gauges."""
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        labels = ["table", "layer"]
+        families: dict[str, Any] = {
+            **{
+                name: CounterMetricFamily(
+                    f"recstore_nve_cache_{name}", f"NVE host cache {name}", labels=labels
+                )
+                for name in COUNTERS
+            },
+            **{
+                name: GaugeMetricFamily(
+                    f"recstore_nve_cache_{name}", f"NVE host cache {name}", labels=labels
+                )
+                for name in GAUGES
+            },
+        }
+        for layer in list(_layers):
+            stats = layer.cache_stats()
+            for name, family in families.items():
+                family.add_metric([str(stats["table"]), str(stats["layer"])], float(stats[name]))
+        yield from families.values()
+
+
+def register_cache_metrics(registry: Any = None) -> CacheCollector:
+    """Add the collector to ``registry`` (default: prometheus_client's global one)."""
+    try:
+        import prometheus_client
+    except ImportError as error:
+        raise ImportError(
+            "register_cache_metrics needs prometheus-client (pip install prometheus-client)"
+        ) from error
+    collector = CacheCollector()
+    (registry if registry is not None else prometheus_client.REGISTRY).register(collector)
+    return collector

@@ -1,0 +1,57 @@
+"""bench/cache_bench.py's Belady MIN (heap, lazy deletion) against a brute-force MIN."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SPEC = importlib.util.spec_from_file_location(
+    "cache_bench", Path(__file__).resolve().parents[2] / "bench" / "cache_bench.py"
+)
+assert SPEC is not None and SPEC.loader is not None
+cache_bench = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(cache_bench)
+
+
+def _brute_force_min(sequence: list[int], capacity: int) -> int:
+    """MIN with bypass, by a scan for the farthest next use at every miss."""
+
+    def next_use(key: int, after: int) -> int:
+        for position in range(after + 1, len(sequence)):
+            if sequence[position] == key:
+                return position
+        return len(sequence)
+
+    cached: set[int] = set()
+    hits = 0
+    for position, key in enumerate(sequence):
+        if key in cached:
+            hits += 1
+            continue
+        mine = next_use(key, position)
+        if mine == len(sequence) or capacity == 0:
+            continue
+        if len(cached) < capacity:
+            cached.add(key)
+            continue
+        victim = max(cached, key=lambda k: next_use(k, position))
+        if next_use(victim, position) > mine:
+            cached.remove(victim)
+            cached.add(key)
+    return hits
+
+
+@pytest.mark.parametrize("capacity", [0, 1, 3, 8])
+def test_heap_min_matches_the_brute_force(capacity: int) -> None:
+    rng = np.random.default_rng(capacity)
+    for _ in range(20):
+        sequence = (rng.zipf(1.3, 60) % 20).astype(np.int64)
+        expected = _brute_force_min(sequence.tolist(), capacity)
+        assert cache_bench.belady_hits(sequence, capacity) == expected
+
+
+def test_next_uses() -> None:
+    assert cache_bench.next_uses(np.array([5, 6, 5, 5, 7])).tolist() == [2, 5, 3, 5, 5]

@@ -1,0 +1,374 @@
+"""``recstore.nve``: the reference's snippets (docs nv-embedding-cache-python-api) and rules.
+
+Sizes in the snippets are cut down where the reference's would not fit a test
+machine (10M x 128 float32 is 5 GB); everything else is as written there. On a
+machine without a GPU the GPU layer types must refuse with an error that names
+the missing GPU; ``HostLayer`` and ``Hierarchical`` with a host cache run.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import recstore.nve as nve
+import recstore.nve as nve_layers
+from recstore.client import RecStoreClient
+from recstore.client.errors import IdDtypeError
+
+from .conftest import unique_name
+
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+ROWS, DIM = 1000, 8
+
+
+# -- the reference's snippets ---------------------------------------------------------
+@NO_GPU
+def test_quick_start_linear_uvm_names_the_missing_gpu() -> None:
+    weight_init = torch.randn(10 * 1024, 1, dtype=torch.float32)
+    with pytest.raises(RuntimeError, match=r"LayerType.LinearUVM needs a CUDA GPU"):
+        nve_layers.NVEmbedding(
+            num_embeddings=10 * 1024,
+            embedding_size=1,
+            data_type=torch.float32,
+            layer_type=nve_layers.LayerType.LinearUVM,
+            gpu_cache_size=1024 * 1024,
+            weight_init=weight_init,
+        )
+
+
+@NO_GPU
+def test_layer_configuration_snippet_names_the_missing_gpu() -> None:
+    with pytest.raises(RuntimeError, match=r"torch\.cuda\.is_available"):
+        nve_layers.NVEmbedding(
+            ROWS,
+            DIM,
+            torch.float32,
+            nve_layers.LayerType.LinearUVM,
+            gpu_cache_size=1 << 20,
+            config={
+                "logging_interval": 1000,
+                "kernel_mode": 0,
+                "kernel_mode_value_1": 0,
+                "kernel_mode_value_2": 0,
+                "max_modify_size": 1 << 20,
+            },
+        )
+    with pytest.raises(RuntimeError, match="GPULayer needs a CUDA GPU"):
+        nve_layers.NVEmbedding(ROWS, DIM, torch.float32, nve_layers.LayerType.GPULayer)
+
+
+@NO_GPU
+def test_parameter_server_snippet_with_a_gpu_cache_names_the_missing_gpu(
+    any_client: RecStoreClient,
+) -> None:
+    storage = nve.RemoteTable(any_client, unique_name())
+    with pytest.raises(RuntimeError, match="Hierarchical with gpu_cache_size=1048576 needs a"):
+        nve_layers.NVEmbedding(
+            num_embeddings=ROWS,
+            embedding_size=1,
+            data_type=torch.float32,
+            layer_type=nve_layers.LayerType.Hierarchical,
+            gpu_cache_size=1024 * 1024,
+            storage=storage,
+        )
+    assert storage.name not in any_client.data_name_list()  # refused before the table
+
+
+def test_parameter_server_snippet_with_a_host_cache_runs(any_client: RecStoreClient) -> None:
+    name = unique_name()
+    embedding = nve_layers.NVEmbedding(
+        num_embeddings=ROWS,
+        embedding_size=DIM,
+        data_type=torch.float32,
+        layer_type=nve_layers.LayerType.Hierarchical,
+        gpu_cache_size=0,
+        storage=nve.RemoteTable(any_client, name),
+        optimize_for_training=False,
+        config={"host_cache_size": 1 << 16},
+        device="cpu",
+    )
+    keys = torch.tensor([1, 2, 1000 - 1, 2], dtype=torch.int64)
+    expected = any_client.pull(name, keys)
+    torch.testing.assert_close(embedding(keys), expected, rtol=0, atol=0)
+    torch.testing.assert_close(embedding(keys), expected, rtol=0, atol=0)
+    stats = embedding.cache_stats()
+    assert (stats["hits"], stats["misses"], stats["table"]) == (3, 3, name)
+    assert 0 < stats["bytes_used"] <= stats["capacity_bytes"] <= 1 << 16
+
+
+def test_host_layer_snippet_runs_on_the_cpu() -> None:
+    embedding = nve_layers.NVEmbedding(
+        num_embeddings=10 * 1024,
+        embedding_size=128,
+        data_type=torch.float32,
+        layer_type=nve_layers.LayerType.HostLayer,
+        optimize_for_training=False,  # required — HostLayer is inference-only
+        device=torch.device("cpu"),
+    )
+    keys = torch.tensor([1, 2, 1000])
+    out = embedding(keys)
+    assert out.shape == (3, 128) and out.device.type == "cpu"
+
+
+def test_host_mem_block_snippet_runs() -> None:
+    memblock = nve.HostMemBlock(
+        row_size=128, num_embeddings=10 * 1024, dtype=nve.DataType_t.Float32
+    )
+    memblock.tensor[7] = 3.0
+    embedding = nve_layers.NVEmbedding(
+        num_embeddings=10 * 1024,
+        embedding_size=128,
+        data_type=torch.float32,
+        layer_type=nve_layers.LayerType.HostLayer,
+        optimize_for_training=False,
+        storage=memblock,
+    )
+    torch.testing.assert_close(
+        embedding(torch.tensor([7]).to(embedding.device)).cpu(), torch.full((1, 128), 3.0)
+    )
+
+
+# -- the documented rules --------------------------------------------------------------
+def test_host_layer_rules() -> None:
+    with pytest.raises(ValueError, match="optimize_for_training=False"):
+        nve.NVEmbedding(ROWS, DIM, torch.float32, nve.LayerType.HostLayer, device="cpu")
+    with pytest.raises(ValueError, match=r"NVEmbeddingBag does not support LayerType\.HostLayer"):
+        nve.NVEmbeddingBag(
+            ROWS,
+            DIM,
+            torch.float32,
+            nve.LayerType.HostLayer,
+            optimize_for_training=False,
+            device="cpu",
+        )
+    with pytest.raises(TypeError, match="host memory"):
+        nve.NVEmbedding(
+            ROWS,
+            DIM,
+            torch.float32,
+            nve.LayerType.HostLayer,
+            optimize_for_training=False,
+            device="cpu",
+            storage=object(),
+        )
+    with pytest.raises(ValueError, match="memory block holds"):
+        nve.NVEmbedding(
+            ROWS,
+            DIM,
+            torch.float32,
+            nve.LayerType.HostLayer,
+            optimize_for_training=False,
+            device="cpu",
+            storage=nve.HostMemBlock(DIM, ROWS + 1),
+        )
+
+
+def test_config_keys_are_checked(local_client: RecStoreClient) -> None:
+    storage = nve.RemoteTable(local_client, unique_name())
+    with pytest.raises(ValueError, match=r"unknown config keys \['cache_sise'\]"):
+        nve.NVEmbedding(ROWS, DIM, config={"cache_sise": 1}, storage=storage, device="cpu")
+    with pytest.raises(ValueError, match="max_modify_size"):
+        nve.NVEmbedding(ROWS, DIM, config={"max_modify_size": 0}, storage=storage, device="cpu")
+    with pytest.raises(ValueError, match="cache_policy"):
+        nve.NVEmbedding(ROWS, DIM, config={"cache_policy": "fifo"}, storage=storage, device="cpu")
+    assert storage.name not in local_client.data_name_list()
+    nve.NVEmbedding(
+        ROWS,
+        DIM,
+        storage=storage,
+        device="cpu",
+        config={"kernel_mode": 1, "kernel_mode_value_1": 2, "kernel_mode_value_2": 3},
+    )
+
+
+def test_keys_must_be_on_the_layer_device(local_client: RecStoreClient) -> None:
+    layer = nve.NVEmbedding(
+        ROWS, DIM, storage=nve.RemoteTable(local_client, unique_name()), device="cpu"
+    )
+    with pytest.raises(ValueError, match="keys are on meta but the layer is on cpu"):
+        layer(torch.tensor([1], device="meta"))
+    with pytest.raises(IdDtypeError, match="Long, Int"):
+        layer(torch.tensor([1.0]))
+    with pytest.raises(IndexError, match=r"\[0, 1000\)"):
+        layer(torch.tensor([1000]))
+
+
+def test_hierarchical_needs_a_remote_table() -> None:
+    with pytest.raises(TypeError, match=r"RemoteTable\(client, name\)"):
+        nve.NVEmbedding(ROWS, DIM, layer_type=nve.LayerType.Hierarchical, device="cpu")
+
+
+def test_an_existing_table_of_another_layout_is_refused(local_client: RecStoreClient) -> None:
+    name = unique_name()
+    local_client.init_data(name, (ROWS, DIM), torch.float32)
+    with pytest.raises(Exception, match=r"exists|initialised"):
+        nve.NVEmbedding(ROWS, DIM * 2, storage=nve.RemoteTable(local_client, name), device="cpu")
+
+
+# -- training through the table's optimizer --------------------------------------------
+@pytest.mark.parametrize("bag", [False, True])
+def test_backward_updates_the_table_through_its_optimizer(
+    any_client: RecStoreClient, bag: bool
+) -> None:
+    name = unique_name()
+    weight = torch.randn(ROWS, DIM)
+    cls = nve.NVEmbeddingBag if bag else nve.NVEmbedding
+    layer = cls(
+        ROWS,
+        DIM,
+        weight_init=weight,
+        storage=nve.RemoteTable(any_client, name),
+        device="cpu",
+        config={"max_modify_size": 2},
+    )
+    keys = torch.tensor([[3, 5, 3], [9, 3, 1]])
+    out = layer(keys)
+    out.sum().backward()
+    lr = any_client.learning_rate
+    counts = torch.bincount(keys.reshape(-1), minlength=ROWS).unsqueeze(1).float()
+    expected = weight - lr * counts
+    got = any_client.pull(name, torch.arange(ROWS))
+    torch.testing.assert_close(got, expected)
+
+
+def test_gradient_updates_go_in_chunks_of_max_modify_size(
+    local_client: RecStoreClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    layer = nve.NVEmbedding(
+        ROWS,
+        DIM,
+        storage=nve.RemoteTable(local_client, unique_name()),
+        device="cpu",
+        config={"max_modify_size": 2},
+    )
+    sizes: list[int] = []
+    tables = local_client._for_modules
+    original = tables.apply_gradients
+    monkeypatch.setattr(
+        tables,
+        "apply_gradients",
+        lambda updates: (sizes.extend(len(u[1]) for u in updates), original(updates))[1],
+    )
+    layer(torch.arange(5)).sum().backward()
+    assert sizes == [2, 2, 1]
+
+
+def test_training_reads_exact_rows_unless_staleness_is_allowed(
+    any_client: RecStoreClient,
+) -> None:
+    name = unique_name()
+    exact = nve.NVEmbedding(
+        ROWS,
+        DIM,
+        storage=nve.RemoteTable(any_client, name),
+        device="cpu",
+        config={"host_cache_size": 1 << 16},
+    )
+    assert not exact.cache_stats()["enabled"]
+    stale = nve.NVEmbedding(
+        ROWS,
+        DIM,
+        storage=nve.RemoteTable(any_client, name),
+        device="cpu",
+        config={"host_cache_size": 1 << 16, "max_staleness_steps": 1},
+    )
+    keys = torch.tensor([4])
+    rows = [stale(keys)]
+    rows[0].sum().backward()  # step 1 read row 4, then updated it
+    rows.append(stale(keys))  # step 2: the row read at step 1 (one step old)
+    rows[1].sum().backward()
+    rows.append(stale(keys))  # step 3: too old, read again: two updates in
+    lr = any_client.learning_rate
+    torch.testing.assert_close(rows[1], rows[0])
+    torch.testing.assert_close(rows[2], rows[0] - 2 * lr)
+    torch.testing.assert_close(exact(keys), rows[2])
+
+
+# -- inference: exact through the table's version --------------------------------------
+def test_inference_cache_sees_every_write(any_client: RecStoreClient) -> None:
+    name = unique_name()
+    any_client.init_data(name, (ROWS, DIM), torch.float32)
+    layer = nve.NVEmbedding(
+        ROWS,
+        DIM,
+        storage=nve.RemoteTable(any_client, name),
+        device="cpu",
+        optimize_for_training=False,
+        config={"host_cache_size": 1 << 16},
+    )
+    keys = torch.tensor([1, 2, 600])
+    layer(keys)
+    layer(keys)
+    assert layer.cache_stats()["hits"] == 3
+    any_client.push(name, torch.tensor([600]), torch.full((1, DIM), 7.0))
+    torch.testing.assert_close(layer(keys)[2], torch.full((DIM,), 7.0))
+    assert layer.cache_stats()["invalidations"] == 1
+    torch.testing.assert_close(layer(keys), any_client.pull(name, keys))
+
+
+def test_logging_interval_logs_the_cache_line(
+    local_client: RecStoreClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    layer = nve.NVEmbedding(
+        ROWS,
+        DIM,
+        storage=nve.RemoteTable(local_client, unique_name()),
+        device="cpu",
+        optimize_for_training=False,
+        config={"host_cache_size": 1 << 16, "logging_interval": 2},
+    )
+    with caplog.at_level(logging.INFO, logger="recstore.nve"):
+        for _ in range(4):
+            layer(torch.tensor([1, 2]))
+    lines = [r.getMessage() for r in caplog.records if r.name == "recstore.nve"]
+    assert len(lines) == 2
+    assert "lookups=4 hits=6 misses=2 hit_rate=0.7500" in lines[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sixteen_bit_rows_come_back_exact_through_the_cache(
+    any_client: RecStoreClient, dtype: torch.dtype
+) -> None:
+    name = unique_name()
+    layer = nve.NVEmbedding(
+        ROWS,
+        DIM,
+        dtype,
+        storage=nve.RemoteTable(any_client, name),
+        device="cpu",
+        optimize_for_training=False,
+        config={"host_cache_size": 1 << 16},
+    )
+    keys = torch.tensor([[5, 9], [9, 700]])
+    first, second = layer(keys), layer(keys)
+    expected = any_client.pull(name, keys.reshape(-1)).view(2, 2, DIM)
+    assert first.dtype == dtype
+    torch.testing.assert_close(first, expected, rtol=0, atol=0)
+    torch.testing.assert_close(second, expected, rtol=0, atol=0)
+    assert layer.cache_stats()["hits"] == 3
+
+
+def test_cache_counters_are_exported_to_prometheus(local_client: RecStoreClient) -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    registry = prometheus_client.CollectorRegistry()
+    nve.register_cache_metrics(registry)
+    name = unique_name()
+    layer = nve.NVEmbedding(
+        ROWS,
+        DIM,
+        storage=nve.RemoteTable(local_client, name),
+        device="cpu",
+        optimize_for_training=False,
+        config={"host_cache_size": 1 << 16},
+    )
+    layer(torch.tensor([1, 2]))
+    layer(torch.tensor([1, 3]))
+    labels = {"table": name, "layer": layer.name}
+    assert registry.get_sample_value("recstore_nve_cache_hits_total", labels) == 1
+    assert registry.get_sample_value("recstore_nve_cache_misses_total", labels) == 3
+    assert registry.get_sample_value("recstore_nve_cache_hit_rate", labels) == 0.25
+    used = registry.get_sample_value("recstore_nve_cache_bytes_used", labels)
+    assert used == layer.cache_stats()["bytes_used"] > 0

@@ -1,0 +1,166 @@
+"""A node's part of a slot migration, in process: tracker, seal, commit, refusals.
+
+Requests run on threads and synchronise on events; nothing waits on a clock
+except the seal's own drain deadline, which is what is tested there.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from recstore.core import InvalidArgument, SlotMap, WrongShard, slot_of
+from recstore.core.migration import SlotBatch, moved
+from recstore.core.migration_wire import RowBatch
+from recstore.core.request_id import DIGEST_BYTES, Named, RequestId
+from recstore.ps import migration_ops
+from recstore.ps.changes import ChangeTracker
+from recstore.ps.migration import MigrationConflict, SealTimeout
+from recstore.ps.migration_ops import SlotMapConflict
+from recstore.ps.node import Node
+
+from .conftest import spec
+
+DIM = 4
+KEYS = np.arange(2000, dtype=np.int64)
+
+
+def _ones(n: int) -> bytes:
+    return np.ones((n, DIM), np.float32).tobytes()
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[Node, Node, SlotBatch]]:
+    """Shard 0 of 2 (the source) and shard 1 of 2 (the target) of one table."""
+    table = spec("t", num_embeddings=len(KEYS), embedding_dim=DIM, shards=2,
+                 optimizer={"kind": "adagrad", "lr": 0.1})  # fmt: skip
+    nodes = [Node(tmp_path / f"n{i}", shard_index=i, num_shards=2) for i in range(2)]
+    for node in nodes:
+        node.create_table(table, SlotMap.initial(2))
+    mine = KEYS[SlotMap.initial(2).shard_of(KEYS) == 0]
+    nodes[0].update("t", mine.tobytes(), _ones(len(mine)), "float32", DIM, None)
+    batch = SlotBatch(0, 1, ((0, 1000),))
+    yield nodes[0], nodes[1], batch
+
+
+def _rows(keys: np.ndarray) -> RowBatch:
+    n = len(keys)
+    state = np.zeros((n, DIM), np.float32)
+    return RowBatch(keys, np.zeros((n, DIM), np.float32), state, np.empty(0, np.int64))
+
+
+def _in_batch(batch: SlotBatch) -> np.ndarray:
+    return KEYS[batch.mask()[slot_of(KEYS)]]
+
+
+def test_tracker_records_only_its_slots_and_drains_once() -> None:
+    mask = np.zeros(16384, bool)
+    mask[:100] = True
+    tracker = ChangeTracker(mask)
+    keys = np.arange(5000, dtype=np.int64)
+    tracker.record(keys)
+    tracker.record(keys[:10])
+    drained = tracker.drain()
+    assert (mask[slot_of(drained)]).all() and len(drained) == len(np.unique(drained))
+    assert set(drained) == set(keys[mask[slot_of(keys)]])
+    assert len(tracker.drain()) == 0 and tracker.pending == 0
+
+
+def test_a_held_write_is_refused_after_the_commit_and_never_applied(pair) -> None:  # type: ignore[no-untyped-def]
+    source, target, batch = pair
+    migration_ops.begin_import(target, "t", list(batch.ranges))
+    migration_ops.begin_outgoing(source, "t", list(batch.ranges), batch.target)
+    migration_ops.seal(source, "t", timeout=5)
+    key = _in_batch(batch)[:1]
+    before = source.get("t").table.export_keys(key)
+    outcome: list[BaseException | None] = []
+    entered = threading.Event()
+
+    def write() -> None:
+        entered.set()
+        try:
+            source.update("t", key.tobytes(), _ones(1), "float32", DIM, None)
+            outcome.append(None)
+        except BaseException as error:
+            outcome.append(error)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    entered.wait()
+    committed = moved(SlotMap.initial(2), batch)
+    assert migration_ops.set_slot_map(target, "t", 1, committed)
+    assert migration_ops.set_slot_map(source, "t", 1, committed)  # releases the held write
+    writer.join()
+    assert isinstance(outcome[0], WrongShard) and outcome[0].epoch == 2
+    np.testing.assert_array_equal(source.get("t").table.export_keys(key).values, before.values)
+    assert not migration_ops.set_slot_map(source, "t", 1, committed)  # a resent commit
+
+
+def test_seal_deadline_unseals_when_a_request_does_not_finish(pair) -> None:  # type: ignore[no-untyped-def]
+    source, _, batch = pair
+    migration_ops.begin_outgoing(source, "t", list(batch.ranges), batch.target)
+    release = threading.Event()
+    inside = threading.Event()
+
+    def slow_request() -> None:
+        with source.migrations.admitted("t", _in_batch(batch)[:1], 1):
+            inside.set()
+            release.wait()
+
+    runner = threading.Thread(target=slow_request)
+    runner.start()
+    inside.wait()
+    with pytest.raises(SealTimeout, match="1 requests still running"):
+        migration_ops.seal(source, "t", timeout=0.05)
+    assert not source.migrations.outgoing_of("t").sealed
+    release.set()
+    runner.join()
+    source.update("t", _in_batch(batch)[:1].tobytes(), _ones(1), "float32", DIM, None)
+
+
+def test_bad_steps_are_refused_and_change_nothing(pair) -> None:  # type: ignore[no-untyped-def]
+    source, target, batch = pair
+    with pytest.raises(MigrationConflict, match="does not own"):
+        migration_ops.begin_outgoing(source, "t", [(9000, 9100)], 1)
+    with pytest.raises(InvalidArgument, match="not within"):
+        migration_ops.begin_outgoing(source, "t", [(0, 20000)], 1)
+    with pytest.raises(MigrationConflict, match="already owns"):
+        migration_ops.begin_import(source, "t", list(batch.ranges))
+    with pytest.raises(MigrationConflict, match="not importing"):
+        migration_ops.import_rows(target, "t", _rows(np.empty(0, np.int64)))
+    migration_ops.begin_import(target, "t", list(batch.ranges))
+    outside = KEYS[~batch.mask()[slot_of(KEYS)]][:3]
+    rows = _rows(outside)
+    size = target.get("t").table.size
+    with pytest.raises(InvalidArgument, match="outside the importing slots"):
+        migration_ops.import_rows(target, "t", rows)
+    assert target.get("t").table.size == size
+    with pytest.raises(SlotMapConflict, match="must follow"):
+        migration_ops.set_slot_map(target, "t", 5, moved(SlotMap.initial(2), batch))
+    assert target.get("t").entry.slot_map == SlotMap.initial(2)
+
+
+def test_the_dedup_window_moves_with_the_slots(pair) -> None:  # type: ignore[no-untyped-def]
+    """An update applied on the source before the move, resent to the new owner after
+    it, is answered from the window there instead of being applied twice."""
+    source, target, batch = pair
+    key = _in_batch(batch)[:1]
+    named = Named(RequestId("trainer-a", 7), b"d" * DIGEST_BYTES, b"", ())
+    source.update("t", key.tobytes(), _ones(1), "float32", DIM, None, named)
+    migration_ops.begin_import(target, "t", list(batch.ranges))
+    migration_ops.begin_outgoing(source, "t", list(batch.ranges), batch.target)
+    migration_ops.import_rows(target, "t", migration_ops.snapshot_page(source, "t", 0, 0))
+    tail = migration_ops.seal(source, "t", timeout=5)
+    assert tail.dedup_entry_count == 1
+    migration_ops.import_rows(target, "t", tail)
+    committed = moved(SlotMap.initial(2), batch)
+    migration_ops.set_slot_map(target, "t", 1, committed)
+    migration_ops.set_slot_map(source, "t", 1, committed)
+    before = target.get("t").table.export_keys(key).values.copy()
+    ack = target.update("t", key.tobytes(), _ones(1), "float32", DIM, None, named)  # the resend
+    assert ack.rows == 1
+    np.testing.assert_array_equal(target.get("t").table.export_keys(key).values, before)
