@@ -1,7 +1,9 @@
 """Versioned on-disk checkpoints of every table of a node, written atomically.
 
 Layout: ``<data_dir>/checkpoints/<id>/manifest.json`` plus, per table, raw
-little-endian ``keys.bin``, ``values.bin`` and ``state.bin`` (optimizer state).
+little-endian ``keys.bin``, ``values.bin`` and ``state.bin`` (optimizer state);
+an incremental table (``recstore.ps.incremental``) holds the changed rows in
+those and the keys gone since its base in ``deleted.bin``.
 The manifest records each table's spec, slot map and optimizer state, and each
 file's dtype, shape and sha256, and its own sha256. A checkpoint is written
 into a temporary directory, fsynced and renamed into place, so a crash mid-save
@@ -144,13 +146,20 @@ class CheckpointWriter:
         value_dtype: np.dtype,
         state_width: int,
         meta: dict[str, Any],
+        deleted: np.ndarray | None = None,
     ) -> int:
-        """Stream a table's chunks to disk; ``meta`` (spec, slot map, ...) goes to the manifest."""
+        """Stream a table's chunks to disk; ``meta`` (spec, slot map, ...) goes to the manifest.
+
+        ``deleted``: the keys an incremental table lost since its base (its own file).
+        """
         directory = self.temp / "tables" / name
         directory.mkdir(parents=True)
         files = {
             part: _HashingFile(directory / f"{part}.bin") for part in ("keys", "values", "state")
         }
+        if deleted is not None:
+            files["deleted"] = _HashingFile(directory / "deleted.bin")
+            files["deleted"].write(np.asarray(deleted, dtype="<i8"))
         rows = 0
         for keys, values, state in chunks:
             files["keys"].write(np.asarray(keys, dtype="<i8"))
@@ -168,6 +177,9 @@ class CheckpointWriter:
                 "state": files["state"].close(np.dtype("<f4"), [rows, state_width], self.temp),
             },
         }
+        if deleted is not None:
+            gone = files["deleted"].close(np.dtype("<i8"), [len(deleted)], self.temp)
+            self.manifest["tables"][name]["files"]["deleted"] = gone
         return rows
 
     def commit(self) -> CheckpointInfo:

@@ -2,7 +2,11 @@
 
 ``scan`` reports a manifest that does not parse or whose own sha256 differs;
 ``verify_table`` checks a table's files whole (size, shape, sha256) before a
-row of it is used. Written by ``recstore.ps.checkpoint``.
+row of it is used. A table saved incrementally restores through its chain
+(``chain_of``: its full base first, each link checked against the manifest
+checksum the next one recorded), and every link verifies like a full
+checkpoint before a row is used (``verify_chain``). Written by
+``recstore.ps.checkpoint`` and ``recstore.ps.incremental``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from recstore.ps.checkpoint import (
+    CHECKPOINT_ID_PATTERN,
     FORMAT,
     MANIFEST,
     MANIFEST_DIGEST,
@@ -106,9 +111,73 @@ def verify_table(info: CheckpointInfo, name: str, *, from_disk: bool = False) ->
 
 
 def verify(info: CheckpointInfo, *, from_disk: bool = False) -> None:
-    """Check every table's files against the manifest."""
+    """Check every table's files against the manifest (this checkpoint's own files)."""
     for name in info.manifest["tables"]:
         verify_table(info, name, from_disk=from_disk)
+
+
+#: per table of an incremental checkpoint: its bases (id and manifest sha256), full one first
+CHAIN = "chain"
+
+
+def chain_links(info: CheckpointInfo, name: str) -> list[dict[str, str]]:
+    """The bases ``info`` records for table ``name`` (none: the table is saved whole)."""
+    return list(info.manifest["tables"][name].get(CHAIN, []))
+
+
+def chain_of(info: CheckpointInfo, name: str) -> list[CheckpointInfo]:
+    """The checkpoints restoring ``name`` as ``info`` holds it: its full base first, ``info``
+    last. Bases are read beside ``info`` and must carry the manifest checksum recorded."""
+    incarnation = info.manifest["tables"][name].get("incarnation")
+    chain = []
+    for link in chain_links(info, name):
+        base_id = str(link.get("checkpoint_id", ""))
+        path = info.path.parent / base_id
+        if not CHECKPOINT_ID_PATTERN.fullmatch(base_id) or not (path / MANIFEST).is_file():
+            raise CheckpointCorrupt(
+                info.checkpoint_id, name, f"base checkpoint {base_id!r} of its chain is missing"
+            )
+        base = read_manifest(path)
+        meta = base.manifest["tables"].get(name)
+        if (
+            base.manifest.get(MANIFEST_DIGEST) != link.get(MANIFEST_DIGEST)
+            or meta is None
+            or meta.get("incarnation") != incarnation
+        ):
+            raise CheckpointCorrupt(
+                info.checkpoint_id, name, f"base checkpoint {base_id!r} is not the one recorded"
+            )
+        chain.append(base)
+    return [*chain, info]
+
+
+def verify_chain(info: CheckpointInfo, name: str) -> list[CheckpointInfo]:
+    """``chain_of``, every link's files verified whole; CheckpointCorrupt names the bad link."""
+    chain = chain_of(info, name)
+    for link in chain:
+        verify_table(link, name)
+    return chain
+
+
+def verify_restorable(info: CheckpointInfo) -> None:
+    """Check that every table of ``info`` restores: its whole chain verifies."""
+    for name in info.manifest["tables"]:
+        verify_chain(info, name)
+
+
+def replay_chain(
+    chain: list[CheckpointInfo],
+    name: str,
+    rows: Callable[[Chunk], None],
+    erase: Callable[[np.ndarray], object],
+) -> None:
+    """Feed a (verified) chain's rows in order: each link's gone keys, then its rows."""
+    for link in chain:
+        gone = link.manifest["tables"][name]["files"].get("deleted")
+        if gone is not None and int(np.prod(gone["shape"])):
+            erase(np.fromfile(link.path / gone["file"], dtype=np.dtype(gone["dtype"])))
+        for chunk in table_chunks(link, name):
+            rows(chunk)
 
 
 def find(
@@ -130,7 +199,7 @@ def find(
                     raise damaged
             if not named:
                 raise CheckpointNotFound(f"no checkpoint {checkpoint_id!r} under {root}")
-            verify(named[0])
+            verify_restorable(named[0])
         except CheckpointCorrupt as error:
             report(error)
             raise
@@ -139,7 +208,7 @@ def find(
         report(damaged)
     for info in reversed(found.infos):
         try:
-            verify(info)
+            verify_restorable(info)
             return info
         except CheckpointCorrupt as error:
             report(error)
@@ -172,10 +241,16 @@ def next_sequence(root: Path) -> int:
 
 
 def prune(root: Path, keep: int, protect: Collection[str] = ()) -> list[str]:
-    """Delete all but the newest ``keep`` checkpoints, sparing the ids in ``protect``."""
+    """Delete all but the newest ``keep`` checkpoints, sparing the ids in ``protect`` and
+    every base a kept checkpoint's chains need."""
+    infos = list_checkpoints(root)
+    kept = {info.checkpoint_id for info in infos[-keep:]} if keep > 0 else set()
+    spared = set(protect) | kept
+    for info in [i for i in infos if i.checkpoint_id in spared]:  # a chain lists all its bases
+        spared |= {str(ln.get("checkpoint_id")) for t in info.tables for ln in chain_links(info, t)}
     removed = []
-    for info in list_checkpoints(root)[:-keep] if keep > 0 else []:
-        if info.checkpoint_id in protect:
+    for info in infos[:-keep] if keep > 0 else []:
+        if info.checkpoint_id in spared:
             continue
         shutil.rmtree(info.path, ignore_errors=True)
         removed.append(info.checkpoint_id)

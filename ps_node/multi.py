@@ -140,5 +140,6 @@ def apply_checked(
     for hosted, keys, read_only, _ in pulled:
         if not read_only:  # any of them may be a new row
             node.migrations.record(hosted.entry.spec.name, keys)
+            hosted.note_pulled(keys)
     reply = wire.finish(message)
     return Served(reply, [(h.entry.spec.name, len(k)) for h, k, _, _ in pulled], updated, acks)

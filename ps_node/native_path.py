@@ -68,8 +68,8 @@ def refusal_error(code: int, item: int, table: str, reason: str, epoch: int) -> 
 def _view(hosted: HostedTable, tracked: bool) -> tuple[Any, ...]:
     """The validator's view of a hosted table (see csrc/node_serve_bindings.h).
 
-    A table moving slots out is applied by the node (no engine here), which
-    records the changed keys.
+    A table moving slots out, or saved incrementally, is applied by the node (no
+    engine here), which records the changed keys.
     """
     owned = hosted.owned_slots
     return (
@@ -129,7 +129,9 @@ def serve(
             if node.tables.get(name) is not table:  # dropped or reloaded meanwhile
                 raise TableNotFound(f"table {name!r} is not hosted on this node")
         views = [
-            None if h is None else _view(h, node.migrations.tracks(h.entry.spec.name))
+            None
+            if h is None
+            else _view(h, h.changes is not None or node.migrations.tracks(h.entry.spec.name))
             for h in hosted
         ]
         result = parsed.serve(views, APPLY_NATIVELY, reply_limit)

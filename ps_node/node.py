@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -43,6 +44,7 @@ from recstore.core.request_id import Named
 from recstore.core.wire import Buffer
 from recstore.ps import catalogue, codec
 from recstore.ps.catalogue import CatalogueEntry
+from recstore.ps.changes import ChangeTracker
 from recstore.ps.dedup import DedupWindow, Entry, capacity_from_env, slots_touched
 from recstore.ps.migration import Migrations
 from recstore.ps.wal import (
@@ -57,6 +59,9 @@ from recstore.ps.wal import (
 from recstore.ps.wal_io import SegmentFile, SegmentOpener
 from recstore.ps.write_gate import WriteGate
 from recstore.store import Store, Table
+
+if TYPE_CHECKING:
+    from recstore.ps.incremental import ChainTip
 
 #: One increasing sequence for the versions of every table this process hosts, started
 #: at the clock: a table reloaded, or hosted again after a restart, never reports a
@@ -80,6 +85,10 @@ class HostedTable:
     #: moves after every write is applied (never before: a pull reads it before its rows,
     #: so rows read with a version are at least that new); PullResponse/TableStats.version
     version: int = field(default_factory=next_version)
+    #: keys changed since the last checkpoint (tables saved incrementally only)
+    changes: ChangeTracker | None = None
+    #: what the table's newest checkpoint left for an increment to build on
+    chain: ChainTip | None = None
 
     def wrote(self) -> None:
         """A write to this table was applied: rows read earlier may be stale."""
@@ -105,6 +114,17 @@ class HostedTable:
     def evicts(self) -> bool:
         """Whether the table makes room by evicting rows (else inserts can fill it)."""
         return self.entry.spec.keys.eviction != Eviction.none
+
+    def note_pulled(self, keys: np.ndarray) -> None:
+        """Record what a pull touched where it matters to an increment: in a table that
+        drops rows on its own, a pull may bring back a row the last checkpoint held
+        with other values (elsewhere a row a pull inserts is found as a new key)."""
+        if self.changes is not None and self.drops_rows:
+            self.changes.record(keys)
+
+    @functools.cached_property
+    def drops_rows(self) -> bool:
+        return self.evicts or self.entry.spec.keys.ttl_seconds is not None
 
 
 class TableUnrecoverable(RecStoreError):
@@ -245,6 +265,7 @@ class Node:
             lock=threading.Lock(),
             wal=None,
             window=DedupWindow(self.dedup_capacity),
+            changes=ChangeTracker.of_every_slot() if entry.spec.checkpoint.full_every > 1 else None,
         )
         self.tables[entry.spec.name] = hosted
         self.refused.pop(entry.spec.name, None)  # e.g. an explicit Load repaired it
@@ -341,6 +362,7 @@ class Node:
             pull_into(hosted, keys, values_out, found_out, value_dtype or hosted.dtype)
             if found_out is None:
                 self.migrations.record(name, keys)  # any of them may be a new row
+                hosted.note_pulled(keys)
         return len(keys)
 
     def push(
@@ -446,6 +468,9 @@ class Node:
                 self._retract(writes[done:], appended[done:])
                 raise
             write.hosted.wrote()
+            changes = write.hosted.changes
+            if changes is not None and write.op != OP_STEP:  # the step is saved in every link
+                changes.record(codec.decode_keys(write.keys))
         return [
             WriteAck(len(w.keys) // codec.KEY_DTYPE.itemsize, w.hosted.wal, a.seq if a else 0)
             for w, a in zip(writes, appended, strict=True)

@@ -6,7 +6,9 @@ segments from its recorded generation reproduce the table exactly. A written
 checkpoint is read back from the device and verified before anything relies
 on it; the log is then trimmed only below the generation of the oldest
 checkpoint kept, so each kept checkpoint can still be brought forward to the
-present if a newer one turns out damaged (see ``recstore.ps.recovery``).
+present if a newer one turns out damaged (see ``recstore.ps.recovery``). A
+table whose policy says so is saved as an increment over the previous
+checkpoint (``recstore.ps.incremental``); restoring it replays its chain.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from recstore.core import SlotMap, TableSpec, slot_of
-from recstore.ps import checkpoint, checkpoint_read
+from recstore.ps import checkpoint, checkpoint_read, incremental
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
 from recstore.ps.dedup import slots_touched
@@ -78,22 +80,28 @@ def save(
             {"shard_index": node.shard_index, "num_shards": node.num_shards},
         )
         rotated: list[tuple[HostedTable, int]] = []
+        written: dict[str, tuple[HostedTable, incremental.Written]] = {}
         try:
             for name, hosted in sorted(node.tables.items()):
                 with hosted.lock:
-                    _write_table(writer, name, hosted)
+                    written[name] = (hosted, _write_table(writer, name, hosted))
                     if hosted.wal is not None:
                         generation = hosted.wal.rotate()
                         writer.manifest["tables"][name]["wal_generation"] = generation
                         rotated.append((hosted, generation))
             info = writer.commit()
+            # under the registry lock: the next save's increments build on this one
+            for hosted, table in written.values():
+                incremental.advance(hosted, info, table)
         except BaseException:
             writer.abort()
+            _restart_chains(node.tables.values())
             raise
     try:  # the log it would let go of is still whole: a bad write loses nothing
         checkpoint_read.verify(info, from_disk=True)
     except CheckpointCorrupt as error:
         shutil.rmtree(info.path, ignore_errors=True)
+        _restart_chains(node.tables.values())
         reporter(on_damaged)(error)
         raise CheckpointCorrupt(
             info.checkpoint_id, error.table, f"did not verify after writing ({error.reason})"
@@ -146,12 +154,20 @@ def _holding_refused(node: Node, root: Path) -> set[str]:
     }
 
 
-def _write_table(writer: checkpoint.CheckpointWriter, name: str, hosted: HostedTable) -> None:
+def _restart_chains(tables: Iterable[HostedTable]) -> None:
+    """A save that failed drained its tables' changes: their next checkpoint is a full one."""
+    for hosted in tables:
+        hosted.chain = None
+
+
+def _write_table(
+    writer: checkpoint.CheckpointWriter, name: str, hosted: HostedTable
+) -> incremental.Written:
     table, spec = hosted.table, hosted.entry.spec
-    chunks = ((c.keys, c.values, c.state) for c in table.export_chunks())
-    writer.add_table(
+    return incremental.write_table(
+        writer,
         name,
-        chunks=chunks,
+        hosted,
         dim=spec.embedding_dim,
         value_dtype=_value_dtype(hosted),
         state_width=spec.state_width,
@@ -170,11 +186,16 @@ def _value_dtype(hosted: HostedTable) -> np.dtype:
 
 
 def restore_rows(hosted: HostedTable, info: CheckpointInfo, name: str) -> int:
-    """Import a table's rows and optimizer state from a (verified) checkpoint."""
-    for keys, values, state in checkpoint_read.table_chunks(info, name):
-        hosted.table.import_chunk(keys, values, state)
+    """Import a table's rows and optimizer state from a checkpoint whose chain verified;
+    returns the rows the table then holds."""
+    checkpoint_read.replay_chain(
+        checkpoint_read.chain_of(info, name),
+        name,
+        rows=lambda chunk: hosted.table.import_chunk(*chunk),
+        erase=hosted.table.erase,
+    )
     hosted.table.load_optimizer_state(info.manifest["tables"][name].get("optimizer_state", {}))
-    return int(info.manifest["tables"][name]["rows"])
+    return hosted.table.size
 
 
 def entry_of(meta: dict[str, Any]) -> CatalogueEntry:

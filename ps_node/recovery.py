@@ -1,7 +1,8 @@
 """Crash recovery of a node's tables: verified checkpoints, then the write-ahead logs.
 
 Each table is restored on its own, from the newest checkpoint that holds it
-(same incarnation), whose files verify whole before a row is loaded and, in
+(same incarnation), whose files (and those of every link of its chain, when
+it was saved incrementally) verify whole before a row is loaded and, in
 WAL mode, whose log still reaches back to the generation it records; the log
 is replayed from that generation. A log complete from generation 0 is a base
 on its own. Every checkpoint passed over is said loudly: an error log line,
@@ -87,6 +88,7 @@ def _recover_table(
     wal_dir = node.wal_dir(entry) if node.wal_enabled else None
     held = [i for i in reversed(found.infos) if logged_generation(i, entry) is not None]
     passed_over: list[str] = []
+    reported: set[str] = set()
     for info in held:
         generation = logged_generation(info, entry) or 0
         if wal_dir is not None and generation and not wal.reaches_back(wal_dir, generation):
@@ -96,10 +98,15 @@ def _recover_table(
             )
             continue
         try:
-            checkpoint_read.verify_table(info, name)
+            checkpoint_read.verify_chain(info, name)
         except CheckpointCorrupt as error:
-            report(error)
-            passed_over.append(str(error))
+            if str(error) not in reported:  # a damaged base is met again by each later link
+                reported.add(str(error))
+                report(error)
+            link = error.checkpoint_id != info.checkpoint_id
+            passed_over.append(
+                f"checkpoint {info.checkpoint_id!r} ({error})" if link else str(error)
+            )
             continue
         hosted = node.host(entry)
         restore_rows(hosted, info, name)

@@ -8,7 +8,9 @@ slots it owns under the table's new slot map (contiguous ranges over this
 node's shard count, the old epoch plus one); optimizer state rows travel with
 their keys. The result is written as the node's own newest checkpoint, so a
 restart finds it and, in WAL mode, the table's log starts from it. This is also
-the disaster-recovery path: restore a fleet from the checkpoints it left.
+the disaster-recovery path: restore a fleet from the checkpoints it left. A
+source saved incrementally is restored through its chain (its bases read from
+beside it, every link verified first).
 
 A restore may also open the tables in another mode than they were saved in
 (``mode``): a training fleet's checkpoint restored with ``mode=inference``
@@ -28,7 +30,13 @@ from typing import Any
 from recstore.core import InvalidArgument, SlotMap, TableExists, TableMode, TableSpec, slot_of
 from recstore.ps import checkpoint_read, persistence
 from recstore.ps.catalogue import CatalogueEntry
-from recstore.ps.checkpoint import MANIFEST, CheckpointCorrupt, CheckpointInfo, CheckpointNotFound
+from recstore.ps.checkpoint import (
+    MANIFEST,
+    CheckpointCorrupt,
+    CheckpointInfo,
+    CheckpointNotFound,
+    Chunk,
+)
 from recstore.ps.node import HostedTable, Node, owned_slots
 from recstore.ps.persistence import OnDamaged
 
@@ -56,6 +64,13 @@ def read_source(path: Path, allowed_root: Path) -> CheckpointInfo:
     if not (resolved / MANIFEST).is_file():
         raise CheckpointNotFound(f"restore source {path} is not a checkpoint (no {MANIFEST})")
     return checkpoint_read.read_manifest(resolved)
+
+
+def _check_chain(chain: Sequence[CheckpointInfo], allowed_root: Path) -> None:
+    """The bases of an incremental source must lie under the allowed root too."""
+    for link in chain:
+        if not link.path.resolve().is_relative_to(allowed_root.resolve()):
+            raise InvalidArgument(f"restore source base {link.path} is not under {allowed_root}")
 
 
 def _old_shard(info: CheckpointInfo) -> int:
@@ -104,28 +119,33 @@ def resharded_entry(
 
 
 def _import_owned(node: Node, hosted: HostedTable, infos: Sequence[CheckpointInfo]) -> int:
-    """Import the rows of owned slots from every source; returns how many."""
+    """Import the rows of owned slots from every source (its chain replayed, when it was
+    saved incrementally); returns how many rows the table then holds."""
     owned = owned_slots(hosted.entry.slot_map, node.shard_index)
     spec = hosted.entry.spec
-    name, rows, step = spec.name, 0, 0
-    for info in infos:
-        for keys, values, state in checkpoint_read.table_chunks(info, name):
-            if owned is not None:
-                mine = owned[slot_of(keys)]
-                keys, values, state = keys[mine], values[mine], state[mine]
-            if not len(keys):
-                continue
-            if state.shape[1] == spec.state_width:
-                hosted.table.import_chunk(keys, values, state)
-            else:  # restored in another mode: the saved state does not apply
-                hosted.table.push(keys, values)
-            rows += len(keys)
+    name, step = spec.name, 0
+
+    def rows(chunk: Chunk) -> None:
+        keys, values, state = chunk
+        if owned is not None:
+            mine = owned[slot_of(keys)]
+            keys, values, state = keys[mine], values[mine], state[mine]
+        if not len(keys):
+            return
+        if state.shape[1] == spec.state_width:
+            hosted.table.import_chunk(keys, values, state)
+        else:  # restored in another mode: the saved state does not apply
+            hosted.table.push(keys, values)
+
+    for info in infos:  # old shards hold disjoint keys: one's erasures never touch another's
+        chain = checkpoint_read.chain_of(info, name)
+        checkpoint_read.replay_chain(chain, name, rows, hosted.table.erase)
         saved = info.manifest["tables"][name].get("optimizer_state", {})
         step = max(step, int(saved.get("step", 0)))
     if not spec.inference:
         # each old shard counted only the updates that reached it: the furthest one is kept
         hosted.table.load_optimizer_state({"step": step})
-    return rows
+    return hosted.table.size
 
 
 def restore(
@@ -153,7 +173,8 @@ def restore(
     tables = group_tables(infos)
     for info in infos:
         try:
-            checkpoint_read.verify(info)
+            for name in info.tables:
+                _check_chain(checkpoint_read.verify_chain(info, name), root)
         except CheckpointCorrupt as error:
             report(error)
             raise

@@ -177,6 +177,10 @@ class Checkpoint(WireModel):
     #: how many complete checkpoints to keep on disk.
     keep: Annotated[int, Field(ge=1, le=100)] = 3
     durability: Durability = Durability.checkpoint
+    #: every how many checkpoints one is full: 1 (the default) writes every one
+    #: whole; N > 1 writes one full checkpoint, then up to N - 1 incremental ones
+    #: holding only the rows changed (and the keys gone) since the previous one.
+    full_every: Annotated[int, Field(ge=1, le=1000)] = 1
 
 
 class TableSpec(WireModel):
