@@ -174,7 +174,7 @@ class EmbeddingBagCollection(nn.Module):
         pooled = [
             i for i, plan in enumerate(plans) if plan.pooled(bags[i].client, bags[i].table_name)
         ]
-        if pooled:  # plain fixed-size bags: pooled in the engine
+        if pooled:  # plain sum/mean bags: pooled by the engine where it applies
             results = dispatch.pool_many(
                 self._anchor,
                 [bags[i]._handle for i in pooled],
