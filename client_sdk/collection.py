@@ -25,7 +25,6 @@ from recstore.client import dispatch
 from recstore.client.client import RecStoreClient
 from recstore.client.lookup import NO_PADDING
 from recstore.client.nn import EmbeddingBag, Lookup
-from recstore.client.pooled import pooled_many
 
 #: one feature's input: 2-D ids, or (ids, offsets), or (ids, offsets, per_sample_weights)
 Feature = torch.Tensor | tuple[torch.Tensor, ...]
@@ -175,11 +174,12 @@ class EmbeddingBagCollection(nn.Module):
         pooled = [
             i for i, plan in enumerate(plans) if plan.pooled(bags[i].client, bags[i].table_name)
         ]
-        if pooled:  # plain fixed-size bags: pooled in the engine
-            results = pooled_many(
+        if pooled:  # plain sum/mean bags: pooled by the engine where it applies
+            results = dispatch.pool_many(
                 self._anchor,
                 [bags[i]._handle for i in pooled],
                 [plans[i].ids for i in pooled],
+                [plans[i].offsets for i in pooled],
                 [plans[i].pool for i in pooled],  # type: ignore[misc]
                 [bags[i].takes_gradients for i in pooled],
             )

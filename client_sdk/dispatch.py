@@ -29,6 +29,7 @@ from recstore.client.lookup import (
     renormalise_table,
     send_gradients,
 )
+from recstore.client.pooled import Pool, pooled_many
 
 
 def tracing(ids: Sequence[torch.Tensor]) -> bool:
@@ -124,6 +125,25 @@ def lookup_many(
         )
         return rows
     return list(_LookupMany.apply(anchor, tables, ids, padding_idx, scale_grad_by_freq, trainable))
+
+
+def pool_many(
+    anchor: torch.Tensor,
+    tables: list[str],
+    ids: list[torch.Tensor],
+    offsets: list[torch.Tensor | None],
+    pools: list[Pool],
+    trainable: list[bool],
+) -> list[torch.Tensor]:
+    """Plain bags pooled: ``torch.ops.recstore.emb_pool_many`` when traced, else the
+    engine directly (``Lookup.pooled`` tables)."""
+    if tracing(ids):
+        sizes, means = [p.bag_size for p in pools], [p.mean for p in pools]
+        out: list[torch.Tensor] = torch.ops.recstore.emb_pool_many(
+            anchor, tables, ids, offsets, sizes, means, trainable
+        )
+        return out
+    return pooled_many(anchor, tables, ids, pools, trainable)
 
 
 def renorm(table: str, ids: torch.Tensor, max_norm: float, norm_type: float) -> torch.Tensor:

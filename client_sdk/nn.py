@@ -32,14 +32,10 @@ import torch.nn.functional as F
 
 from recstore.client import dispatch, op_tables
 from recstore.client.client import RecStoreClient
-from recstore.client.pooled import Pool, pooled_many, pools_in_engine
+from recstore.client.pooled import SEGMENTS, Pool, pool_rows, pools_in_engine, uniform_bag_size
 from recstore.client.state import TableState
 from recstore.client.tensors import MODULE_ID_DTYPES, check_module_id_dtype
 from recstore.core import Optimizer
-
-#: ``_fixed_bag_size`` while tracing a 1-D batch of sum/mean bags: the bags are told
-#: apart by their offsets at run time (a segment sum), as reading them would break the graph
-SEGMENTS = -1
 
 #: torch.nn.Embedding initialises weights from N(0, 1); so does a RecStore module.
 TORCH_INITIALIZER = {"kind": "normal", "mean": 0.0, "std": 1.0}
@@ -58,18 +54,20 @@ class Lookup:
     ids: torch.Tensor
     scale_grad_by_freq: bool
     finish: Callable[[torch.Tensor], torch.Tensor]
-    #: plain fixed-size bags: eager forwards on a local float32 table pool in the engine
-    #: (``recstore.client.pooled``)
+    #: plain sum/mean bags (no weights): pooled by ``dispatch.pool_many``
+    #: (``recstore.client.pooled``), the engine's where it applies
     pool: Pool | None = None
+    #: the bags' offsets when ``pool.bag_size`` is ``SEGMENTS``
+    offsets: torch.Tensor | None = None
 
     def pooled(self, client: RecStoreClient, table: str) -> bool:
-        """Whether this lookup takes the engine's pooled path (eager, CPU ids)."""
-        return (
-            self.pool is not None
-            and self.ids.device.type == "cpu"
-            and not dispatch.tracing((self.ids,))
-            and pools_in_engine(client, table)
-        )
+        """Whether this lookup takes the pooled path: traced (the op's kernel then picks
+        the engine or per-id rows at run time), or eager on CPU ids of an engine table."""
+        if self.pool is None:
+            return False
+        if dispatch.tracing((self.ids,)):
+            return True
+        return self.ids.device.type == "cpu" and pools_in_engine(client, table)
 
 
 def _padding_index(padding_idx: int | None, num_embeddings: int) -> int | None:
@@ -313,7 +311,6 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
         )  # fmt: skip
         self.mode = mode
         self.include_last_offset = include_last_offset
-        self._strides: dict[tuple[Any, ...], torch.Tensor] = {}  # offsets of fixed-size bags
 
     def forward(
         self,
@@ -324,8 +321,13 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
         lookup = self._plan(input, offsets, per_sample_weights)
         if lookup.pooled(self.client, self.table_name):
             assert lookup.pool is not None
-            (out,) = pooled_many(
-                self._anchor, [self._handle], [lookup.ids], [lookup.pool], [self.takes_gradients]
+            (out,) = dispatch.pool_many(
+                self._anchor,
+                [self._handle],
+                [lookup.ids],
+                [lookup.offsets],
+                [lookup.pool],
+                [self.takes_gradients],
             )
             return out
         return lookup.finish(self._lookup(lookup.ids, lookup.scale_grad_by_freq))
@@ -349,33 +351,14 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
                 )
         flat = self._prepared(input)
         bag_size = self._fixed_bag_size(input, offsets, per_sample_weights)
-        if bag_size == SEGMENTS:
-            assert offsets is not None
-
-            def segmented(rows: torch.Tensor) -> torch.Tensor:
-                count = flat.numel()
-                positions = torch.arange(count, dtype=offsets.dtype, device=offsets.device)
-                bag_of = torch.bucketize(positions, offsets, right=True) - 1
-                if per_sample_weights is not None:
-                    rows = rows * per_sample_weights.reshape(-1, 1)
-                out = rows.new_zeros(len(offsets), self.embedding_dim).index_add(0, bag_of, rows)
-                if self.mode == "sum":
-                    return out
-                end = torch.full((1,), count, dtype=offsets.dtype, device=offsets.device)
-                sizes = torch.cat([offsets[1:], end]) - offsets
-                return out / sizes.clamp(min=1).unsqueeze(1).to(out.dtype)
-
-            return Lookup(flat, False, segmented)
         if bag_size:
+            pool = Pool(bag_size, self.mode == "mean")
 
             def pooled(rows: torch.Tensor) -> torch.Tensor:
-                rows = rows.view(-1, bag_size, self.embedding_dim)
-                if per_sample_weights is not None:
-                    rows = rows * per_sample_weights.reshape(-1, bag_size, 1)
-                return rows.sum(1) if self.mode == "sum" else rows.mean(1)
+                return pool_rows(rows, pool, offsets, per_sample_weights)
 
-            pool = Pool(bag_size, self.mode == "mean") if per_sample_weights is None else None
-            return Lookup(flat, False, pooled, pool)
+            engine = None if per_sample_weights is not None else pool
+            return Lookup(flat, False, pooled, engine, offsets if bag_size == SEGMENTS else None)
 
         def bagged(rows: torch.Tensor) -> torch.Tensor:
             # each occurrence has its own row; padding occurrences point at an extra zero row
@@ -429,15 +412,7 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
             return 0
         if torch.compiler.is_compiling():  # the stride check reads offsets: not in a graph
             return SEGMENTS
-        bags, lookups = len(offsets), input.numel()
-        size = lookups // bags
-        if size == 0 or size * bags != lookups:
-            return 0
-        stride = self._strides.get((bags, size, offsets.dtype, offsets.device))
-        if stride is None:
-            stride = torch.arange(0, lookups, size, dtype=offsets.dtype, device=offsets.device)
-            self._strides = {(bags, size, offsets.dtype, offsets.device): stride}
-        return size if torch.equal(offsets, stride) else 0
+        return uniform_bag_size(offsets, input.numel())
 
     @classmethod
     def from_pretrained(

@@ -193,3 +193,4 @@ def _(tables, keys, grads, padding_idx, scale_grad_by_freq):
 
 # the KVClient calls at the op layer register on import of this module too
 from recstore.client import kv_ops as kv_ops  # noqa: E402
+from recstore.client import pooled_ops as pooled_ops  # noqa: E402

@@ -53,7 +53,7 @@ def test_eager_forward_and_backward_do_not_dispatch_custom_ops(local_client) -> 
 
 def test_compiled_forward_and_backward_dispatch_custom_ops(local_client) -> None:
     torch._dynamo.reset()
-    module, args = _modules(local_client)[2]
+    module, args = _modules(local_client)[0]  # plain bags: tests/client/test_compile_pooled.py
     compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
     _train_step(compiled, args)  # compiles
     ran = _recstore_ops(lambda: _train_step(compiled, args))

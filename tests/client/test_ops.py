@@ -13,7 +13,10 @@ REFERENCE_OPS = [
     "emb_read", "emb_write", "emb_update_table", "init_embedding_table", "emb_prefetch",
     "emb_wait_result", "local_lookup_flat", "local_update_flat",
 ]  # fmt: skip
-MODULE_OPS = ["emb_lookup", "emb_lookup_many", "emb_renorm", "emb_update_many"]
+MODULE_OPS = [
+    "emb_lookup", "emb_lookup_many", "emb_renorm", "emb_update_many", "emb_pool_many",
+    "emb_update_pooled_many",
+]  # fmt: skip
 
 
 def test_the_reference_ops_and_the_modules_ops_are_registered() -> None:

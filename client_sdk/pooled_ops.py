@@ -1,0 +1,110 @@
+"""``torch.ops.recstore.emb_pool_many``: pooled bags as a custom op, for traced graphs.
+
+Eager forwards of plain sum/mean bags pool in the engine without the
+dispatcher (``recstore.client.pooled``); ``torch.compile`` and
+``torch.export`` need an op instead: a shape-only kernel (one row per bag:
+``ids.numel() // bag_size``, or one per offset for bags whose size the trace
+cannot read), an autograd formula whose backward is the ordered side effect
+``emb_update_pooled_many`` (one gradient row per bag), and the real kernels of
+``recstore.client.pooled``, which choose the engine or per-id rows per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.library import register_autograd
+
+from recstore.client.op_tables import layout
+from recstore.client.ops import NAMESPACE, _op
+from recstore.client.pooled import SEGMENTS, Pool, pool_bags, send_bag_gradients
+
+
+def _pools(bag_size: Sequence[int], mean: Sequence[bool]) -> list[Pool]:
+    return [Pool(size, m) for size, m in zip(bag_size, mean, strict=True)]
+
+
+@_op(
+    "emb_pool_many",
+    schema="(Tensor anchor, str[] tables, Tensor[] ids, Tensor?[] offsets, int[] bag_size, "
+    "bool[] mean, bool[] trainable) -> Tensor[]",
+)
+def emb_pool_many(
+    anchor: torch.Tensor,
+    tables: list[str],
+    ids: list[torch.Tensor],
+    offsets: list[torch.Tensor | None],
+    bag_size: list[int],
+    mean: list[bool],
+    trainable: list[bool],
+) -> list[torch.Tensor]:
+    """Each table's bags pooled: ``ids`` flat, ``bag_size`` ids per bag, or ``SEGMENTS``
+    (-1) with ``offsets`` (1-D, one per bag); ``mean`` or sum; a table not
+    ``trainable`` (a frozen module) gives rows without gradient."""
+    return pool_bags(tables, ids, offsets, _pools(bag_size, mean))
+
+
+@emb_pool_many.register_fake
+def _(anchor, tables, ids, offsets, bag_size, mean, trainable):
+    out = []
+    for table, keys, offs, size in zip(tables, ids, offsets, bag_size, strict=True):
+        dim, dtype = layout(table)
+        bags = offs.shape[0] if size == SEGMENTS else keys.numel() // size
+        out.append(keys.new_empty((bags, dim), dtype=dtype))
+    return out
+
+
+def _pool_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    _, ctx.tables, ids, offsets, ctx.bag_size, ctx.mean, ctx.trainable = inputs
+    ctx.set_materialize_grads(False)  # an unused output gets no gradient, hence no update
+    ctx.mark_non_differentiable(*(r for r, t in zip(output, ctx.trainable, strict=True) if not t))
+    ctx.has_offsets = [o is not None for o in offsets]
+    ctx.save_for_backward(*ids, *(o for o in offsets if o is not None))
+
+
+def _pool_backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> tuple[Any, ...]:
+    count = len(ctx.tables)
+    saved = ctx.saved_tensors
+    ids, rest = list(saved[:count]), iter(saved[count:])
+    offsets = [next(rest) if has else None for has in ctx.has_offsets]
+    picked = [i for i, g in enumerate(grads) if g is not None and ctx.trainable[i]]
+    if picked:
+        emb_update_pooled_many(
+            [ctx.tables[i] for i in picked],
+            [ids[i] for i in picked],
+            [offsets[i] for i in picked],
+            [grads[i] for i in picked],
+            [ctx.bag_size[i] for i in picked],
+            [ctx.mean[i] for i in picked],
+        )
+    # autograd sees a list of inputs only when every item is a tensor, else one input
+    no_offsets = [None] * count if all(ctx.has_offsets) else None
+    return None, None, [None] * count, no_offsets, None, None, None
+
+
+register_autograd(f"{NAMESPACE}::emb_pool_many", _pool_backward, setup_context=_pool_setup)
+
+
+@_op(
+    "emb_update_pooled_many",
+    effect=True,
+    schema="(str[] tables, Tensor[] ids, Tensor?[] offsets, Tensor[] grads, int[] bag_size, "
+    "bool[] mean) -> ()",
+)
+def emb_update_pooled_many(
+    tables: list[str],
+    ids: list[torch.Tensor],
+    offsets: list[torch.Tensor | None],
+    grads: list[torch.Tensor],
+    bag_size: list[int],
+    mean: list[bool],
+) -> None:
+    """``emb_pool_many``'s update: one gradient row per bag to each table's optimizer."""
+    send_bag_gradients(tables, ids, offsets, _pools(bag_size, mean), grads)
+
+
+@emb_update_pooled_many.register_fake
+def _(tables, ids, offsets, grads, bag_size, mean):
+    return None
