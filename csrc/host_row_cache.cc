@@ -8,6 +8,10 @@
 
 namespace recstore {
 
+namespace {
+constexpr int64_t kAhead = 16;  // keys whose set is fetched ahead of its probe
+}  // namespace
+
 HostRowCache::HostRowCache(int64_t num_sets, int64_t row_bytes, bool lru)
     : num_sets_(num_sets), row_bytes_(row_bytes), lru_(lru) {
   if (num_sets < 0) throw std::invalid_argument("host cache: num_sets must be >= 0");
@@ -37,15 +41,20 @@ int64_t HostRowCache::estimate(int64_t key) const {
 }
 
 void HostRowCache::count(int64_t n, const int64_t* keys) {
-  // keys are unique, so a counter repeats only where two keys collide: one count
+  // keys are unique, so a counter repeats only where two keys collide: it counts
+  // once. Every new value is computed from the old counters before any is
+  // stored, so colliding keys store the same value (as numpy's scatter does).
   scratch_.resize(static_cast<size_t>(n));
+  counted_.resize(static_cast<size_t>(n));
   for (int d = 0; d < kSketchDepth; ++d) {
-    for (int64_t i = 0; i < n; ++i) scratch_[i] = cell_of(keys[i], d);
-    std::sort(scratch_.begin(), scratch_.end());
-    auto last = std::unique(scratch_.begin(), scratch_.end());
     uint8_t* row = sketch_.data() + d * width_;
-    for (auto it = scratch_.begin(); it != last; ++it)
-      if (row[*it] < kSketchMax) ++row[*it];
+    for (int64_t i = 0; i < n; ++i) {
+      scratch_[i] = cell_of(keys[i], d);
+      __builtin_prefetch(row + scratch_[i], 1);
+    }
+    for (int64_t i = 0; i < n; ++i)
+      counted_[i] = static_cast<uint8_t>(std::min<int>(row[scratch_[i]] + 1, kSketchMax));
+    for (int64_t i = 0; i < n; ++i) row[scratch_[i]] = counted_[i];
   }
   sketched_ += n;
   if (sketched_ >= kAgeEvery * capacity_rows()) {
@@ -66,8 +75,18 @@ std::vector<int64_t> HostRowCache::lookup(int64_t n, const int64_t* keys, char* 
   }
   std::vector<int64_t> hit_slots;
   hit_slots.reserve(static_cast<size_t>(n));
+  // the sets are scattered over a large directory: their lines are fetched ahead
+  std::vector<int64_t> bases(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t base = static_cast<int64_t>(set_of(keys[i])) * kWays;
+    bases[i] = static_cast<int64_t>(set_of(keys[i])) * kWays;
+    if (i < kAhead) __builtin_prefetch(keys_.data() + bases[i]);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      __builtin_prefetch(keys_.data() + bases[i + kAhead]);
+      __builtin_prefetch(born_.data() + bases[i + kAhead]);
+    }
+    const int64_t base = bases[i];
     int64_t slot = -1;
     for (int w = 0; w < kWays; ++w)
       if (keys_[base + w] == keys[i]) {
@@ -104,8 +123,13 @@ void HostRowCache::insert(int64_t n, const int64_t* keys, const char* rows, int6
   std::vector<int64_t> merit(n, 0);
   for (int64_t i = 0; i < n; ++i) {
     sets[i] = set_of(keys[i]);
-    if (!lru_) merit[i] = estimate(keys[i]);
+    __builtin_prefetch(keys_.data() + sets[i] * kWays);
+    __builtin_prefetch(stamps_.data() + sets[i] * kWays);
+    if (!lru_)
+      for (int d = 0; d < kSketchDepth; ++d) __builtin_prefetch(sketch_.data() + d * width_ + cell_of(keys[i], d));
   }
+  if (!lru_)
+    for (int64_t i = 0; i < n; ++i) merit[i] = estimate(keys[i]);
   // candidates of one set ranked best first; the r-th takes the set's r-th victim
   std::vector<int64_t> order(n);
   std::iota(order.begin(), order.end(), int64_t{0});

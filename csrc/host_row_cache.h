@@ -77,6 +77,7 @@ class HostRowCache {
   int64_t tick_ = 0;
   HostRowCacheStats stats_;
   std::vector<uint64_t> scratch_;  // count(): one depth's cells
+  std::vector<uint8_t> counted_;   // count(): their new values
 };
 
 }  // namespace recstore

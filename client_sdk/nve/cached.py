@@ -79,9 +79,9 @@ class CachedTable:
         """One row per element of ``keys`` (CPU int64, any repeats), in the table dtype."""
         unique, inverse = unique_keys(keys)
         rows = self._read_unique(unique.numpy())
-        if len(unique) == keys.numel():  # no repeats: first-occurrence order is keys' own
-            return from_bits(rows, self.cache.dtype)
-        return from_bits(rows, self.cache.dtype)[inverse.view(-1)]
+        if len(unique) != keys.numel():  # repeats (else first-occurrence order is keys' own)
+            rows = rows[inverse.numpy().reshape(-1)]  # numpy's gather: on this thread
+        return from_bits(rows, self.cache.dtype)
 
     def _read_unique(self, keys: np.ndarray) -> np.ndarray:
         """Rows (bits) of unique ``keys``: the cache's, then the table's for the rest."""
