@@ -2,8 +2,9 @@
 
 Remote lookups cross the wire for every id; a cache in front keeps the hot rows
 of a skewed (Zipf-like) id stream next to the model. Every operation is
-vectorised over a batch of unique keys (numpy), because a per-key Python loop
-would cost more than the round trip it saves.
+vectorised over a batch of unique keys (numpy). This class states the policy
+and is the model the engine's twin (``native_host_cache.NativeHostCache``,
+which layers read through) is tested against, slot by slot.
 
 Layout: set-associative, as NVIDIA's embedding cache is: a key hashes to one
 set of ``WAYS`` slots; its row lives in one preallocated tensor. Policies:
