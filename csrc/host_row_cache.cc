@@ -126,7 +126,8 @@ void HostRowCache::insert(int64_t n, const int64_t* keys, const char* rows, int6
     __builtin_prefetch(keys_.data() + sets[i] * kWays);
     __builtin_prefetch(stamps_.data() + sets[i] * kWays);
     if (!lru_)
-      for (int d = 0; d < kSketchDepth; ++d) __builtin_prefetch(sketch_.data() + d * width_ + cell_of(keys[i], d));
+      for (int d = 0; d < kSketchDepth; ++d)
+        __builtin_prefetch(sketch_.data() + d * width_ + cell_of(keys[i], d));
   }
   if (!lru_)
     for (int64_t i = 0; i < n; ++i) merit[i] = estimate(keys[i]);

@@ -27,11 +27,12 @@ using RowsOut = recstore::arrays::Host<uint8_t, nb::ndim<2>>;
 // `rows` must be [n, row_bytes]; ValueError naming `what` otherwise.
 template <class A>
 void expect_row_bytes(const HostRowCache& c, const A& rows, const char* what, int64_t n) {
-  if (static_cast<int64_t>(rows.shape(0)) == n && static_cast<int64_t>(rows.shape(1)) == c.row_bytes())
-    return;
+  const auto got_rows = static_cast<int64_t>(rows.shape(0));
+  const auto got_bytes = static_cast<int64_t>(rows.shape(1));
+  if (got_rows == n && got_bytes == c.row_bytes()) return;
   throw nb::value_error((std::string(what) + " must have shape (" + std::to_string(n) + ", " +
-                         std::to_string(c.row_bytes()) + "), got (" + std::to_string(rows.shape(0)) +
-                         ", " + std::to_string(rows.shape(1)) + ")")
+                         std::to_string(c.row_bytes()) + "), got (" + std::to_string(got_rows) +
+                         ", " + std::to_string(got_bytes) + ")")
                             .c_str());
 }
 
@@ -76,7 +77,8 @@ inline void bind(nb::module_& m) {
              return d;
            })
       .def("held", [](const HostRowCache& c) { return c.stats().held; })
-      .def("keys", [](const HostRowCache& c) { return vector_array(std::vector<int64_t>(c.keys())); })
+      .def("keys",
+           [](const HostRowCache& c) { return vector_array(std::vector<int64_t>(c.keys())); })
       .def("stamps",
            [](const HostRowCache& c) { return vector_array(std::vector<int64_t>(c.stamps())); })
       .def("clear", &HostRowCache::clear, Release());
