@@ -2,8 +2,9 @@
 
 Remote lookups cross the wire for every id; a cache in front keeps the hot rows
 of a skewed (Zipf-like) id stream next to the model. Every operation is
-vectorised over a batch of unique keys (numpy), because a per-key Python loop
-would cost more than the round trip it saves.
+vectorised over a batch of unique keys (numpy). This class states the policy
+and is the model the engine's twin (``native_host_cache.NativeHostCache``,
+which layers read through) is tested against, slot by slot.
 
 Layout: set-associative, as NVIDIA's embedding cache is: a key hashes to one
 set of ``WAYS`` slots; its row lives in one preallocated tensor. Policies:
@@ -28,26 +29,29 @@ calling thread, where torch's would wait for its thread pool on a busy machine.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
+from recstore import _native as _native_module
+
+_native: Any = _native_module
+
 POLICIES = ("lfu", "lru")
-WAYS = 8
-SKETCH_DEPTH = 4
+# the policy's constants live in the engine (host_row_cache.h), which runs it for lookups
+WAYS: int = _native.HOST_CACHE_WAYS
+SKETCH_DEPTH: int = _native.HOST_CACHE_SKETCH_DEPTH
 #: sketch counters per row of each depth: wide enough that one-off ids rarely share a
 #: counter with a hot one (at 1x, collisions let one-offs look hot on small caches)
-SKETCH_WIDTH = 4
-SKETCH_MAX = 255  # uint8 counters saturate here
+SKETCH_WIDTH: int = _native.HOST_CACHE_SKETCH_WIDTH
+SKETCH_MAX: int = _native.HOST_CACHE_SKETCH_MAX  # uint8 counters saturate here
 #: the sketch's counters halve after this many accesses per cached row
-AGE_EVERY = 10
+AGE_EVERY: int = _native.HOST_CACHE_AGE_EVERY
 EMPTY = np.int64(-1)  # the key of an empty slot (table keys are >= 0)
-_SET_HASH = np.uint64(0x9E3779B97F4A7C15)
-_SKETCH_HASHES = np.array(
-    [0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0xD6E8FEB86659FD93, 0xA0761D6478BD642F],
-    dtype=np.uint64,
-)
+_SET_HASH = np.uint64(_native.HOST_CACHE_SET_HASH)
+_SKETCH_HASHES = np.array(_native.HOST_CACHE_SKETCH_HASHES, dtype=np.uint64)
 
 
 def _bits_dtype(dtype: torch.dtype) -> torch.dtype:

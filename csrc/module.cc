@@ -17,6 +17,7 @@
 #include "arrays.h"
 #include "cache_bindings.h"
 #include "hash.h"
+#include "host_row_cache_bindings.h"
 #include "multi_codec_bindings.h"
 #include "node_serve_bindings.h"
 #include "parallel.h"
@@ -253,6 +254,7 @@ NB_MODULE(_native, m) {
       .def("stats", [](Table& t) { return stats_dict(t.stats()); });
 
   recstore::cache_bindings::bind(m);
+  recstore::host_row_cache_bindings::bind(m);
   recstore::codec::bindings::bind(m);
   recstore::serve::bindings::bind(m);
   recstore::protowire::bindings::bind(m);

@@ -23,8 +23,9 @@ import numpy as np
 import torch
 
 from recstore.client.client import RecStoreClient
-from recstore.client.host_cache import HostCache, from_bits, to_bits
-from recstore.client.tensors import keys_to_numpy
+from recstore.client.host_cache import from_bits, to_bits
+from recstore.client.native_host_cache import NativeHostCache
+from recstore.client.tensors import unique_keys
 
 log = logging.getLogger("recstore.nve")
 
@@ -68,7 +69,7 @@ class CachedTable:
         max_modify_size: int | None = None,
     ) -> None:
         self.client, self.name, self.layer = client, name, layer
-        self.cache = HostCache(capacity_bytes, dim, dtype, policy=policy)
+        self.cache = NativeHostCache(capacity_bytes, dim, dtype, policy=policy)
         self.max_staleness_steps = max_staleness_steps
         self.max_modify_size = max_modify_size
         self.step = 0
@@ -76,32 +77,31 @@ class CachedTable:
 
     def read(self, keys: torch.Tensor) -> torch.Tensor:
         """One row per element of ``keys`` (CPU int64, any repeats), in the table dtype."""
-        unique, inverse = np.unique(keys_to_numpy(keys), return_inverse=True)
-        rows = self._read_unique(unique)
-        return from_bits(rows[inverse.reshape(-1)], self.cache.dtype)
+        unique, inverse = unique_keys(keys)
+        rows = self._read_unique(unique.numpy())
+        if len(unique) != keys.numel():  # repeats (else first-occurrence order is keys' own)
+            rows = rows[inverse.numpy().reshape(-1)]  # numpy's gather: on this thread
+        return from_bits(rows, self.cache.dtype)
 
     def _read_unique(self, keys: np.ndarray) -> np.ndarray:
         """Rows (bits) of unique ``keys``: the cache's, then the table's for the rest."""
         staleness = self.max_staleness_steps
         since = None if staleness is None else self.step - staleness
-        hit, slots = self.cache.lookup(keys, read_since=since)
-        if staleness is not None and slots.size == len(keys):  # no version to ask
-            return self.cache.rows(slots)
-        miss = np.flatnonzero(~hit)
+        out = self.cache.empty_rows(len(keys))
+        miss = self.cache.lookup_into(keys, out, read_since=since)
+        if staleness is not None and not miss.size:  # no version to ask
+            return out
         pulled, versions = self._pull(keys[miss])
         if staleness is None and versions != self._versions:
             if self._versions is not None:  # written meanwhile: no cached row is current
                 self.cache.clear()
-                if slots.size:  # nor are this batch's hits: read them again
-                    self.cache.stats.hits -= len(slots)
-                    self.cache.stats.misses += len(slots)
+                hits = len(keys) - len(miss)
+                if hits:  # nor are this batch's hits: read them again
+                    self.cache.recount_hits(hits)
                     rows, self._versions = self._pull(keys)
                     self._insert(keys, rows)
                     return rows
             self._versions = versions
-        out = np.empty((len(keys), self.cache.dim), dtype=pulled.dtype)
-        if slots.size:
-            out[hit] = self.cache.rows(slots)
         out[miss] = pulled
         self._insert(keys[miss], pulled)
         return out

@@ -1,0 +1,187 @@
+// The SDK host cache's directory, sketch and rows (see host_row_cache.h).
+#include "host_row_cache.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <stdexcept>
+
+namespace recstore {
+
+namespace {
+constexpr int64_t kAhead = 16;  // keys whose set is fetched ahead of its probe
+}  // namespace
+
+HostRowCache::HostRowCache(int64_t num_sets, int64_t row_bytes, bool lru)
+    : num_sets_(num_sets), row_bytes_(row_bytes), lru_(lru) {
+  if (num_sets < 0) throw std::invalid_argument("host cache: num_sets must be >= 0");
+  if (row_bytes <= 0) throw std::invalid_argument("host cache: row_bytes must be > 0");
+  const int64_t slots = capacity_rows();
+  keys_.assign(slots, kEmpty);
+  stamps_.assign(slots, 0);
+  born_.assign(slots, 0);
+  rows_.resize(static_cast<size_t>(slots * row_bytes));
+  width_ = static_cast<uint64_t>(std::max<int64_t>(1, kSketchWidth * slots));
+  sketch_.assign(kSketchDepth * width_, 0);
+}
+
+uint64_t HostRowCache::set_of(int64_t key) const {
+  return ((static_cast<uint64_t>(key) * kSetHash) >> 32) % static_cast<uint64_t>(num_sets_);
+}
+
+uint64_t HostRowCache::cell_of(int64_t key, int depth) const {
+  return ((static_cast<uint64_t>(key) * kSketchHashes[depth]) >> 29) % width_;
+}
+
+int64_t HostRowCache::estimate(int64_t key) const {
+  int best = kSketchMax;
+  for (int d = 0; d < kSketchDepth; ++d)
+    best = std::min<int>(best, sketch_[d * width_ + cell_of(key, d)]);
+  return best;
+}
+
+void HostRowCache::count(int64_t n, const int64_t* keys) {
+  // keys are unique, so a counter repeats only where two keys collide: it counts
+  // once. Every new value is computed from the old counters before any is
+  // stored, so colliding keys store the same value (as numpy's scatter does).
+  scratch_.resize(static_cast<size_t>(n));
+  counted_.resize(static_cast<size_t>(n));
+  for (int d = 0; d < kSketchDepth; ++d) {
+    uint8_t* row = sketch_.data() + d * width_;
+    for (int64_t i = 0; i < n; ++i) {
+      scratch_[i] = cell_of(keys[i], d);
+      __builtin_prefetch(row + scratch_[i], 1);
+    }
+    for (int64_t i = 0; i < n; ++i)
+      counted_[i] = static_cast<uint8_t>(std::min<int>(row[scratch_[i]] + 1, kSketchMax));
+    for (int64_t i = 0; i < n; ++i) row[scratch_[i]] = counted_[i];
+  }
+  sketched_ += n;
+  if (sketched_ >= kAgeEvery * capacity_rows()) {
+    for (auto& c : sketch_) c >>= 1;
+    for (auto& s : stamps_) s >>= 1;
+    sketched_ = 0;
+  }
+}
+
+std::vector<int64_t> HostRowCache::lookup(int64_t n, const int64_t* keys, char* out,
+                                          int64_t read_since) {
+  std::vector<int64_t> misses;
+  if (num_sets_ == 0) {
+    stats_.misses += n;
+    misses.resize(static_cast<size_t>(n));
+    std::iota(misses.begin(), misses.end(), int64_t{0});
+    return misses;
+  }
+  std::vector<int64_t> hit_slots;
+  hit_slots.reserve(static_cast<size_t>(n));
+  // the sets are scattered over a large directory: their lines are fetched ahead
+  std::vector<int64_t> bases(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    bases[i] = static_cast<int64_t>(set_of(keys[i])) * kWays;
+    if (i < kAhead) __builtin_prefetch(keys_.data() + bases[i]);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      __builtin_prefetch(keys_.data() + bases[i + kAhead]);
+      __builtin_prefetch(born_.data() + bases[i + kAhead]);
+    }
+    const int64_t base = bases[i];
+    int64_t slot = -1;
+    for (int w = 0; w < kWays; ++w)
+      if (keys_[base + w] == keys[i]) {
+        slot = base + w;
+        break;
+      }
+    if (slot >= 0 && born_[slot] < read_since) {  // too stale to serve: dropped
+      keys_[slot] = kEmpty;
+      --stats_.held;
+      slot = -1;
+    }
+    if (slot < 0) {
+      misses.push_back(i);
+      continue;
+    }
+    hit_slots.push_back(slot);
+    std::memcpy(out + i * row_bytes_, rows_.data() + slot * row_bytes_, row_bytes_);
+  }
+  ++tick_;
+  if (lru_) {
+    for (int64_t slot : hit_slots) stamps_[slot] = tick_;
+  } else {
+    count(n, keys);
+    for (int64_t slot : hit_slots) ++stamps_[slot];
+  }
+  stats_.hits += static_cast<int64_t>(hit_slots.size());
+  stats_.misses += static_cast<int64_t>(misses.size());
+  return misses;
+}
+
+void HostRowCache::insert(int64_t n, const int64_t* keys, const char* rows, int64_t step) {
+  if (num_sets_ == 0 || n == 0) return;
+  std::vector<uint64_t> sets(n);
+  std::vector<int64_t> merit(n, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    sets[i] = set_of(keys[i]);
+    __builtin_prefetch(keys_.data() + sets[i] * kWays);
+    __builtin_prefetch(stamps_.data() + sets[i] * kWays);
+    if (!lru_)
+      for (int d = 0; d < kSketchDepth; ++d)
+        __builtin_prefetch(sketch_.data() + d * width_ + cell_of(keys[i], d));
+  }
+  if (!lru_)
+    for (int64_t i = 0; i < n; ++i) merit[i] = estimate(keys[i]);
+  // candidates of one set ranked best first; the r-th takes the set's r-th victim
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    if (sets[a] != sets[b]) return sets[a] < sets[b];
+    if (merit[a] != merit[b]) return merit[a] > merit[b];
+    return a < b;
+  });
+  int64_t victim_merit[kWays];
+  int ways[kWays];
+  for (int64_t start = 0; start < n;) {
+    const uint64_t set = sets[order[start]];
+    int64_t end = start;
+    while (end < n && sets[order[end]] == set) ++end;
+    const int64_t base = static_cast<int64_t>(set) * kWays;
+    for (int w = 0; w < kWays; ++w) {  // the set before this batch's entries
+      victim_merit[w] = keys_[base + w] == kEmpty ? -1 : stamps_[base + w];
+      ways[w] = w;
+    }
+    std::stable_sort(ways, ways + kWays,
+                     [&](int a, int b) { return victim_merit[a] < victim_merit[b]; });
+    for (int64_t r = 0; r < end - start; ++r) {
+      const int64_t i = order[start + r];
+      if (r >= kWays) {  // more candidates than the set has slots
+        ++stats_.rejected;
+        continue;
+      }
+      const int64_t victim = victim_merit[ways[r]];
+      if (!(victim < 0 || lru_ || merit[i] > victim)) {
+        ++stats_.rejected;
+        continue;
+      }
+      const int64_t slot = base + ways[r];
+      if (keys_[slot] != kEmpty)
+        ++stats_.evictions;
+      else
+        ++stats_.held;
+      ++stats_.insertions;
+      keys_[slot] = keys[i];
+      stamps_[slot] = lru_ ? tick_ : merit[i];
+      born_[slot] = step;
+      std::memcpy(rows_.data() + slot * row_bytes_, rows + i * row_bytes_, row_bytes_);
+    }
+    start = end;
+  }
+}
+
+void HostRowCache::clear() {
+  std::fill(keys_.begin(), keys_.end(), kEmpty);
+  stats_.held = 0;
+  ++stats_.invalidations;
+}
+
+}  // namespace recstore

@@ -1,0 +1,83 @@
+// The SDK's host cache of remote rows (recstore.client.host_cache), natively.
+//
+// The numpy model in client_sdk/host_cache.py spends several array passes per
+// lookup (hash, match, count, gather) and more per insert (rank, victims); at a
+// few thousand keys a batch that costs about what a loopback pull saves. This
+// class runs the same steps in one loop each, with the same hashes, sketch,
+// ranking and tie-breaks, so after any sequence of calls it holds the same keys
+// in the same slots with the same stamps as the model (tests compare them).
+//
+// Layout: `num_sets` sets of kWays slots; a slot's row lives in one buffer of
+// `row_bytes` per slot (the table dtype's bits, copied as bytes).
+#pragma once
+
+#include <stdint.h>
+
+#include <vector>
+
+namespace recstore {
+
+struct HostRowCacheStats {
+  int64_t hits = 0;
+  int64_t misses = 0;
+  int64_t evictions = 0;
+  int64_t insertions = 0;
+  int64_t rejected = 0;       // missed keys the admission rule (or a full set) kept out
+  int64_t invalidations = 0;  // clear() calls
+  int64_t held = 0;           // slots holding a row
+};
+
+class HostRowCache {
+ public:
+  static constexpr int kWays = 8;
+  static constexpr int kSketchDepth = 4;
+  static constexpr int kSketchWidth = 4;  // counters per slot at each depth
+  static constexpr int kSketchMax = 255;
+  static constexpr int kAgeEvery = 10;  // accesses per slot between halvings
+  static constexpr int64_t kEmpty = -1;
+  static constexpr uint64_t kSetHash = 0x9E3779B97F4A7C15ULL;
+  static constexpr uint64_t kSketchHashes[kSketchDepth] = {
+      0xBF58476D1CE4E5B9ULL, 0x94D049BB133111EBULL, 0xD6E8FEB86659FD93ULL, 0xA0761D6478BD642FULL};
+
+  HostRowCache(int64_t num_sets, int64_t row_bytes, bool lru);
+
+  int64_t num_sets() const { return num_sets_; }
+  int64_t capacity_rows() const { return num_sets_ * kWays; }
+  int64_t row_bytes() const { return row_bytes_; }
+  const HostRowCacheStats& stats() const { return stats_; }
+
+  // For unique `keys`: copies each hit's row into `out` (row i at i * row_bytes),
+  // counts the access and returns the positions of the misses (ascending). A row
+  // read at a step before `read_since` is dropped and counts as a miss.
+  std::vector<int64_t> lookup(int64_t n, const int64_t* keys, char* out, int64_t read_since);
+  // Offers missed (unique, not cached) keys and their rows, read at `step`.
+  void insert(int64_t n, const int64_t* keys, const char* rows, int64_t step);
+  void clear();
+
+  const std::vector<int64_t>& keys() const { return keys_; }
+  const std::vector<int64_t>& stamps() const { return stamps_; }
+  const std::vector<char>& rows() const { return rows_; }
+
+ private:
+  uint64_t set_of(int64_t key) const;
+  uint64_t cell_of(int64_t key, int depth) const;
+  int64_t estimate(int64_t key) const;
+  void count(int64_t n, const int64_t* keys);
+
+  int64_t num_sets_;
+  int64_t row_bytes_;
+  bool lru_;
+  std::vector<int64_t> keys_;    // [num_sets * kWays]
+  std::vector<int64_t> stamps_;  // lru: last tick; lfu: frequency estimate
+  std::vector<int64_t> born_;    // step a row was read at
+  std::vector<char> rows_;
+  std::vector<uint8_t> sketch_;  // [kSketchDepth * width_]
+  uint64_t width_;
+  int64_t sketched_ = 0;
+  int64_t tick_ = 0;
+  HostRowCacheStats stats_;
+  std::vector<uint64_t> scratch_;  // count(): one depth's cells
+  std::vector<uint8_t> counted_;   // count(): their new values
+};
+
+}  // namespace recstore

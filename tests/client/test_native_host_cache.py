@@ -1,0 +1,90 @@
+"""The engine's host cache against the numpy model: after every call of a skewed
+sequence (lookups with and without a staleness bound, inserts, invalidations) both
+serve the same rows, hold the same keys in the same slots with the same stamps, and
+count the same; bad arrays are refused before anything changes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from recstore.client.host_cache import WAYS, HostCache, bytes_per_row
+from recstore.client.native_host_cache import NativeHostCache
+
+DIM = 4
+ROW_COST = bytes_per_row(DIM * 4)
+
+
+def _rows(keys: np.ndarray) -> np.ndarray:
+    return (keys[:, None] * DIM + np.arange(DIM)).astype(np.float32)
+
+
+def _zipf_batches(seed: int, batches: int, batch: int, rows: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(batches):
+        ids = np.minimum(rng.zipf(1.1, batch), rows) - 1
+        ids = rng.permutation(rows)[ids] if seed % 2 else ids
+        _, first = np.unique(ids, return_index=True)
+        out.append(ids[np.sort(first)].astype(np.int64))
+    return out
+
+
+def _same_state(model: HostCache, native: NativeHostCache) -> None:
+    keys, stamps = native.directory()
+    np.testing.assert_array_equal(keys, model._keys)
+    held = model._keys != -1
+    np.testing.assert_array_equal(stamps[held], model._stamps[held])
+    assert native.stats == model.stats
+    assert native.bytes_used == model.bytes_used
+
+
+@pytest.mark.parametrize("policy", ["lfu", "lru"])
+@pytest.mark.parametrize("sets", [1, 3, 64])
+def test_native_cache_matches_the_numpy_model(policy: str, sets: int) -> None:
+    budget = sets * WAYS * ROW_COST
+    model = HostCache(budget, DIM, torch.float32, policy=policy)
+    native = NativeHostCache(budget, DIM, torch.float32, policy=policy)
+    assert native.capacity_rows == model.capacity_rows == sets * WAYS
+    for step, keys in enumerate(_zipf_batches(sets, 120, 300, 5000)):
+        since = step - 3 if step % 5 == 4 else None
+        hit, slots = model.lookup(keys, read_since=since)
+        out = native.empty_rows(len(keys))
+        miss = native.lookup_into(keys, out, read_since=since)
+        np.testing.assert_array_equal(miss, np.flatnonzero(~hit))
+        np.testing.assert_array_equal(out[hit], model.rows(slots))
+        np.testing.assert_array_equal(out[hit], _rows(keys[hit]))
+        model.insert(keys[miss], _rows(keys[miss]), step)
+        native.insert(keys[miss], _rows(keys[miss]), step)
+        if step % 37 == 36:
+            model.clear()
+            native.clear()
+        _same_state(model, native)
+
+
+def test_a_cache_too_small_for_a_set_misses_everything() -> None:
+    native = NativeHostCache(ROW_COST, DIM, torch.float32)
+    keys = np.arange(5, dtype=np.int64)
+    assert not native.enabled
+    np.testing.assert_array_equal(native.lookup_into(keys, native.empty_rows(5)), np.arange(5))
+    native.insert(keys, _rows(keys))
+    assert native.stats.misses == 5 and native.bytes_used == 0
+
+
+def test_bad_arrays_are_refused_and_nothing_changes() -> None:
+    native = NativeHostCache(WAYS * ROW_COST, DIM, torch.float32)
+    keys = np.arange(3, dtype=np.int64)
+    with pytest.raises(ValueError, match=r"out must have shape \(3, 16\)"):
+        native.lookup_into(keys, native.empty_rows(2))
+    with pytest.raises(TypeError, match="keys"):
+        native.lookup_into(keys.astype(np.int32), native.empty_rows(3))
+    with pytest.raises(ValueError, match=r"rows must have shape \(3, 16\)"):
+        native.insert(keys, _rows(keys[:2]))
+    with pytest.raises(TypeError, match="rows must be float32"):
+        native.insert(keys, _rows(keys).astype(np.float64))
+    assert native.stats.misses == 0 and native.bytes_used == 0
+    with pytest.raises(ValueError, match="policy"):
+        NativeHostCache(1 << 20, DIM, torch.float32, policy="fifo")
+    with pytest.raises(ValueError, match="host_cache_size"):
+        NativeHostCache(-1, DIM, torch.float32)
