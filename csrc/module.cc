@@ -22,6 +22,7 @@
 #include "parallel.h"
 #include "stats_dict.h"
 #include "table.h"
+#include "table_bindings.h"
 #include "unique_keys.h"
 #include "version.h"
 #include "wire_bindings.h"
@@ -42,8 +43,6 @@ using recstore::arrays::def_checked;
 using recstore::arrays::expect_length;
 using recstore::arrays::Host;
 using recstore::arrays::HostKeys;
-using recstore::arrays::state_rows;
-using recstore::arrays::table_rows;
 
 namespace {
 
@@ -119,61 +118,19 @@ NB_MODULE(_native, m) {
 
   using Release = nb::call_guard<nb::gil_scoped_release>;
   nb::class_<Table> table(m, "Table");
-  table
-      .def(nb::init<const TableOptions&>(), "options"_a, Release())
-      .def_prop_ro("dim", &Table::dim)
-      .def_prop_ro("state_width", &Table::state_width)
+  table.def(nb::init<const TableOptions&>(), "options"_a, Release())
       .def("keys",
            [](Table& t) {
-             auto* v = new std::vector<int64_t>();
+             std::vector<int64_t> keys;
              {
                nb::gil_scoped_release release;
-               *v = t.keys();
+               keys = t.keys();
              }
-             nb::capsule owner(v, [](void* p) noexcept {
-               delete static_cast<std::vector<int64_t>*>(p);
-             });
-             return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(v->data(), {v->size()}, owner);
+             return recstore::table_bindings::to_numpy(std::move(keys));
            })
-      .def("expire", &Table::expire, Release());
-  // An empty batch is checked like any other and then does nothing (update still counts a step).
-  def_checked(
-      table, "pull",
-      [](Table& t, HostKeys keys, Arrays::RowsOut out) {
-        int64_t n = count(keys);
-        table_rows(t, out, "out", n);
-        nb::gil_scoped_release release;
-        if (n) t.pull(n, keys.data(), out.data());
-      },
-      "keys"_a.noconvert(), "out"_a.noconvert());
-  def_checked(
-      table, "find",
-      [](Table& t, HostKeys keys, Arrays::RowsOut out, Arrays::Found found) {
-        int64_t n = count(keys);
-        table_rows(t, out, "out", n);
-        expect_length(found, "found", n);
-        nb::gil_scoped_release release;
-        if (n) t.find(n, keys.data(), out.data(), reinterpret_cast<uint8_t*>(found.data()));
-      },
-      "keys"_a.noconvert(), "out"_a.noconvert(), "found"_a.noconvert());
-  def_checked(
-      table, "assign",
-      [](Table& t, HostKeys keys, Arrays::Rows values) {
-        int64_t n = count(keys);
-        table_rows(t, values, "values", n);
-        nb::gil_scoped_release release;
-        if (n) t.assign(n, keys.data(), values.data());
-      },
-      "keys"_a.noconvert(), "values"_a.noconvert());
-  def_checked(
-      table, "update",
-      [](Table& t, HostKeys keys, Arrays::Rows grads, double lr) {
-        int64_t n = count(keys);
-        int grad_dtype = table_rows(t, grads, "grads", n, true);
-        nb::gil_scoped_release release;
-        t.update(n, keys.data(), grads.data(), grad_dtype, static_cast<float>(lr));
-      },
-      "keys"_a.noconvert(), "grads"_a.noconvert(), "lr"_a);
+      .def("expire", &Table::expire, Release())
+      .def("stats", [](Table& t) { return stats_dict(t.stats()); });
+  recstore::table_bindings::bind_host_rows(table);
   def_checked(
       table, "pool",
       [](Table& t, HostKeys keys, int64_t bag_size, bool mean, Host<float, nb::ndim<2>> out) {
@@ -209,48 +166,6 @@ NB_MODULE(_native, m) {
       },
       "keys"_a.noconvert(), "bag_size"_a, "grads"_a.noconvert(), "scale"_a, "lr"_a,
       "Update of pooled bags: each key of bag b gets scale * grads[b], summed per row");
-  def_checked(
-      table, "erase",
-      [](Table& t, HostKeys keys) {
-        int64_t n = count(keys);
-        nb::gil_scoped_release release;
-        return n ? t.erase(n, keys.data()) : int64_t{0};
-      },
-      "keys"_a.noconvert());
-  def_checked(
-      table, "export_rows",
-      [](Table& t, HostKeys keys, Arrays::KeysOut keys_out, Arrays::RowsOut values_out,
-         Arrays::StateOut state_out) {
-        int64_t n = count(keys);
-        expect_length(keys_out, "keys_out", n);
-        table_rows(t, values_out, "values_out", n);
-        state_rows(t, state_out, "state_out", n);
-        nb::gil_scoped_release release;
-        return n ? t.export_rows(n, keys.data(), keys_out.data(), values_out.data(),
-                                 state_out.data())
-                 : int64_t{0};
-      },
-      "keys"_a.noconvert(), "keys_out"_a.noconvert(), "values_out"_a.noconvert(),
-      "state_out"_a.noconvert());
-  def_checked(
-      table, "import_rows",
-      [](Table& t, HostKeys keys, Arrays::Rows values, Arrays::State state) {
-        int64_t n = count(keys);
-        table_rows(t, values, "values", n);
-        state_rows(t, state, "state", n);
-        nb::gil_scoped_release release;
-        if (n) t.import_rows(n, keys.data(), values.data(), state.data());
-      },
-      "keys"_a.noconvert(), "values"_a.noconvert(), "state"_a.noconvert());
-  table
-      .def_prop_ro("step", &Table::step)
-      .def("set_step", &Table::set_step, "step"_a)
-      .def("set_now", &Table::set_now, "seconds"_a)
-      .def("clear_now", &Table::clear_now)
-      .def_prop_ro("size", &Table::size)
-      .def_prop_ro("capacity", &Table::capacity)
-      .def_prop_ro("memory_bytes", &Table::memory_bytes)
-      .def("stats", [](Table& t) { return stats_dict(t.stats()); });
 
   recstore::cache_bindings::bind(m);
   recstore::codec::bindings::bind(m);
