@@ -19,6 +19,13 @@ namespace recstore::table_bindings {
 
 namespace nb = nanobind;
 using namespace nb::literals;
+using recstore::arrays::count;
+using recstore::arrays::def_checked;
+using recstore::arrays::expect_length;
+using recstore::arrays::HostKeys;
+using recstore::arrays::state_rows;
+using recstore::arrays::table_rows;
+using HostArrays = recstore::arrays::TableArrays<recstore::arrays::Host>;
 
 // A host vector handed to numpy without a copy (the capsule owns it).
 template <class T>
@@ -43,22 +50,34 @@ void bind_counters(nb::class_<T>& t) {
       .def_prop_ro("memory_bytes", [](const T& c) { return c.memory_bytes(); });
 }
 
+// export_rows over host arrays (the cache tiers' CUDA twin reads its host copy too).
+template <class T>
+void bind_host_export(nb::class_<T>& t) {
+  def_checked(
+      t, "export_rows",
+      [](T& c, HostKeys keys, HostArrays::KeysOut keys_out, HostArrays::RowsOut values_out,
+         HostArrays::StateOut state_out) {
+        int64_t n = count(keys);
+        expect_length(keys_out, "keys_out", n);
+        table_rows(c, values_out, "values_out", n);
+        state_rows(c, state_out, "state_out", n);
+        nb::gil_scoped_release release;
+        return n ? c.export_rows(n, keys.data(), keys_out.data(), values_out.data(),
+                                 state_out.data())
+                 : int64_t{0};
+      },
+      "keys"_a.noconvert(), "keys_out"_a.noconvert(), "values_out"_a.noconvert(),
+      "state_out"_a.noconvert());
+}
+
 // The batched row methods over host arrays. An empty batch is checked like any
 // other and then does nothing (update still counts a step).
 template <class T>
 void bind_host_rows(nb::class_<T>& t) {
-  using recstore::arrays::count;
-  using recstore::arrays::def_checked;
-  using recstore::arrays::expect_length;
-  using recstore::arrays::HostKeys;
-  using recstore::arrays::state_rows;
-  using recstore::arrays::table_rows;
-  using Arrays = recstore::arrays::TableArrays<recstore::arrays::Host>;
-
   bind_counters(t);
   def_checked(
       t, "pull",
-      [](T& c, HostKeys keys, Arrays::RowsOut out) {
+      [](T& c, HostKeys keys, HostArrays::RowsOut out) {
         int64_t n = count(keys);
         table_rows(c, out, "out", n);
         nb::gil_scoped_release release;
@@ -67,7 +86,7 @@ void bind_host_rows(nb::class_<T>& t) {
       "keys"_a.noconvert(), "out"_a.noconvert());
   def_checked(
       t, "find",
-      [](T& c, HostKeys keys, Arrays::RowsOut out, Arrays::Found found) {
+      [](T& c, HostKeys keys, HostArrays::RowsOut out, HostArrays::Found found) {
         int64_t n = count(keys);
         table_rows(c, out, "out", n);
         expect_length(found, "found", n);
@@ -77,7 +96,7 @@ void bind_host_rows(nb::class_<T>& t) {
       "keys"_a.noconvert(), "out"_a.noconvert(), "found"_a.noconvert());
   def_checked(
       t, "assign",
-      [](T& c, HostKeys keys, Arrays::Rows values) {
+      [](T& c, HostKeys keys, HostArrays::Rows values) {
         int64_t n = count(keys);
         table_rows(c, values, "values", n);
         nb::gil_scoped_release release;
@@ -86,7 +105,7 @@ void bind_host_rows(nb::class_<T>& t) {
       "keys"_a.noconvert(), "values"_a.noconvert());
   def_checked(
       t, "update",
-      [](T& c, HostKeys keys, Arrays::Rows grads, double lr) {
+      [](T& c, HostKeys keys, HostArrays::Rows grads, double lr) {
         int64_t n = count(keys);
         int grad_dtype = table_rows(c, grads, "grads", n, true);
         nb::gil_scoped_release release;
@@ -101,24 +120,10 @@ void bind_host_rows(nb::class_<T>& t) {
         return n ? c.erase(n, keys.data()) : int64_t{0};
       },
       "keys"_a.noconvert());
-  def_checked(
-      t, "export_rows",
-      [](T& c, HostKeys keys, Arrays::KeysOut keys_out, Arrays::RowsOut values_out,
-         Arrays::StateOut state_out) {
-        int64_t n = count(keys);
-        expect_length(keys_out, "keys_out", n);
-        table_rows(c, values_out, "values_out", n);
-        state_rows(c, state_out, "state_out", n);
-        nb::gil_scoped_release release;
-        return n ? c.export_rows(n, keys.data(), keys_out.data(), values_out.data(),
-                                 state_out.data())
-                 : int64_t{0};
-      },
-      "keys"_a.noconvert(), "keys_out"_a.noconvert(), "values_out"_a.noconvert(),
-      "state_out"_a.noconvert());
+  bind_host_export(t);
   def_checked(
       t, "import_rows",
-      [](T& c, HostKeys keys, Arrays::Rows values, Arrays::State state) {
+      [](T& c, HostKeys keys, HostArrays::Rows values, HostArrays::State state) {
         int64_t n = count(keys);
         table_rows(c, values, "values", n);
         state_rows(c, state, "state", n);

@@ -6,12 +6,12 @@
 
 #include <cstdint>
 
-#include "arrays.h"
 #include "cache_bindings.h"
 #include "cuda/bindings.h"
 #include "cuda/cache_table_cuda.h"
 #include "cuda/device_table_bindings.h"
 #include "stats_dict.h"
+#include "table_bindings.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -19,16 +19,10 @@ using recstore::CacheOptions;
 using recstore::TableOptions;
 using recstore::cuda::CudaCacheTable;
 
-using recstore::arrays::count;
-using recstore::arrays::def_checked;
-using recstore::arrays::expect_length;
-using recstore::arrays::state_rows;
-using recstore::arrays::table_rows;
 using recstore::cache_bindings::to_numpy;
 
 void bind_cuda_cache(nb::module_& m) {
   using Release = nb::call_guard<nb::gil_scoped_release>;
-  using HostArrays = recstore::arrays::TableArrays<recstore::arrays::Host>;
   nb::class_<CudaCacheTable> t(m, "CudaCacheTable");
   t.def(nb::init<const TableOptions&, const CacheOptions&, int>(), "options"_a, "cache"_a,
         "device"_a = -1, Release())
@@ -47,19 +41,5 @@ void bind_cuda_cache(nb::module_& m) {
   recstore::cuda::bindings::bind_device_rows(t);
   recstore::cache_bindings::bind_cache_views(t);
   // Host memory is authoritative: exports read it directly (host arrays only).
-  def_checked(
-      t, "export_rows",
-      [](CudaCacheTable& c, recstore::arrays::HostKeys keys, HostArrays::KeysOut keys_out,
-         HostArrays::RowsOut values_out, HostArrays::StateOut state_out) {
-        int64_t n = count(keys);
-        expect_length(keys_out, "keys_out", n);
-        table_rows(c, values_out, "values_out", n);
-        state_rows(c, state_out, "state_out", n);
-        nb::gil_scoped_release release;
-        return n ? c.export_rows(n, keys.data(), keys_out.data(), values_out.data(),
-                                 state_out.data())
-                 : int64_t{0};
-      },
-      "keys"_a.noconvert(), "keys_out"_a.noconvert(), "values_out"_a.noconvert(),
-      "state_out"_a.noconvert());
+  recstore::table_bindings::bind_host_export(t);
 }

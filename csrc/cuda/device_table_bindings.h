@@ -2,7 +2,7 @@
 // bound once for both: the host tables' names and checks (table_bindings.h),
 // arrays on the table's GPU or in host memory, and the optional trailing
 // `stream` (caller_stream, bindings.cc). export_rows differs per class (the
-// cache tier reads its host copy) and stays with each class's bindings.
+// cache tier reads its host copy: table_bindings.h's bind_host_export).
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -31,11 +31,7 @@ void on_device(const T& t, const std::pair<const A&, const char*>&... arrays) {
 // Counters plus pull/find/assign/update/erase/import_rows.
 template <class T>
 void bind_device_rows(nb::class_<T>& t) {
-  using recstore::arrays::count;
-  using recstore::arrays::def_checked;
-  using recstore::arrays::expect_length;
-  using recstore::arrays::state_rows;
-  using recstore::arrays::table_rows;
+  using namespace recstore::table_bindings;  // the array checks
   using Arrays = DeviceArrays;
   using Keys = Arrays::Keys;
   using Rows = Arrays::Rows;
