@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,17 @@ using recstore::arrays::HostKeys;
 namespace {
 
 using Arrays = recstore::arrays::TableArrays<Host>;
+
+// n keys that fill bags of bag_size each, and `name` with one row of dim per bag.
+template <class A>
+void expect_bags(const Table& t, int64_t n, int64_t bag_size, const A& rows, const char* name) {
+  if (bag_size < 1 || n % bag_size != 0)
+    throw std::invalid_argument("the ids must fill bags of bag_size ids each");
+  if (static_cast<int64_t>(rows.shape(0)) != n / bag_size ||
+      static_cast<int64_t>(rows.shape(1)) != t.dim())
+    throw std::invalid_argument(std::string(name) + " must have shape [number of bags, dim]");
+}
+
 }  // namespace
 
 NB_MODULE(_native, m) {
@@ -135,11 +147,7 @@ NB_MODULE(_native, m) {
       table, "pool",
       [](Table& t, HostKeys keys, int64_t bag_size, bool mean, Host<float, nb::ndim<2>> out) {
         const int64_t n = count(keys);
-        if (bag_size < 1 || n % bag_size != 0)
-          throw std::invalid_argument("the ids must fill bags of bag_size ids each");
-        if (static_cast<int64_t>(out.shape(0)) != n / bag_size ||
-            static_cast<int64_t>(out.shape(1)) != t.dim())
-          throw std::invalid_argument("out must have shape [number of bags, dim]");
+        expect_bags(t, n, bag_size, out, "out");
         nb::gil_scoped_release release;
         if (n) t.pool(n, keys.data(), bag_size, mean, out.data());
       },
@@ -152,11 +160,7 @@ NB_MODULE(_native, m) {
          double lr) {
         // grads may be a column slice of a wider gradient (rows strided, columns not)
         const int64_t n = count(keys);
-        if (bag_size < 1 || n % bag_size != 0)
-          throw std::invalid_argument("the ids must fill bags of bag_size ids each");
-        if (static_cast<int64_t>(grads.shape(0)) != n / bag_size ||
-            static_cast<int64_t>(grads.shape(1)) != t.dim())
-          throw std::invalid_argument("grads must have shape [number of bags, dim]");
+        expect_bags(t, n, bag_size, grads, "grads");
         if (t.dim() > 1 && grads.stride(1) != 1)
           throw std::invalid_argument("grads must have contiguous rows");
         const int64_t stride = grads.shape(0) > 0 ? static_cast<int64_t>(grads.stride(0)) : 0;
