@@ -92,7 +92,9 @@ struct CacheCall {
 };
 
 CudaCacheTable::CudaCacheTable(const TableOptions& options, const CacheOptions& cache, int device)
-    : CacheHostRows(options), geo_(cache_geometry(cache, options)), st_(std::make_unique<CacheDeviceState>()) {
+    : CacheHostRows(options),
+      geo_(cache_geometry(cache, options)),
+      st_(std::make_unique<CacheDeviceState>()) {
   device_ = resolve_device(device);
   row_bytes_ = options.dim * dtype_size(options.dtype);
   int previous = 0;
