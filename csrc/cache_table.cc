@@ -54,7 +54,7 @@ SetRuns group_by_set(int64_t n, const int64_t* keys, uint64_t sets) {
 }
 
 CacheTable::CacheTable(const TableOptions& options, const CacheOptions& cache)
-    : host_(options), geo_(cache_geometry(cache, options)) {
+    : CacheHostRows(options), geo_(cache_geometry(cache, options)) {
   row_bytes_ = options.dim * dtype_size(options.dtype);
   slots_.assign(static_cast<size_t>(geo_.slots()), CacheSlot{0, 0});
   values_.assign(static_cast<size_t>(geo_.slots() * row_bytes_), 0);

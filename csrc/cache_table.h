@@ -56,13 +56,38 @@ struct SetRuns {
 };
 SetRuns group_by_set(int64_t n, const int64_t* keys, uint64_t sets);
 
-class CacheTable {
+// The authoritative host rows of a cache tier (both twins) and the calls the
+// tier answers from them alone: the cache changes neither these answers nor
+// is changed by them.
+class CacheHostRows {
  public:
-  CacheTable(const TableOptions& options, const CacheOptions& cache);
+  explicit CacheHostRows(const TableOptions& options) : host_(options) {}
 
   const TableOptions& options() const { return host_.options(); }
   int64_t dim() const { return host_.dim(); }
   int64_t state_width() const { return host_.state_width(); }
+  std::vector<int64_t> keys() const { return host_.keys(); }
+  int64_t export_rows(int64_t n, const int64_t* keys, int64_t* keys_out, void* values_out,
+                      float* state_out) const {
+    return host_.export_rows(n, keys, keys_out, values_out, state_out);
+  }
+  int64_t step() const { return host_.step(); }
+  void set_step(int64_t step) { host_.set_step(step); }
+  void set_now(double seconds) { host_.set_now(seconds); }
+  void clear_now() { host_.clear_now(); }
+  int64_t size() const { return host_.size(); }
+  int64_t capacity() const { return host_.capacity(); }
+  int64_t memory_bytes() const { return host_.memory_bytes(); }
+  TableStats stats() const { return host_.stats(); }
+
+ protected:
+  Table host_;
+};
+
+class CacheTable : public CacheHostRows {
+ public:
+  CacheTable(const TableOptions& options, const CacheOptions& cache);
+
   const CacheGeometry& geometry() const { return geo_; }
 
   void pull(int64_t n, const int64_t* keys, void* out);
@@ -73,21 +98,8 @@ class CacheTable {
   int64_t erase(int64_t n, const int64_t* keys);
   int64_t expire() { return 0; }  // the tier refuses TTL (cache_geometry)
 
-  std::vector<int64_t> keys() const { return host_.keys(); }
-  int64_t export_rows(int64_t n, const int64_t* keys, int64_t* keys_out, void* values_out,
-                      float* state_out) const {
-    return host_.export_rows(n, keys, keys_out, values_out, state_out);
-  }
   void import_rows(int64_t n, const int64_t* keys, const void* values, const float* state);
 
-  int64_t step() const { return host_.step(); }
-  void set_step(int64_t step) { host_.set_step(step); }
-  void set_now(double seconds) { host_.set_now(seconds); }
-  void clear_now() { host_.clear_now(); }
-  int64_t size() const { return host_.size(); }
-  int64_t capacity() const { return host_.capacity(); }
-  int64_t memory_bytes() const { return host_.memory_bytes(); }
-  TableStats stats() const { return host_.stats(); }
   CacheStats cache_stats() const;
   // The directory, slot by slot: key and tick (tick 0: empty).
   std::vector<CacheSlot> directory() const;
@@ -98,7 +110,6 @@ class CacheTable {
   // Lock held: copies host rows of the cached ones among `keys` into their slots.
   void refresh(int64_t n, const int64_t* keys);
 
-  Table host_;
   CacheGeometry geo_;
   int64_t row_bytes_;
   std::vector<CacheSlot> slots_;

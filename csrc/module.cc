@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "parallel.h"
 #include "stats_dict.h"
 #include "table.h"
+#include "table_bindings.h"
 #include "unique_keys.h"
 #include "version.h"
 #include "wire_bindings.h"
@@ -43,12 +45,21 @@ using recstore::arrays::def_checked;
 using recstore::arrays::expect_length;
 using recstore::arrays::Host;
 using recstore::arrays::HostKeys;
-using recstore::arrays::state_rows;
-using recstore::arrays::table_rows;
 
 namespace {
 
 using Arrays = recstore::arrays::TableArrays<Host>;
+
+// n keys that fill bags of bag_size each, and `name` with one row of dim per bag.
+template <class A>
+void expect_bags(const Table& t, int64_t n, int64_t bag_size, const A& rows, const char* name) {
+  if (bag_size < 1 || n % bag_size != 0)
+    throw std::invalid_argument("the ids must fill bags of bag_size ids each");
+  if (static_cast<int64_t>(rows.shape(0)) != n / bag_size ||
+      static_cast<int64_t>(rows.shape(1)) != t.dim())
+    throw std::invalid_argument(std::string(name) + " must have shape [number of bags, dim]");
+}
+
 }  // namespace
 
 NB_MODULE(_native, m) {
@@ -120,70 +131,24 @@ NB_MODULE(_native, m) {
 
   using Release = nb::call_guard<nb::gil_scoped_release>;
   nb::class_<Table> table(m, "Table");
-  table
-      .def(nb::init<const TableOptions&>(), "options"_a, Release())
-      .def_prop_ro("dim", &Table::dim)
-      .def_prop_ro("state_width", &Table::state_width)
+  table.def(nb::init<const TableOptions&>(), "options"_a, Release())
       .def("keys",
            [](Table& t) {
-             auto* v = new std::vector<int64_t>();
+             std::vector<int64_t> keys;
              {
                nb::gil_scoped_release release;
-               *v = t.keys();
+               keys = t.keys();
              }
-             nb::capsule owner(v, [](void* p) noexcept {
-               delete static_cast<std::vector<int64_t>*>(p);
-             });
-             return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(v->data(), {v->size()}, owner);
+             return recstore::table_bindings::to_numpy(std::move(keys));
            })
-      .def("expire", &Table::expire, Release());
-  // An empty batch is checked like any other and then does nothing (update still counts a step).
-  def_checked(
-      table, "pull",
-      [](Table& t, HostKeys keys, Arrays::RowsOut out) {
-        int64_t n = count(keys);
-        table_rows(t, out, "out", n);
-        nb::gil_scoped_release release;
-        if (n) t.pull(n, keys.data(), out.data());
-      },
-      "keys"_a.noconvert(), "out"_a.noconvert());
-  def_checked(
-      table, "find",
-      [](Table& t, HostKeys keys, Arrays::RowsOut out, Arrays::Found found) {
-        int64_t n = count(keys);
-        table_rows(t, out, "out", n);
-        expect_length(found, "found", n);
-        nb::gil_scoped_release release;
-        if (n) t.find(n, keys.data(), out.data(), reinterpret_cast<uint8_t*>(found.data()));
-      },
-      "keys"_a.noconvert(), "out"_a.noconvert(), "found"_a.noconvert());
-  def_checked(
-      table, "assign",
-      [](Table& t, HostKeys keys, Arrays::Rows values) {
-        int64_t n = count(keys);
-        table_rows(t, values, "values", n);
-        nb::gil_scoped_release release;
-        if (n) t.assign(n, keys.data(), values.data());
-      },
-      "keys"_a.noconvert(), "values"_a.noconvert());
-  def_checked(
-      table, "update",
-      [](Table& t, HostKeys keys, Arrays::Rows grads, double lr) {
-        int64_t n = count(keys);
-        int grad_dtype = table_rows(t, grads, "grads", n, true);
-        nb::gil_scoped_release release;
-        t.update(n, keys.data(), grads.data(), grad_dtype, static_cast<float>(lr));
-      },
-      "keys"_a.noconvert(), "grads"_a.noconvert(), "lr"_a);
+      .def("expire", &Table::expire, Release())
+      .def("stats", [](Table& t) { return stats_dict(t.stats()); });
+  recstore::table_bindings::bind_host_rows(table);
   def_checked(
       table, "pool",
       [](Table& t, HostKeys keys, int64_t bag_size, bool mean, Host<float, nb::ndim<2>> out) {
         const int64_t n = count(keys);
-        if (bag_size < 1 || n % bag_size != 0)
-          throw std::invalid_argument("the ids must fill bags of bag_size ids each");
-        if (static_cast<int64_t>(out.shape(0)) != n / bag_size ||
-            static_cast<int64_t>(out.shape(1)) != t.dim())
-          throw std::invalid_argument("out must have shape [number of bags, dim]");
+        expect_bags(t, n, bag_size, out, "out");
         nb::gil_scoped_release release;
         if (n) t.pool(n, keys.data(), bag_size, mean, out.data());
       },
@@ -196,11 +161,7 @@ NB_MODULE(_native, m) {
          double lr) {
         // grads may be a column slice of a wider gradient (rows strided, columns not)
         const int64_t n = count(keys);
-        if (bag_size < 1 || n % bag_size != 0)
-          throw std::invalid_argument("the ids must fill bags of bag_size ids each");
-        if (static_cast<int64_t>(grads.shape(0)) != n / bag_size ||
-            static_cast<int64_t>(grads.shape(1)) != t.dim())
-          throw std::invalid_argument("grads must have shape [number of bags, dim]");
+        expect_bags(t, n, bag_size, grads, "grads");
         if (t.dim() > 1 && grads.stride(1) != 1)
           throw std::invalid_argument("grads must have contiguous rows");
         const int64_t stride = grads.shape(0) > 0 ? static_cast<int64_t>(grads.stride(0)) : 0;
@@ -210,48 +171,6 @@ NB_MODULE(_native, m) {
       },
       "keys"_a.noconvert(), "bag_size"_a, "grads"_a.noconvert(), "scale"_a, "lr"_a,
       "Update of pooled bags: each key of bag b gets scale * grads[b], summed per row");
-  def_checked(
-      table, "erase",
-      [](Table& t, HostKeys keys) {
-        int64_t n = count(keys);
-        nb::gil_scoped_release release;
-        return n ? t.erase(n, keys.data()) : int64_t{0};
-      },
-      "keys"_a.noconvert());
-  def_checked(
-      table, "export_rows",
-      [](Table& t, HostKeys keys, Arrays::KeysOut keys_out, Arrays::RowsOut values_out,
-         Arrays::StateOut state_out) {
-        int64_t n = count(keys);
-        expect_length(keys_out, "keys_out", n);
-        table_rows(t, values_out, "values_out", n);
-        state_rows(t, state_out, "state_out", n);
-        nb::gil_scoped_release release;
-        return n ? t.export_rows(n, keys.data(), keys_out.data(), values_out.data(),
-                                 state_out.data())
-                 : int64_t{0};
-      },
-      "keys"_a.noconvert(), "keys_out"_a.noconvert(), "values_out"_a.noconvert(),
-      "state_out"_a.noconvert());
-  def_checked(
-      table, "import_rows",
-      [](Table& t, HostKeys keys, Arrays::Rows values, Arrays::State state) {
-        int64_t n = count(keys);
-        table_rows(t, values, "values", n);
-        state_rows(t, state, "state", n);
-        nb::gil_scoped_release release;
-        if (n) t.import_rows(n, keys.data(), values.data(), state.data());
-      },
-      "keys"_a.noconvert(), "values"_a.noconvert(), "state"_a.noconvert());
-  table
-      .def_prop_ro("step", &Table::step)
-      .def("set_step", &Table::set_step, "step"_a)
-      .def("set_now", &Table::set_now, "seconds"_a)
-      .def("clear_now", &Table::clear_now)
-      .def_prop_ro("size", &Table::size)
-      .def_prop_ro("capacity", &Table::capacity)
-      .def_prop_ro("memory_bytes", &Table::memory_bytes)
-      .def("stats", [](Table& t) { return stats_dict(t.stats()); });
 
   recstore::cache_bindings::bind(m);
   recstore::host_row_cache_bindings::bind(m);

@@ -58,14 +58,14 @@ class _NVELayer(torch.nn.Module):
         self,
         num_embeddings: int,
         embedding_size: int,
-        data_type: torch.dtype,
-        layer_type: LayerType,
-        gpu_cache_size: int,
-        weight_init: torch.Tensor | None,
-        config: Mapping[str, Any] | None,
-        storage: Any,
-        optimize_for_training: bool,
-        device: Any,
+        data_type: torch.dtype = torch.float32,
+        layer_type: LayerType = LayerType.Hierarchical,
+        gpu_cache_size: int = 0,
+        weight_init: torch.Tensor | None = None,
+        config: Mapping[str, Any] | None = None,
+        storage: Any = None,
+        optimize_for_training: bool = True,
+        device: Any = None,
     ) -> None:
         super().__init__()
         if not isinstance(layer_type, LayerType):
@@ -206,24 +206,6 @@ class _NVELayer(torch.nn.Module):
 
 class NVEmbedding(_NVELayer):
     """torch.nn.Embedding-like: ``forward(keys)`` -> rows of shape [*keys.shape, dim]."""
-
-    def __init__(
-        self,
-        num_embeddings: int,
-        embedding_size: int,
-        data_type: torch.dtype = torch.float32,
-        layer_type: LayerType = LayerType.Hierarchical,
-        gpu_cache_size: int = 0,
-        weight_init: torch.Tensor | None = None,
-        config: Mapping[str, Any] | None = None,
-        storage: Any = None,
-        optimize_for_training: bool = True,
-        device: Any = None,
-    ) -> None:
-        super().__init__(
-            num_embeddings, embedding_size, data_type, layer_type, gpu_cache_size, weight_init,
-            config, storage, optimize_for_training, device,
-        )  # fmt: skip
 
     def forward(self, keys: torch.Tensor) -> torch.Tensor:
         return self._rows(keys).view(*keys.shape, self.embedding_size)

@@ -92,14 +92,10 @@ struct CacheCall {
 };
 
 CudaCacheTable::CudaCacheTable(const TableOptions& options, const CacheOptions& cache, int device)
-    : host_(options), geo_(cache_geometry(cache, options)), st_(std::make_unique<CacheDeviceState>()) {
-  const int count = device_count();
-  if (count == 0) throw std::runtime_error("no CUDA device is available");
-  if (device < 0) RS_CUDA_CHECK(cudaGetDevice(&device));
-  if (device >= count)
-    throw std::invalid_argument("CUDA device " + std::to_string(device) + " does not exist (" +
-                                std::to_string(count) + " visible)");
-  device_ = device;
+    : CacheHostRows(options),
+      geo_(cache_geometry(cache, options)),
+      st_(std::make_unique<CacheDeviceState>()) {
+  device_ = resolve_device(device);
   row_bytes_ = options.dim * dtype_size(options.dtype);
   int previous = 0;
   RS_CUDA_CHECK(cudaGetDevice(&previous));

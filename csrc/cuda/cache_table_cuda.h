@@ -27,16 +27,13 @@ namespace cuda {
 
 struct CacheDeviceState;  // device arrays, stream, pinned staging (cache_table_cuda.cu)
 
-class CudaCacheTable {
+class CudaCacheTable : public CacheHostRows {
  public:
   CudaCacheTable(const TableOptions& options, const CacheOptions& cache, int device = -1);
   ~CudaCacheTable();
   CudaCacheTable(const CudaCacheTable&) = delete;
   CudaCacheTable& operator=(const CudaCacheTable&) = delete;
 
-  const TableOptions& options() const { return host_.options(); }
-  int64_t dim() const { return host_.dim(); }
-  int64_t state_width() const { return host_.state_width(); }
   int device() const { return device_; }
   const CacheGeometry& geometry() const { return geo_; }
 
@@ -49,19 +46,6 @@ class CudaCacheTable {
   void import_rows(int64_t n, const int64_t* keys, const void* values, const float* state,
                    uintptr_t stream);
 
-  std::vector<int64_t> keys() const { return host_.keys(); }
-  int64_t export_rows(int64_t n, const int64_t* keys, int64_t* keys_out, void* values_out,
-                      float* state_out) const {
-    return host_.export_rows(n, keys, keys_out, values_out, state_out);
-  }
-  int64_t step() const { return host_.step(); }
-  void set_step(int64_t step) { host_.set_step(step); }
-  void set_now(double seconds) { host_.set_now(seconds); }
-  void clear_now() { host_.clear_now(); }
-  int64_t size() const { return host_.size(); }
-  int64_t capacity() const { return host_.capacity(); }
-  int64_t memory_bytes() const { return host_.memory_bytes(); }
-  TableStats stats() const { return host_.stats(); }
   CacheStats cache_stats() const;
   std::vector<CacheSlot> directory() const;
   std::vector<char> cached_rows() const;
@@ -72,7 +56,6 @@ class CudaCacheTable {
   // the host keys into their slots.
   void refresh(int64_t n, const int64_t* host_keys);
 
-  Table host_;
   CacheGeometry geo_;
   int device_ = 0;
   int64_t row_bytes_;

@@ -17,5 +17,10 @@ bool available() noexcept;
 // "name (sm_XY, N MiB)" of device `index`; throws std::runtime_error on error.
 std::string device_name(int index);
 
+// The device a table is placed on: `device`, or the current one when it is -1.
+// Throws std::runtime_error without a device, std::invalid_argument for an index
+// past the visible ones.
+int resolve_device(int device);
+
 }  // namespace cuda
 }  // namespace recstore

@@ -30,13 +30,7 @@ void zero(DeviceArray<T>& a, cudaStream_t s) {
 CudaTable::CudaTable(const TableOptions& options, int device)
     : opt_(options), st_(std::make_unique<CudaTableState>()) {
   validate_options(opt_);  // the CPU table's rules, so both accept the same options
-  const int count = device_count();
-  if (count == 0) throw std::runtime_error("no CUDA device is available");
-  if (device < 0) RS_CUDA_CHECK(cudaGetDevice(&device));
-  if (device >= count)
-    throw std::invalid_argument("CUDA device " + std::to_string(device) + " does not exist (" +
-                                std::to_string(count) + " visible)");
-  device_ = device;
+  device_ = resolve_device(device);
   state_w_ = table_state_width(opt_);
 
   int previous = 0;

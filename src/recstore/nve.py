@@ -1,23 +1,4 @@
 """``recstore.nve``: NVIDIA's embedding-cache layers (NVEmbedding, NVEmbeddingBag) over RecStore."""
 
-from recstore.client.nve import (
-    CONFIG_KEYS,
-    DataType_t,
-    HostMemBlock,
-    LayerType,
-    NVEmbedding,
-    NVEmbeddingBag,
-    RemoteTable,
-    register_cache_metrics,
-)
-
-__all__ = [
-    "CONFIG_KEYS",
-    "DataType_t",
-    "HostMemBlock",
-    "LayerType",
-    "NVEmbedding",
-    "NVEmbeddingBag",
-    "RemoteTable",
-    "register_cache_metrics",
-]
+from recstore.client.nve import *  # noqa: F403  (the names its __all__ lists)
+from recstore.client.nve import __all__ as __all__
