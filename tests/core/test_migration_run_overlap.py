@@ -16,7 +16,7 @@ import numpy as np
 
 from recstore.core.control import Rpc
 from recstore.core.migration import MigrationJob, Phase
-from recstore.core.migration_run import MigrationRun, at_once
+from recstore.core.migration_run import MigrationRun
 from recstore.core.migration_wire import Checksums
 from recstore.core.routing import SlotMap
 from recstore.v1 import ps_pb2
@@ -102,6 +102,8 @@ def test_snapshot_pages_are_pipelined_and_verify_checksums_run_at_once() -> None
 
 
 def test_at_once_returns_in_order_and_raises_after_all_finished() -> None:
+    from recstore.core.migration_run import at_once
+
     finished = threading.Event()
 
     def slow() -> int:
