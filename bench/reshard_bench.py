@@ -1,27 +1,36 @@
 """Online resharding 2 -> 3 -> 2 while a trainer runs, against a checkpoint save + load.
 
-Three PS nodes run in this process on loopback (two sized for 2 shards, one
-for 3, as the local provisioner starts them). A table of ``--rows`` x ``--dim``
-(adam, so optimizer state moves too) is filled, a trainer thread updates
-random rows through the SDK, and ``recstore.core.migration_run`` moves the
-table to 3 shards and back. Reported: each move's time and rows/s, the write
-pause per slot batch (seal until the source refuses the slots; p50/p99), the
-trainer's step time before / during / after, and, as the baseline in the same
-run, a checkpoint Save + Load of the same rows on every node (rows/s).
+Laid out as the local platform runs it: every PS node is its own process
+(``python -m recstore.ps`` on loopback; two sized for 2 shards, one for 3),
+the migration runner is a separate process (the provisioner's), and the
+trainer runs in this process. A table of ``--rows`` x ``--dim`` (adam, so
+optimizer state moves too) is filled, the trainer updates random rows
+through the SDK, and ``recstore.core.migration_run`` moves the table to 3
+shards and back. Reported: each move's time and rows/s, the write pause per
+slot batch (seal until the source refuses the slots; p50/p99), the trainer's
+step time before / during / after, and, as the baseline in the same run, a
+checkpoint Save + Load of the same rows on every node (rows/s).
 Prints a table and writes bench/results/reshard_bench.json.
 
-Usage: python bench/reshard_bench.py [--rows 200000] [--dim 64] [--batch-slots 1024]
+Usage: python bench/reshard_bench.py [--rows 500000] [--dim 64] [--batch-slots 1024]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import multiprocessing
+import os
+import queue
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,32 +41,104 @@ from recstore.core.control import ControlClient, create_table_rpc, load_rpc, sav
 from recstore.core.migration import MigrationJob
 from recstore.core.migration_run import MigrationRun
 from recstore.local.migration_store import FileJobStore
-from recstore.ps.server import start_in_thread
 
 ROOT = Path(__file__).resolve().parent.parent
+STEP_TIMEOUT_S = 600.0
+#: the runner's steps inside the write pause (each timed until the next step starts)
+PAUSE_STEPS = ("seal", "tail", "verify", "commit", "activate")
+
+
+class NodeProcess:
+    """One PS node process on loopback; its port is read from its start-up log line."""
+
+    def __init__(self, data_dir: Path, shard_index: int, num_shards: int) -> None:
+        command = [
+            sys.executable, "-m", "recstore.ps", "--host", "127.0.0.1", "--port", "0",
+            "--data-dir", str(data_dir), "--shard-index", str(shard_index),
+            "--num-shards", str(num_shards),
+        ]  # fmt: skip
+        env = os.environ | {"PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen(
+            command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env
+        )
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("msg") == "ps node serving":
+                self.address = f"127.0.0.1:{int(event['port'])}"
+                break
+        else:
+            raise RuntimeError(f"node {shard_index} exited before serving")
+        # keep draining its log so the node never blocks on a full pipe
+        threading.Thread(target=self.process.stderr.read, daemon=True).start()
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def run_moves(endpoints: list[str], job_path: str, batch_slots: int, out: Any) -> None:
+    """The provisioner's side, in its own process: 2 -> 3 -> 2, one result per move."""
+    clients = [ControlClient(e, timeout=STEP_TIMEOUT_S) for e in endpoints]
+    store = FileJobStore(Path(job_path), SlotMap.initial(2))
+    steps: dict[str, list[float]] = {}
+    last: list[tuple[str, float]] = []
+
+    def on_step(step: str, job: MigrationJob) -> None:
+        now = time.monotonic()
+        if last and last[0][0] in PAUSE_STEPS:
+            steps.setdefault(last[0][0], []).append(now - last[0][1])
+        last[:] = [(step, now)]
+
+    for shards in (3, 2):
+        run = MigrationRun("bench", clients, store, on_step=on_step)
+        begin = time.monotonic()
+        job = run.run(MigrationJob.start("bench", store.slot_map(), shards, batch_slots))
+        end = time.monotonic()
+        moved = int(sum(r.seal_checksums.rows.sum() for r in run.records))
+        pauses = sorted(r.pause_s for r in run.records)
+        out.put({
+            "to_shards": shards, "seconds": end - begin, "rows": moved,
+            "rows_per_s": moved / (end - begin), "bytes": job.bytes_moved,
+            "batches": len(job.batches),
+            "pause_p50_ms": 1e3 * statistics.median(pauses),
+            "pause_p99_ms": 1e3 * float(np.percentile(pauses, 99)),
+            "pauses_ms": [1e3 * p for p in pauses], "begin": begin, "end": end,
+            "pause_steps_median_ms": {
+                k: 1e3 * statistics.median(v) for k, v in steps.items()
+            },
+        })  # fmt: skip
+        steps.clear()
+    for client in clients:
+        client.close()
 
 
 class Trainer:
     """Steps of 256 random rows (update, then a pull that waits for it), timed."""
 
-    def __init__(self, endpoints: list[str], name: str, rows: int, dim: int) -> None:
+    def __init__(self, endpoints: list[str], rows: int, dim: int) -> None:
         self.client = RecStoreClient(role="reshard-bench")
         self.client.set_ps_endpoints(endpoints)
-        self.client.init_data(name, (rows, dim), torch.float32, optimizer={"kind": "adam"})
-        self.name, self.rows, self.dim = name, rows, dim
+        self.client.init_data("bench", (rows, dim), torch.float32, optimizer={"kind": "adam"})
+        self.rows, self.dim = rows, dim
         self.times: list[tuple[float, float]] = []  # (end, seconds)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.rng = np.random.default_rng(0)
 
-    def _loop(self) -> None:
-        rng = np.random.default_rng(0)
-        while not self.stop.is_set():
-            ids = torch.from_numpy(rng.integers(0, self.rows, 256))
-            started = time.perf_counter()
-            self.client.update(self.name, ids, torch.randn(256, self.dim))
-            self.client.pull(self.name, ids[:8])
-            now = time.perf_counter()
-            self.times.append((now, now - started))
+    def step(self) -> None:
+        ids = torch.from_numpy(self.rng.integers(0, self.rows, 256))
+        started = time.monotonic()
+        self.client.update("bench", ids, torch.randn(256, self.dim))
+        self.client.pull("bench", ids[:8])
+        now = time.monotonic()
+        self.times.append((now, now - started))
+
+    def steps_for(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.step()
 
     def median_between(self, start: float, end: float) -> float:
         inside = [s for t, s in self.times if start <= t <= end]
@@ -66,58 +147,49 @@ class Trainer:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--rows", type=int, default=500_000)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--batch-slots", type=int, default=1024)
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="reshard-bench-"))
-    handles = [
-        start_in_thread(data_dir=root / f"n{i}", shard_index=i, num_shards=2 if i < 2 else 3)
-        for i in range(3)
-    ]
-    endpoints = [h.address for h in handles]
-    clients = [ControlClient(e, timeout=600) for e in endpoints]
+    nodes = [NodeProcess(root / f"n{i}", i, 2 if i < 2 else 3) for i in range(3)]
+    endpoints = [n.address for n in nodes]
+    clients = [ControlClient(e, timeout=STEP_TIMEOUT_S) for e in endpoints]
     spec = TableSpec.model_validate(
         {"name": "bench", "num_embeddings": args.rows, "embedding_dim": args.dim, "shards": 2,
          "optimizer": {"kind": "adam"}}
     )  # fmt: skip
     for client in clients:
         client.call(create_table_rpc(spec, SlotMap.initial(2)))
-    store = FileJobStore(root / "job.json", SlotMap.initial(2))
-    trainer = Trainer(endpoints, "bench", args.rows, args.dim)
+    trainer = Trainer(endpoints, args.rows, args.dim)
     for start in range(0, args.rows, 50_000):  # every row resident, with optimizer state
         ids = torch.arange(start, min(start + 50_000, args.rows))
         trainer.client.update("bench", ids, torch.randn(len(ids), args.dim))
 
-    started = time.perf_counter()
+    started = time.monotonic()
     for client in clients[:2]:
         client.call(save_rpc("baseline"))
     for client in clients[:2]:
         client.call(load_rpc("baseline"))
-    checkpoint_s = time.perf_counter() - started
+    checkpoint_s = time.monotonic() - started
 
-    trainer.thread.start()
-    time.sleep(2.0)  # a baseline of steps before the move
-    moves = []
-    for shards in (3, 2):
-        run = MigrationRun("bench", clients, store)
-        begin = time.perf_counter()
-        job = run.run(MigrationJob.start("bench", store.slot_map(), shards, args.batch_slots))
-        end = time.perf_counter()
-        moved = int(sum(r.seal_checksums.rows.sum() for r in run.records))
-        pauses = sorted(r.pause_s for r in run.records)
-        moves.append({
-            "to_shards": shards, "seconds": end - begin, "rows": moved,
-            "rows_per_s": moved / (end - begin), "bytes": job.bytes_moved,
-            "batches": len(job.batches),
-            "pause_p50_ms": 1e3 * pauses[len(pauses) // 2],
-            "pause_p99_ms": 1e3 * pauses[min(len(pauses) - 1, int(0.99 * len(pauses)))],
-            "begin": begin, "end": end,
-        })  # fmt: skip
-    time.sleep(2.0)
-    trainer.stop.set()
-    trainer.thread.join()
+    trainer.steps_for(3.0)  # a baseline of steps before the move
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    runner = context.Process(
+        target=run_moves, args=(endpoints, str(root / "job.json"), args.batch_slots, results)
+    )
+    runner.start()
+    moves: list[dict[str, Any]] = []
+    while len(moves) < 2:
+        trainer.step()
+        with contextlib.suppress(queue.Empty):
+            moves.append(results.get_nowait())
+        if len(moves) < 2 and not runner.is_alive() and results.empty():
+            raise SystemExit(f"the migration runner failed (exit code {runner.exitcode})")
+    runner.join()
+    trainer.steps_for(3.0)
 
     first, last = moves[0]["begin"], moves[-1]["end"]
     before = trainer.median_between(0, first)
@@ -133,23 +205,28 @@ def main() -> None:
             f"{m['rows_per_s']:10.0f} {m['rows_per_s'] / checkpoint_rate:8.2f} "
             f"{m['pause_p50_ms']:7.1f} {m['pause_p99_ms']:7.1f}"
         )
+    for m in moves:
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in m["pause_steps_median_ms"].items())
+        print(f"-> {m['to_shards']} pause by step (median ms): {parts}")
     print(f"checkpoint save+load: {checkpoint_s:.2f} s, {checkpoint_rate:.0f} rows/s")
     print(
         f"trainer step median: before {1e3 * before:.1f} ms, during {1e3 * during:.1f} ms "
         f"({before / during:.2f}x throughput), after {1e3 * after:.1f} ms"
     )
     result = {
-        "rows": args.rows, "dim": args.dim, "batch_slots": args.batch_slots, "moves": moves,
-        "checkpoint_seconds": checkpoint_s, "checkpoint_rows_per_s": checkpoint_rate,
+        "rows": args.rows, "dim": args.dim, "batch_slots": args.batch_slots,
+        "layout": "nodes and runner in processes of their own, trainer in the bench",
+        "moves": moves, "checkpoint_seconds": checkpoint_s,
+        "checkpoint_rows_per_s": checkpoint_rate,
         "step_before_s": before, "step_during_s": during, "step_after_s": after,
     }  # fmt: skip
     out = ROOT / "bench" / "results" / "reshard_bench.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     trainer.client.close()
-    for client, handle in zip(clients, handles, strict=True):
+    for client, node in zip(clients, nodes, strict=True):
         client.close()
-        handle.stop()
+        node.stop()
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import numpy as np
 
 from recstore.core import NUM_SLOTS, InvalidArgument, RecStoreError, WrongShard, hash_keys, slot_of
 from recstore.core.migration import ranges_mask
+from recstore.core.routing import fmix_in_place
 from recstore.ps.changes import ChangeTracker
 from recstore.store import Table
 from recstore.store.table import Chunk
@@ -214,23 +215,43 @@ def slot_checksums(table: Table, slots: np.ndarray) -> tuple[np.ndarray, np.ndar
     copies agree only when every row and its state are equal.
     """
     chunk = table.export_keys(keys_in(table, slots))
-    n = len(chunk.keys)
-    value_bytes = chunk.values.dtype.itemsize * chunk.values.shape[1]
-    raw = np.concatenate(
-        [chunk.values.view(np.uint8).reshape(n, value_bytes),
-         chunk.state.view(np.uint8).reshape(n, 4 * chunk.state.shape[1])],
-        axis=1,
-    )  # fmt: skip
-    pad = (-raw.shape[1]) % 8
-    if pad:
-        raw = np.pad(raw, ((0, 0), (0, pad)))
-    words = np.ascontiguousarray(raw).view(np.uint64)
-    h = hash_keys(chunk.keys)
-    for column in range(words.shape[1]):
-        h = hash_keys((h ^ words[:, column]).view(np.int64))
+    h = row_hashes(chunk)
     row_slots = slot_of(chunk.keys)
-    sums = np.zeros(NUM_SLOTS, dtype=np.uint64)
-    np.add.at(sums, row_slots, h)
-    counts = np.bincount(row_slots, minlength=NUM_SLOTS)
+    order = np.argsort(row_slots, kind="stable")
+    ordered = row_slots[order]
     wanted = np.flatnonzero(slots)
-    return wanted, counts[wanted].astype(np.int64), sums[wanted]
+    counts = np.bincount(ordered, minlength=NUM_SLOTS)[wanted].astype(np.int64)
+    sums = np.zeros(NUM_SLOTS, dtype=np.uint64)
+    if len(ordered):
+        starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+        sums[ordered[starts]] = np.add.reduceat(h[order], starts)  # wraps mod 2**64
+    return wanted, counts, sums[wanted]
+
+
+def row_hashes(chunk: Chunk) -> np.ndarray:
+    """fmix64 chained over each row: its key, then every 8-byte word of its value bytes
+    followed by its state bytes (zero-padded to a whole word).
+
+    Computed a word column at a time in place: one pass, no copy of the rows, since
+    it runs while the moving slots are sealed.
+    """
+    n = len(chunk.keys)
+    values = chunk.values.view(np.uint8).reshape(n, chunk.values.itemsize * chunk.values.shape[1])
+    state = chunk.state.view(np.uint8).reshape(n, chunk.state.itemsize * chunk.state.shape[1])
+    # a value row ending mid-word runs into the state: then hash them joined
+    split = values.shape[1] % 8 == 0
+    parts = [values, state] if split else [np.concatenate([values, state], axis=1)]
+    h = hash_keys(chunk.keys)
+    scratch = np.empty_like(h)
+    for part in parts:
+        whole = part.shape[1] // 8
+        columns = [np.ascontiguousarray(part[:, : 8 * whole]).view(np.uint64)]
+        if part.shape[1] % 8:
+            last = np.zeros((n, 8), np.uint8)
+            last[:, : part.shape[1] % 8] = part[:, 8 * whole :]
+            columns.append(last.view(np.uint64))
+        for words in columns:
+            for column in range(words.shape[1]):
+                h ^= words[:, column]
+                fmix_in_place(h, scratch)
+    return h

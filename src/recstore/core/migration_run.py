@@ -22,8 +22,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from recstore.core.control import ControlClient
 from recstore.core.errors import RecStoreError
@@ -42,8 +43,10 @@ from recstore.core.migration_wire import (
     set_slot_map_rpc,
 )
 from recstore.core.routing import SlotMap
+from recstore.v1 import ps_pb2
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: a catch-up round returning fewer changed rows than this goes on to the seal
 CATCH_UP_LAG_ROWS = 2048
@@ -129,8 +132,10 @@ class MigrationRun:
                 moved_bytes += len(rest.keys) + len(rest.values) + len(rest.state)
                 more = rest.next_offset
             self._step("verify", job)
-            sealed = source.call(checksums_rpc(self.table, batch.ranges))
-            imported = target.call(checksums_rpc(self.table, batch.ranges))
+            sealed, imported = at_once(
+                lambda: source.call(checksums_rpc(self.table, batch.ranges)),
+                lambda: target.call(checksums_rpc(self.table, batch.ranges)),
+            )
             differing = sealed.differing(imported)
             if differing:
                 raise MigrationFailed(
@@ -154,15 +159,23 @@ class MigrationRun:
 
     def _copy(self, job: MigrationJob, source: ControlClient, target: ControlClient) -> int:
         """Snapshot pages, then catch-up rounds until the change lag is small."""
-        moved_bytes, offset = 0, 0
+        moved_bytes = 0
         self._step("snapshot", job)
-        while True:
-            page = source.call(rows_rpc(self.table, changes=False, offset=offset, max_rows=0))
-            target.call(import_rpc(self.table, page))
-            moved_bytes += len(page.keys) + len(page.values) + len(page.state)
-            offset = page.next_offset
-            if not offset:
-                break
+
+        def page_at(offset: int) -> ps_pb2.MigrationRows:
+            return source.call(rows_rpc(self.table, changes=False, offset=offset, max_rows=0))
+
+        # pipelined: the source reads the next page while the target writes this one
+        with ThreadPoolExecutor(1) as reader:
+            pending = reader.submit(page_at, 0)
+            while True:
+                page = pending.result()
+                if page.next_offset:
+                    pending = reader.submit(page_at, page.next_offset)
+                target.call(import_rpc(self.table, page))
+                moved_bytes += len(page.keys) + len(page.values) + len(page.state)
+                if not page.next_offset:
+                    break
         self._step("catch-up", job)
         for _ in range(CATCH_UP_ROUNDS):
             changes = source.call(rows_rpc(self.table, changes=True))
@@ -214,3 +227,11 @@ class MigrationRun:
 
     def _step(self, step: str, job: MigrationJob) -> None:
         self.on_step(step, job)
+
+
+def at_once(*calls: Callable[[], T]) -> list[T]:
+    """Run calls to different nodes concurrently (each waits on its own node); the first
+    error is raised once all have finished."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [future.result() for future in futures]

@@ -32,13 +32,21 @@ _S33 = np.uint64(33)
 def hash_keys(keys: npt.ArrayLike) -> npt.NDArray[np.uint64]:
     """fmix64 of every int64 key (as its two's-complement uint64)."""
     h = np.ascontiguousarray(keys, dtype=np.int64).view(np.uint64).copy()
-    with np.errstate(over="ignore"):
-        h ^= h >> _S33
-        h *= _C1
-        h ^= h >> _S33
-        h *= _C2
-        h ^= h >> _S33
+    fmix_in_place(h, np.empty_like(h))
     return h
+
+
+def fmix_in_place(h: npt.NDArray[np.uint64], scratch: npt.NDArray[np.uint64]) -> None:
+    """``h = fmix64(h)`` element-wise, in place (``scratch``: an array of h's shape)."""
+    with np.errstate(over="ignore"):
+        np.right_shift(h, _S33, out=scratch)
+        h ^= scratch
+        h *= _C1
+        np.right_shift(h, _S33, out=scratch)
+        h ^= scratch
+        h *= _C2
+        np.right_shift(h, _S33, out=scratch)
+        h ^= scratch
 
 
 def slot_of(keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
