@@ -59,7 +59,6 @@ class ApiServer(kmock.KubernetesEmulator):
                 current = self.objects[key] if key in self.objects else None  # noqa: SIM401 (no .get)
                 if current is not None and not current.deleted:
                     old = current.get("metadata", {})
-                    expected = meta.get("resourceVersion")
                     meta.setdefault("uid", old.get("uid"))
                     spec_changed = "spec" in data and request.subresource is None
                     generation = int(old.get("generation", 1))
@@ -80,7 +79,7 @@ class ApiServer(kmock.KubernetesEmulator):
             return aiohttp.web.json_response({"message": "not found"}, status=404)
         expected = (request.data or {}).get("metadata", {}).get("resourceVersion")
         if expected != current.get("metadata", {}).get("resourceVersion"):
-            message = "the object has been modified; please apply your changes to the latest version"
+            message = "the object has been modified; apply your changes to the latest version"
             return aiohttp.web.json_response({"message": message}, status=409)
         data = dict(request.data)
         data["metadata"] = {**data["metadata"], "resourceVersion": str(next(self._versions))}
