@@ -29,6 +29,14 @@ CALL_TIMEOUT_S = 60.0
 COMMIT_ATTEMPTS = 8
 
 
+def call_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on kopf's loop from the mover's thread and wait for its result."""
+    if loop.is_closed():
+        coro.close()  # the operator has stopped: nothing will run it
+        raise RuntimeError("the operator's event loop is closed")
+    return asyncio.run_coroutine_threadsafe(coro, loop).result(CALL_TIMEOUT_S)
+
+
 class StatusJobStore:
     """``recstore.core.migration_drive.JobRecord`` over an EmbeddingTable's status."""
 
@@ -39,7 +47,7 @@ class StatusJobStore:
         self.url = path("EmbeddingTable", namespace, name)
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(CALL_TIMEOUT_S)
+        return call_on(self.loop, coro)
 
     def _body(self) -> dict[str, Any]:
         body = self._call(self.kube.get(self.url))

@@ -27,7 +27,7 @@ from recstore.core.spec import TableSpec
 from recstore.core.tls import ClientTls
 from recstore.operator import render
 from recstore.operator.kube import Kube, path
-from recstore.operator.migration_store import CALL_TIMEOUT_S, StatusJobStore
+from recstore.operator.migration_store import StatusJobStore, call_on
 from recstore.operator.render import Owner
 from recstore.operator.status import pod_ready
 
@@ -69,7 +69,7 @@ class TableShards:
     publish: Callable[[], Coroutine[Any, Any, None]]  # mirror the status (the new map) now
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(CALL_TIMEOUT_S)
+        return call_on(self.loop, coro)
 
     @property
     def _sts(self) -> str:
