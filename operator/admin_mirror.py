@@ -52,6 +52,8 @@ class AdminMirror:
     async def put_status(self, table: str, status: Mapping[str, Any], logger: Logger) -> bool:
         """Register new shard endpoints, then PUT the status; True when both were accepted."""
         body = admin_status(status)
+        if status.get("slotMap"):  # moved online: the committed map is the one clients use
+            body["slotMap"] = status["slotMap"]
         try:
             for shard in body.get("shards") or []:
                 if not await self._register(table, shard, logger):

@@ -165,6 +165,14 @@ def status_schema() -> dict[str, Any]:
             "shards": {"type": "array", "items": shard},
             "slotMapEpoch": integer(),
             "lastCheckpoint": {"type": "string", "nullable": True},
+            # written by the operator's online resharding (recstore.operator.migration_store):
+            # the committed slot map and the job record a restarted operator resumes from
+            "slotMap": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            "migrationJob": {
+                "type": "object",
+                "nullable": True,
+                "x-kubernetes-preserve-unknown-fields": True,
+            },
         },
     }
 

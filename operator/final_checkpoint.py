@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from recstore.core.control import AsyncControlClient, ControlError, Rpc, create_table_rpc, save_rpc
+from recstore.core.routing import SlotMap
 from recstore.core.spec import TableSpec
 from recstore.core.tls import ClientTls
 
@@ -70,9 +71,11 @@ async def create_table_on(
     token: str | None,
     timeout: float = 30.0,
     tls: ClientTls | None = None,
+    slot_map: SlotMap | None = None,
 ) -> list[ShardResult]:
-    """Create ``spec`` on every (index, host:port) shard (a no-op where it exists)."""
-    rpc = create_table_rpc(spec)
+    """Create ``spec`` on every (index, host:port) shard (a no-op where it exists);
+    ``slot_map``: the table's committed map when it was moved online."""
+    rpc = create_table_rpc(spec, slot_map)
     return await _call_each(
         shards, rpc, lambda reply: "created" if reply.created else "exists", token, timeout, tls
     )

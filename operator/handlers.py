@@ -75,13 +75,19 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
         if info is not None:
-            state.reconciler = Reconciler(Kube(info), state.config)
+            state.reconciler = Reconciler(Kube(info), state.config, publish=mirror_stored)
         return info
+
+    async def mirror_stored(table: str, status: dict[str, Any]) -> None:
+        """The status as stored (a move's new map) to the admin API."""
+        if state.mirror is not None:
+            await state.mirror.put_status(table, status, logging.getLogger(__name__))
 
     @kopf.on.cleanup(registry=registry)
     async def close(**_: Any) -> None:
         state.stopping = True
         if state.reconciler is not None:
+            state.reconciler.stop_moves()
             await state.reconciler.kube.aclose()
         if state.mirror is not None:
             await state.mirror.aclose()
@@ -92,11 +98,12 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
         patch.status.update(new)
         if state.mirror is not None:
             table = (body.get("spec") or {}).get("name") or body["metadata"]["name"]
-            await state.mirror.put_status(table, new, logger)
+            stored = (body.get("status") or {}).get("slotMap")
+            await state.mirror.put_status(table, {**new, "slotMap": stored}, logger)
 
     async def reconcile(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
         rec, owner = state.get(), _owner(body)
-        checked = await rec.apply(owner, body.get("spec") or {}, logger)
+        checked = await rec.apply(owner, body.get("spec") or {}, logger, body.get("status"))
         observation, _pods = await rec.observe(owner, checked, logger)
         generation = int(body["metadata"].get("generation") or 1)
         status = rec.status(
@@ -119,6 +126,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
         checked = rec.validate(owner, body.get("spec") or {})
         observation, _pods = await rec.observe(owner, checked, logger)
         previous = body.get("status") or {}
+        if rec.move_due(owner, checked, observation):  # a change that waited for the last move
+            await rec.apply(owner, body.get("spec") or {}, logger, previous)
         # The status describes the generation the children were last applied for.
         generation = int(
             previous.get("observedGeneration") or body["metadata"].get("generation") or 1

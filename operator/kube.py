@@ -4,7 +4,7 @@ kopf owns the EmbeddingTable watch; the StatefulSet, Service, PDB and pods are
 read and written here with httpx, using the same credentials kopf logged in
 with (its ConnectionInfo gives the server, TLS context and auth headers). Only
 the handful of calls the operator makes: get, list, create, merge-patch,
-delete — each on a path built by ``path()``.
+replace (compare-and-swap on resourceVersion), delete — each on a path built by ``path()``.
 """
 
 from __future__ import annotations
@@ -88,6 +88,13 @@ class Kube:
         """JSON merge patch; None when the object does not exist."""
         headers = {"Content-Type": "application/merge-patch+json"}
         return await self._call("PATCH", url, json=body, headers=headers)
+
+    async def replace(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT: fails with 409 when ``body``'s resourceVersion is no longer the stored one."""
+        replaced = await self._call("PUT", url, json=body)
+        if replaced is None:
+            raise KubeError(404, f"PUT {url}: not found")
+        return replaced
 
     async def delete(self, url: str) -> bool:
         """Delete; False when it was already gone."""

@@ -8,18 +8,22 @@ with the resource's fields; nothing here depends on kopf's calling style.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from recstore.core.errors import InvalidArgument
 from recstore.core.reconcile import Declaration, Observation, compute_status, parse_declaration
-from recstore.operator import final_checkpoint, render
+from recstore.core.routing import SlotMap
+from recstore.operator import final_checkpoint, render, resharding
 from recstore.operator.config import OperatorConfig
 from recstore.operator.kube import Kube, path
+from recstore.operator.migration_store import StatusJobStore
 from recstore.operator.render import Owner, RenderOptions
 from recstore.operator.status import observe, pod_ready
 
@@ -53,6 +57,10 @@ class Reconciler:
     config: OperatorConfig
     #: (pod uid, restart count) of shards the table is known to exist on.
     confirmed: set[tuple[str, int]] = field(default_factory=set)
+    #: running (or last) online moves by table uid (recstore.operator.resharding)
+    movers: dict[str, resharding.Mover] = field(default_factory=dict)
+    #: mirrors a table's stored status to the admin API (the new map after a commit)
+    publish: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
 
     @property
     def options(self) -> RenderOptions:
@@ -68,8 +76,15 @@ class Reconciler:
     def validate(self, owner: Owner, spec: Mapping[str, Any]) -> Validated:
         return validate(owner, spec, self.config)
 
-    async def apply(self, owner: Owner, spec: Mapping[str, Any], logger: Logger) -> Validated:
-        """Create or update the children; nothing when invalid or the shard count changed."""
+    async def apply(
+        self,
+        owner: Owner,
+        spec: Mapping[str, Any],
+        logger: Logger,
+        status: Mapping[str, Any] | None = None,
+    ) -> Validated:
+        """Create or update the children; a changed shard count (or a stored unfinished
+        move, ``status``) starts an online move instead; nothing when invalid."""
         checked = self.validate(owner, spec)
         decl = checked.declaration
         if decl is None:
@@ -77,8 +92,11 @@ class Reconciler:
             return checked
         name, ns = render.workload_name(owner.name), owner.namespace
         sts = await self.kube.get(path("StatefulSet", ns, name))
-        if sts is not None and int(sts["spec"].get("replicas", 1)) != decl.spec.shards:
-            logger.warning("spec.shards changed: resharding is required, nothing changed")
+        unfinished = ((status or {}).get("migrationJob") or {}).get("phase") not in (None, "done")
+        if sts is not None and (
+            unfinished or int(sts["spec"].get("replicas", 1)) != decl.spec.shards
+        ):
+            await self.reshard(owner, decl, int(sts["spec"].get("replicas", 1)), logger)
             return checked
         await self._ensure("Service", ns, render.render_service(owner))
         desired = render.render_statefulset(owner, decl, self.options)
@@ -88,6 +106,57 @@ class Reconciler:
             await self.kube.patch(path("StatefulSet", ns, name), render.statefulset_update(desired))
         await self._ensure("PodDisruptionBudget", ns, render.render_pdb(owner))
         return checked
+
+    async def reshard(self, owner: Owner, decl: Declaration, running: int, logger: Logger) -> None:
+        """Start the online move to ``decl``'s shard count; a second change while one runs
+        waits for it (said in a warning; the next reconcile after it starts the next)."""
+        mover = self.movers.get(owner.uid)
+        if mover is not None and mover.running:
+            if mover.to_shards != decl.spec.shards:
+                logger.warning(
+                    f"spec.shards is {decl.spec.shards} while a move to {mover.to_shards} "
+                    "shards runs; it starts once this move is done"
+                )
+            return
+        mover = self.movers[owner.uid] = resharding.Mover(decl.spec.shards)
+        logger.info(f"resharding {running} -> {decl.spec.shards} shards online")
+        loop = asyncio.get_running_loop()
+        url = path("EmbeddingTable", owner.namespace, owner.name)
+
+        async def publish() -> None:
+            if self.publish is not None:
+                stored = (await self.kube.get(url)) or {}
+                await self.publish(decl.spec.name, dict(stored.get("status") or {}))
+
+        def template(count: int) -> dict[str, Any]:
+            sized = Declaration(decl.spec.model_copy(update={"shards": count}), decl.placement)
+            rendered: dict[str, Any] = render.render_statefulset(owner, sized, self.options)
+            return dict(rendered["spec"]["template"])
+
+        shards = resharding.TableShards(
+            kube=self.kube, loop=loop, owner=owner, spec=decl.spec, port=self.config.ps_port,
+            template=template,
+            token=await self.ps_token(owner.namespace), tls=self.config.tls,
+            timeout=self.config.rpc_timeout, confirm=lambda pod: self.confirmed.add(_pod_key(pod)),
+            publish=publish,
+        )  # fmt: skip
+        store = StatusJobStore(self.kube, loop, owner.namespace, owner.name)
+        resharding.start(mover, shards, store, running)
+
+    def move_due(self, owner: Owner, checked: Validated, observation: Observation) -> bool:
+        """Whether a declared shard count differs from the running one with no move running
+        (a failed move is not retried by itself: a new change or a restart does)."""
+        mover, decl = self.movers.get(owner.uid), checked.declaration
+        held = mover is not None and (
+            mover.running or (mover.progress is not None and mover.progress.error is not None)
+        )
+        return decl is not None and not held and observation.running_shards not in (
+            None, decl.spec.shards,
+        )  # fmt: skip
+
+    def stop_moves(self) -> None:
+        for mover in self.movers.values():
+            mover.closed.set()
 
     async def _ensure(self, kind: str, ns: str, desired: dict[str, Any]) -> None:
         url = path(kind, ns, desired["metadata"]["name"])
@@ -106,23 +175,32 @@ class Reconciler:
             else await self.kube.list(path("Pod", ns), labels=render.selector_labels(owner))
         )
         if checked.declaration is not None:
-            await self._create_table_on_new_shards(checked.declaration, pods, ns, logger)
+            await self._create_table_on_new_shards(owner, checked.declaration, pods, logger)
         usable = [p for p in pods if not pod_ready(p) or _pod_key(p) in self.confirmed]
         unconfirmed = [_without_ready(p) for p in pods if p not in usable]
         endpoint = lambda i: render.shard_endpoint(owner, i, self.options)  # noqa: E731
-        return observe(sts, usable + unconfirmed, endpoint), pods
+        observation = observe(sts, usable + unconfirmed, endpoint)
+        mover = self.movers.get(owner.uid)
+        if mover is not None and mover.progress is not None:
+            observation = dataclasses.replace(observation, resharding=mover.progress)
+        return observation, pods
 
     async def _create_table_on_new_shards(
-        self, decl: Declaration, pods: list[dict[str, Any]], ns: str, logger: Logger
+        self, owner: Owner, decl: Declaration, pods: list[dict[str, Any]], logger: Logger
     ) -> None:
         todo = [p for p in pods if pod_ready(p) and _pod_key(p) not in self.confirmed]
         shards = [(_pod_index(p), self._address(p)) for p in todo if p["status"].get("podIP")]
         if not shards:
             return
+        ns = owner.namespace
         token = await self.ps_token(ns)
+        # a table moved online: a new (or restarted) shard joins with the committed map
+        table = await self.kube.get(path("EmbeddingTable", ns, owner.name)) or {}
+        stored = (table.get("status") or {}).get("slotMap")
         results = await final_checkpoint.create_table_on(
-            shards, decl.spec, token=token, timeout=self.config.rpc_timeout, tls=self.config.tls
-        )
+            shards, decl.spec, token=token, timeout=self.config.rpc_timeout, tls=self.config.tls,
+            slot_map=SlotMap.from_dict(stored) if stored else None,
+        )  # fmt: skip
         for pod, result in zip(todo, results, strict=False):
             if result.ok:
                 self.confirmed.add(_pod_key(pod))
@@ -194,9 +272,7 @@ def _pod_key(pod: Mapping[str, Any]) -> tuple[str, int]:
     return (pod["metadata"].get("uid") or pod["metadata"]["name"], restarts)
 
 
-def _pod_index(pod: Mapping[str, Any]) -> int:
-    label = (pod["metadata"].get("labels") or {}).get(render.POD_INDEX_LABEL)
-    return int(label) if label is not None else int(pod["metadata"]["name"].rsplit("-", 1)[1])
+_pod_index = resharding.pod_index
 
 
 def _without_ready(pod: Mapping[str, Any]) -> dict[str, Any]:

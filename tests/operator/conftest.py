@@ -2,7 +2,8 @@
 
 kmock's KubernetesEmulator stores objects and serves watches but runs no
 controllers and assigns no server-side fields, so ``ApiServer`` adds uid,
-resourceVersion and generation the way the real API server does, and tests
+resourceVersion and generation the way the real API server does (and refuses
+a PUT carrying a stale resourceVersion with 409), and tests
 write StatefulSet and pod status themselves. The PS double is a real gRPC
 server on loopback that records CreateTable and Save calls.
 """
@@ -17,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp.web
 import grpc
 import httpx
 import kmock
@@ -39,6 +41,8 @@ class ApiServer(kmock.KubernetesEmulator):
     _versions = itertools.count(1)
 
     async def _handle(self, request: kmock.Request) -> Any:
+        if request.resource is not None and request.method == kmock.method.PUT:
+            return await self._replace(request)
         data = request.data
         if request.resource is not None and isinstance(data, dict):
             meta = (
@@ -62,6 +66,27 @@ class ApiServer(kmock.KubernetesEmulator):
             if meta is not None:
                 meta["resourceVersion"] = str(next(self._versions))
         return await super()._handle(request)
+
+    async def _replace(self, request: kmock.Request) -> Any:
+        """PUT (kmock serves none): a compare-and-swap on resourceVersion, then the update.
+
+        The bodies the operator replaces carry every field, so applying one as an update
+        stores the same object a real replace does.
+        """
+        key = (request.resource, request.namespace, request.name)
+        current = self.objects[key] if key in self.objects else None  # noqa: SIM401 (no .get)
+        if current is None or current.deleted:
+            return aiohttp.web.json_response({"message": "not found"}, status=404)
+        expected = (request.data or {}).get("metadata", {}).get("resourceVersion")
+        if expected != current.get("metadata", {}).get("resourceVersion"):
+            message = "the object has been modified; apply your changes to the latest version"
+            return aiohttp.web.json_response({"message": message}, status=409)
+        data = dict(request.data)
+        data["metadata"] = {**data["metadata"], "resourceVersion": str(next(self._versions))}
+        async with self._lock:
+            current.patch(data)
+            await self._buses[request.resource].put({"type": "MODIFIED", "object": current.raw})
+        return aiohttp.web.json_response(current.raw)
 
 
 @pytest.fixture

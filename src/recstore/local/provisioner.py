@@ -518,7 +518,7 @@ class LocalProvisioner:
             table.moving = progress
 
         return resharding.Shards(
-            name=table.spec.name, directory=table.directory,
+            name=table.spec.name,
             endpoints=lambda: [table.endpoint(s) for s in range(len(table.ports))],
             grow_to=grow_to, serving=serving, shrink_to=shrink_to, report=report, show=show,
             tls=self._tls.client if self._tls else None, closed=table.stopped,

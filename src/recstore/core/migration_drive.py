@@ -1,0 +1,106 @@
+"""Driving a table's move to a new shard count, for any provisioner.
+
+``recstore.core.migration_run`` runs the protocol's batches against nodes; a
+provisioner also has to start the new shards first, wait until each serves
+the table (created with the moving map), report progress, and stop the
+emptied shards last. That sequence is the same for the local provisioner and
+the Kubernetes operator, so it lives here; each supplies ``Shards`` (how its
+world starts, reaches and stops shards) and a ``JobRecord`` (where the slot map
+and the job live durably: a JSON file, the CR status).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from recstore.core.control import ControlClient
+from recstore.core.migration import DEFAULT_BATCH_SLOTS, MigrationJob, Phase
+from recstore.core.migration_run import JobStore, MigrationRun
+from recstore.core.reconcile import Resharding
+from recstore.core.routing import SlotMap
+from recstore.core.tls import ClientTls
+
+log = logging.getLogger(__name__)
+
+#: a migration step's deadline (a snapshot page, a seal, a checksum of a batch)
+STEP_TIMEOUT_S = 120.0
+
+
+class JobRecord(JobStore, Protocol):
+    """A ``JobStore`` that also reads back the stored job (to resume it)."""
+
+    def job(self) -> MigrationJob | None: ...
+
+
+def progress(
+    job: MigrationJob, epoch: int, *, running: bool, error: str | None = None
+) -> Resharding:
+    return Resharding(
+        job.from_shards, job.to_shards, job.slots_moved, job.slots_total, job.bytes_moved,
+        epoch, running=running, error=error,
+    )  # fmt: skip
+
+
+@dataclass
+class Shards:
+    """What the mover needs from the provisioner for one table."""
+
+    name: str
+    endpoints: Callable[[], list[str]]
+    grow_to: Callable[[int], None]  # start shards up to this count
+    serving: Callable[[int, SlotMap], bool]  # has shard i the table (created with this map)?
+    shrink_to: Callable[[int], None]  # stop the shards from this count on
+    report: Callable[[], None]  # report the status now (the new map before the source refuses)
+    show: Callable[[Resharding], None]  # the progress the status shows
+    tls: ClientTls | None
+    closed: threading.Event
+    token: str | None = None
+
+
+def move(
+    shards: Shards, store: JobRecord, to_shards: int, batch_slots: int = DEFAULT_BATCH_SLOTS
+) -> MigrationJob | None:
+    """Move the table to ``to_shards`` (or finish the stored job first); None when stopped."""
+    job = store.job()
+    resuming = job is not None and job.phase != Phase.done
+    if job is None or not resuming:
+        job = MigrationJob.start(shards.name, store.slot_map(), to_shards, batch_slots)
+    assert job is not None
+    shards.show(progress(job, store.slot_map().epoch, running=True))
+    widest = max(job.from_shards, job.to_shards)
+    shards.grow_to(widest)
+    for shard in range(widest):
+        while not shards.serving(shard, store.slot_map()):
+            if shards.closed.wait(0.2):
+                return None
+    clients = [
+        ControlClient(e, timeout=STEP_TIMEOUT_S, tls=shards.tls, token=shards.token)
+        for e in shards.endpoints()
+    ]
+
+    def on_step(step: str, current: MigrationJob) -> None:
+        if shards.closed.is_set():
+            raise RuntimeError("the provisioner is stopping")
+        shards.show(progress(current, store.slot_map().epoch, running=True))
+        if step == "activate":
+            shards.report()
+
+    run = MigrationRun(shards.name, clients, store, on_step=on_step)
+    try:
+        job = run.resume(job) if resuming else run.run(job)
+    except Exception as error:
+        failed = store.job() or job
+        shards.show(progress(failed, store.slot_map().epoch, running=False, error=str(error)))
+        log.exception("resharding %s to %d shards stopped", shards.name, to_shards)
+        return failed
+    finally:
+        for client in clients:
+            client.close()
+    shards.shrink_to(job.to_shards)
+    shards.show(progress(job, store.slot_map().epoch, running=False))
+    shards.report()
+    return job
