@@ -202,9 +202,12 @@ async def _observed(api: httpx.AsyncClient, generation: int) -> Any:
     return status if status.get("observedGeneration") == generation else None
 
 
-async def test_shard_count_change_requires_resharding_and_changes_nothing(
+async def test_a_shard_count_change_the_nodes_cannot_take_part_in_changes_nothing(
     operator: Any, api: httpx.AsyncClient, api_server: ApiServer
 ) -> None:
+    """These nodes answer no table stats, so no move can learn the map they serve: the
+    change is flagged ReshardRequired and the StatefulSet is left alone (an online move
+    against real nodes: test_operator_reshard_kmock.py)."""
     (await api.post(ET, json=table())).raise_for_status()
     await wait_for(lambda: get(api, f"{STS}/clicks-ps"), what="StatefulSet")
     await run_shards(api, "clicks", 2)
