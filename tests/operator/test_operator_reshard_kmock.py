@@ -98,7 +98,7 @@ class Trainer:
     """Updates random rows by unique integer deltas through the SDK until told to stop."""
 
     def __init__(self, admin_url: str) -> None:
-        self.client = RecStoreClient(role="online-trainer")
+        self.client = RecStoreClient(role="operator-reshard-trainer")
         self.client.set_admin_url(admin_url, "trainer-token")
         self.client.init_data("live", (ROWS, DIM), torch.float32)
         self.sums = np.zeros(ROWS, dtype=np.int64)
@@ -127,7 +127,10 @@ class Trainer:
         self.stop.set()
         await asyncio.to_thread(self.thread.join, 120)
         assert self.error is None, self.error
-        got = await asyncio.to_thread(self.client.pull, "live", torch.arange(ROWS))
+        try:
+            got = await asyncio.to_thread(self.client.pull, "live", torch.arange(ROWS))
+        finally:
+            self.client.close()  # the role's client must not outlive the test
         expected = -self.sums[:, None].astype(np.float32).repeat(DIM, 1)
         np.testing.assert_array_equal(got.numpy(), expected)
 
