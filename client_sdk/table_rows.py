@@ -11,6 +11,7 @@ the rows' other state through ``export_rows``/``import_rows``.
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from recstore.client.initial_data import chunk_bounds
 STATE_CHUNK_BYTES = 16 << 20
 
 
-class TableRows:
+class TableRows(abc.ABC):
     """Per-row data of a table as a tensor-like handle, moved in row blocks."""
 
     def __init__(
@@ -43,11 +44,13 @@ class TableRows:
         rows, width = self.shape
         return chunk_bounds(rows, width * self.dtype.itemsize, STATE_CHUNK_BYTES)
 
+    @abc.abstractmethod
     def read(self, start: int, end: int) -> torch.Tensor:
-        raise NotImplementedError
+        """Rows ``start..end-1``."""
 
+    @abc.abstractmethod
     def write(self, start: int, rows: torch.Tensor) -> None:
-        raise NotImplementedError
+        """Write rows from ``start`` on."""
 
     def same_as(self, other: object) -> bool:
         """Whether ``other`` is a handle on this very data (nothing to copy)."""
