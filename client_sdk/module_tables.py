@@ -73,11 +73,14 @@ class ModuleTables:
         self._check_keys(requests)
         return self._client._backend().pull_many(requests)
 
-    def pull_versioned(self, name: str, keys: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
-        """Rows of unique ``keys`` and the table's version on each shard, read before them
-        (what a client cache compares to know whether its rows are current)."""
+    def pull_versioned(
+        self, name: str, keys: torch.Tensor, *, skip: frozenset[str] = frozenset()
+    ) -> tuple[torch.Tensor, dict[str, int] | None]:
+        """Rows of unique ``keys`` and the table's version on each node, read before them
+        (what a client cache compares to know whether its rows are current); nodes in
+        ``skip`` answer only for their keys (``Backend.pull_versioned``)."""
         self._check_keys([(name, keys, True)])
-        return self._client._backend().pull_versioned(name, keys)
+        return self._client._backend().pull_versioned(name, keys, skip=skip)
 
     def lookahead_many(self, requests: list[PullRequest]) -> None:
         """Name the next ``pull_many`` (``EmbeddingBagCollection.prefetch``)."""

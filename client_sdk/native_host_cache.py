@@ -79,6 +79,35 @@ class NativeHostCache:
         earlier step are dropped and count as misses."""
         return np.asarray(self._native.lookup(keys, out.view(np.uint8), read_since))
 
+    def gather(
+        self, keys: npt.NDArray[np.int64], out: np.ndarray, *, read_since: int | None = None
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """A layer's lookup in one pass: ``keys`` may repeat. Their distinct keys (first
+        occurrence first) are looked up as ``lookup_into`` looks them up, each hit's row
+        copied to every position of ``out`` it occurs at. Returns (the distinct missed
+        keys, per position the index of its key among them or -1 for a hit)."""
+        misses, miss_of = self._native.gather(keys, out.view(np.uint8), read_since)
+        return np.asarray(misses), np.asarray(miss_of)
+
+    def fill(
+        self,
+        miss_of: npt.NDArray[np.int64],
+        out: np.ndarray,
+        misses: npt.NDArray[np.int64],
+        rows: np.ndarray,
+        step: int = 0,
+        chunk: int = 0,
+    ) -> None:
+        """``gather``'s second half: the missed keys' ``rows`` (bits, one per miss) copied to
+        every position of ``out`` that asked for them, then offered to the cache
+        (``chunk`` keys per insert; 0: all at once), read at ``step``."""
+        if rows.dtype != self._bits:
+            raise TypeError(f"rows must be {self._bits} (the table dtype's bits), got {rows.dtype}")
+        self._native.fill(
+            miss_of, out.view(np.uint8), misses, np.ascontiguousarray(rows).view(np.uint8),
+            step, chunk,
+        )  # fmt: skip
+
     def insert(self, keys: npt.NDArray[np.int64], rows: np.ndarray, step: int = 0) -> None:
         """Offer missed (unique, not cached) ``keys`` and their rows (bits), read at ``step``."""
         if rows.dtype != self._bits:

@@ -1,10 +1,13 @@
 // The SDK host cache's directory, sketch and rows (see host_row_cache.h).
 #include "host_row_cache.h"
 
+#include "unique_keys.h"
+
 #include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
+#include <string>
 
 namespace recstore {
 
@@ -64,23 +67,19 @@ void HostRowCache::count(int64_t n, const int64_t* keys) {
   }
 }
 
-std::vector<int64_t> HostRowCache::lookup(int64_t n, const int64_t* keys, char* out,
-                                          int64_t read_since) {
-  std::vector<int64_t> misses;
+void HostRowCache::probe(int64_t n, const int64_t* keys, int64_t read_since, int64_t* slots) {
   if (num_sets_ == 0) {
+    std::fill(slots, slots + n, int64_t{-1});
     stats_.misses += n;
-    misses.resize(static_cast<size_t>(n));
-    std::iota(misses.begin(), misses.end(), int64_t{0});
-    return misses;
+    return;
   }
-  std::vector<int64_t> hit_slots;
-  hit_slots.reserve(static_cast<size_t>(n));
   // the sets are scattered over a large directory: their lines are fetched ahead
   std::vector<int64_t> bases(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     bases[i] = static_cast<int64_t>(set_of(keys[i])) * kWays;
     if (i < kAhead) __builtin_prefetch(keys_.data() + bases[i]);
   }
+  int64_t hits = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (i + kAhead < n) {
       __builtin_prefetch(keys_.data() + bases[i + kAhead]);
@@ -98,23 +97,77 @@ std::vector<int64_t> HostRowCache::lookup(int64_t n, const int64_t* keys, char* 
       --stats_.held;
       slot = -1;
     }
-    if (slot < 0) {
-      misses.push_back(i);
-      continue;
+    slots[i] = slot;
+    if (slot >= 0) {
+      ++hits;
+      __builtin_prefetch(rows_.data() + slot * row_bytes_);
     }
-    hit_slots.push_back(slot);
-    std::memcpy(out + i * row_bytes_, rows_.data() + slot * row_bytes_, row_bytes_);
   }
   ++tick_;
   if (lru_) {
-    for (int64_t slot : hit_slots) stamps_[slot] = tick_;
+    for (int64_t i = 0; i < n; ++i)
+      if (slots[i] >= 0) stamps_[slots[i]] = tick_;
   } else {
     count(n, keys);
-    for (int64_t slot : hit_slots) ++stamps_[slot];
+    for (int64_t i = 0; i < n; ++i)
+      if (slots[i] >= 0) ++stamps_[slots[i]];
   }
-  stats_.hits += static_cast<int64_t>(hit_slots.size());
-  stats_.misses += static_cast<int64_t>(misses.size());
+  stats_.hits += hits;
+  stats_.misses += n - hits;
+}
+
+std::vector<int64_t> HostRowCache::lookup(int64_t n, const int64_t* keys, char* out,
+                                          int64_t read_since) {
+  std::vector<int64_t> slots(static_cast<size_t>(n));
+  probe(n, keys, read_since, slots.data());
+  std::vector<int64_t> misses;
+  for (int64_t i = 0; i < n; ++i) {
+    if (slots[i] < 0) {
+      misses.push_back(i);
+      continue;
+    }
+    std::memcpy(out + i * row_bytes_, rows_.data() + slots[i] * row_bytes_, row_bytes_);
+  }
   return misses;
+}
+
+Gathered HostRowCache::gather(int64_t n, const int64_t* keys, char* out, int64_t read_since) {
+  std::vector<int64_t> distinct(static_cast<size_t>(n)), inverse(static_cast<size_t>(n));
+  const int64_t d = unique_keys(n, keys, distinct.data(), inverse.data());
+  std::vector<int64_t> slots(static_cast<size_t>(d));
+  probe(d, distinct.data(), read_since, slots.data());
+  Gathered g;
+  std::vector<int64_t> miss_index(static_cast<size_t>(d), -1);  // distinct -> among misses
+  for (int64_t k = 0; k < d; ++k) {
+    if (slots[k] >= 0) continue;
+    miss_index[k] = static_cast<int64_t>(g.misses.size());
+    g.misses.push_back(distinct[k]);
+  }
+  g.miss_of.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t k = inverse[i];
+    g.miss_of[i] = miss_index[k];
+    if (slots[k] >= 0)
+      std::memcpy(out + i * row_bytes_, rows_.data() + slots[k] * row_bytes_, row_bytes_);
+  }
+  return g;
+}
+
+void HostRowCache::fill(int64_t n, const int64_t* miss_of, char* out, int64_t m,
+                        const int64_t* misses, const char* rows, int64_t step, int64_t chunk) {
+  for (int64_t i = 0; i < n; ++i)  // checked before anything is written
+    if (miss_of[i] < -1 || miss_of[i] >= m)
+      throw std::invalid_argument("host cache: miss_of[" + std::to_string(i) + "] = " +
+                                  std::to_string(miss_of[i]) + " is not in [-1, " +
+                                  std::to_string(m) + ")");
+  for (int64_t i = 0; i < n; ++i)
+    if (miss_of[i] >= 0)
+      std::memcpy(out + i * row_bytes_, rows + miss_of[i] * row_bytes_, row_bytes_);
+  const int64_t step_keys = chunk > 0 ? chunk : std::max<int64_t>(m, 1);
+  for (int64_t start = 0; start < m; start += step_keys) {
+    const int64_t count = std::min(step_keys, m - start);
+    insert(count, misses + start, rows + start * row_bytes_, step);
+  }
 }
 
 void HostRowCache::insert(int64_t n, const int64_t* keys, const char* rows, int64_t step) {

@@ -17,6 +17,13 @@
 
 namespace recstore {
 
+// A lookup of a batch with repeats (HostRowCache::gather): its distinct missed keys
+// and, per position of the batch, the index of its key among them (-1: a hit).
+struct Gathered {
+  std::vector<int64_t> misses;
+  std::vector<int64_t> miss_of;
+};
+
 struct HostRowCacheStats {
   int64_t hits = 0;
   int64_t misses = 0;
@@ -50,6 +57,15 @@ class HostRowCache {
   // counts the access and returns the positions of the misses (ascending). A row
   // read at a step before `read_since` is dropped and counts as a miss.
   std::vector<int64_t> lookup(int64_t n, const int64_t* keys, char* out, int64_t read_since);
+  // The lookup of a layer's batch in one pass: `keys` may repeat. Their distinct
+  // keys (first occurrence first) are looked up as lookup() would look them up;
+  // a hit's row is copied to every position it occurs at in `out`.
+  Gathered gather(int64_t n, const int64_t* keys, char* out, int64_t read_since);
+  // gather()'s second half, once the missed rows (`rows`, one per gathered miss)
+  // are fetched: each is copied to every position of `out` it occurs at, then the
+  // misses are offered to the cache (insert, `chunk` keys at a time; 0: at once).
+  void fill(int64_t n, const int64_t* miss_of, char* out, int64_t m, const int64_t* misses,
+            const char* rows, int64_t step, int64_t chunk);
   // Offers missed (unique, not cached) keys and their rows, read at `step`.
   void insert(int64_t n, const int64_t* keys, const char* rows, int64_t step);
   void clear();
@@ -59,6 +75,9 @@ class HostRowCache {
   const std::vector<char>& rows() const { return rows_; }
 
  private:
+  // For unique `keys`: each one's slot (-1: a miss; a row older than read_since is
+  // dropped and missed), the access counted. lookup() and gather() copy the rows.
+  void probe(int64_t n, const int64_t* keys, int64_t read_since, int64_t* slots);
   uint64_t set_of(int64_t key) const;
   uint64_t cell_of(int64_t key, int depth) const;
   int64_t estimate(int64_t key) const;

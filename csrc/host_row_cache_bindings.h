@@ -105,6 +105,33 @@ inline void bind(nb::module_& m) {
         c.insert(n, keys.data(), reinterpret_cast<const char*>(rows.data()), step);
       },
       "keys"_a.noconvert(), "rows"_a.noconvert(), "step"_a);
+  def_checked(
+      c, "gather",
+      [](HostRowCache& c, HostKeys keys, RowsOut out, std::optional<int64_t> read_since) {
+        int64_t n = count(keys);
+        expect_row_bytes(c, out, "out", n);
+        int64_t since = read_since ? *read_since : std::numeric_limits<int64_t>::min();
+        Gathered g;
+        {
+          nb::gil_scoped_release release;
+          g = c.gather(n, keys.data(), reinterpret_cast<char*>(out.data()), since);
+        }
+        return nb::make_tuple(vector_array(std::move(g.misses)), vector_array(std::move(g.miss_of)));
+      },
+      "keys"_a.noconvert(), "out"_a.noconvert(), "read_since"_a.none());
+  def_checked(
+      c, "fill",
+      [](HostRowCache& c, HostKeys miss_of, RowsOut out, HostKeys misses, Rows rows, int64_t step,
+         int64_t chunk) {
+        int64_t n = count(miss_of), m = count(misses);
+        expect_row_bytes(c, out, "out", n);
+        expect_row_bytes(c, rows, "rows", m);
+        nb::gil_scoped_release release;
+        c.fill(n, miss_of.data(), reinterpret_cast<char*>(out.data()), m, misses.data(),
+               reinterpret_cast<const char*>(rows.data()), step, chunk);
+      },
+      "miss_of"_a.noconvert(), "out"_a.noconvert(), "misses"_a.noconvert(), "rows"_a.noconvert(),
+      "step"_a, "chunk"_a);
 }
 
 }  // namespace recstore::host_row_cache_bindings

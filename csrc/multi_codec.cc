@@ -73,7 +73,13 @@ Route route(const Keys& keys, int num_nodes) {
   return r;
 }
 
-bool pull_goes_to(const Route& route, int node) { return route.counts[node] > 0; }
+bool pull_goes_to(const PullItem& item, const Route& route, int node) {
+  if (route.counts[node] > 0) return true;
+  for (int32_t every : item.every_node) {
+    if (every == node) return true;
+  }
+  return false;
+}
 
 bool update_goes_to(const UpdateItem& item, const Route& route, int node) {
   if (route.counts[node] > 0) return true;
@@ -99,7 +105,7 @@ size_t encode_request(Method method, int node, const std::vector<PullItem>& pull
   }
   if (method == Method::kMultiPull) {
     for (size_t i = 0; i < pulls.size(); ++i) {
-      if (!pull_goes_to(pull_routes[i], node)) continue;
+      if (!pull_goes_to(pulls[i], pull_routes[i], node)) continue;
       w.message(kMultiPullRequest_items,
                 [&] { write_pull(w, pulls[i], pull_routes[i], node, scratch); });
     }
@@ -109,11 +115,12 @@ size_t encode_request(Method method, int node, const std::vector<PullItem>& pull
   return w.pos();
 }
 
-std::vector<uint64_t> scatter_pull_reply(const uint8_t* data, size_t size,
-                                         const std::vector<PullTarget>& targets, size_t carried) {
+ScatteredReply scatter_pull_reply(const uint8_t* data, size_t size,
+                                  const std::vector<PullTarget>& targets, size_t carried) {
   const MultiPullResponseView reply = decode_multi_pull_response(view(data, size));
   const std::vector<PullResponseView>& items = reply.items;
-  std::vector<uint64_t> applied;
+  ScatteredReply out;
+  std::vector<uint64_t>& applied = out.applied;
   for (const RowsResponseView& rows : reply.updates) applied.push_back(rows.rows);
   if (items.size() != targets.size() || applied.size() != carried) {
     throw std::invalid_argument(std::to_string(items.size()) + " items and " +
@@ -124,6 +131,7 @@ std::vector<uint64_t> scatter_pull_reply(const uint8_t* data, size_t size,
   for (size_t i = 0; i < targets.size(); ++i) {
     const PullTarget& t = targets[i];
     const PullResponseView& item = items[i];
+    out.versions.push_back(item.version);
     if (t.count == 0) continue;
     const std::string_view dtype = item.dtype.empty() ? std::string_view("float32") : item.dtype;
     if (item.dim != t.dim || dtype != t.dtype) {
@@ -145,7 +153,7 @@ std::vector<uint64_t> scatter_pull_reply(const uint8_t* data, size_t size,
                    t.dim);
     }
   }
-  return applied;
+  return out;
 }
 
 std::vector<uint64_t> parse_rows_reply(const uint8_t* data, size_t size, size_t expected) {

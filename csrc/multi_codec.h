@@ -34,6 +34,9 @@ struct Keys {
 struct PullItem {
   Keys keys;
   std::string value_dtype;  // the rows' wire dtype; empty: the table's
+  // Nodes that get this item even with no keys of theirs: their reply carries the
+  // table's version (a client cache checks it is current); empty: only owners.
+  std::vector<int32_t> every_node;
 };
 
 struct UpdateItem {
@@ -60,9 +63,8 @@ struct Route {
 
 Route route(const Keys& keys, int num_nodes);
 
-// Does `node` get `item` (a pull with keys there; an update with keys there or
-// listed in every_node)?
-bool pull_goes_to(const Route& route, int node);
+// Does `node` get `item` (keys there, or listed in the item's every_node)?
+bool pull_goes_to(const PullItem& item, const Route& route, int node);
 bool update_goes_to(const UpdateItem& item, const Route& route, int node);
 
 enum class Method { kMultiPull, kMultiUpdate };
@@ -87,12 +89,17 @@ struct PullTarget {
   int64_t count = 0;
 };
 
+struct ScatteredReply {
+  std::vector<uint64_t> applied;   // rows each carried update applied
+  std::vector<uint64_t> versions;  // each item's PullResponse.version (the table's, on the node)
+};
+
 // Parses a MultiPullResponse, checks it answers `targets` (in order) and
-// `carried` updates, copies every item's rows into its target; returns the
-// rows each carried update applied. Throws std::invalid_argument when the
-// reply is malformed or does not match what was asked (nothing is trusted).
-std::vector<uint64_t> scatter_pull_reply(const uint8_t* data, size_t size,
-                                         const std::vector<PullTarget>& targets, size_t carried);
+// `carried` updates, copies every item's rows into its target. Throws
+// std::invalid_argument when the reply is malformed or does not match what was
+// asked (nothing is trusted).
+ScatteredReply scatter_pull_reply(const uint8_t* data, size_t size,
+                                  const std::vector<PullTarget>& targets, size_t carried);
 
 // The rows applied per item of a MultiUpdateResponse (`expected` items).
 std::vector<uint64_t> parse_rows_reply(const uint8_t* data, size_t size, size_t expected);

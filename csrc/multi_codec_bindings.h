@@ -73,7 +73,9 @@ inline nb::tuple encode_multi(const std::string& method_name, const nb::list& pu
   std::vector<PullItem> pulls;
   for (nb::handle h : pull_args) {
     auto t = nb::cast<nb::tuple>(h);
-    pulls.push_back(PullItem{keys_of(t), t.size() > 5 ? nb::cast<std::string>(t[5]) : ""});
+    PullItem p{keys_of(t), t.size() > 5 ? nb::cast<std::string>(t[5]) : "", {}};
+    if (t.size() > 6) p.every_node = nb::cast<std::vector<int32_t>>(t[6]);
+    pulls.push_back(std::move(p));
   }
   std::vector<UpdateItem> updates;
   for (nb::handle h : update_args) {
@@ -105,7 +107,7 @@ inline nb::tuple encode_multi(const std::string& method_name, const nb::list& pu
     for (const UpdateItem& u : updates) update_routes.push_back(route(u.keys, num_nodes));
     for (int node = 0; node < num_nodes; ++node) {
       for (size_t i = 0; i < pulls.size() && !sends[node]; ++i) {
-        sends[node] = pull_goes_to(pull_routes[i], node);
+        sends[node] = pull_goes_to(pulls[i], pull_routes[i], node);
       }
       for (size_t i = 0; i < updates.size() && !sends[node]; ++i) {
         sends[node] = update_goes_to(updates[i], update_routes[i], node);
@@ -138,8 +140,8 @@ inline nb::tuple encode_multi(const std::string& method_name, const nb::list& pu
                         routes_to_python(update_routes));
 }
 
-inline std::vector<uint64_t> scatter(const nb::bytes& reply, const nb::list& target_args,
-                                     size_t carried) {
+// (rows applied per carried update, each item's table version)
+inline nb::tuple scatter(const nb::bytes& reply, const nb::list& target_args, size_t carried) {
   std::vector<PullTarget> targets;
   for (nb::handle h : target_args) {
     auto t = nb::cast<nb::tuple>(h);
@@ -158,8 +160,12 @@ inline std::vector<uint64_t> scatter(const nb::bytes& reply, const nb::list& tar
   }
   const auto* data = reinterpret_cast<const uint8_t*>(reply.c_str());
   const size_t size = reply.size();
-  nb::gil_scoped_release release;
-  return scatter_pull_reply(data, size, targets, carried);
+  ScatteredReply out;
+  {
+    nb::gil_scoped_release release;
+    out = scatter_pull_reply(data, size, targets, carried);
+  }
+  return nb::make_tuple(nb::cast(out.applied), nb::cast(out.versions));
 }
 
 inline void bind(nb::module_& m) {
@@ -167,7 +173,8 @@ inline void bind(nb::module_& m) {
         "Route and encode one MultiPull/MultiUpdate request per node: "
         "(requests, pull routes, update routes)");
   m.def("scatter_pull_reply", &scatter, "reply"_a, "targets"_a, "carried"_a,
-        "Copy a MultiPullResponse's rows into their targets; rows of each carried update");
+        "Copy a MultiPullResponse's rows into their targets: (rows of each carried update, "
+        "each item's table version)");
   m.def(
       "parse_rows_reply",
       [](const nb::bytes& reply, size_t expected) {

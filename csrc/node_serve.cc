@@ -167,7 +167,7 @@ void frame_reply(Writer& w, Method method, std::vector<Pull>& pulls,
                            static_cast<size_t>(dtype_size(p.value_dtype));
       p.value_at = write_pull_response(w, dtype_name_of(p.value_dtype),
                                        static_cast<uint32_t>(h.dim), bytes,
-                                       p.read_only, static_cast<size_t>(p.n))
+                                       p.read_only, static_cast<size_t>(p.n), h.version)
                        .values_at;
     });
   }

@@ -43,6 +43,7 @@ struct Hosted {
   bool logged = false;     // writes are logged: the node applies updates
   int non_finite = kNonFiniteReject;  // its NonFinitePolicy (reject: screened by the plan)
   bool inference = false;  // mode inference: its updates are refused
+  uint64_t version = 0;    // its version, read before any row is: PullResponse.version
 };
 
 enum class Method { kMultiPull, kMultiUpdate };

@@ -85,6 +85,7 @@ struct MultiRequest {
       v.logged = nb::cast<bool>(t[8]);
       v.non_finite = nb::cast<int>(t[9]);
       v.inference = nb::cast<bool>(t[10]);
+      v.version = nb::cast<uint64_t>(t[11]);
     }
     Plan p;
     {

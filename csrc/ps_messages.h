@@ -65,12 +65,15 @@ struct PullHoles {
 };
 
 // A PullResponse whose payloads are left for the caller to fill: `rows` found
-// bytes when read_only, then value_bytes of rows, aligned.
+// bytes when read_only, then value_bytes of rows, aligned. `version`: the table's
+// version on the node, read before the rows are (every reply path carries it).
 inline PullHoles write_pull_response(Writer& w, std::string_view dtype, uint32_t dim,
-                                     size_t value_bytes, bool read_only, size_t rows) {
+                                     size_t value_bytes, bool read_only, size_t rows,
+                                     uint64_t version) {
   using namespace ps_fields;
   PullHoles holes;
   w.string_field(kPullResponse_dtype, dtype);
+  w.varint_field(kPullResponse_version, version);
   if (read_only) holes.found_at = w.hole(kPullResponse_found, rows);
   holes.values_at = w.aligned_hole(kPullResponse_values, value_bytes, kPullResponse_dim, dim);
   return holes;

@@ -126,12 +126,13 @@ struct Frame {
   nb::bytes message;
 };
 
-struct PullShape {  // (rows, dim, dtype, itemsize, read_only)
+struct PullShape {  // (rows, dim, dtype, itemsize, read_only, version)
   uint64_t rows;
   uint32_t dim;
   std::string dtype;
   uint64_t itemsize;
   bool read_only;
+  uint64_t version;
 };
 
 using Hole = nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>;
@@ -145,7 +146,8 @@ inline nb::tuple pull_reply_frame(const nb::list& shape_args, bool embedded,
                                   size_t trailing) {
   const std::vector<PullShape> shapes = items_of(shape_args, [](const nb::tuple& t) {
     return PullShape{nb::cast<uint64_t>(t[0]), nb::cast<uint32_t>(t[1]),
-                     nb::cast<std::string>(t[2]), nb::cast<uint64_t>(t[3]), nb::cast<bool>(t[4])};
+                     nb::cast<std::string>(t[2]), nb::cast<uint64_t>(t[3]), nb::cast<bool>(t[4]),
+                     nb::cast<uint64_t>(t[5])};
   });
   std::vector<PullHoles> holes;
   auto write = [&](Writer& w) {
@@ -156,7 +158,7 @@ inline nb::tuple pull_reply_frame(const nb::list& shape_args, bool embedded,
     for (const PullShape& s : shapes) {
       auto one = [&] {
         holes.push_back(write_pull_response(w, s.dtype, s.dim, s.rows * s.dim * s.itemsize,
-                                            s.read_only, s.rows));
+                                            s.read_only, s.rows, s.version));
       };
       if (embedded) {
         w.message(kMultiPullResponse_items, one);

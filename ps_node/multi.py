@@ -92,11 +92,13 @@ def apply_checked(
     """
     buffer = memoryview(request)
     pulled: list[PullItem] = []
+    versions = []  # each pull's table version, read before any row is (PullResponse.version)
     for table, keys_at, rows, read_only, value_dtype in pulls:
         hosted = tables[table]
         assert hosted is not None  # the validator refused items of tables not hosted
         keys = codec.decode_keys(buffer[keys_at : keys_at + 8 * rows])
         pulled.append((hosted, keys, read_only, value_dtype))
+        versions.append(hosted.version)
     checked: list[tuple[Write, np.ndarray]] = []  # each update and its keys
     for table, keys_at, rows, grads_at, grads_size, grad_dtype, lr in updates:
         hosted = tables[table]
@@ -127,7 +129,7 @@ def apply_checked(
         return Served(wire.encode_multi_rows_response(ack.rows for ack in acks), [], updated, acks)
     shapes = [(len(keys), h.dim, dtype, read_only) for h, keys, read_only, dtype in pulled]
     message, outs = wire.multi_pull_response_frame(
-        shapes, carried_rows=[a.rows for a in acks], limit=reply_limit
+        shapes, carried_rows=[a.rows for a in acks], versions=versions, limit=reply_limit
     )
     try:
         pull_items(pulled, outs)

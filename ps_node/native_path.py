@@ -84,6 +84,7 @@ def _view(hosted: HostedTable, tracked: bool) -> tuple[Any, ...]:
         hosted.wal is not None,
         non_finite_code(hosted.entry.spec),
         hosted.entry.spec.inference,
+        hosted.version,  # read before any row is: the reply's PullResponse.version
     )
 
 

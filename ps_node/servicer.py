@@ -263,14 +263,13 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         rows = len(codec.decode_keys(req.keys))
         value_dtype = codec.value_dtype_for(req.value_dtype, hosted.dtype)
         message, values, found = wire.pull_response_frame(
-            rows, hosted.dim, value_dtype, req.read_only,
-            limit=self.reply_limit, trailing=wire.PULL_VERSION_FIELD_BYTES,
-        )  # fmt: skip
+            rows, hosted.dim, value_dtype, req.read_only, version=version, limit=self.reply_limit
+        )
         await self._batch(
             req.table, rows, self.node.pull, req.table, req.keys, values, found, value_dtype
         )
         self.metrics.rows(req.table, "Pull", rows)
-        return wire.finish(message) + wire.pull_version_field(version)
+        return wire.finish(message)
 
     @rpc
     async def Push(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:

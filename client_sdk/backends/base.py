@@ -62,11 +62,16 @@ class Backend(Protocol):
         """
         ...
 
-    def pull_versioned(self, name: str, keys: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
-        """``pull`` of unique ``keys`` and the table's version per shard, read before the rows.
+    def pull_versioned(
+        self, name: str, keys: torch.Tensor, *, skip: frozenset[str] = frozenset()
+    ) -> tuple[torch.Tensor, dict[str, int] | None]:
+        """``pull`` of unique ``keys`` and the table's version per node, read before the rows.
 
         A version moves on every write to the table, so rows kept from a pull
-        that reported the same versions are still current.
+        that reported the same versions are still current. Every node of the
+        table answers except those in ``skip``, which answer only when they own
+        some of the keys. None instead of the versions when the nodes that
+        answered may not be all the nodes asked (a slot-map change meanwhile).
         """
         ...
 

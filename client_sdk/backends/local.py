@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 _store: Store | None = None
 _store_lock = threading.Lock()
+#: the name a local table's one node answers ``pull_versioned`` under
+LOCAL_NODE = "local"
 #: each table's version (``pull_versioned``), moved by every write made through a local
 #: client; a table dropped and created again is a new object with a newer version
 _versions: weakref.WeakKeyDictionary[Table, int] = weakref.WeakKeyDictionary()
@@ -151,11 +153,14 @@ class LocalBackend:
         except RecStoreError as error:
             raise _backend_error(error, name) from error
 
-    def pull_versioned(self, name: str, keys: torch.Tensor) -> tuple[torch.Tensor, tuple[int]]:
-        """``pull`` of unique ``keys`` and the table's version read before them."""
+    def pull_versioned(
+        self, name: str, keys: torch.Tensor, *, skip: frozenset[str] = frozenset()
+    ) -> tuple[torch.Tensor, dict[str, int]]:
+        """``pull`` of unique ``keys`` and the table's version read before them (the one
+        node, in this process, answers every time: asking it costs nothing)."""
         table = self.table(name)
         version = _versions.setdefault(table, next(_next_version))
-        return self.pull(name, keys, unique=True), (version,)
+        return self.pull(name, keys, unique=True), {LOCAL_NODE: version}
 
     def push(self, name: str, keys: torch.Tensor, values: torch.Tensor) -> None:
         table = self.table(name)

@@ -2,21 +2,28 @@
 
 Two modes, chosen by the layer:
 
-- exact (inference, or training without ``max_staleness_steps``): every lookup
-  pulls its misses together with the table's version on every shard (an empty
-  pull where a shard owns none of them). When any shard reports a version other
-  than the one the cached rows were read at, the whole cache is dropped and the
-  batch is pulled again, so a lookup never returns a row older than the writes
-  finished before it began.
+- exact (inference, or training without ``max_staleness_steps``): a lookup pulls
+  its misses with one MultiPull per node, and every reply carries the table's
+  version on that node (``freshness``: which nodes a lookup asks, and the bound
+  that holds when ``version_check_interval`` lets it skip some). When any node
+  reports a version other than the one the cached rows were read at, the whole
+  cache is dropped and the batch is pulled again.
 - bounded staleness (training with ``max_staleness_steps=k``): a row read at
   step ``s`` serves lookups up to step ``s + k``; versions are not compared,
-  since a training table changes every step. Updates still go to the table's
-  optimizer (the layer's backward), never into the cache.
+  since a training table changes every step, and nodes whose keys all hit are
+  not asked. Updates still go to the table's optimizer (the layer's backward),
+  never into the cache.
+
+A lookup's own work runs in the engine in two calls (``NativeHostCache.gather``
+and ``fill``): de-dup, lookup, hit rows copied to every position, the miss
+list; then the fetched rows copied to every position and offered to the cache.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +32,7 @@ import torch
 from recstore.client.client import RecStoreClient
 from recstore.client.host_cache import from_bits, to_bits
 from recstore.client.native_host_cache import NativeHostCache
+from recstore.client.nve.freshness import Freshness
 from recstore.client.tensors import unique_keys
 
 log = logging.getLogger("recstore.nve")
@@ -67,53 +75,63 @@ class CachedTable:
         policy: str = "lfu",
         max_staleness_steps: int | None = None,
         max_modify_size: int | None = None,
+        version_check_interval: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client, self.name, self.layer = client, name, layer
         self.cache = NativeHostCache(capacity_bytes, dim, dtype, policy=policy)
         self.max_staleness_steps = max_staleness_steps
         self.max_modify_size = max_modify_size
+        self.freshness = Freshness(version_check_interval, clock)
         self.step = 0
-        self._versions: tuple[int, ...] | None = None  # what the cached rows were read at
 
     def read(self, keys: torch.Tensor) -> torch.Tensor:
         """One row per element of ``keys`` (CPU int64, any repeats), in the table dtype."""
-        unique, inverse = unique_keys(keys)
-        rows = self._read_unique(unique.numpy())
-        if len(unique) != keys.numel():  # repeats (else first-occurrence order is keys' own)
-            rows = rows[inverse.numpy().reshape(-1)]  # numpy's gather: on this thread
-        return from_bits(rows, self.cache.dtype)
-
-    def _read_unique(self, keys: np.ndarray) -> np.ndarray:
-        """Rows (bits) of unique ``keys``: the cache's, then the table's for the rest."""
+        flat = np.ascontiguousarray(keys.reshape(-1).numpy())
         staleness = self.max_staleness_steps
         since = None if staleness is None else self.step - staleness
-        out = self.cache.empty_rows(len(keys))
-        miss = self.cache.lookup_into(keys, out, read_since=since)
-        if staleness is not None and not miss.size:  # no version to ask
-            return out
-        pulled, versions = self._pull(keys[miss])
-        if staleness is None and versions != self._versions:
-            if self._versions is not None:  # written meanwhile: no cached row is current
-                self.cache.clear()
-                hits = len(keys) - len(miss)
-                if hits:  # nor are this batch's hits: read them again
-                    self.cache.recount_hits(hits)
-                    rows, self._versions = self._pull(keys)
-                    self._insert(keys, rows)
-                    return rows
-            self._versions = versions
-        out[miss] = pulled
-        self._insert(keys[miss], pulled)
-        return out
+        out = self.cache.empty_rows(len(flat))
+        misses, miss_of = self.cache.gather(flat, out, read_since=since)
+        if staleness is not None:  # versions are not compared: only misses are asked for
+            if misses.size:  # the SDK's step pull: held updates ride on it
+                (pulled,) = self.client._for_modules.pull_many(
+                    [(self.name, torch.from_numpy(misses), True)]
+                )
+                rows = to_bits(pulled.to("cpu", self.cache.dtype))
+                self.cache.fill(miss_of, out, misses, rows, self.step, self._chunk)
+            return from_bits(out, self.cache.dtype)
+        fresh = self.freshness
+        sent = fresh.clock()
+        rows, versions = self._pull(misses, fresh.skippable(sent))
+        if versions is not None and not fresh.moved(versions):
+            fresh.confirm(versions, sent)
+            self.cache.fill(miss_of, out, misses, rows, self.step, self._chunk)
+            return from_bits(out, self.cache.dtype)
+        # written meanwhile (or the slot map changed): no cached row is current, nor are
+        # this lookup's hits; everything is read again, from every node
+        self.cache.clear()
+        self.cache.recount_hits(int(np.count_nonzero(miss_of < 0)))
+        unique, inverse = unique_keys(keys.reshape(-1))
+        distinct = unique.numpy()
+        sent = fresh.clock()
+        rows, versions = self._pull(distinct, frozenset())
+        fresh.reset(versions, sent)
+        if versions is None:  # not known to be current on every node: served, not kept
+            return from_bits(rows[inverse.numpy()], self.cache.dtype)
+        self.cache.fill(inverse.numpy(), out, distinct, rows, self.step, self._chunk)
+        return from_bits(out, self.cache.dtype)
 
-    def _pull(self, keys: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:
-        rows, versions = self.client._for_modules.pull_versioned(self.name, torch.from_numpy(keys))
+    @property
+    def _chunk(self) -> int:
+        return self.max_modify_size or 0
+
+    def _pull(
+        self, keys: np.ndarray, skip: frozenset[str]
+    ) -> tuple[np.ndarray, dict[str, int] | None]:
+        rows, versions = self.client._for_modules.pull_versioned(
+            self.name, torch.from_numpy(keys), skip=skip
+        )
         return to_bits(rows.to("cpu", self.cache.dtype)), versions
-
-    def _insert(self, keys: np.ndarray, rows: np.ndarray) -> None:
-        chunk = self.max_modify_size or max(1, len(keys))
-        for start in range(0, len(keys), chunk):
-            self.cache.insert(keys[start : start + chunk], rows[start : start + chunk], self.step)
 
     def report(self) -> CacheReport:
         stats, cache = self.cache.stats, self.cache

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from recstore.client.host_cache import POLICIES
+from recstore.client.nve.freshness import check_interval
 
 
 class LayerType(Enum):
@@ -38,6 +39,8 @@ CONFIG_KEYS = {
     "host_cache_size": "bytes of host memory for the cache in front of the table (0: none)",
     "max_staleness_steps": "training: a cached row serves at most this many steps",
     "cache_policy": f"host cache eviction: one of {POLICIES}",
+    "version_check_interval": "inference: seconds a node's confirmed table version spares it "
+    "a round trip when all its keys hit (0: every lookup asks every node; recstore.nve.freshness)",
     **{key: "GPU kernel tuning of the reference: accepted, no effect here" for key in KERNEL_KEYS},
 }
 
@@ -49,6 +52,7 @@ class LayerConfig:
     host_cache_size: int = 0
     max_staleness_steps: int | None = None
     cache_policy: str = "lfu"
+    version_check_interval: float = 0.0
     kernel: tuple[int, int, int] = (0, 0, 0)
 
 
@@ -67,6 +71,9 @@ def parse_config(config: Mapping[str, Any] | None) -> LayerConfig:
     policy = config.get("cache_policy", "lfu")
     if policy not in POLICIES:
         raise ValueError(f"config['cache_policy'] must be one of {POLICIES}, got {policy!r}")
+    interval = check_interval(
+        config.get("version_check_interval", 0.0), "config['version_check_interval']"
+    )
     modify = config.get("max_modify_size")
     staleness = config.get("max_staleness_steps")
     return LayerConfig(
@@ -77,6 +84,7 @@ def parse_config(config: Mapping[str, Any] | None) -> LayerConfig:
         if staleness is None
         else _non_negative_int("max_staleness_steps", staleness),
         cache_policy=policy,
+        version_check_interval=interval,
         kernel=tuple(_non_negative_int(k, config.get(k, 0)) for k in KERNEL_KEYS),  # type: ignore[arg-type]
     )
 

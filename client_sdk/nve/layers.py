@@ -136,6 +136,7 @@ class _NVELayer(torch.nn.Module):
                 max_staleness_steps=settings.max_staleness_steps if self.optimize_for_training
                 else None,
                 max_modify_size=settings.max_modify_size,
+                version_check_interval=settings.version_check_interval,
             )  # fmt: skip
             track(self)
 

@@ -248,24 +248,29 @@ class GrpcBackend:
         rows = rows_from_numpy(out, dtype)
         return rows if inverse is None else rows[inverse]
 
-    def pull_versioned(self, name: str, keys: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
-        """``pull`` of unique ``keys`` and every shard's table version, read before the rows.
+    def pull_versioned(
+        self, name: str, keys: torch.Tensor, *, skip: frozenset[str] = frozenset()
+    ) -> tuple[torch.Tensor, dict[str, int] | None]:
+        """``pull`` of unique ``keys`` and the table's version on each node, read before the rows.
 
-        Every shard answers (an empty Pull where it owns none of the keys), so a
-        cache learns of a write on any shard at its next lookup.
+        One MultiPull per node, as ``pull_many``: every node of the table is asked
+        (an empty item where it owns none of the keys) except those in ``skip``,
+        which are asked only for their keys. Versions: node -> version, for every
+        node that answered; None when some items had to be resent after a slot-map
+        change (the nodes that answered them are not known to be all of them).
         """
         self._step.settle([name])
         table = self._locate(name)
         keys_np = keys_to_numpy(keys)
         dtype = DType(table.spec.dtype)
         out = np.empty((len(keys_np), table.spec.embedding_dim), dtype=wire.wire_dtype(dtype))
-        versions: dict[int, int] = {}
-        issue = pull_issue(
-            table.spec, keys_np, out, self._node_of(table), versions, table.transport
+        ask = frozenset(table.endpoints) - skip
+        call = self._step.multi_call(
+            "MultiPull", [TableCall(table, keys_np, out, also_ask=ask)], blocking=True
         )
-        table.router.start(keys_np, issue, every_shard=True).wait()
-        shards = table.router.slot_map.num_shards
-        return rows_from_numpy(out, dtype), tuple(versions.get(s, 0) for s in range(shards))
+        call.wait()
+        versions = None if call.resent else call.versions[0]
+        return rows_from_numpy(out, dtype), versions
 
     def push(self, name: str, keys: torch.Tensor, values: torch.Tensor) -> None:
         self._step.settle([name])

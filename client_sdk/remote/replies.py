@@ -43,6 +43,9 @@ class MultiCall:
     kept per table, so each table reports only what happened to its own rows.
     A MultiPull may carry updates (``carried``, planned by ``plan_carrying``):
     the node applies them before it pulls, and their failures are kept apart.
+    A MultiPull's replies carry each table's version on each node: ``versions``
+    (per table call: node -> the oldest version its replies reported); a table
+    whose items had to be resent after a slot-map change is in ``resent``.
     """
 
     def __init__(
@@ -55,6 +58,8 @@ class MultiCall:
         self._collected = False
         self.failures: dict[int, BaseException] = {}
         self.carried_failures: dict[int, BaseException] = {}
+        self.versions: list[dict[str, int]] = [{} for _ in self.calls]
+        self.resent: set[int] = set()
         self._sent: list[tuple[Request, Callable[[], bytes]]] = []
         for number, request in enumerate(requests):
             names = [self.calls[p.index].name for p in request.parts]
@@ -131,7 +136,9 @@ class MultiCall:
             if self.method == "MultiUpdate":
                 _native.parse_rows_reply(raw, len(request.parts))
             elif request.targets is not None:
-                _native.scatter_pull_reply(raw, request.targets, len(request.carried))
+                _, versions = _native.scatter_pull_reply(raw, request.targets, len(request.carried))
+                for part, version in zip(request.parts, versions, strict=True):
+                    self._saw_version(part.index, request.endpoint, version)
             else:
                 replies, applied = wire.decode_multi_pull_reply(raw)
                 if len(replies) != len(request.parts) or len(applied) != len(request.carried):
@@ -141,11 +148,16 @@ class MultiCall:
                     )
                 for part, reply in zip(request.parts, replies, strict=True):
                     self._store_rows(part, reply)
+                    self._saw_version(part.index, request.endpoint, reply.version)
         except (InvalidArgument, ValueError) as error:
             raise BackendError(
                 f"PS node {request.endpoint} answered a malformed {self.method} reply: {error}",
                 code="DATA_LOSS",
             ) from error
+
+    def _saw_version(self, index: int, endpoint: str, version: int) -> None:
+        seen = self.versions[index]
+        seen[endpoint] = min(seen.get(endpoint, version), version)
 
     def _store_rows(self, part: Part, reply: wire.PullResponse) -> None:
         call = self.calls[part.index]
@@ -163,6 +175,7 @@ class MultiCall:
             return self._node(table.endpoints[shard])
 
         if method == "MultiPull":
+            self.resent.add(part.index)  # its versions come from nodes it may not have asked
             out = np.empty((len(keys), table.spec.embedding_dim), dtype=call.rows.dtype)
             issue = pull_issue(table.spec, keys, out, node_of, transport=table.transport)
             table.router.start(keys, issue).wait()

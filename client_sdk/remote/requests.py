@@ -37,10 +37,19 @@ class TableCall:
     rows: np.ndarray
     lr: float | None = None
     every_shard: bool = False  # adam: every shard sees every step
+    #: pulls: nodes that get the item even with none of its keys, to answer the
+    #: table's version (a client cache checking its rows are current)
+    also_ask: frozenset[str] = frozenset()
 
     @property
     def name(self) -> str:
         return str(self.table.spec.name)
+
+    def reaches(self, endpoint: str) -> bool:
+        """Does ``endpoint`` get this item even when it owns none of the keys?"""
+        if endpoint in self.also_ask:
+            return True
+        return self.every_shard and endpoint in self.table.endpoints
 
 
 @dataclass(frozen=True)
@@ -101,7 +110,18 @@ def plan_batches(calls: Sequence[TableCall], max_bytes: int) -> list[Batch]:
                 batches.append(batch)
             batch.parts.append(Part(index, request.positions, slot_map.epoch))
             batch.size += size
+        asked = call.also_ask.intersection(call.table.endpoints)
+        for endpoint in sorted(asked - {b.endpoint for b in batches if _has(b, index)}):
+            batch = open_batches.get(endpoint)
+            if batch is None:
+                batch = open_batches[endpoint] = Batch(endpoint)
+                batches.append(batch)
+            batch.parts.append(Part(index, np.empty(0, np.int64), slot_map.epoch))
     return batches
+
+
+def _has(batch: Batch, index: int) -> bool:
+    return any(part.index == index for part in batch.parts)
 
 
 @dataclass
@@ -233,7 +253,8 @@ def native_requests(
     for call in pulls:
         args = _keys_args(call, nodes)
         keep.append(args[-1])
-        pull_args.append((*args[:-1], call.table.transport))
+        asked = [index[e] for e in sorted(call.also_ask) if e in index]
+        pull_args.append((*args[:-1], call.table.transport, asked))
     update_args = []
     for call in updates:
         args = _keys_args(call, nodes)
@@ -284,7 +305,7 @@ def _parts(
     parts = []
     for index, (call, (order, offsets, counts)) in enumerate(zip(calls, routes, strict=True)):
         count = int(counts[node])
-        if count or (call.every_shard and endpoint in call.table.endpoints):
+        if count or call.reaches(endpoint):
             start, epoch = int(offsets[node]), call.table.router.slot_map.epoch
             parts.append(Part(index, order[start : start + count], epoch))
     return parts

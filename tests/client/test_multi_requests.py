@@ -71,6 +71,11 @@ def _cases() -> list[tuple[str, list[TableCall], list[TableCall]]]:
         _call(narrow[0], keys[0], rng.standard_normal((50, 16)).astype(np.float32)),
         _call(narrow[1], keys[3], rng.standard_normal((300, 8)).astype(np.float32), lr=0.5),
     ]
+    # a cache's pulls: nodes asked for the table's version even without keys of theirs
+    asking = [
+        _call(tables[2], keys[1], np.empty((1, 8), np.float32), also_ask=frozenset(three)),
+        _call(tables[0], keys[2], np.empty((0, 16), np.float32), also_ask=frozenset(two[1:])),
+    ]
     return [
         ("pulls", pulls, []),
         ("pulls carrying updates", pulls, updates),
@@ -78,6 +83,7 @@ def _cases() -> list[tuple[str, list[TableCall], list[TableCall]]]:
         ("updates", updates, []),
         ("16-bit transport", [*narrow_pulls, pulls[0]], narrow_updates),
         ("16-bit updates", narrow_updates, []),
+        ("pulls asking for versions", [*asking, pulls[3]], updates[:1]),
     ]
 
 
@@ -108,17 +114,46 @@ def test_native_requests_are_the_python_planners_byte_for_byte(
             assert len(message[1]) == len(request.carried)
 
 
+def test_a_pull_asking_for_versions_reaches_every_node_it_names() -> None:
+    _, calls, carried = _cases()[-1]
+    for plan in (native_requests, python_requests):
+        requests = plan("MultiPull", calls, carried, BIG)
+        assert requests is not None
+        items = {r.endpoint: [(p.index, len(p.positions)) for p in r.parts] for r in requests}
+        # table c (1 key) is asked of all three nodes, table a (no keys) of the second only
+        assert all(any(i == 0 for i, _ in items[node]) for node in NODES)
+        assert (1, 0) in items[NODES[1]]
+        assert all(i != 1 for i, _ in items[NODES[0]] + items[NODES[2]])
+        assert sum(n for node in NODES for i, n in items[node] if i == 0) == 1
+
+
+def test_the_python_planner_asks_for_versions_past_the_byte_bound_too() -> None:
+    table = _table("a", 4, NODES[:2])
+    call = _call(table, np.arange(40), np.empty((40, 4), np.float32), also_ask=frozenset(NODES))
+    requests = python_requests("MultiPull", [call], [], 64)  # 4 rows of 16 bytes a request
+    assert requests is not None and len(requests) > 2
+    assert {r.endpoint for r in requests} == set(NODES[:2])
+    assert sum(len(p.positions) for r in requests for p in r.parts) == 40
+
+
 def test_a_request_past_the_byte_bound_is_left_to_the_python_planner() -> None:
     _, calls, carried = _cases()[1]
     assert native_requests("MultiPull", calls, carried, 1000) is None
 
 
+def _version(table: str) -> int:
+    return 1000 + ord(table)
+
+
 def _answer(body: bytes, calls: list[TableCall], applied: int = 3) -> bytes:
-    """A node's reply: each pulled row is key * 10 + column, in the table's dim."""
+    """A node's reply: each pulled row is key * 10 + column, in the table's dim; each
+    item's version is ``_version`` of its table."""
     pulls, updates = wire.decode_multi_pull_carrying(body)
     dims = {c.name: c.table.spec.embedding_dim for c in calls}
     shapes = [(len(p.keys) // 8, dims[p.table], "float32", False) for p in pulls]
-    message, outs = wire.multi_pull_response_frame(shapes, carried_rows=[applied] * len(updates))
+    message, outs = wire.multi_pull_response_frame(
+        shapes, carried_rows=[applied] * len(updates), versions=[_version(p.table) for p in pulls]
+    )
     for pull, (values, _) in zip(pulls, outs, strict=True):
         keys = np.frombuffer(pull.keys, np.int64)
         values[:] = keys[:, None] * 10.0 + np.arange(values.shape[1])
@@ -131,10 +166,11 @@ def test_replies_are_scattered_back_to_each_tables_rows() -> None:
     assert requests is not None
     for request in requests:
         assert request.targets is not None
-        applied = native.scatter_pull_reply(
+        applied, versions = native.scatter_pull_reply(
             _answer(request.body, calls), request.targets, len(request.carried)
         )
         assert applied == [3] * len(request.carried)
+        assert versions == [_version(calls[p.index].name) for p in request.parts]
     for call in calls:
         expected = call.keys[:, None] * 10.0 + np.arange(call.table.spec.embedding_dim)
         np.testing.assert_array_equal(call.rows, expected.astype(np.float32))

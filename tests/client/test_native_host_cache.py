@@ -88,3 +88,62 @@ def test_bad_arrays_are_refused_and_nothing_changes() -> None:
         NativeHostCache(1 << 20, DIM, torch.float32, policy="fifo")
     with pytest.raises(ValueError, match="host_cache_size"):
         NativeHostCache(-1, DIM, torch.float32)
+
+
+@pytest.mark.parametrize("policy", ["lfu", "lru"])
+def test_gather_and_fill_are_the_models_lookup_and_insert_of_the_distinct_keys(
+    policy: str,
+) -> None:
+    budget = 16 * WAYS * ROW_COST
+    model = HostCache(budget, DIM, torch.float32, policy=policy)
+    native = NativeHostCache(budget, DIM, torch.float32, policy=policy)
+    rng = np.random.default_rng(3)
+    for step in range(60):
+        keys = (np.minimum(rng.zipf(1.1, 400), 3000) - 1).astype(np.int64)  # repeats
+        since = step - 2 if step % 4 == 3 else None
+        _, first = np.unique(keys, return_index=True)
+        distinct = keys[np.sort(first)]  # first occurrence first, as the layer sees them
+        hit, _ = model.lookup(distinct, read_since=since)
+        out = native.empty_rows(len(keys))
+        misses, miss_of = native.gather(keys, out, read_since=since)
+        np.testing.assert_array_equal(misses, distinct[~hit])
+        served = miss_of < 0
+        assert set(keys[served]) == set(distinct[hit])
+        np.testing.assert_array_equal(misses[miss_of[~served]], keys[~served])
+        np.testing.assert_array_equal(out[served], _rows(keys[served]))
+        model.insert(misses, _rows(misses), step)
+        native.fill(miss_of, out, misses, _rows(misses), step)
+        np.testing.assert_array_equal(out, _rows(keys))  # every position, hit or fetched
+        if step % 13 == 12:
+            model.clear()
+            native.clear()
+        _same_state(model, native)
+
+
+def test_fill_offers_the_misses_in_chunks_of_max_modify_size() -> None:
+    budget = 4 * WAYS * ROW_COST
+    model = HostCache(budget, DIM, torch.float32)
+    native = NativeHostCache(budget, DIM, torch.float32)
+    keys = np.arange(100, dtype=np.int64)
+    model.lookup(keys)
+    misses, miss_of = native.gather(keys, native.empty_rows(100))
+    for start in range(0, 100, 9):
+        model.insert(keys[start : start + 9], _rows(keys[start : start + 9]))
+    native.fill(miss_of, native.empty_rows(100), misses, _rows(misses), 0, chunk=9)
+    _same_state(model, native)
+
+
+def test_fill_refuses_a_bad_miss_index_and_writes_nothing() -> None:
+    native = NativeHostCache(WAYS * ROW_COST, DIM, torch.float32)
+    keys = np.array([5, 6, 5], dtype=np.int64)
+    out = native.empty_rows(3)
+    misses, miss_of = native.gather(keys, out)
+    np.testing.assert_array_equal(misses, [5, 6])
+    np.testing.assert_array_equal(miss_of, [0, 1, 0])
+    out[:] = 0
+    with pytest.raises(ValueError, match=r"miss_of\[1\] = 2 is not in \[-1, 2\)"):
+        native.fill(np.array([0, 2, 0]), out, misses, _rows(misses))
+    with pytest.raises(ValueError, match=r"rows must have shape \(2, 16\)"):
+        native.fill(miss_of, out, misses, _rows(misses[:1]))
+    np.testing.assert_array_equal(out, 0)
+    assert native.stats.insertions == 0 and native.bytes_used == 0

@@ -463,7 +463,13 @@ def test_both_encodings_of_multi_requests_are_read_alike(tmp_path: Path) -> None
         node.create_table(spec("b"), None)
         served = native_path.serve(node, "MultiPull", encoded)
         assert (served.pulled, served.updated) == ([("a", 5), ("b", 0)], [("a", 5), ("b", 0)])
-        replies.append(served.reply)
+        items, applied = wire.decode_multi_pull_reply(served.reply)
+        versions = [node.tables["a"].version, node.tables["b"].version]
+        # each item carries its table's version on this node (read before the updates)
+        assert all(0 < i.version <= now for i, now in zip(items, versions, strict=True))
+        replies.append(
+            ([(bytes(r.values), r.dim, r.dtype, bytes(r.found)) for r in items], applied)
+        )
         update = wire.encode_multi_update_request(updates)
         assert native_path.serve(node, "MultiUpdate", update).updated == [("a", 5), ("b", 0)]
     assert replies[0] == replies[1]

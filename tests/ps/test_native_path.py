@@ -72,12 +72,17 @@ def _snapshot(node: Node) -> dict[str, Any]:
 
 
 def _expected_reply(
-    oracle: dict[str, Table], pulls: list[tuple[str, np.ndarray]], carried_rows: list[int]
+    oracle: dict[str, Table],
+    pulls: list[tuple[str, np.ndarray]],
+    carried_rows: list[int],
+    versions: list[int],
 ) -> bytes:
     shapes = [
         (len(k), oracle[n].dim, DType(oracle[n].spec.dtype).value, False) for n, k in pulls
     ]  # fmt: skip
-    message, outs = wire.multi_pull_response_frame(shapes, carried_rows=carried_rows)
+    message, outs = wire.multi_pull_response_frame(
+        shapes, carried_rows=carried_rows, versions=versions
+    )
     for (name, keys), (values, _) in zip(pulls, outs, strict=True):
         oracle[name].pull(keys, out=values)
     return wire.finish(message)
@@ -125,11 +130,13 @@ def test_carried_updates_then_pulls_match_the_oracle_and_the_python_framing(
                     for n, k, g, lr in items
                 ],
             ).SerializeToString()  # fmt: skip
+        versions = [node.tables[n].version for n, _ in pulls]  # read before the rows
         served = native_path.serve(node, "MultiPull", request)
         assert served is not None
         assert served.updated == [(n, len(k)) for n, k, _, _ in updates]
         assert served.pulled == [(n, len(k)) for n, k in pulls]
-        assert served.reply == _expected_reply(oracle, pulls, [len(k) for _, k, _, _ in updates])
+        carried = [len(k) for _, k, _, _ in updates]
+        assert served.reply == _expected_reply(oracle, pulls, carried, versions)
 
 
 def test_a_multi_update_matches_the_oracle(node: Node, oracle: dict[str, Table]) -> None:

@@ -128,5 +128,5 @@ def test_the_three_readers_read_an_edge_case_as_protobuf(
         assert (bytes(items[0].values), items[0].dim, items[0].dtype) == (
             one.values, one.dim, one.dtype,
         )  # fmt: skip
-        assert _native.scatter_pull_reply(answer, targets, 0) == []
+        assert _native.scatter_pull_reply(answer, targets, 0) == ([], [one.version])
         np.testing.assert_array_equal(out, np.frombuffer(one.values, np.float32).reshape(4, 8))

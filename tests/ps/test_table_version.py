@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from recstore.core import wire
+from recstore.ps import native_path
 from recstore.v1 import ps_pb2
 
 from .conftest import Client, spec
@@ -73,3 +74,52 @@ def test_a_refused_write_leaves_the_version(client: Client) -> None:
         client.call("Push", request)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert _stats_version(client, "emb") == before
+
+
+def _multi_versions(client: Client, items: list[tuple[str, list[int], bool]]) -> list[int]:
+    request = ps_pb2.MultiPullRequest(
+        items=[
+            ps_pb2.PullRequest(table=t, keys=np.asarray(k, "<i8").tobytes(), read_only=ro)
+            for t, k, ro in items
+        ]
+    )
+    reply = client.call("MultiPull", request)
+    raw = wire.decode_multi_pull_response(reply.SerializeToString())
+    assert [r.version for r in raw] == [item.version for item in reply.items]
+    return [int(item.version) for item in reply.items]
+
+
+@pytest.mark.parametrize("natively", [True, False], ids=["native path", "node applies"])
+def test_multi_pull_items_carry_the_version_on_every_path(
+    client: Client, monkeypatch: pytest.MonkeyPatch, natively: bool
+) -> None:
+    monkeypatch.setattr(native_path, "APPLY_NATIVELY", natively)
+    client.create(spec())
+    client.create(spec("other"))
+    emb, other = _stats_version(client, "emb"), _stats_version(client, "other")
+    assert emb != other
+    items = [("emb", [1, 2], False), ("other", [3], False), ("emb", [], False)]
+    assert _multi_versions(client, items) == [emb, other, emb]
+    assert _multi_versions(client, [("emb", [1], True)]) == [emb]  # read-only: the node's path
+    client.push("emb", [1], np.ones((1, 8), np.float32))
+    pushed = _stats_version(client, "emb")
+    assert pushed > emb
+    assert _multi_versions(client, items) == [pushed, other, pushed]
+
+
+def test_a_multi_pull_reports_the_version_from_before_its_carried_updates(
+    client: Client,
+) -> None:
+    client.create(spec())
+    before = _stats_version(client, "emb")
+    update = ps_pb2.UpdateRequest(
+        table="emb", keys=np.asarray([4], "<i8").tobytes(), grads=np.ones((1, 8), "<f4").tobytes()
+    )
+    request = ps_pb2.MultiPullRequest(
+        items=[ps_pb2.PullRequest(table="emb", keys=np.asarray([4], "<i8").tobytes())],
+        updates=[update],
+    )
+    reply = client.call("MultiPull", request)
+    # the rows read the update, the version predates it: a cache that kept them drops them
+    # at its next lookup (older than the rows, never newer)
+    assert reply.items[0].version == before < _stats_version(client, "emb")

@@ -26,7 +26,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from recstore.core import ps_fields
 from recstore.core.errors import InvalidArgument
 
 VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
@@ -266,17 +265,17 @@ def pull_response_frame(
     dtype: str,
     read_only: bool,
     *,
+    version: int = 0,
     limit: int | None = None,
-    trailing: int = 0,
 ) -> tuple[Frame, np.ndarray, np.ndarray | None]:
     """A PullResponse with room for its rows: (frame, values [rows, dim], found or None).
 
     Fill ``values`` (and ``found``) in place, then send ``finish(frame)``.
-    ``MessageTooLarge``, before anything is allocated, when it (with ``trailing``
-    bytes appended after it) would be over ``limit`` bytes.
+    ``version``: the table's version, read before the rows are. ``MessageTooLarge``,
+    before anything is allocated, when it would be over ``limit`` bytes.
     """
     frame, ((values, found),) = multi_pull_response_frame(
-        [(rows, dim, dtype, read_only)], False, limit=limit, trailing=trailing
+        [(rows, dim, dtype, read_only)], False, versions=[version], limit=limit
     )
     return frame, values, found
 
@@ -289,6 +288,7 @@ def multi_pull_response_frame(
     embedded: bool = True,
     carried_rows: Sequence[int] = (),
     *,
+    versions: Sequence[int] = (),
     limit: int | None = None,
     trailing: int = 0,
 ) -> tuple[Frame, list[tuple[np.ndarray, np.ndarray | None]]]:
@@ -297,14 +297,19 @@ def multi_pull_response_frame(
     One (values [rows, dim], found or None) per shape, to fill in place before
     ``finish(frame)``: every item's rows are written once, straight into the reply.
     ``carried_rows``: the rows applied by each update the request carried.
+    ``versions``: each item's table version (read before its rows are; default 0).
     ``MessageTooLarge``, before anything is allocated, when it (with ``trailing`` bytes
     appended after it) would be over ``limit`` bytes.
     """
     storages = [wire_dtype(dtype) for _, _, dtype, _ in shapes]  # refuse an unknown dtype first
+    if versions and len(versions) != len(shapes):
+        raise ValueError(f"{len(versions)} versions for {len(shapes)} items")
     frame, holes = _native.pull_reply_frame(
         [
-            (rows, dim, dtype, storage.itemsize, read_only)
-            for (rows, dim, dtype, read_only), storage in zip(shapes, storages, strict=True)
+            (rows, dim, dtype, storage.itemsize, read_only, version)
+            for (rows, dim, dtype, read_only), storage, version in zip(
+                shapes, storages, versions or [0] * len(shapes), strict=True
+            )
         ],
         embedded,
         list(carried_rows),
@@ -316,15 +321,6 @@ def multi_pull_response_frame(
         for (rows, dim, _, _), storage, (values, found) in zip(shapes, storages, holes, strict=True)
     ]
     return frame, out
-
-
-#: the most bytes ``pull_version_field`` adds to a PullResponse (tag + a 64-bit varint)
-PULL_VERSION_FIELD_BYTES = 1 + MAX_VARINT_BYTES
-
-
-def pull_version_field(version: int) -> bytes:
-    """PullResponse.version, to append to a framed reply (a field may follow the others)."""
-    return encode_varint(ps_fields.PullResponse.version << 3) + encode_varint(version)
 
 
 def finish(frame: Frame) -> bytes:
