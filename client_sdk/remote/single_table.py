@@ -36,12 +36,10 @@ def pull_issue(
     keys: np.ndarray,
     out: np.ndarray,
     node_of: NodeOf,
-    versions: dict[int, int] | None = None,
     transport: str = "",
 ) -> Issue:
     """Requests that fill ``out[positions]`` with the rows of ``keys[positions]``.
 
-    ``versions``: filled with each shard's table version (the oldest its replies report).
     ``transport``: the dtype the rows travel in ("": ``out``'s), converted into ``out``.
     """
     name, dim, dtype = spec.name, spec.embedding_dim, out.dtype
@@ -61,8 +59,6 @@ def pull_issue(
             except InvalidArgument as error:
                 raise _bad_reply(node, name, str(error)) from error
             out[positions] = rows
-            if versions is not None:
-                versions[shard] = min(versions.get(shard, reply.version), reply.version)
 
         return finish
 
