@@ -9,7 +9,7 @@ of a table's nodes, read together after a move, show whether that held:
 - one owner: no (slot, epoch) written by two nodes;
 - epochs never going down: along each node's log, and along each client's
   requests (a client's request ids only grow), a slot's epoch never decreases;
-- exactly once: no request's write to a slot applied twice (by one node or two).
+- exactly once: no request applied twice (by one node or two).
 
 ``python -m recstore.ps.apply_log TABLE DATA_DIR...`` audits the nodes whose
 data directories are given (WAL durability; segments a checkpoint let go of
@@ -119,14 +119,18 @@ def audit(logs: Sequence[NodeLog]) -> list[str]:
             f"slot {s[i]}: epoch went down from {e[i]} to {e[i + 1]} along {label(g[i])}"
             for i in down
         )
-    # exactly once: a request's write to a slot appears once in all the logs
-    named = client >= 0
-    requests, times = np.unique(
-        np.stack([client[named], seq[named], slot[named]]), axis=1, return_counts=True
-    )
+    # exactly once: the records of a request (one per item of its table) are appended
+    # together, so a request applied twice shows as a second run of its records
+    runs = [
+        (clients[w.client], w.seq)
+        for log in logs
+        for previous, w in zip((None, *log.writes), log.writes, strict=False)
+        if w.client and (previous is None or (previous.client, previous.seq) != (w.client, w.seq))
+    ]
+    requests, times = np.unique(np.array(runs, np.int64).reshape(-1, 2), axis=0, return_counts=True)
     problems += _listed(
-        f"request {q} of client {client_names[c]} applied {n} times to slot {s}"
-        for (c, q, s), n in zip(requests.T[times > 1], times[times > 1], strict=True)
+        f"request {q} of client {client_names[c]} applied {n} times"
+        for (c, q), n in zip(requests[times > 1], times[times > 1], strict=True)
     )
     return problems
 

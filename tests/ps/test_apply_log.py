@@ -45,11 +45,18 @@ def test_an_epoch_going_down_is_found_along_a_node_and_along_a_client() -> None:
 
 
 def test_a_request_applied_twice_is_found() -> None:
-    logs = [
-        NodeLog("a", (Applied(1, _slots(3), "t", 5),)),
-        NodeLog("b", (Applied(2, _slots(3), "t", 5),)),
-    ]
-    assert apply_log.audit(logs) == ["request 5 of client t applied 2 times to slot 3"]
+    twice = Applied(1, _slots(3), "t", 5)
+    other = Applied(1, _slots(4), "t", 6)
+    on_two_nodes = [NodeLog("a", (twice,)), NodeLog("b", (Applied(2, _slots(3), "t", 5),))]
+    assert apply_log.audit(on_two_nodes) == ["request 5 of client t applied 2 times"]
+    on_one = [NodeLog("a", (twice, other, twice))]
+    assert apply_log.audit(on_one) == ["request 5 of client t applied 2 times"]
+
+
+def test_the_records_of_one_request_in_a_row_are_one_application() -> None:
+    """A MultiUpdate with two items for one table: two records of one request."""
+    items = (Applied(1, _slots(3), "t", 5), Applied(1, _slots(3, 4), "t", 5))
+    assert apply_log.audit([NodeLog("a", items)]) == []
 
 
 def test_a_long_list_of_problems_is_cut_short() -> None:
