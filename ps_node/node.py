@@ -493,6 +493,7 @@ class Node:
                 write.lr,
                 write.state,
                 write.request,
+                epoch=write.hosted.entry.slot_map.epoch,  # callers hold the table's lock
             )
         )
 

@@ -7,7 +7,8 @@ than one message. An export streams the resident rows (optionally only those
 of some slots) in chunks of bounded bytes; an import checks each chunk whole
 (dtype, dim, state width, lengths, slot ownership) before any of its rows is
 applied and writes it through ``Node.write_logged``, so in WAL mode it is
-logged and replayed like a Push.
+logged and replayed like a Push; while its slots move to another node it is
+held and tracked like a Push too (``recstore.ps.migration``).
 """
 
 from __future__ import annotations
@@ -129,14 +130,17 @@ def import_rows(
         op, apply = OP_IMPORT, functools.partial(hosted.table.import_chunk, keys, values, state)
     else:
         op, apply = OP_PUSH, functools.partial(hosted.table.push, keys, values)
-    check_owned(hosted, keys)
     writes = [
         Write(hosted, op, keys_buffer, values_buffer, hosted.dtype, None, apply, state_buffer)
     ]
     if optimizer_step is not None:
         writes.append(step_write(hosted, optimizer_step))
-    with hosted.lock:
-        acks = node.write_logged(writes)
+    # like a Push: held while its slots are sealed, and tracked while they move out
+    with node.migrations.admitted(name, keys, hosted.entry.slot_map.epoch):
+        check_owned(hosted, keys)
+        with hosted.lock:
+            acks = node.write_logged(writes)
+        node.migrations.record(name, keys)
     # the rows' count, and the last record: once it is durable, so is every one before it
     return WriteAck(acks[0].rows, acks[-1].wal, acks[-1].seq)
 

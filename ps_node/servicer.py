@@ -476,7 +476,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
                 optimizer_step=(chunk.optimizer_step if chunk.HasField("optimizer_step") else None),
             )
             try:
-                ack = await self.offload.run_batch(len(chunk.keys) // 8, write)
+                ack = await self._batch(chunk.table, len(chunk.keys) // 8, write)
                 await self._acknowledge(ack)
             except RecStoreError as error:
                 if chunks:  # the caller learns what of its stream is in the table

@@ -11,6 +11,11 @@ a damaged newer checkpoint can be passed over and an older one brought forward
 by the log. Replay stops a segment at the first torn or corrupt record: it was
 never acknowledged.
 
+A write record also says under which slot-map epoch the node applied it
+(``FLAG_EPOCH``: the epoch follows the head), so a table's logs tell which node
+wrote which slots at which epoch (``recstore.ps.apply_log``). Records of logs
+written before that have the flag clear and replay as before.
+
 Fail-stop: a record that cannot be written is cut back out and refused
 (nothing applied); an fsync that fails cuts the segment back to what was
 durable and fails every writer waiting (their writes are applied, not
@@ -54,6 +59,8 @@ OP_UPDATE = 2
 OP_IMPORT = 3  # rows with their optimizer state (ImportRows): float32 state after the values
 OP_STEP = 4  # the table's optimizer step count set (ImportRows): one key holds it, no values
 OP_WINDOW = 5  # the table's de-dup window (recstore.ps.dedup_log); rows: its entry count
+FLAG_EPOCH = 2  # the head is followed by the slot-map epoch the write was applied under
+EPOCH = struct.Struct("<Q")
 DTYPE_CODES = {name: code for code, name in enumerate(WIRE_DTYPES)}
 DTYPE_NAMES = {code: name for name, code in DTYPE_CODES.items()}
 Waiter = tuple[int, asyncio.AbstractEventLoop, "asyncio.Future[None]"]
@@ -79,6 +86,7 @@ class WalRecord:
     state: np.ndarray | None = None  # float32[rows, width] of an import
     request: Entry | None = None  # the request it belongs to (slots not filled in)
     window: tuple[Entry, ...] = ()  # an OP_WINDOW record's entries
+    epoch: int | None = None  # the slot-map epoch it was applied under (None: not logged)
 
 
 def encode_record(
@@ -91,16 +99,19 @@ def encode_record(
     lr: float | None,
     state: Buffer = b"",
     request: Entry | None = None,
+    epoch: int | None = None,
 ) -> bytes:
     """One framed record; ``keys``/``values``/``state`` are the request's raw buffers.
 
-    An import's state follows its values; a named write's request ends the record
+    ``epoch`` (the slot map's the write is applied under) follows the head; an
+    import's state follows its values; a named write's request ends the record
     (imports are never named, so the two never meet)."""
     assert not (state and request), "an import record names no request"
-    flags = 0 if request is None else FLAG_REQUEST
+    flags = (0 if request is None else FLAG_REQUEST) | (0 if epoch is None else FLAG_EPOCH)
     head = HEAD.pack(op, DTYPE_CODES[dtype], flags, rows, dim, math.nan if lr is None else lr)
+    applied_under = b"" if epoch is None else EPOCH.pack(epoch)
     trailer = b"" if request is None else encode_entry(request, with_slots=False)
-    return _framed(b"".join((head, keys, values, state, trailer)))
+    return _framed(b"".join((head, applied_under, keys, values, state, trailer)))
 
 
 def encode_window_record(entries: list[Entry]) -> bytes:
@@ -119,8 +130,10 @@ def decode_payload(payload: bytes) -> WalRecord:
     if op == OP_WINDOW:
         window = tuple(decode_entries(payload, HEAD.size, rows))
         return WalRecord(op, np.empty(0, KEY_DTYPE), np.empty((0, 0)), dtype, None, window=window)
-    keys_end = HEAD.size + rows * KEY_DTYPE.itemsize
-    keys = np.frombuffer(payload, KEY_DTYPE, rows, HEAD.size)
+    epoch = EPOCH.unpack_from(payload, HEAD.size)[0] if flags & FLAG_EPOCH else None
+    keys_start = HEAD.size + (EPOCH.size if epoch is not None else 0)
+    keys_end = keys_start + rows * KEY_DTYPE.itemsize
+    keys = np.frombuffer(payload, KEY_DTYPE, rows, keys_start)
     values = np.frombuffer(payload, WIRE_DTYPES[dtype], rows * dim, keys_end).reshape(rows, dim)
     values_end = keys_end + values.nbytes
     state = request = None
@@ -130,7 +143,7 @@ def decode_payload(payload: bytes) -> WalRecord:
     elif flags & FLAG_REQUEST:
         (request,) = decode_entries(payload, values_end, 1)
     lr_or_none = None if math.isnan(lr) else float(lr)
-    return WalRecord(op, keys, values, dtype, lr_or_none, state, request)
+    return WalRecord(op, keys, values, dtype, lr_or_none, state, request, epoch=epoch)
 
 
 def iter_records(data: bytes) -> Iterator[WalRecord]:

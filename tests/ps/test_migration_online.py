@@ -40,7 +40,7 @@ class Crash(BaseException):
 class Fleet:
     """``shards`` nodes serving a table of ``start`` shards (the others own no slot yet)."""
 
-    def __init__(self, root: Path, shards: int, start: int) -> None:
+    def __init__(self, root: Path, shards: int, start: int, durability: str = "checkpoint") -> None:
         # as a provisioner starts them: the first ones sized for the table's first shard
         # count, the added ones for the new count (an engine table never grows)
         self.handles: list[ServerHandle] = [
@@ -48,6 +48,7 @@ class Fleet:
                 data_dir=root / f"node-{i}",
                 shard_index=i,
                 num_shards=start if i < start else shards,
+                durability=durability,
             )
             for i in range(shards)
         ]
@@ -73,13 +74,14 @@ class Fleet:
 class Trainer:
     """Updates random trained rows by unique integer deltas until told to stop."""
 
-    def __init__(self, endpoints: list[str], name: str) -> None:
+    def __init__(self, endpoints: list[str], name: str, trained: np.ndarray = TRAINED) -> None:
         self.client = RecStoreClient(role=f"trainer-{id(self)}")
         self.client.set_ps_endpoints(endpoints)
         self.client.init_data(
             name, (ROWS, DIM), torch.float32, optimizer={"kind": "sgd", "lr": 1.0}
         )
         self.name = name
+        self.trained = trained
         self.sums = np.zeros(ROWS, dtype=np.int64)
         self.steps = 0
         self.stop = threading.Event()
@@ -87,7 +89,7 @@ class Trainer:
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
     def step(self, rng: np.random.Generator) -> None:
-        ids = rng.choice(TRAINED, 64, replace=False)
+        ids = rng.choice(self.trained, 64, replace=False)
         delta = self.steps + 1  # unique per update
         grads = torch.full((64, DIM), float(delta))
         self.client.update(self.name, torch.from_numpy(ids), grads, lr=1.0)
@@ -109,9 +111,9 @@ class Trainer:
         assert self.error is None, self.error
 
     def check(self) -> None:
-        got = self.client.pull(self.name, torch.from_numpy(TRAINED)).numpy()
+        got = self.client.pull(self.name, torch.from_numpy(self.trained)).numpy()
         np.testing.assert_array_equal(
-            got, -self.sums[TRAINED, None].astype(np.float32).repeat(DIM, 1)
+            got, -self.sums[self.trained, None].astype(np.float32).repeat(DIM, 1)
         )
 
 

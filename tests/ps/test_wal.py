@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import errno
 import math
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from recstore.core import WriteNotDurable, WritesStopped
+from recstore.core.request_id import RequestId
 from recstore.ps import wal
+from recstore.ps.dedup import Entry
 from recstore.ps.wal import OP_IMPORT, OP_PUSH, OP_UPDATE, TableWal, WalRecord
 from recstore.ps.write_gate import LogFault, WriteGate
 
@@ -58,6 +61,44 @@ def test_no_lr_roundtrips_as_none() -> None:
     (decoded,) = wal.iter_records(wal.MAGIC + record(OP_PUSH, [1]))
     assert decoded.lr is None
     assert not math.isnan(0.0)
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_a_record_says_the_epoch_its_write_was_applied_under(named: bool) -> None:
+    keys, grads = np.array([3, 9], "<i8"), np.full((2, 4), 2.0, "<f4")
+    request = Entry(RequestId("trainer", 12), b"d" * 16, (2,), np.empty(0, np.uint16))
+    framed = wal.encode_record(
+        OP_UPDATE, keys.tobytes(), grads.tobytes(), "float32", 2, 4, 1.0,
+        request=request if named else None, epoch=2**40 + 7,
+    )  # fmt: skip
+    (decoded,) = wal.iter_records(wal.MAGIC + framed)
+    assert decoded.epoch == 2**40 + 7 and decoded.lr == 1.0
+    np.testing.assert_array_equal(decoded.keys, keys)
+    np.testing.assert_array_equal(decoded.values, grads)
+    assert (decoded.request.request_id if decoded.request else None) == (
+        RequestId("trainer", 12) if named else None
+    )
+    state = np.arange(2 * 12, dtype="<f4").reshape(2, 12)
+    imported = wal.encode_record(
+        OP_IMPORT, keys.tobytes(), grads.tobytes(), "float32", 2, 4, None, state.tobytes(),
+        epoch=3,
+    )  # fmt: skip
+    (decoded,) = wal.iter_records(wal.MAGIC + imported)
+    assert decoded.epoch == 3 and decoded.state is not None
+    np.testing.assert_array_equal(decoded.state, state)
+
+
+def test_records_logged_before_epochs_replay_as_before(tmp_path: Path) -> None:
+    """A log written before writes said their epoch: flags 0, the keys right after the head."""
+    keys, values = np.array([4, 5], "<i8"), np.ones((2, 3), "<f4")
+    head = wal.HEAD.pack(OP_PUSH, wal.DTYPE_CODES["float32"], 0, 2, 3, math.nan)
+    payload = head + keys.tobytes() + values.tobytes()
+    segment = wal.MAGIC + wal.FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+    wal.segment_path(tmp_path, 0).write_bytes(segment)
+    (decoded,) = replayed(tmp_path)
+    assert decoded.op == OP_PUSH and decoded.epoch is None and decoded.request is None
+    np.testing.assert_array_equal(decoded.keys, keys)
+    np.testing.assert_array_equal(decoded.values, values)
 
 
 async def test_appends_are_durable_and_replay_in_order(tmp_path: Path) -> None:
