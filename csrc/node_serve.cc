@@ -310,13 +310,14 @@ Plan plan(const Request& request, const std::vector<Hosted>& hosted, size_t repl
   return plan;
 }
 
-void apply(Plan& plan, const std::vector<Hosted>& hosted, uint8_t* reply, bool& updates_applied) {
-  updates_applied = false;
+void apply(Plan& plan, const std::vector<Hosted>& hosted, uint8_t* reply,
+           size_t& updates_applied) {
+  updates_applied = 0;
   for (const Update& u : plan.updates) {
     if (u.n > 0)
       hosted[u.table].table->update(u.n, u.keys, u.grads, u.grad_dtype, u.lr, u.screened);
+    ++updates_applied;
   }
-  updates_applied = true;
   Writer w(reply);  // frame first (the holes stay), then fill each pull's rows in place
   frame_reply(w, plan.method, plan.pulls, rows_of(plan.updates), hosted);
   std::vector<char> rows;  // a pull's rows in the table dtype, when they travel in another

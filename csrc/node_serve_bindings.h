@@ -93,15 +93,14 @@ struct MultiRequest {
     }
     const Refusal& r = p.refusal;
     if (r.code != Code::kNone) {
-      return nb::make_tuple("refused", static_cast<int>(r.code), r.item, r.table, r.reason,
-                            r.epoch);
+      return nb::make_tuple("refused", r.code, r.item, r.table, r.reason, r.epoch);
     }
     if (!p.native || !natively) return checked(p);
     PyObject* raw = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(p.reply_size));
     if (raw == nullptr) throw nb::python_error();
     nb::object reply = nb::steal(raw);
     auto* out = reinterpret_cast<uint8_t*>(PyBytes_AS_STRING(raw));
-    bool updates_applied = false;
+    size_t updates_applied = 0;
     std::string failure;
     bool capacity = false;
     {
@@ -115,13 +114,20 @@ struct MultiRequest {
         failure = e.what();
       }
     }
+    nb::list updated = items(p.updates, updates_applied);
     if (!failure.empty()) {
-      return nb::make_tuple("failed", failure, capacity, updates_applied, p.updates.size());
+      return nb::make_tuple("failed", failure, capacity, updated, p.updates.size());
     }
-    nb::list pulled, updated;  // (table, rows) per item
-    for (const Pull& u : p.pulls) pulled.append(nb::make_tuple(hosted[u.table].name, u.n));
-    for (const Update& u : p.updates) updated.append(nb::make_tuple(hosted[u.table].name, u.n));
-    return nb::make_tuple("served", reply, pulled, updated);
+    return nb::make_tuple("served", reply, items(p.pulls, p.pulls.size()), updated);
+  }
+
+  // (table index, rows, keys offset) of the first `count` items: what the engine
+  // read or changed, for the node to note (recstore.ps.native_path).
+  template <class Item>
+  static nb::list items(const std::vector<Item>& all, size_t count) {
+    nb::list out;
+    for (size_t i = 0; i < count; ++i) out.append(nb::make_tuple(all[i].table, all[i].n, all[i].keys_at));
+    return out;
   }
 
   // The checked items, for the node to apply: ("checked", pulls, updates) with
@@ -143,6 +149,16 @@ struct MultiRequest {
 };
 
 inline void bind(nb::module_& m) {
+  // The one numbering of refusals: recstore.ps.native_path maps each to its exception.
+  nb::enum_<Code>(m, "RefusalCode", nb::is_arithmetic(), "Why the validator refused a request")
+      .value("NONE", Code::kNone)
+      .value("INVALID_ARGUMENT", Code::kInvalidArgument)
+      .value("TABLE_NOT_FOUND", Code::kTableNotFound)
+      .value("WRONG_SHARD", Code::kWrongShard)
+      .value("CAPACITY_EXHAUSTED", Code::kCapacityExhausted)
+      .value("MESSAGE_TOO_LARGE", Code::kMessageTooLarge)
+      .value("NON_FINITE", Code::kNonFinite)
+      .value("INFERENCE_TABLE", Code::kInferenceTable);
   m.def("transport_refusal", &transport_refusal_for, "requested"_a, "table_dtype"_a, "grads"_a,
         "Why rows of a table of `table_dtype` may not travel as `requested` ('' when they may; "
         "`grads`: gradients, else pulled values; '' requested: the default)");
@@ -153,8 +169,9 @@ inline void bind(nb::module_& m) {
       .def_prop_ro("update_tables", &MultiRequest::update_tables, "the tables updated")
       .def("serve", &MultiRequest::serve, "views"_a, "natively"_a, "reply_limit"_a,
            "Check against one view per table, then serve: ('refused', code, item, table, "
-           "reason, epoch), ('served', reply, (table, rows) per pull, per update), ('failed', "
-           "error, capacity, updates_applied, updates), or ('checked', pulls, updates) for the node to apply");
+           "reason, epoch), ('served', reply, (table index, rows, keys offset) per pull, per "
+           "update), ('failed', error, capacity, those of the updates applied whole, updates), "
+           "or ('checked', pulls, updates) for the node to apply");
 }
 
 }  // namespace recstore::serve::bindings
