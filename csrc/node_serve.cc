@@ -336,6 +336,21 @@ void apply(Plan& plan, const std::vector<Hosted>& hosted, uint8_t* reply,
   }
 }
 
+size_t touched_slots(const int64_t* keys, int64_t n, uint16_t* out) {
+  uint64_t touched[kNumSlots / 64] = {};  // a bit per slot: no sort, no allocation
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t slot = slot_of(keys[i]);
+    touched[slot >> 6] |= uint64_t{1} << (slot & 63);
+  }
+  size_t count = 0;
+  for (size_t word = 0; word < kNumSlots / 64; ++word) {
+    for (uint64_t bits = touched[word]; bits != 0; bits &= bits - 1) {
+      out[count++] = static_cast<uint16_t>(word * 64 + static_cast<size_t>(__builtin_ctzll(bits)));
+    }
+  }
+  return count;
+}
+
 std::string transport_refusal_for(std::string_view requested, std::string_view table_dtype,
                                   bool grads) {
   const int table = dtype_code_of(table_dtype);

@@ -122,6 +122,11 @@ Plan plan(const Request& request, const std::vector<Hosted>& hosted, size_t repl
 // the updates applied whole before one happened (their keys are changed rows).
 void apply(Plan& plan, const std::vector<Hosted>& hosted, uint8_t* reply, size_t& updates_applied);
 
+// The sorted distinct slots (slot_of, hash.h) of `n` keys, written to `out` (room for
+// min(n, kNumSlots)); returns how many. What a de-dup entry records of a request.
+inline constexpr size_t kNumSlots = 16384;
+size_t touched_slots(const int64_t* keys, int64_t n, uint16_t* out);
+
 // Why the node refuses rows of a `table_dtype` table travelling as `requested` ("" when
 // it does not): `grads` for an update's grad_dtype, else a pull's value_dtype; an empty
 // `requested` is the default (float32 gradients, values in the table dtype).
