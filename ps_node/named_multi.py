@@ -44,11 +44,11 @@ def serve(node: Node, method: str, request: bytes, reply_limit: int, named: Name
     except BaseException:
         dedup.abandon_all(windows, named.request_id)
         raise
-    rows = tuple(r for _, r in served.updated)
     for name, table in zip(names, hosted, strict=True):
         assert table is not None
+        entry = entries[name]  # its rows are what was served: the keys of each item
         seqs = [a.seq for a in served.acks if a.wal is not None and a.wal is table.wal]
-        table.window.finish(replace(entries[name], rows=rows, log_seq=max(seqs, default=0)))
+        table.window.finish(replace(entry, log_seq=max(seqs)) if seqs else entry)
     return served
 
 
