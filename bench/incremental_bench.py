@@ -8,8 +8,8 @@ seconds and bytes of each, and their ratios.
 Part 2: update throughput of one table, batches of ``--batch`` random keys,
 with its change tracker on and off, each batch applied both ways in random
 order (paired, same process), as rows/s and their ratio: through the node's
-Update (the recording alone) and through MultiUpdate (where a tracked table
-also leaves the native path for the node's, which records the keys).
+Update (the recording alone) and through MultiUpdate (served by the engine
+either way; the keys it applied are then recorded).
 
 Prints a table and writes bench/results/incremental_bench.json.
 

@@ -22,6 +22,7 @@
 #include "multi_codec_bindings.h"
 #include "node_serve_bindings.h"
 #include "parallel.h"
+#include "request_id_bindings.h"
 #include "stats_dict.h"
 #include "table.h"
 #include "table_bindings.h"
@@ -178,6 +179,7 @@ NB_MODULE(_native, m) {
   recstore::serve::bindings::bind(m);
   recstore::protowire::bindings::bind(m);
   recstore::protowire::decode::bind(m);
+  recstore::request_id::bindings::bind(m);
 
 #ifdef RECSTORE_BIND_CUDA
   bind_cuda(m);

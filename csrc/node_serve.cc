@@ -310,13 +310,14 @@ Plan plan(const Request& request, const std::vector<Hosted>& hosted, size_t repl
   return plan;
 }
 
-void apply(Plan& plan, const std::vector<Hosted>& hosted, uint8_t* reply, bool& updates_applied) {
-  updates_applied = false;
+void apply(Plan& plan, const std::vector<Hosted>& hosted, uint8_t* reply,
+           size_t& updates_applied) {
+  updates_applied = 0;
   for (const Update& u : plan.updates) {
     if (u.n > 0)
       hosted[u.table].table->update(u.n, u.keys, u.grads, u.grad_dtype, u.lr, u.screened);
+    ++updates_applied;
   }
-  updates_applied = true;
   Writer w(reply);  // frame first (the holes stay), then fill each pull's rows in place
   frame_reply(w, plan.method, plan.pulls, rows_of(plan.updates), hosted);
   std::vector<char> rows;  // a pull's rows in the table dtype, when they travel in another
@@ -333,6 +334,21 @@ void apply(Plan& plan, const std::vector<Hosted>& hosted, uint8_t* reply, bool& 
     table.pull(p.n, p.keys, rows.data());
     convert_parallel(rows.data(), table_dtype, reply + p.value_at, p.value_dtype, count);
   }
+}
+
+size_t touched_slots(const int64_t* keys, int64_t n, uint16_t* out) {
+  uint64_t touched[kNumSlots / 64] = {};  // a bit per slot: no sort, no allocation
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t slot = slot_of(keys[i]);
+    touched[slot >> 6] |= uint64_t{1} << (slot & 63);
+  }
+  size_t count = 0;
+  for (size_t word = 0; word < kNumSlots / 64; ++word) {
+    for (uint64_t bits = touched[word]; bits != 0; bits &= bits - 1) {
+      out[count++] = static_cast<uint16_t>(word * 64 + static_cast<size_t>(__builtin_ctzll(bits)));
+    }
+  }
+  return count;
 }
 
 std::string transport_refusal_for(std::string_view requested, std::string_view table_dtype,

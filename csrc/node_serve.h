@@ -59,7 +59,8 @@ struct Request {
 // Parses `request` (viewed, not copied). Throws protowire::Malformed when malformed.
 Request parse(std::string_view request, Method method);
 
-// What refused a request; the codes are the node's exceptions (recstore.ps.status).
+// What refused a request; each is one of the node's exceptions. Exported as
+// recstore._native.RefusalCode, the only numbering (recstore.ps.native_path maps them).
 enum class Code : int {
   kNone = 0,
   kInvalidArgument = 1,
@@ -118,9 +119,14 @@ struct Plan {
 Plan plan(const Request& request, const std::vector<Hosted>& hosted, size_t reply_limit);
 
 // Applies a native plan's updates, then its pulls into `reply` (plan.reply_size
-// bytes), framing the reply. Engine errors propagate; `updates_applied` says
-// whether the updates were all applied before one happened.
-void apply(Plan& plan, const std::vector<Hosted>& hosted, uint8_t* reply, bool& updates_applied);
+// bytes), framing the reply. Engine errors propagate; `updates_applied` counts
+// the updates applied whole before one happened (their keys are changed rows).
+void apply(Plan& plan, const std::vector<Hosted>& hosted, uint8_t* reply, size_t& updates_applied);
+
+// The sorted distinct slots (slot_of, hash.h) of `n` keys, written to `out` (room for
+// min(n, kNumSlots)); returns how many. What a de-dup entry records of a request.
+inline constexpr size_t kNumSlots = 16384;
+size_t touched_slots(const int64_t* keys, int64_t n, uint16_t* out);
 
 // Why the node refuses rows of a `table_dtype` table travelling as `requested` ("" when
 // it does not): `grads` for an update's grad_dtype, else a pull's value_dtype; an empty

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
@@ -16,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "arrays.h"
 #include "node_serve.h"
 #include "transport.h"
 
@@ -28,6 +31,23 @@ inline Method method_of(const std::string& name) {
   if (name == "MultiPull") return Method::kMultiPull;
   if (name == "MultiUpdate") return Method::kMultiUpdate;
   throw std::invalid_argument("not a multi-table method: " + name);
+}
+
+using Slots = nb::ndarray<nb::numpy, uint16_t, nb::ndim<1>>;
+
+// The distinct slots of `n` keys (`raw`: their bytes, aligned or not) as a numpy array.
+inline Slots slots_of(const void* raw, size_t n) {
+  std::vector<int64_t> copied;
+  const auto* keys = static_cast<const int64_t*>(raw);
+  if (reinterpret_cast<uintptr_t>(raw) % alignof(int64_t) != 0) {
+    copied.resize(n);
+    std::memcpy(copied.data(), raw, n * sizeof(int64_t));
+    keys = copied.data();
+  }
+  auto* slots = new std::vector<uint16_t>(std::min(n, kNumSlots));
+  slots->resize(touched_slots(keys, static_cast<int64_t>(n), slots->data()));
+  nb::capsule owner(slots, [](void* p) noexcept { delete static_cast<std::vector<uint16_t>*>(p); });
+  return Slots(slots->data(), {slots->size()}, owner);
 }
 
 // A request parsed once; its payloads stay views of the bytes it keeps alive.
@@ -50,6 +70,33 @@ struct MultiRequest {
     std::vector<std::string> names;
     add_tables(request.updates, names);
     return names;
+  }
+
+  // The rows of each update item, in order: a de-dup entry's acknowledgement.
+  std::vector<int64_t> update_rows() const {
+    std::vector<int64_t> rows;
+    for (const auto& u : request.updates) rows.push_back(keys_in(u.keys));
+    return rows;
+  }
+  // (table, distinct slots of its keys) per updated table, in order of first mention:
+  // what each table's de-dup entry records (a partial trailing key is the validator's
+  // to refuse).
+  std::vector<std::pair<std::string, Slots>> update_slots() const {
+    std::vector<std::pair<std::string, Slots>> out;
+    for (const std::string& name : update_tables()) {
+      std::vector<int64_t> keys;
+      for (const auto& u : request.updates) {
+        if (u.table != name) continue;
+        const size_t at = keys.size(), n = static_cast<size_t>(keys_in(u.keys));
+        keys.resize(at + n);
+        std::memcpy(keys.data() + at, u.keys.data(), n * sizeof(int64_t));
+      }
+      out.emplace_back(name, slots_of(keys.data(), keys.size()));
+    }
+    return out;
+  }
+  static int64_t keys_in(std::string_view raw) {
+    return static_cast<int64_t>(raw.size() / sizeof(int64_t));
   }
 
   template <class Item>
@@ -94,15 +141,14 @@ struct MultiRequest {
     }
     const Refusal& r = p.refusal;
     if (r.code != Code::kNone) {
-      return nb::make_tuple("refused", static_cast<int>(r.code), r.item, r.table, r.reason,
-                            r.epoch);
+      return nb::make_tuple("refused", r.code, r.item, r.table, r.reason, r.epoch);
     }
     if (!p.native || !natively) return checked(p);
     PyObject* raw = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(p.reply_size));
     if (raw == nullptr) throw nb::python_error();
     nb::object reply = nb::steal(raw);
     auto* out = reinterpret_cast<uint8_t*>(PyBytes_AS_STRING(raw));
-    bool updates_applied = false;
+    size_t updates_applied = 0;
     std::string failure;
     bool capacity = false;
     {
@@ -116,13 +162,20 @@ struct MultiRequest {
         failure = e.what();
       }
     }
+    nb::list updated = items(p.updates, updates_applied);
     if (!failure.empty()) {
-      return nb::make_tuple("failed", failure, capacity, updates_applied, p.updates.size());
+      return nb::make_tuple("failed", failure, capacity, updated, p.updates.size());
     }
-    nb::list pulled, updated;  // (table, rows) per item
-    for (const Pull& u : p.pulls) pulled.append(nb::make_tuple(hosted[u.table].name, u.n));
-    for (const Update& u : p.updates) updated.append(nb::make_tuple(hosted[u.table].name, u.n));
-    return nb::make_tuple("served", reply, pulled, updated);
+    return nb::make_tuple("served", reply, items(p.pulls, p.pulls.size()), updated);
+  }
+
+  // (table index, rows, keys offset) of the first `count` items: what the engine
+  // read or changed, for the node to note (recstore.ps.native_path).
+  template <class Item>
+  static nb::list items(const std::vector<Item>& all, size_t count) {
+    nb::list out;
+    for (size_t i = 0; i < count; ++i) out.append(nb::make_tuple(all[i].table, all[i].n, all[i].keys_at));
+    return out;
   }
 
   // The checked items, for the node to apply: ("checked", pulls, updates) with
@@ -144,18 +197,36 @@ struct MultiRequest {
 };
 
 inline void bind(nb::module_& m) {
+  // The one numbering of refusals: recstore.ps.native_path maps each to its exception.
+  nb::enum_<Code>(m, "RefusalCode", nb::is_arithmetic(), "Why the validator refused a request")
+      .value("NONE", Code::kNone)
+      .value("INVALID_ARGUMENT", Code::kInvalidArgument)
+      .value("TABLE_NOT_FOUND", Code::kTableNotFound)
+      .value("WRONG_SHARD", Code::kWrongShard)
+      .value("CAPACITY_EXHAUSTED", Code::kCapacityExhausted)
+      .value("MESSAGE_TOO_LARGE", Code::kMessageTooLarge)
+      .value("NON_FINITE", Code::kNonFinite)
+      .value("INFERENCE_TABLE", Code::kInferenceTable);
   m.def("transport_refusal", &transport_refusal_for, "requested"_a, "table_dtype"_a, "grads"_a,
         "Why rows of a table of `table_dtype` may not travel as `requested` ('' when they may; "
         "`grads`: gradients, else pulled values; '' requested: the default)");
+  recstore::arrays::def_checked_function(
+      m, "slots_touched",
+      [](recstore::arrays::HostKeys keys) { return slots_of(keys.data(), keys.shape(0)); },
+      "keys"_a.noconvert(), "The sorted distinct slots of int64 keys, as uint16");
   nb::class_<MultiRequest>(m, "MultiRequest",
                            "A MultiPull/MultiUpdate request parsed once (ValueError when malformed)")
       .def(nb::init<const std::string&, nb::bytes>(), "method"_a, "request"_a)
       .def_prop_ro("tables", &MultiRequest::tables, "every table named, in order of first mention")
       .def_prop_ro("update_tables", &MultiRequest::update_tables, "the tables updated")
+      .def_prop_ro("update_rows", &MultiRequest::update_rows, "the rows of each update item")
+      .def("update_slots", &MultiRequest::update_slots,
+           "(table, sorted distinct uint16 slots of its keys) per updated table")
       .def("serve", &MultiRequest::serve, "views"_a, "natively"_a, "reply_limit"_a,
            "Check against one view per table, then serve: ('refused', code, item, table, "
-           "reason, epoch), ('served', reply, (table, rows) per pull, per update), ('failed', "
-           "error, capacity, updates_applied, updates), or ('checked', pulls, updates) for the node to apply");
+           "reason, epoch), ('served', reply, (table index, rows, keys offset) per pull, per "
+           "update), ('failed', error, capacity, those of the updates applied whole, updates), "
+           "or ('checked', pulls, updates) for the node to apply");
 }
 
 }  // namespace recstore::serve::bindings

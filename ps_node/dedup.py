@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from recstore.core import NUM_SLOTS, InvalidArgument, RecStoreError
+from recstore.core import InvalidArgument, RecStoreError
 from recstore.core.request_id import RequestId
 
 WINDOW_ENV = "RECSTORE_DEDUP_WINDOW"
@@ -51,7 +51,7 @@ class RequestOutcomeUnknown(RecStoreError):
     refused, nothing applied; it may have been applied before (gRPC ABORTED)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # thousands are held per table: no __dict__ each
 class Entry:
     """One applied request, as one table's window records it."""
 
@@ -212,10 +212,3 @@ def begin_all(
 def abandon_all(windows: Iterable[DedupWindow], request_id: RequestId) -> None:
     for window in windows:
         window.abandon(request_id)
-
-
-def slots_touched(slots: np.ndarray) -> np.ndarray:
-    """The sorted distinct slots of a request's keys (``slot_of(keys)``)."""
-    touched = np.zeros(NUM_SLOTS, dtype=bool)  # a mask: far cheaper than sorting
-    touched[slots] = True
-    return np.flatnonzero(touched).astype(np.uint16)

@@ -13,12 +13,11 @@ applied, the windows forget it, so a resend may apply it.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
-import numpy as np
-
-from recstore.core import ps_fields, slot_of, wire
+from recstore.core import ps_fields, wire
 from recstore.core.request_id import Named
-from recstore.ps import codec, dedup, native_path
+from recstore.ps import dedup, native_path
 from recstore.ps.dedup import Entry
 from recstore.ps.multi import CarriedUpdatesApplied, Served
 from recstore.ps.node import HostedTable, Node, WriteAck
@@ -36,7 +35,7 @@ def serve(node: Node, method: str, request: bytes, reply_limit: int, named: Name
     if known is not None:
         return _answer_applied(node, method, named, hosted, known, reply_limit)
     try:
-        entries = _entries(method, request, named)
+        entries = _entries(parsed, named)
         served = native_path.serve(node, method, request, reply_limit, entries, parsed)
     except CarriedUpdatesApplied:  # the pulls failed, the updates are in: recorded
         for name, window in zip(names, windows, strict=True):
@@ -45,34 +44,21 @@ def serve(node: Node, method: str, request: bytes, reply_limit: int, named: Name
     except BaseException:
         dedup.abandon_all(windows, named.request_id)
         raise
-    rows = tuple(r for _, r in served.updated)
     for name, table in zip(names, hosted, strict=True):
         assert table is not None
+        entry = entries[name]  # its rows are what was served: the keys of each item
         seqs = [a.seq for a in served.acks if a.wal is not None and a.wal is table.wal]
-        table.window.finish(replace(entries[name], rows=rows, log_seq=max(seqs, default=0)))
+        table.window.finish(replace(entry, log_seq=max(seqs)) if seqs else entry)
     return served
 
 
-def _entries(method: str, request: bytes, named: Named) -> dict[str, Entry]:
-    """The de-dup entry of each updated table: rows per update item, slots it touches."""
-    if method == "MultiPull":
-        _, items = wire.decode_multi_pull_carrying(request)
-    else:
-        items = wire.decode_multi_update_request(request)
-    keys_of: dict[str, list[np.ndarray]] = {}
-    rows = []
-    for item in items:
-        keys = codec.decode_keys(item.keys)
-        rows.append(len(keys))
-        keys_of.setdefault(item.table, []).append(keys)
+def _entries(parsed: Any, named: Named) -> dict[str, Entry]:
+    """The de-dup entry of each updated table: rows per update item, slots its keys
+    touch (both read by the engine from the ``parsed`` request)."""
+    rows = tuple(parsed.update_rows)
     return {
-        name: Entry(
-            named.request_id,
-            named.digest,
-            tuple(rows),
-            dedup.slots_touched(slot_of(np.concatenate(keys))),
-        )
-        for name, keys in keys_of.items()
+        name: Entry(named.request_id, named.digest, rows, slots)
+        for name, slots in parsed.update_slots()
     }
 
 

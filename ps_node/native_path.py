@@ -10,7 +10,11 @@ framed, or, where the native path cannot apply it (a table on a GPU or with an
 injected clock, a write-ahead log to append, read-only pulls), its checked
 items are applied by ``recstore.ps.multi``. Here: resolve the named tables,
 hold the write locks of the updated ones (in name order, so two requests
-cannot deadlock) around checking and applying, and call the engine.
+cannot deadlock) around checking and applying, and call the engine. A table
+saved incrementally stays on the native path: the engine reports the items it
+applied (their keys as offsets into the request) and they are recorded in the
+table's change tracker under the same locks, as the node's own path records
+them.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from recstore.core import (
     WrongShard,
 )
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
-from recstore.ps import multi
+from recstore.ps import codec, multi
 from recstore.ps.dedup import Entry
 from recstore.ps.multi import CarriedUpdatesApplied, Served
 from recstore.ps.node import HostedTable, Node
@@ -43,37 +47,42 @@ _native: Any = _native_module
 #: False: the node applies every checked request itself (tests run both ways)
 APPLY_NATIVELY = True
 
-#: the native validator's refusal codes (csrc/node_serve.h, enum Code)
-REFUSALS: dict[int, type[RecStoreError]] = {
-    1: InvalidArgument,
-    2: TableNotFound,
-    3: WrongShard,
-    4: CapacityExhausted,
-    5: MessageTooLarge,
+#: the validator's refusal codes, numbered by the engine (csrc/node_serve.h, enum Code)
+Code: Any = _native.RefusalCode
+#: the exception of each refusal worded by its reason alone
+REFUSALS: dict[Any, type[RecStoreError]] = {
+    Code.INVALID_ARGUMENT: InvalidArgument,
+    Code.TABLE_NOT_FOUND: TableNotFound,
+    Code.CAPACITY_EXHAUSTED: CapacityExhausted,
+    Code.MESSAGE_TOO_LARGE: MessageTooLarge,
 }
 
+#: a native result's item: (index into the request's tables, rows, offset of its keys)
+NativeItem = tuple[int, int, int]
 
-def refusal_error(code: int, item: int, table: str, reason: str, epoch: int) -> RecStoreError:
+
+def refusal_error(code: Any, item: int, table: str, reason: str, epoch: int) -> RecStoreError:
     """The exception of a refusal: its reason, prefixed with the item it is about (if any)."""
     message = reason if item < 0 else f"item {item} (table {table!r}): {reason}"
-    if code == 3:
+    if code == Code.WRONG_SHARD:
         return WrongShard(message, epoch)
-    if code == 6:
+    if code == Code.NON_FINITE:
         return NonFiniteValues(message, table=table)
-    if code == 7:
+    if code == Code.INFERENCE_TABLE:
         return InferenceTable(f"item {item}: {InferenceTable.of(table)}", table=table)
     return REFUSALS[code](message)
 
 
-def _view(hosted: HostedTable, tracked: bool) -> tuple[Any, ...]:
+def _view(hosted: HostedTable, moving: bool) -> tuple[Any, ...]:
     """The validator's view of a hosted table (see csrc/node_serve_bindings.h).
 
-    A table moving slots out, or saved incrementally, is applied by the node (no
-    engine here), which records the changed keys.
+    A table moving slots out is applied by the node (no engine here), which
+    records the changed keys for the move; the keys the engine changes in a
+    table saved incrementally are noted by ``_note_changes``.
     """
     owned = hosted.owned_slots
     return (
-        None if tracked else hosted.table.host_engine,
+        None if moving else hosted.table.host_engine,
         0 if owned is None else owned.ctypes.data,  # bool per slot, kept alive by hosted
         float(hosted.entry.spec.optimizer.lr),
         hosted.dtype,
@@ -130,26 +139,56 @@ def serve(
             if node.tables.get(name) is not table:  # dropped or reloaded meanwhile
                 raise TableNotFound(f"table {name!r} is not hosted on this node")
         views = [
-            None
-            if h is None
-            else _view(h, h.changes is not None or node.migrations.tracks(h.entry.spec.name))
+            None if h is None else _view(h, node.migrations.tracks(h.entry.spec.name))
             for h in hosted
         ]
         result = parsed.serve(views, APPLY_NATIVELY, reply_limit)
-        if result[0] == "checked":
+        kind = result[0]
+        if kind == "checked":
             _, pulls, updates = result
             return multi.apply_checked(
                 node, method, request, hosted, pulls, updates, reply_limit, logged
             )
-    kind = result[0]
+        if kind == "failed":  # the updates applied whole are changes all the same
+            _note_changes(request, hosted, result[3], [])
+        elif kind == "served":  # noted while the locks are held, as the node's path does
+            _note_changes(request, hosted, result[3], result[2])
     if kind == "refused":
         raise refusal_error(*result[1:])
     if kind == "failed":
-        _, message, capacity, updates_applied, updates = result
-        if updates_applied and updates and method == "MultiPull":
+        _, message, capacity, applied, updates = result
+        if updates and len(applied) == updates and method == "MultiPull":
             raise CarriedUpdatesApplied(
                 f"the {updates} carried updates were applied, the pulls failed: {message}"
             )
         raise (CapacityExhausted if capacity else InvalidArgument)(message)
     _, reply, pulled, updated = result
-    return Served(reply, pulled, updated)
+    return Served(reply, _named(names, pulled), _named(names, updated))
+
+
+def _named(names: list[str], items: list[NativeItem]) -> list[tuple[str, int]]:
+    return [(names[table], rows) for table, rows, _ in items]
+
+
+def _note_changes(
+    request: bytes,
+    hosted: list[HostedTable | None],
+    updated: list[NativeItem],
+    pulled: list[NativeItem],
+) -> None:
+    """The keys the engine applied, into the change tracker of every table saved
+    incrementally: what the node's path records (``Node.write_logged`` each update's
+    keys, then ``HostedTable.note_pulled`` each pull's), so both paths leave the
+    same changes."""
+    buffer = memoryview(request)
+    width = codec.KEY_DTYPE.itemsize
+    for items, note in ((updated, False), (pulled, True)):
+        for table, rows, keys_at in items:
+            tracked = hosted[table]
+            if tracked is None or tracked.changes is None:
+                continue
+            keys = codec.decode_keys(buffer[keys_at : keys_at + width * rows])
+            if note:
+                tracked.note_pulled(keys)
+            else:
+                tracked.changes.record(keys)

@@ -38,6 +38,7 @@ from recstore.core import (
     TableSpec,
     WrongShard,
     slot_of,
+    slots_touched,
 )
 from recstore.core.proto_convert import TableCondition
 from recstore.core.request_id import Named
@@ -45,7 +46,7 @@ from recstore.core.wire import Buffer
 from recstore.ps import catalogue, codec
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.changes import ChangeTracker
-from recstore.ps.dedup import DedupWindow, Entry, capacity_from_env, slots_touched
+from recstore.ps.dedup import DedupWindow, Entry, capacity_from_env
 from recstore.ps.migration import Migrations
 from recstore.ps.wal import (
     OP_PUSH,
@@ -184,12 +185,15 @@ def owned_slots(slot_map: SlotMap, shard_index: int) -> np.ndarray | None:
     return owned
 
 
-def check_owned(hosted: HostedTable, keys: np.ndarray, slots: np.ndarray | None = None) -> None:
-    """Refuse the whole request when any key belongs to another shard (``slots``: of
-    the keys, when the caller has them already)."""
-    if hosted.owned_slots is None or len(keys) == 0:
+def check_owned(hosted: HostedTable, keys: np.ndarray, touched: np.ndarray | None = None) -> None:
+    """Refuse the whole request when any key belongs to another shard (``touched``: the
+    keys' ``slots_touched``, when the caller has them already)."""
+    owned = hosted.owned_slots
+    if owned is None or len(keys) == 0:
         return
-    foreign = ~hosted.owned_slots[slot_of(keys) if slots is None else slots]
+    if owned[slots_touched(keys) if touched is None else touched].all():
+        return
+    foreign = ~owned[slot_of(keys)]  # counted for the refusal only
     if foreign.any():
         epoch = hosted.entry.slot_map.epoch
         raise WrongShard(
@@ -416,10 +420,9 @@ class Node:
             if known is not None:
                 return recorded_ack(hosted, known)
             try:
-                key_slots = slot_of(keys)
-                check_owned(hosted, keys, key_slots)
+                slots = slots_touched(keys)
+                check_owned(hosted, keys, slots)
                 rid, digest, rows = named.request_id, named.digest, (len(keys),)
-                slots = slots_touched(key_slots)
                 logged = Entry(rid, digest, rows, slots)
                 write = Write(
                     hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr, apply,

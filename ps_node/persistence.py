@@ -23,11 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from recstore.core import SlotMap, TableSpec, slot_of
+from recstore.core import SlotMap, TableSpec, slots_touched
 from recstore.ps import checkpoint, checkpoint_read, incremental
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
-from recstore.ps.dedup import slots_touched
 from recstore.ps.node import HostedTable, Node
 from recstore.ps.wal import OP_IMPORT, OP_PUSH, OP_STEP, WalRecord
 
@@ -217,7 +216,7 @@ def apply(hosted: HostedTable, record: WalRecord) -> None:
     else:
         hosted.table.update(record.keys, record.values, record.lr)
     if record.request is not None:
-        slots = slots_touched(slot_of(record.keys))
+        slots = slots_touched(record.keys)
         hosted.window.absorb([replace(record.request, slots=slots)])
 
 

@@ -3,7 +3,15 @@
 import numpy as np
 import pytest
 
-from recstore.core.routing import NUM_SLOTS, SlotMap, SlotRange, hash_keys, slot_of, split_by_shard
+from recstore.core.routing import (
+    NUM_SLOTS,
+    SlotMap,
+    SlotRange,
+    hash_keys,
+    slot_of,
+    slots_touched,
+    split_by_shard,
+)
 
 
 def _fmix64_reference(key: int) -> int:
@@ -26,6 +34,18 @@ def test_slot_values_are_pinned() -> None:
     # Changing the hash would silently move every key of every deployed table.
     assert slot_of(np.arange(4)).tolist() == [_fmix64_reference(k) % NUM_SLOTS for k in range(4)]
     assert int(slot_of(np.array([0]))[0]) == 0  # fmix64(0) == 0
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 1024, 100_000])
+def test_the_engines_slots_touched_are_the_distinct_slots_of_slot_of(n: int) -> None:
+    rng = np.random.default_rng(n)
+    keys = rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64, endpoint=True)
+    keys[: min(n, 3)] = [-(2**63), 2**63 - 1, 0][: min(n, 3)]
+    keys = np.concatenate([keys, keys[: n // 2]])  # repeats
+    touched = slots_touched(keys)
+    assert touched.dtype == np.uint16
+    np.testing.assert_array_equal(touched, np.unique(slot_of(keys)))
+    assert slots_touched(list(keys[:5])).tolist() == np.unique(slot_of(keys[:5])).tolist()
 
 
 @pytest.mark.parametrize(

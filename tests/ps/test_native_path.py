@@ -260,7 +260,7 @@ def test_an_engine_failure_becomes_the_error_that_says_what_was_applied(
 ) -> None:  # fmt: skip
     from types import SimpleNamespace
 
-    failure = ("engine said no", capacity, applied, 1)
+    failure = ("engine said no", capacity, [(0, 2, 0)] if applied else [], 1)
     failing = SimpleNamespace(
         MultiRequest=lambda method, request: _Failing(method, request, failure)
     )
@@ -273,3 +273,17 @@ def test_an_engine_failure_becomes_the_error_that_says_what_was_applied(
     with pytest.raises(Exception, match="engine said no") as info:
         native_path.serve(node, method, request)
     assert type(info.value).__name__ == error
+
+
+def test_every_refusal_code_the_engine_numbers_has_its_exception(node: Node) -> None:
+    codes = [code for code in native_path.Code if code != native_path.Code.NONE]
+    assert [int(code) for code in codes] == list(range(1, len(codes) + 1))
+    for code in codes:
+        error = native_path.refusal_error(code, 0, "sgd", "why", 3)
+        assert status_of(error) is not None, code
+    parsed = native_path.parse(
+        "MultiPull", ps_pb2.MultiPullRequest(items=[_pull("nope", [1])]).SerializeToString()
+    )
+    refused = parsed.serve([None], True, 1 << 20)
+    assert refused[:2] == ("refused", native_path.Code.TABLE_NOT_FOUND)
+    assert isinstance(refused[1], native_path.Code)

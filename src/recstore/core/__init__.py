@@ -16,7 +16,14 @@ from recstore.core.errors import (
     WritesStopped,
     WrongShard,
 )
-from recstore.core.routing import NUM_SLOTS, SlotMap, SlotRange, hash_keys, slot_of
+from recstore.core.routing import (
+    NUM_SLOTS,
+    SlotMap,
+    SlotRange,
+    hash_keys,
+    slot_of,
+    slots_touched,
+)
 from recstore.core.spec import (
     Checkpoint,
     DType,
@@ -66,4 +73,5 @@ __all__ = [
     "WrongShard",
     "hash_keys",
     "slot_of",
+    "slots_touched",
 ]

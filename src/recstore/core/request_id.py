@@ -14,26 +14,31 @@ encoders already built (protobuf fields may come in any order), so the native
 encoders and decoders need not know it; ``read`` finds it again on the node and
 digests the update content it names, so a client that reused an id for other
 content is refused rather than answered as if it resent. The digest is a CRC-32
-of every field, the gradients sampled at ``SAMPLED_WORDS`` evenly spread words,
-with the sizes: cheap next to the engine's work, certain to see other keys,
-tables, learning rates or shapes and gradients of another step; it is no
-defence against a forged id.
+of every field but the id (of a MultiUpdate or a MultiPull item, of each of
+its fields), the gradients sampled at 512 evenly spread 8-byte words, packed
+with the count and the bytes of those fields: cheap next to the engine's work,
+certain to see other keys, tables, learning rates or shapes and gradients of
+another step; it is no defence against a forged id. Fields are walked with any
+number and wire types 0, 1, 2 and 5. The engine reads ids on the node
+(``csrc/request_id.h``); digests are kept in the write-ahead log, so the
+definition never changes (tests/core/test_request_id.py holds it in Python).
 """
 
 from __future__ import annotations
 
+import importlib
 import itertools
-import struct
 import threading
 import uuid
-import zlib
 from dataclasses import dataclass
-
-import numpy as np
+from typing import Any
 
 from recstore.core import ps_fields
 from recstore.core.errors import InvalidArgument
-from recstore.core.wire import Buffer, decode_varint, encode_varint
+from recstore.core.wire import Buffer, encode_varint
+
+#: the engine (by name: import-linter cannot see a compiled module)
+_native: Any = importlib.import_module("recstore._native")
 
 #: the field that carries the id, per data-path method
 ID_FIELD = {
@@ -41,15 +46,8 @@ ID_FIELD = {
     "MultiUpdate": ps_fields.MultiUpdateRequest.request_id,
     "MultiPull": ps_fields.MultiPullRequest.request_id,
 }
-#: a MultiPull's update content is its carried updates only (the pulls are read again)
-CARRIED_FIELD = ps_fields.MultiPullRequest.updates
 MAX_CLIENT_BYTES = 128
-DIGEST_BYTES = 16
-_DIGEST = struct.Struct("<IIQ")  # crc32, fields, bytes of the request without its id
-_GRADS = ps_fields.UpdateRequest.grads
-#: gradient words (8 bytes) digested at most: evenly spread, so a reuse for another
-#: step (other gradients everywhere) is seen without reading every byte
-SAMPLED_WORDS = 512
+DIGEST_BYTES = 16  # crc32 (u32), fields (u32), bytes of the request without its id (u64)
 _LENGTH_DELIMITED = 2
 
 
@@ -77,20 +75,6 @@ class RequestId:
             _tag(fields.client, _LENGTH_DELIMITED), encode_varint(len(client)), client,
             _tag(fields.seq, 0), encode_varint(self.seq),
         ))  # fmt: skip
-
-    @classmethod
-    def decode(cls, data: Buffer) -> RequestId:
-        fields = ps_fields.UpdateRequestId
-        client, seq, view = "", 0, memoryview(data)
-        for number, wire_type, start, end in _fields(view):
-            if number == fields.client and wire_type == _LENGTH_DELIMITED:
-                try:
-                    client = bytes(view[start:end]).decode()
-                except UnicodeDecodeError:
-                    raise InvalidArgument("a request id's client is not UTF-8") from None
-            elif number == fields.seq and wire_type == 0:
-                seq, _ = decode_varint(view, start)
-        return cls(client, seq)
 
 
 class RequestIds:
@@ -131,81 +115,27 @@ class Named:
 
 
 def read(method: str, body: Buffer) -> Named | None:
-    """The request id of an encoded ``method`` request, None when it carries none."""
-    view = memoryview(body)
-    id_field = ID_FIELD[method]
-    spans = _spans(view)
-    found = [(s, e) for n, t, s, e, _ in spans if n == id_field and t == _LENGTH_DELIMITED]
-    if not found:
+    """The request id of an encoded ``method`` request, None when it carries none.
+
+    Read by the engine (``csrc/request_id.h``: the fields walked, the digest taken
+    as this module's docstring defines it); here the id is checked, and a malformed
+    item refused only once the id itself passed.
+    """
+    found = _native.read_request_id(method, body)
+    if found is None:
         return None
-    request_id = RequestId.decode(view[found[-1][0] : found[-1][1]])
-    crc = fields = size = 0
-    rest: list[tuple[int, int]] = []
-    for number, wire_type, start, end, field_start in spans:
-        if number == id_field and wire_type == _LENGTH_DELIMITED:
-            continue
-        if method != "MultiPull" or number != CARRIED_FIELD:
-            rest.append((field_start, end))
-            if method == "MultiPull":
-                continue  # a pull: read again, not part of the update content
-        fields, size = fields + 1, size + end - field_start
-        if method == "Update":
-            crc = _digest_field(view, number, wire_type, start, end, field_start, crc)
-        elif wire_type != _LENGTH_DELIMITED:  # not an item: digested whole
-            crc = zlib.crc32(view[field_start:end], crc)
-        else:  # an UpdateRequest item
-            crc = zlib.crc32(view[field_start:start], crc)
-            for field in _spans(view[start:end]):
-                crc = _digest_field(view[start:end], *field, crc)
-    return Named(request_id, _DIGEST.pack(crc, fields, size), body, tuple(rest))
-
-
-def _digest_field(
-    view: memoryview, number: int, wire_type: int, start: int, end: int, field_start: int,
-    crc: int,
-) -> int:  # fmt: skip
-    """One field of an UpdateRequest into the digest; of the gradients, a fixed sample."""
-    if number != _GRADS or wire_type != _LENGTH_DELIMITED:
-        return zlib.crc32(view[field_start:end], crc)
-    crc = zlib.crc32(view[field_start:start], crc)
-    payload = view[start:end]
-    words = len(payload) // 8
-    if words <= SAMPLED_WORDS:
-        return zlib.crc32(payload, crc)
-    sample = np.frombuffer(payload, np.uint64, words)[:: words // SAMPLED_WORDS]
-    return zlib.crc32(payload[words * 8 :], zlib.crc32(sample.tobytes(), crc))
+    clients, seq, digest, malformed, rest = found
+    client = ""
+    for raw in clients:  # the last client field wins, any of them must be UTF-8
+        try:
+            client = raw.decode()
+        except UnicodeDecodeError:
+            raise InvalidArgument("a request id's client is not UTF-8") from None
+    request_id = RequestId(client, seq)
+    if malformed:
+        raise InvalidArgument(malformed)
+    return Named(request_id, digest, body, rest)
 
 
 def _tag(number: int, wire_type: int) -> bytes:
     return encode_varint(number << 3 | wire_type)
-
-
-def _fields(view: memoryview) -> list[tuple[int, int, int, int]]:
-    return [(n, t, s, e) for n, t, s, e, _ in _spans(view)]
-
-
-def _spans(view: memoryview) -> list[tuple[int, int, int, int, int]]:
-    """Top-level fields: (number, wire type, value start, value end, field start)."""
-    spans = []
-    pos, size = 0, len(view)
-    while pos < size:
-        field_start = pos
-        tag, pos = decode_varint(view, pos)
-        number, wire_type = tag >> 3, tag & 7
-        if wire_type == 0:
-            _, end = decode_varint(view, pos)
-            start = pos
-        elif wire_type == 1:
-            start, end = pos, pos + 8
-        elif wire_type == _LENGTH_DELIMITED:
-            length, start = decode_varint(view, pos)
-            end = start + length
-        elif wire_type == 5:
-            start, end = pos, pos + 4
-        else:
-            raise InvalidArgument(f"malformed request: wire type {wire_type} at byte {field_start}")
-        if end > size or number == 0:
-            raise InvalidArgument(f"malformed request: field at byte {field_start} is truncated")
-        spans.append((number, wire_type, start, end, field_start))
-        pos = end
-    return spans

@@ -6,11 +6,14 @@ lands on the same shard whoever computes it. Routing goes through slots, never
 
 The hash is the 64-bit finaliser of MurmurHash3 (``fmix64``), a bijection on
 uint64 with good avalanche; the native engine implements the same function
-(``csrc/hash.h``) and a test checks the two agree.
+(``csrc/hash.h``) and a test checks the two agree. ``slots_touched`` (the
+distinct slots of a batch, on every named update) runs in the engine, with
+``slot_of`` here its oracle.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +30,8 @@ _SLOT_MASK = np.uint64(NUM_SLOTS - 1)
 _C1 = np.uint64(0xFF51AFD7ED558CCD)
 _C2 = np.uint64(0xC4CEB9FE1A85EC53)
 _S33 = np.uint64(33)
+#: the engine (by name: import-linter cannot see a compiled module)
+_native: Any = importlib.import_module("recstore._native")
 
 
 def hash_keys(keys: npt.ArrayLike) -> npt.NDArray[np.uint64]:
@@ -52,6 +57,15 @@ def fmix_in_place(h: npt.NDArray[np.uint64], scratch: npt.NDArray[np.uint64]) ->
 def slot_of(keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
     """Slot (0..16383) of every key."""
     return (hash_keys(keys) & _SLOT_MASK).astype(np.int64)
+
+
+def slots_touched(keys: npt.ArrayLike) -> npt.NDArray[np.uint16]:
+    """The sorted distinct slots of ``keys`` (``np.unique(slot_of(keys))``), by the engine
+    in one pass: what a de-dup entry records of the keys of a request."""
+    touched: npt.NDArray[np.uint16] = _native.slots_touched(
+        np.ascontiguousarray(keys, dtype=np.int64)
+    )
+    return touched
 
 
 def slot_mask(mask: npt.ArrayLike) -> npt.NDArray[np.bool_]:
