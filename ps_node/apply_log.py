@@ -26,9 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from recstore.core import NUM_SLOTS, slot_of
+from recstore.core import NUM_SLOTS, slots_touched
 from recstore.ps import catalogue, wal
-from recstore.ps.dedup import slots_touched
 
 #: the records that are a client's writes (an import or a step count moves rows or state)
 CLIENT_WRITES = frozenset({wal.OP_PUSH, wal.OP_UPDATE})
@@ -76,7 +75,7 @@ def read(directory: Path, node: str) -> NodeLog:
             unattributed += 1
             return
         named = record.request.request_id if record.request is not None else None
-        slots = slots_touched(slot_of(record.keys))
+        slots = slots_touched(record.keys)
         if named is None:
             writes.append(Applied(record.epoch, slots))
         else:
