@@ -29,7 +29,7 @@ from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
 from recstore.ps.dedup import slots_touched
 from recstore.ps.node import HostedTable, Node
-from recstore.ps.wal import OP_IMPORT, OP_PUSH, OP_STEP, WalRecord
+from recstore.ps.wal import OP_ERASE, OP_IMPORT, OP_PUSH, OP_STEP, WalRecord
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +214,8 @@ def apply(hosted: HostedTable, record: WalRecord) -> None:
         hosted.table.import_chunk(record.keys, record.values, record.state)
     elif record.op == OP_STEP:
         hosted.table.load_optimizer_state({"step": int(record.keys[0])})
+    elif record.op == OP_ERASE:
+        hosted.table.erase(record.keys)
     else:
         hosted.table.update(record.keys, record.values, record.lr)
     if record.request is not None:

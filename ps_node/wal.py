@@ -54,6 +54,9 @@ OP_UPDATE = 2
 OP_IMPORT = 3  # rows with their optimizer state (ImportRows): float32 state after the values
 OP_STEP = 4  # the table's optimizer step count set (ImportRows): one key holds it, no values
 OP_WINDOW = 5  # the table's de-dup window (recstore.ps.dedup_log); rows: its entry count
+OP_ERASE = 6  # rows removed (a move's cleanup, an aborted or trimmed import): keys, no values
+#: records holding keys alone (no value rows)
+KEYS_ONLY = frozenset({OP_STEP, OP_ERASE})
 DTYPE_CODES = {name: code for code, name in enumerate(WIRE_DTYPES)}
 DTYPE_NAMES = {code: name for name, code in DTYPE_CODES.items()}
 Waiter = tuple[int, asyncio.AbstractEventLoop, "asyncio.Future[None]"]
