@@ -19,7 +19,7 @@ import numpy as np
 from recstore.core import InvalidArgument, SlotMap, slot_of
 from recstore.core.limits import ROW_CHUNK_BYTES
 from recstore.core.migration_wire import RowBatch
-from recstore.ps import codec, dedup_log, migration, row_transfer
+from recstore.ps import codec, dedup_log, held_slots, migration, row_transfer
 from recstore.ps.migration import MigrationConflict, keys_in, migrating_slots, rows_of
 from recstore.ps.node import HostedTable, Node, Write, WriteAck, owned_slots
 from recstore.ps.wal import OP_IMPORT
@@ -90,12 +90,16 @@ def seal(node: Node, name: str, timeout: float) -> RowBatch:
     # the de-dup window moves with the slots: no update of them runs while sealed
     count, window = dedup_log.encode_entries(hosted.window.entries_touching(out.slots))
     tail = _batch(chunk, gone, keys_in(hosted.table, out.slots), more)
+    # a commit may follow at once: a restart must not serve these slots unsealed
+    held_slots.remember(node, name, out, hosted.entry.slot_map.epoch)
     return dataclasses.replace(tail, dedup_entries=window, dedup_entry_count=count)
 
 
 def abort_outgoing(node: Node, name: str) -> bool:
     """Unseal and stop tracking; the source stays authoritative. False: nothing was moving."""
-    return node.migrations.end(name) is not None
+    ended = node.migrations.end(name) is not None
+    held_slots.forget(node, name)
+    return ended
 
 
 def cleanup(node: Node, name: str) -> int:
