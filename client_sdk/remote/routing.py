@@ -35,7 +35,8 @@ Issue = Callable[[int, Positions, int, bool], Waiter[T]]
 
 #: Rounds of "refresh the slot map and resend the refused keys" before giving up.
 MAX_REROUTES = 4
-#: How long refused keys wait for nodes behind the client's slot map to catch up.
+#: How long refused keys wait for nodes behind the client's slot map to catch up, and
+#: a refresh for an unreachable slot-map source (the admin API restarting).
 BEHIND_WAIT_S = 60.0
 
 
@@ -133,7 +134,7 @@ class RoutedCall(Generic[T]):
     def _collect(self) -> list[ShardResult[T]]:
         results: list[ShardResult[T]] = []
         sent, epoch = self._sent, self._epoch
-        behind = NodesBehind()
+        behind = Patience(BEHIND_WAIT_S)
         rerouted = 0
         while True:
             refused: list[tuple[ShardRequest, WrongShard]] = []
@@ -164,17 +165,17 @@ class RoutedCall(Generic[T]):
             sent = self._router.send(self._keys, pending, self._issue, False, True)
 
 
-class NodesBehind:
-    """Pauses while the nodes that refused keys are at an older slot-map epoch than the
-    client: they learn the new map when the move activates it (a restarted node may take
-    seconds), so refreshing again would only find the same map."""
+class Patience:
+    """Growing pauses (up to 1 s) for at most ``limit_s``: while the nodes that refused
+    keys are behind the client's slot map (they learn it when the move activates it; a
+    restarted node may take seconds), or while the map's source restarts."""
 
-    def __init__(self, limit_s: float = BEHIND_WAIT_S) -> None:
+    def __init__(self, limit_s: float) -> None:
         self._deadline = time.monotonic() + limit_s
         self._pause = 0.02
 
     def wait(self) -> bool:
-        """Pause once; False once the limit has passed (then the refusal counts)."""
+        """Pause once; False once the limit has passed (then the caller gives up)."""
         left = self._deadline - time.monotonic()
         if left <= 0:
             return False
