@@ -62,22 +62,26 @@ class Trainer:
         self.client.init_data(NAME, (ROWS, DIM), torch.float32)
         self.sums = np.zeros(ROWS, dtype=np.int64)
         self.steps = 0
-        self.stop = threading.Event()
-        self.running = threading.Event()
-        self.running.set()
-        self.idle = threading.Event()
         self.error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._stopping = self._held = self._parked = False
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
+
+    def _next(self) -> bool:
+        """Whether to run another update (parked while held)."""
+        with self._cond:
+            while self._held and not self._stopping:
+                self._parked = True
+                self._cond.notify_all()
+                self._cond.wait()
+            self._parked = False
+            return not self._stopping
 
     def _loop(self) -> None:
         rng = np.random.default_rng(11)
         try:
-            while not self.stop.is_set():
-                if not self.running.is_set():
-                    self.idle.set()
-                    self.running.wait()
-                    continue
+            while self._next():
                 ids = rng.choice(ROWS, 64, replace=False)
                 delta = self.steps + 1  # unique per update
                 grads = torch.full((64, DIM), float(delta))
@@ -87,23 +91,32 @@ class Trainer:
         except BaseException as error:  # the test reports it
             self.error = error
         finally:
-            self.idle.set()
+            with self._cond:
+                self._parked = True
+                self._cond.notify_all()
+
+    def hold(self) -> None:
+        """No new update after the one in flight (returns at once)."""
+        with self._cond:
+            self._held = True
 
     def pause(self) -> None:
-        self.idle.clear()
-        self.running.clear()
-        assert self.idle.wait(120), "the trainer did not finish its update"
+        """Hold, and wait until the update in flight is through."""
+        with self._cond:
+            self._held = True
+            assert self._cond.wait_for(lambda: self._parked, 180), "the update did not finish"
         assert self.error is None, self.error
 
-    def resume(self, url: str | None = None, token: str | None = None) -> None:
-        if url is not None:
-            self.client.set_admin_url(url, token)
-        self.running.set()
+    def resume(self) -> None:
+        with self._cond:
+            self._held = False
+            self._cond.notify_all()
 
     def finish(self) -> None:
         """Stop, then check every row against the sum of its acknowledged deltas."""
-        self.stop.set()
-        self.running.set()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
         self.thread.join(timeout=120)
         assert self.error is None, self.error
         assert self.steps > 0
