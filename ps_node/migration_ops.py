@@ -19,9 +19,9 @@ import numpy as np
 from recstore.core import InvalidArgument, SlotMap, slot_of
 from recstore.core.limits import ROW_CHUNK_BYTES
 from recstore.core.migration_wire import RowBatch
-from recstore.ps import codec, dedup_log, migration, row_transfer
+from recstore.ps import codec, dedup_log, held_slots, migration, row_transfer
 from recstore.ps.migration import MigrationConflict, keys_in, migrating_slots, rows_of
-from recstore.ps.node import Node, Write, WriteAck, owned_slots
+from recstore.ps.node import HostedTable, Node, Write, WriteAck, owned_slots
 from recstore.ps.wal import OP_IMPORT
 from recstore.store.table import Chunk
 
@@ -90,12 +90,16 @@ def seal(node: Node, name: str, timeout: float) -> RowBatch:
     # the de-dup window moves with the slots: no update of them runs while sealed
     count, window = dedup_log.encode_entries(hosted.window.entries_touching(out.slots))
     tail = _batch(chunk, gone, keys_in(hosted.table, out.slots), more)
+    # a commit may follow at once: a restart must not serve these slots unsealed
+    held_slots.remember(node, name, out, hosted.entry.slot_map.epoch)
     return dataclasses.replace(tail, dedup_entries=window, dedup_entry_count=count)
 
 
 def abort_outgoing(node: Node, name: str) -> bool:
     """Unseal and stop tracking; the source stays authoritative. False: nothing was moving."""
-    return node.migrations.end(name) is not None
+    ended = node.migrations.end(name) is not None
+    held_slots.forget(node, name)
+    return ended
 
 
 def cleanup(node: Node, name: str) -> int:
@@ -105,8 +109,17 @@ def cleanup(node: Node, name: str) -> int:
         return 0
     if node.migrations.tracks(name):
         raise MigrationConflict(f"table {name!r} is still moving slots out; commit first")
+    return _erase_unowned(node, hosted)
+
+
+def _erase_unowned(node: Node, hosted: HostedTable) -> int:
+    """Drop (logged) the rows of every slot the node does not own; returns how many."""
+    assert hosted.owned_slots is not None
     with hosted.lock:
-        return hosted.table.erase(keys_in(hosted.table, ~hosted.owned_slots))
+        unowned = keys_in(hosted.table, ~hosted.owned_slots)
+        erased, ack = row_transfer.erase_logged(node, hosted, unowned)
+    row_transfer.wait_durable(ack)
+    return erased
 
 
 def begin_import(node: Node, name: str, ranges: list[tuple[int, int]]) -> None:
@@ -117,8 +130,8 @@ def begin_import(node: Node, name: str, ranges: list[tuple[int, int]]) -> None:
 def import_rows(node: Node, name: str, rows: RowBatch) -> WriteAck:
     """Apply rows from the source into importing slots; ``present`` (the tail) erases the rest.
 
-    The rows are written like an ImportRows chunk (logged in WAL mode, so a restarted
-    target replays them); erasures are not logged.
+    The rows are written like an ImportRows chunk and the erasures as erase records
+    (both logged in WAL mode, so a restarted target replays them in order).
     """
     hosted = node.get(name)
     slots = node.migrations.importing_slots(name)
@@ -138,8 +151,9 @@ def import_rows(node: Node, name: str, rows: RowBatch) -> WriteAck:
         if rows.present is not None:
             extra = np.setdiff1d(keys_in(hosted.table, slots), rows.present)
             erased = np.union1d(erased, extra)
-        if len(erased):
-            hosted.table.erase(erased)
+        if len(erased):  # logged after the rows: its record settles both
+            _, erase_ack = row_transfer.erase_logged(node, hosted, erased)
+            ack = WriteAck(ack.rows, erase_ack.wal, erase_ack.seq)
     if rows.dedup_entry_count:
         entries = dedup_log.decode_entries(rows.dedup_entries, 0, rows.dedup_entry_count)
         node.absorb_window(name, entries)
@@ -153,8 +167,7 @@ def abort_import(node: Node, name: str) -> int:
     node.migrations.end_import(name)
     if hosted.owned_slots is None:
         return 0
-    with hosted.lock:
-        return hosted.table.erase(keys_in(hosted.table, ~hosted.owned_slots))
+    return _erase_unowned(node, hosted)
 
 
 def checksums(node: Node, name: str, ranges: list[tuple[int, int]]) -> tuple[np.ndarray, ...]:

@@ -49,6 +49,7 @@ from recstore.ps.changes import ChangeTracker
 from recstore.ps.dedup import DedupWindow, Entry, capacity_from_env
 from recstore.ps.migration import Migrations
 from recstore.ps.wal import (
+    KEYS_ONLY,
     OP_PUSH,
     OP_STEP,
     OP_UPDATE,
@@ -484,7 +485,7 @@ class Node:
         if wal is None:
             return None
         rows = len(write.keys) // codec.KEY_DTYPE.itemsize
-        dim = 0 if write.op == OP_STEP else write.hosted.dim  # a step record holds no values
+        dim = 0 if write.op in KEYS_ONLY else write.hosted.dim
         return wal.append(
             encode_record(
                 write.op,

@@ -28,7 +28,7 @@ from recstore.ps import checkpoint, checkpoint_read, incremental
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
 from recstore.ps.node import HostedTable, Node
-from recstore.ps.wal import OP_IMPORT, OP_PUSH, OP_STEP, WalRecord
+from recstore.ps.wal import OP_ERASE, OP_IMPORT, OP_PUSH, OP_STEP, WalRecord
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +213,8 @@ def apply(hosted: HostedTable, record: WalRecord) -> None:
         hosted.table.import_chunk(record.keys, record.values, record.state)
     elif record.op == OP_STEP:
         hosted.table.load_optimizer_state({"step": int(record.keys[0])})
+    elif record.op == OP_ERASE:
+        hosted.table.erase(record.keys)
     else:
         hosted.table.update(record.keys, record.values, record.lr)
     if record.request is not None:

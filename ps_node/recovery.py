@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recstore.core.proto_convert import TableCondition
-from recstore.ps import catalogue, checkpoint_read, wal
+from recstore.ps import catalogue, checkpoint_read, held_slots, wal
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
 from recstore.ps.node import Node, Refusal
@@ -71,6 +71,7 @@ def recover(node: Node, on_damaged: OnDamaged | None = None) -> Recovery:
             if base is not None and (newest is None or base.sequence > newest.sequence):
                 outcome.newest = base
         node.save_catalogue()
+        held_slots.restore(node)
         if node.wal_enabled:
             live = {node.wal_dir(h.entry).name for h in node.tables.values()}
             live |= {node.wal_dir(r.entry).name for r in node.refused.values()}

@@ -24,7 +24,7 @@ from recstore.core.limits import ROW_CHUNK_BYTES
 from recstore.core.routing import slot_mask
 from recstore.ps import codec
 from recstore.ps.node import HostedTable, Node, Write, WriteAck, check_owned
-from recstore.ps.wal import OP_IMPORT, OP_PUSH, OP_STEP
+from recstore.ps.wal import OP_ERASE, OP_IMPORT, OP_PUSH, OP_STEP
 
 #: room for a chunk message's fields beyond its three buffers (tags, name, dtype)
 CHUNK_OVERHEAD_BYTES = 4096
@@ -154,3 +154,26 @@ def step_write(hosted: HostedTable, step: int) -> Write:
     apply = functools.partial(hosted.table.load_optimizer_state, state)
     step_key = np.array([step], codec.KEY_DTYPE).tobytes()
     return Write(hosted, OP_STEP, step_key, b"", hosted.dtype, None, apply)
+
+
+def erase_logged(node: Node, hosted: HostedTable, keys: np.ndarray) -> tuple[int, WriteAck]:
+    """Remove rows as a logged write (``OP_ERASE``), so a replay after a crash removes
+    them again instead of bringing back rows of slots the node gave away (caller holds
+    the table's lock). Returns how many resident rows went, and the record to await."""
+    if len(keys) == 0:
+        return 0, WriteAck(0)
+    erased = [0]
+
+    def apply() -> None:
+        erased[0] = hosted.table.erase(keys)
+
+    keys_buffer = codec.encode(np.asarray(keys, codec.KEY_DTYPE))
+    write = Write(hosted, OP_ERASE, keys_buffer, b"", hosted.dtype, None, apply)
+    (ack,) = node.write_logged([write])
+    return erased[0], ack
+
+
+def wait_durable(ack: WriteAck) -> None:
+    """Block until ``ack``'s record is durable (a migration step on its own thread)."""
+    if ack.wal is not None:
+        ack.wal.wait_durable(ack.seq)

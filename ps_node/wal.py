@@ -61,6 +61,9 @@ OP_STEP = 4  # the table's optimizer step count set (ImportRows): one key holds 
 OP_WINDOW = 5  # the table's de-dup window (recstore.ps.dedup_log); rows: its entry count
 FLAG_EPOCH = 2  # the head is followed by the slot-map epoch the write was applied under
 EPOCH = struct.Struct("<Q")
+OP_ERASE = 6  # rows removed (a move's cleanup, an aborted or trimmed import): keys, no values
+#: records holding keys alone (no value rows)
+KEYS_ONLY = frozenset({OP_STEP, OP_ERASE})
 DTYPE_CODES = {name: code for code, name in enumerate(WIRE_DTYPES)}
 DTYPE_NAMES = {code: name for name, code in DTYPE_CODES.items()}
 Waiter = tuple[int, asyncio.AbstractEventLoop, "asyncio.Future[None]"]

@@ -27,7 +27,7 @@ from recstore.client.errors import BackendError, TableNotInitialized
 from recstore.client.remote import rows
 from recstore.client.remote.nodes import NodeCalls
 from recstore.client.remote.requests import TableCall
-from recstore.client.remote.routing import ShardRouter
+from recstore.client.remote.routing import BEHIND_WAIT_S, Patience, ShardRouter
 from recstore.client.remote.single_table import pull_issue, push_issue, update_issue
 from recstore.client.remote.step import Step
 from recstore.client.remote.tables import (
@@ -179,7 +179,15 @@ class GrpcBackend:
         return table
 
     def _refresh(self, name: str, node_epoch: int) -> SlotMap:
-        found = self._discover(name)
+        patience = Patience(BEHIND_WAIT_S)
+        while True:
+            try:
+                found = self._discover(name)
+                break
+            except BackendError as error:
+                # refused keys wait out a restart of the admin API (nothing of them applied)
+                if error.code != "UNAVAILABLE" or not patience.wait():
+                    raise
         if found.slot_map.epoch < node_epoch:
             raise BackendError(
                 f"slot map of {name!r} is at epoch {found.slot_map.epoch} but a node is at "

@@ -15,6 +15,7 @@ map and resends only the refused keys.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -34,6 +35,9 @@ Issue = Callable[[int, Positions, int, bool], Waiter[T]]
 
 #: Rounds of "refresh the slot map and resend the refused keys" before giving up.
 MAX_REROUTES = 4
+#: How long refused keys wait for nodes behind the client's slot map to catch up, and
+#: a refresh for an unreachable slot-map source (the admin API restarting).
+BEHIND_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,9 @@ class RoutedCall(Generic[T]):
     def _collect(self) -> list[ShardResult[T]]:
         results: list[ShardResult[T]] = []
         sent, epoch = self._sent, self._epoch
-        for _ in range(MAX_REROUTES + 1):
+        behind = Patience(BEHIND_WAIT_S)
+        rerouted = 0
+        while True:
             refused: list[tuple[ShardRequest, WrongShard]] = []
             failure: BaseException | None = None
             for request, waiter in sent:  # wait for all, so nothing runs behind the caller
@@ -145,12 +151,37 @@ class RoutedCall(Generic[T]):
             if not refused:
                 return results
             pending = np.concatenate([r.positions for r, _ in refused])
-            self._router.reroute(max(error.epoch for _, error in refused), epoch)
-            epoch = self._router.slot_map.epoch
+            node_epoch = max(error.epoch for _, error in refused)
+            if node_epoch < epoch and behind.wait():
+                pass  # the new owner is not activated yet (a move's commit): same map again
+            elif rerouted < MAX_REROUTES:
+                rerouted += 1
+                self._router.reroute(node_epoch, epoch)
+                epoch = self._router.slot_map.epoch
+            else:  # every request sent was collected: nothing runs behind the caller
+                raise RuntimeError(
+                    f"keys still refused by their shards after {MAX_REROUTES} slot-map refreshes"
+                )
             sent = self._router.send(self._keys, pending, self._issue, False, True)
-        raise RuntimeError(
-            f"keys still refused by their shards after {MAX_REROUTES} slot-map refreshes"
-        )
+
+
+class Patience:
+    """Growing pauses (up to 1 s) for at most ``limit_s``: while the nodes that refused
+    keys are behind the client's slot map (they learn it when the move activates it; a
+    restarted node may take seconds), or while the map's source restarts."""
+
+    def __init__(self, limit_s: float) -> None:
+        self._deadline = time.monotonic() + limit_s
+        self._pause = 0.02
+
+    def wait(self) -> bool:
+        """Pause once; False once the limit has passed (then the caller gives up)."""
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(self._pause, left))
+        self._pause = min(2 * self._pause, 1.0)
+        return True
 
 
 class ShardRouter:

@@ -110,6 +110,36 @@ def test_router_resends_only_refused_keys_after_refresh(pool) -> None:
     assert router.slot_map.epoch == 2
 
 
+def test_router_waits_for_a_new_owner_behind_its_map(pool) -> None:
+    """After a move's commit the client may hold the new map before the new owner (say,
+    restarted) has it: the owner refuses at the older epoch until activated. Refreshing
+    finds the same map, so the keys wait for the owner instead of failing the call."""
+    old, new = SlotMap.initial(2), _moved_map(2)
+    keys = np.arange(5000, dtype=np.int64)
+    served: dict[int, list[int]] = {0: [], 1: []}
+    refusals = [0]
+    lock = threading.Lock()
+
+    def call(shard: int, positions: np.ndarray, epoch: int) -> None:
+        sent = keys[positions]
+        with lock:
+            if shard == 1 and (old.shard_of(sent) != 1).any() and refusals[0] < 8:
+                refusals[0] += 1  # not activated yet: still at epoch 1
+                raise WrongShard("not owned", epoch=1)
+            served[shard].extend(sent.tolist())
+
+    refreshed: list[int] = []
+
+    def refresh(epoch: int) -> SlotMap:
+        refreshed.append(epoch)
+        return new
+
+    router = ShardRouter(new, pool, max_rows=10_000, refresh=refresh)
+    router.run(keys, call)
+    assert refusals[0] == 8 and refreshed == []  # more refusals than reroutes, no refresh
+    assert sorted(served[0] + served[1]) == keys.tolist()  # every key applied exactly once
+
+
 def test_router_without_refresh_source_raises(pool) -> None:
     def call(shard: int, positions: np.ndarray, epoch: int) -> None:
         raise WrongShard("moved", epoch=5)

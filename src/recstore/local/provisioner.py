@@ -460,7 +460,21 @@ class LocalProvisioner:
                 return  # stopped before the nodes served
             table.store = resharding.job_store(table.directory, served)
             assert table.store is not None
-        resharding.move(self._shards_of(table), table.store, table.spec.shards, self._batch_slots)
+        # A batch that failed (a node killed mid-move: the supervisor restarts it) is
+        # aborted or finished, and the move resumed from the stored job, after a back-off.
+        retry, failed_at = RetryBackoff(), -1
+        while True:
+            job = resharding.move(
+                self._shards_of(table), table.store, table.spec.shards, self._batch_slots
+            )
+            if job is None or job.phase == Phase.done or table.stopped.is_set():
+                return
+            if job.current != failed_at:  # batches moved since the last failure
+                retry.succeeded()
+            failed_at = job.current
+            retry.failed(self.clock())
+            if table.stopped.wait(max(0.0, retry.next_at - self.clock())):
+                return
 
     def _served_map(self, table: _Table) -> SlotMap | None:
         """The map every running node serves (they agree before a first move)."""
