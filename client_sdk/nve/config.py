@@ -15,6 +15,9 @@ import torch
 
 from recstore.client.host_cache import POLICIES
 
+#: seconds between two reports of a layer's host cache to its table's nodes
+DEFAULT_REPORT_INTERVAL_S = 10
+
 
 class LayerType(Enum):
     """Where a layer's rows live (the reference's ``nve_layers.LayerType``)."""
@@ -38,6 +41,8 @@ CONFIG_KEYS = {
     "host_cache_size": "bytes of host memory for the cache in front of the table (0: none)",
     "max_staleness_steps": "training: a cached row serves at most this many steps",
     "cache_policy": f"host cache eviction: one of {POLICIES}",
+    "cache_report_interval": "seconds between reports of the host cache's counters to the "
+    f"table's nodes (default {DEFAULT_REPORT_INTERVAL_S}; 0: only on report_cache_stats())",
     **{key: "GPU kernel tuning of the reference: accepted, no effect here" for key in KERNEL_KEYS},
 }
 
@@ -49,6 +54,7 @@ class LayerConfig:
     host_cache_size: int = 0
     max_staleness_steps: int | None = None
     cache_policy: str = "lfu"
+    cache_report_interval: int = DEFAULT_REPORT_INTERVAL_S
     kernel: tuple[int, int, int] = (0, 0, 0)
 
 
@@ -77,6 +83,9 @@ def parse_config(config: Mapping[str, Any] | None) -> LayerConfig:
         if staleness is None
         else _non_negative_int("max_staleness_steps", staleness),
         cache_policy=policy,
+        cache_report_interval=_non_negative_int(
+            "cache_report_interval", config.get("cache_report_interval", DEFAULT_REPORT_INTERVAL_S)
+        ),
         kernel=tuple(_non_negative_int(k, config.get(k, 0)) for k in KERNEL_KEYS),  # type: ignore[arg-type]
     )
 
