@@ -6,6 +6,9 @@ The names are the ones ``recstore.ps.metrics`` publishes:
 - ``recstore_ps_table_memory_bytes{table}``   gauge: bytes of rows and optimizer state
 - ``recstore_ps_requests_total{method,code}`` counter: RPCs served
 - ``recstore_ps_request_seconds{method}``     histogram: RPC latency
+- ``recstore_ps_table_cache_*{table}``        the engine's GPU cache (gpu_cache tables)
+- ``recstore_ps_table_client_cache_*{table,client,layer,policy}``  the host caches
+  clients reported to the node (``recstore.core.cache_figures``)
 
 Requests and latency are per node, not per table; only the data-path methods
 count (Pull, Push, Update and their multi-table forms), so control calls such
@@ -23,11 +26,13 @@ the status code only, never any part of what the endpoint sent.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from recstore.core.cache_figures import ENGINE_KEYS, CacheFigures, ClientCache
 
 ROWS = "recstore_ps_table_rows"
 MEMORY = "recstore_ps_table_memory_bytes"
@@ -38,6 +43,11 @@ DATA_METHODS = frozenset({"Pull", "Push", "Update", "MultiPull", "MultiUpdate"})
 #: A PS node's exposition is a few KiB; anything far larger is not one.
 MAX_BODY_BYTES = 4 * 1024 * 1024
 NOT_PROVISIONED = "no metrics endpoint registered by the provisioner"
+#: sample name (a counter's without ``_total``) -> CacheFigures field
+ENGINE_CACHE = {f"recstore_ps_table_{key}": name for name, key in ENGINE_KEYS.items()}
+CLIENT_CACHE_PREFIX = "recstore_ps_table_client_cache_"
+CLIENT_REPORTED = "reported_timestamp_seconds"
+_FIGURES = frozenset(CacheFigures.__dataclass_fields__)
 
 
 class ScrapeFailed(Exception):
@@ -52,9 +62,12 @@ class NodeSample:
     latency_sum: float | None = None
     latency_count: float | None = None
     error: str | None = None
+    engine_cache: CacheFigures | None = None  # a gpu_cache table's GPU cache on this node
+    client_caches: list[ClientCache] = field(default_factory=list)  # as reported to it
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The chart figures (the caches have their own view, ``cache_view``)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("engine_cache", "client_caches")}
 
 
 def metrics_url(endpoint: str) -> str:
@@ -71,11 +84,20 @@ def _add(current: float | None, value: float) -> float:
 def parse_node_metrics(text: str, table: str) -> NodeSample:
     """Sum the samples of ``table`` (samples without a table label count for every table)."""
     sample = NodeSample()
+    engine: dict[str, int] = {}
+    clients: dict[tuple[str, str, str], dict[str, float]] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.labels.get("table", table) != table:
                 continue
-            if s.name == ROWS:
+            name = s.name.removesuffix("_total")
+            if name in ENGINE_CACHE:
+                engine[ENGINE_CACHE[name]] = int(s.value)
+            elif name.startswith(CLIENT_CACHE_PREFIX):
+                key = (s.labels.get("client", ""), s.labels.get("layer", ""),
+                       s.labels.get("policy", ""))  # fmt: skip
+                clients.setdefault(key, {})[name.removeprefix(CLIENT_CACHE_PREFIX)] = s.value
+            elif s.name == ROWS:
                 sample.rows = _add(sample.rows, s.value)
             elif s.name == MEMORY:
                 sample.memory_bytes = _add(sample.memory_bytes, s.value)
@@ -87,6 +109,18 @@ def parse_node_metrics(text: str, table: str) -> NodeSample:
                 sample.latency_sum = _add(sample.latency_sum, s.value)
             elif s.name == LATENCY_COUNT:
                 sample.latency_count = _add(sample.latency_count, s.value)
+    if engine:
+        sample.engine_cache = CacheFigures(**engine)
+    sample.client_caches = [
+        ClientCache(
+            client,
+            layer,
+            policy,
+            CacheFigures(**{k: int(v) for k, v in values.items() if k in _FIGURES}),
+            values.get(CLIENT_REPORTED, 0.0),
+        )
+        for (client, layer, policy), values in sorted(clients.items())
+    ]
     return sample
 
 

@@ -145,6 +145,42 @@ class Discovery(BaseModel):
     endpoints: list[str]
 
 
+# --- caches (recstore.core.cache_figures, read live from the nodes) ---------
+
+
+class CacheFiguresPublic(BaseModel):
+    hits: int
+    misses: int
+    evictions: int
+    resident_rows: int
+    resident_bytes: int
+    capacity_bytes: int
+    hit_rate: float
+
+
+class ShardCachePublic(BaseModel):
+    index: int
+    #: the engine's GPU cache on this shard (gpu_cache tables), else null
+    engine: CacheFiguresPublic | None
+    #: why this shard's figures could not be read, else null
+    error: str | None
+
+
+class ClientCachePublic(CacheFiguresPublic):
+    client: str  # host:pid:role of the reporting process
+    layer: str
+    policy: str
+    reported_unix: float
+
+
+class TableCachePublic(BaseModel):
+    shards: list[ShardCachePublic]
+    engine_total: CacheFiguresPublic | None
+    #: host caches in trainer processes, each from its newest report
+    clients: list[ClientCachePublic]
+    clients_total: CacheFiguresPublic | None
+
+
 # --- nodes ------------------------------------------------------------------
 
 

@@ -2,16 +2,23 @@
 
 A dense table is created at once (its arena mapped, nothing faulted in); its
 first pull of random ids creates every row it touches, which faults in the
-arena pages under them. Measured in the same run against what zeroing that
-much memory costs: ``memset`` over the same number of bytes already resident
-(torch's ``zero_``, all threads) and the first write of a fresh buffer of that
-size (its page faults included). Then the same pull once resident, and the
+arena pages under them. The memory it touches is measured, not modelled: the
+process's resident set grows by the pages the pull faulted in (the value
+arena's 2 MiB pages under the new rows, the optimizer state's when the table
+has any, the presence bytes of a dense table, the pulled rows' output).
+Measured in the same run against what zeroing that much memory costs:
+``memset`` over the same number of bytes already resident (torch's ``zero_``,
+the same threads) and the first write of a fresh buffer of that size (its page
+faults included), in wall time and in the process's CPU time (user + system;
+steadier on a shared machine); and against the same table with a zeros
+initializer, whose first pull only faults pages in (see ``first_touch``).
+Then the same pull once resident, and the
 SDK's ``RecStoreClient.pull`` (local backend) against ``F.embedding`` on a
 tensor of the same rows, both returning a new tensor (median of paired runs).
 Target: first pull <= about the fresh-buffer zeroing; SDK pull >= 1.0x F.embedding.
 
     python bench/first_touch_bench.py [--rows 20000000,50000000] [--dim 64] [--ids 1000000]
-        [--threads 1,2] [--out bench/results/first_touch_bench.json]
+        [--threads 1,2] [--optimizer sgd] [--out bench/results/first_touch_bench.json]
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import resource
 import statistics
 import time
 from pathlib import Path
@@ -31,44 +40,90 @@ import torch.nn.functional as F
 from recstore import _native
 from recstore.client import RecStoreClient
 from recstore.core import TableSpec
+from recstore.core.spec import Initializer
 from recstore.store import Table
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGE = 2 << 20  # the arenas' huge-page granularity
+
+
+def _resident_bytes() -> int:
+    """The process's resident set (pages faulted in and still mapped)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _timed(run: Any) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the process: user + system) of ``run()``."""
+    before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    run()
+    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def _seconds(run: Any) -> float:
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
+    return _timed(run)[0]
 
 
-def first_touch(rows: int, dim: int, ids: int, threads: int) -> dict[str, float]:
-    """One fresh table: its first pull, the same pull resident, and the zeroing baselines."""
+def _first_pull(spec: TableSpec, keys: np.ndarray) -> dict[str, float]:
+    """A fresh table's first pull of ``keys``: times, the bytes it faulted in, the same pull
+    once resident."""
+    tables = [Table(spec)]
+    before = _resident_bytes()
+    wall, cpu = _timed(lambda: tables[0].pull(keys))
+    touched = _resident_bytes() - before
+    prefaulted = int(tables[0].stats()["prefaulted_bytes"])  # arena pages: values + state
+    resident = _seconds(lambda: tables[0].pull(keys))
+    tables.clear()
+    gc.collect()
+    return {"s": wall, "cpu_s": cpu, "touched": touched, "prefaulted": prefaulted,
+            "resident_s": resident}  # fmt: skip
+
+
+def first_touch(
+    rows: int, dim: int, ids: int, threads: int, optimizer: str
+) -> dict[str, float | str]:
+    """One fresh table: its first pull, the same pull resident, and the zeroing baselines.
+
+    Fair to both sides: the process first takes as much memory as the table will
+    touch and gives it back, so neither side pays for the machine handing memory
+    over (on a VM the first user of freed page cache pays for reclaim, and a
+    baseline run after the table would reuse the pages the table gave back); the
+    baseline zeroes the bytes the first pull was measured to fault in; and the
+    same table with a zeros initializer separates creating rows (a normal
+    initializer's Box-Muller per element) from faulting pages in.
+    """
     _native.set_num_threads(threads)
     torch.set_num_threads(threads)
     keys = np.random.default_rng(rows).integers(0, rows, ids)
-    touched_pages = len(np.unique(keys * dim * 2 // PAGE))
-    touched = touched_pages * PAGE
-    spec = TableSpec(name="big", num_embeddings=rows, embedding_dim=dim, dtype="float16")
-    created = time.perf_counter()
-    tables = [Table(spec)]
-    create_s = time.perf_counter() - created
-    first_s = _seconds(lambda: tables[0].pull(keys))
-    resident_s = _seconds(lambda: tables[0].pull(keys))
-    tables.clear()  # the arena goes before the baselines map as much memory again
+    spec = TableSpec(
+        name="big", num_embeddings=rows, embedding_dim=dim, dtype="float16",
+        optimizer={"kind": optimizer},
+    )  # fmt: skip
+    warm = torch.empty(rows * spec.row_bytes * (2 if optimizer != "sgd" else 1), dtype=torch.uint8)
+    warm.zero_()
+    del warm
     gc.collect()
-    fresh = torch.empty(touched, dtype=torch.uint8)  # mapped, not yet faulted in
-    fresh_zero_s = _seconds(fresh.zero_)
+    created = time.perf_counter()
+    Table(spec)
+    create_s = time.perf_counter() - created
+    first = _first_pull(spec, keys)
+    zeros = _first_pull(spec.model_copy(update={"initializer": Initializer(kind="zeros")}), keys)
+    fresh = torch.empty(first["touched"], dtype=torch.uint8)  # mapped, not yet faulted in
+    fresh_zero_s, fresh_zero_cpu = _timed(fresh.zero_)
     resident_zero_s = _seconds(fresh.zero_)
     del fresh
     gc.collect()
     return {
-        "rows": rows, "dim": dim, "ids": ids, "threads": threads,
-        "arena_bytes": rows * dim * 2, "touched_bytes": touched,
-        "create_s": create_s, "first_pull_s": first_s, "resident_pull_s": resident_s,
-        "zero_fresh_s": fresh_zero_s, "zero_resident_s": resident_zero_s,
-        "first_vs_zero_fresh": first_s / fresh_zero_s,
+        "rows": rows, "dim": dim, "ids": ids, "threads": threads, "optimizer": optimizer,
+        "arena_bytes": rows * spec.row_bytes, "touched_bytes": first["touched"],
+        "prefaulted_bytes": first["prefaulted"], "create_s": create_s,
+        "first_pull_s": first["s"], "first_pull_cpu_s": first["cpu_s"],
+        "first_pull_zeros_init_s": zeros["s"], "first_pull_zeros_init_cpu_s": zeros["cpu_s"],
+        "resident_pull_s": first["resident_s"],
+        "zero_fresh_s": fresh_zero_s, "zero_fresh_cpu_s": fresh_zero_cpu,
+        "zero_resident_s": resident_zero_s,
+        "first_vs_zero_fresh": first["s"] / fresh_zero_s,
+        "first_vs_zero_fresh_cpu": first["cpu_s"] / fresh_zero_cpu,
     }  # fmt: skip
 
 
@@ -100,24 +155,28 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--ids", type=int, default=1_000_000)
     parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--optimizer", default="sgd", help="sgd: no state; adagrad: 1x state")
     parser.add_argument("--sdk-rows", type=int, default=2_000_000)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/first_touch_bench.json")
     args = parser.parse_args()
     touches = [
-        first_touch(int(rows), args.dim, args.ids, int(threads))
+        first_touch(int(rows), args.dim, args.ids, int(threads), args.optimizer)
         for rows in args.rows.split(",")
         for threads in args.threads.split(",")
     ]
     print(
-        f"{'rows':>11}{'thr':>4}{'touched GB':>11}{'first s':>9}{'resident s':>11}"
-        f"{'zero fresh s':>13}{'zero resident s':>16}{'first/zero':>11}"
+        f"{'rows':>11}{'thr':>4}{'opt':>8}{'touched GB':>11}{'first s':>9}{'(cpu)':>7}"
+        f"{'zeros-init s':>13}{'(cpu)':>7}{'resident s':>11}{'zero fresh s':>13}{'(cpu)':>7}"
+        f"{'first/zero':>11}{'(cpu)':>7}"
     )
     for t in touches:
         print(
-            f"{t['rows']:>11}{t['threads']:>4}{t['touched_bytes'] / 1e9:>11.2f}"
-            f"{t['first_pull_s']:>9.3f}{t['resident_pull_s']:>11.3f}{t['zero_fresh_s']:>13.3f}"
-            f"{t['zero_resident_s']:>16.3f}{t['first_vs_zero_fresh']:>10.2f}x"
+            f"{t['rows']:>11}{t['threads']:>4}{t['optimizer']:>8}{t['touched_bytes'] / 1e9:>11.2f}"
+            f"{t['first_pull_s']:>9.3f}{t['first_pull_cpu_s']:>7.2f}"
+            f"{t['first_pull_zeros_init_s']:>13.3f}{t['first_pull_zeros_init_cpu_s']:>7.2f}"
+            f"{t['resident_pull_s']:>11.3f}{t['zero_fresh_s']:>13.3f}{t['zero_fresh_cpu_s']:>7.2f}"
+            f"{t['first_vs_zero_fresh']:>10.2f}x{t['first_vs_zero_fresh_cpu']:>6.2f}x"
         )
     _native.set_num_threads(0)
     torch.set_num_threads(max(int(t) for t in args.threads.split(",")))

@@ -18,6 +18,7 @@ from recstore.client.backends.base import PullRequest
 from recstore.client.backends.local import LocalBackend
 from recstore.client.initial_data import RowSource
 from recstore.client.tensors import check_id_range, coalesce, unique_keys
+from recstore.core.cache_figures import ClientCache
 
 if TYPE_CHECKING:
     from recstore.client.client import RecStoreClient
@@ -81,6 +82,10 @@ class ModuleTables:
         ``skip`` answer only for their keys (``Backend.pull_versioned``)."""
         self._check_keys([(name, keys, True)])
         return self._client._backend().pull_versioned(name, keys, skip=skip)
+
+    def report_caches(self, name: str, caches: list[ClientCache]) -> None:
+        """This process's host caches of ``name``, to the table's nodes (``CacheReport``)."""
+        self._client._backend().report_caches(name, caches)
 
     def lookahead_many(self, requests: list[PullRequest]) -> None:
         """Name the next ``pull_many`` (``EmbeddingBagCollection.prefetch``)."""

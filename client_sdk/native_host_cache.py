@@ -55,8 +55,12 @@ class NativeHostCache:
         return self.capacity_rows * self._row_cost
 
     @property
+    def resident_rows(self) -> int:
+        return int(self._native.held())
+
+    @property
     def bytes_used(self) -> int:
-        return int(self._native.held()) * self._row_cost
+        return self.resident_rows * self._row_cost
 
     @property
     def stats(self) -> CacheStats:

@@ -80,6 +80,42 @@ inline constexpr uint32_t kTableStats_version = 13;  // uint64
 inline constexpr int kTableStats_version_wire = 0;
 inline constexpr uint32_t kTableStats_migration = 14;  // message
 inline constexpr int kTableStats_migration_wire = 2;
+inline constexpr uint32_t kTableStats_client_caches = 15;  // message
+inline constexpr int kTableStats_client_caches_wire = 2;
+
+// CacheCounters
+inline constexpr uint32_t kCacheCounters_hits = 1;  // uint64
+inline constexpr int kCacheCounters_hits_wire = 0;
+inline constexpr uint32_t kCacheCounters_misses = 2;  // uint64
+inline constexpr int kCacheCounters_misses_wire = 0;
+inline constexpr uint32_t kCacheCounters_evictions = 3;  // uint64
+inline constexpr int kCacheCounters_evictions_wire = 0;
+inline constexpr uint32_t kCacheCounters_resident_rows = 4;  // uint64
+inline constexpr int kCacheCounters_resident_rows_wire = 0;
+inline constexpr uint32_t kCacheCounters_resident_bytes = 5;  // uint64
+inline constexpr int kCacheCounters_resident_bytes_wire = 0;
+inline constexpr uint32_t kCacheCounters_capacity_bytes = 6;  // uint64
+inline constexpr int kCacheCounters_capacity_bytes_wire = 0;
+
+// CacheClientStats
+inline constexpr uint32_t kCacheClientStats_client = 1;  // string
+inline constexpr int kCacheClientStats_client_wire = 2;
+inline constexpr uint32_t kCacheClientStats_layer = 2;  // string
+inline constexpr int kCacheClientStats_layer_wire = 2;
+inline constexpr uint32_t kCacheClientStats_policy = 3;  // string
+inline constexpr int kCacheClientStats_policy_wire = 2;
+inline constexpr uint32_t kCacheClientStats_counters = 4;  // message
+inline constexpr int kCacheClientStats_counters_wire = 2;
+inline constexpr uint32_t kCacheClientStats_reported_unix = 5;  // double
+inline constexpr int kCacheClientStats_reported_unix_wire = 1;
+
+// CacheReportRequest
+inline constexpr uint32_t kCacheReportRequest_table = 1;  // string
+inline constexpr int kCacheReportRequest_table_wire = 2;
+inline constexpr uint32_t kCacheReportRequest_caches = 2;  // message
+inline constexpr int kCacheReportRequest_caches_wire = 2;
+
+// CacheReportResponse
 
 // MigrationState
 inline constexpr uint32_t kMigrationState_outgoing = 1;  // message

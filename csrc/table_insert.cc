@@ -4,6 +4,7 @@
 #include <string>
 
 #include "parallel.h"
+#include "row_init.h"
 #include "table.h"
 
 namespace recstore {
@@ -11,7 +12,10 @@ namespace recstore {
 void Table::init_row(int64_t row, int64_t key, bool values) {
   if (values) {
     char* w = row_values(row);
-    for (int64_t j = 0; j < opt_.dim; ++j) store_elem(w, opt_.dtype, j, init_value(opt_.init, key, j));
+    const int dtype = opt_.dtype;
+    init_row_values(opt_.init, key, opt_.dim, [w, dtype](int64_t j, float v) {
+      store_elem(w, dtype, j, v);
+    });
   }
   if (state_w_ > 0) {
     float* s = row_state(row);
@@ -181,8 +185,24 @@ void Table::resolve_for_write(int64_t n, const int64_t* keys, int64_t* rows, boo
   inserts_ += static_cast<int64_t>(fresh.size());
   expirations_ += static_cast<int64_t>(stale.size());
   prefault_rows(fresh);
+  // A new row's lines are cold (its page was just zeroed by the kernel): each
+  // thread asks for the next row's lines while it computes this one, so its
+  // writes do not wait on memory.
+  const int64_t state_bytes = state_w_ * static_cast<int64_t>(sizeof(float));
+  auto prefetch = [](const char* p, int64_t bytes) {
+    for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(p + at, 1, 3);
+    __builtin_prefetch(p + bytes - 1, 1, 3);  // a row that starts mid-line ends in one more
+  };
+  auto prefetch_row = [&](int64_t row) {
+    prefetch(row_values(row), row_bytes_);
+    if (state_bytes > 0) prefetch(reinterpret_cast<const char*>(row_state(row)), state_bytes);
+  };
   parallel_for(static_cast<int64_t>(fresh.size()), 256, [&](int64_t b, int64_t e) {
-    for (int64_t k = b; k < e; ++k) init_row(fresh[k].first, fresh[k].second, initialise);
+    if (b < e) prefetch_row(fresh[b].first);
+    for (int64_t k = b; k < e; ++k) {
+      if (k + 1 < e) prefetch_row(fresh[k + 1].first);
+      init_row(fresh[k].first, fresh[k].second, initialise);
+    }
   });
   if (tracks_rows()) touch(n, rows, t);
 }

@@ -7,7 +7,8 @@ and server reflection stay open; everything else needs
 A node may also have a read-only token (``--read-only-token-file``), for the
 nodes that serve a trained model: its holders may read (``READ_ONLY_METHODS``:
 Pull, MultiPull without carried updates, ExportRows, ListTables,
-GetTableStats, ListCheckpoints) and get PERMISSION_DENIED, with nothing
+GetTableStats, ListCheckpoints, and CacheReport: a serving process's host
+cache reports its counters, which changes no table) and get PERMISSION_DENIED, with nothing
 changed, for every other RPC (Push, Update, MultiUpdate, ImportRows,
 CreateTable, DropTable, Save, Load).
 
@@ -34,8 +35,9 @@ OPEN_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 SERVICE_PREFIX = "/recstore.v1.ParameterServer/"
 #: what a read-only token may call (MultiPull only when it carries no updates)
 READ_ONLY_METHODS = frozenset(
-    {"Pull", "MultiPull", "ExportRows", "ListTables", "GetTableStats", "ListCheckpoints"}
-)
+    {"Pull", "MultiPull", "ExportRows", "ListTables", "GetTableStats", "ListCheckpoints",
+     "CacheReport"}
+)  # fmt: skip
 READ_ONLY_REFUSAL = "a read-only token may not call {method}: it reads, never writes"
 
 #: the compiled engine (no type stubs): parses a MultiPull to see its carried updates

@@ -1,5 +1,5 @@
 """Prometheus metrics of a node: requests, rows, latency, table sizes, memory, log faults,
-non-finite input.
+non-finite input, and the caches in front of its tables.
 
 Each node owns a registry (several in-process nodes in one test must not share
 counters); table sizes are read from the engine and the write-ahead log's
@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from recstore.core.cache_figures import ClientCache
     from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
     from recstore.ps.node import HostedTable, Refusal
     from recstore.ps.write_gate import WriteGate
@@ -32,6 +33,20 @@ CACHE_METRICS = {
     "cache_hit_rate": (False, "Share of looked-up keys the GPU cache held"),
 }
 
+#: The host caches clients report (CacheReport) as metric families, labelled by table,
+#: client and layer: whether a counter, and the help text. Every node of a table
+#: holds the same reports, so sum over clients of one node, never over nodes.
+CLIENT_CACHE_METRICS = {
+    "hits": (True, "Looked-up keys a client's host cache held"),
+    "misses": (True, "Looked-up keys a client's host cache pulled from the table"),
+    "evictions": (True, "Rows a client's host cache replaced by other keys"),
+    "resident_rows": (False, "Rows a client's host cache holds"),
+    "resident_bytes": (False, "Bytes of the rows a client's host cache holds"),
+    "capacity_bytes": (False, "Bytes a client's host cache allocated"),
+    "hit_rate": (False, "Share of looked-up keys a client's host cache held"),
+    "reported_timestamp_seconds": (False, "Unix time of the client's last cache report"),
+}
+
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 
 
@@ -40,9 +55,11 @@ class _TableCollector(Collector):
         self,
         tables: Callable[[], dict[str, HostedTable]],
         refused: Callable[[], dict[str, Refusal]],
+        client_caches: Callable[[str], list[ClientCache]] = lambda _: [],
     ) -> None:
         self._tables = tables
         self._refused = refused
+        self._client_caches = client_caches
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         rows = GaugeMetricFamily("recstore_ps_table_rows", "Rows held", labels=["table"])
@@ -63,6 +80,14 @@ class _TableCollector(Collector):
             )
             for key, (counter, text) in CACHE_METRICS.items()
         }
+        clients = {
+            key: (CounterMetricFamily if counter else GaugeMetricFamily)(
+                f"recstore_ps_table_client_cache_{key}",
+                text,
+                labels=["table", "client", "layer", "policy"],
+            )
+            for key, (counter, text) in CLIENT_CACHE_METRICS.items()
+        }
         for name, hosted in sorted(self._tables().items()):
             stats = hosted.table.stats()
             rows.add_metric([name], hosted.table.size)
@@ -72,6 +97,13 @@ class _TableCollector(Collector):
             for key, family in cache.items():
                 if key in stats:
                     family.add_metric([name], stats[key])
+            for reported in self._client_caches(name):
+                values = {**reported.figures.as_dict(),
+                          "reported_timestamp_seconds": reported.reported_unix}  # fmt: skip
+                for key, family in clients.items():
+                    family.add_metric(
+                        [name, reported.client, reported.layer, reported.policy], values[key]
+                    )
         unrecoverable = GaugeMetricFamily(
             "recstore_ps_table_unrecoverable",
             "1 for a table the node refuses to serve: nothing valid restored it",
@@ -80,6 +112,7 @@ class _TableCollector(Collector):
         for name in sorted(self._refused()):
             unrecoverable.add_metric([name], 1)
         yield from (rows, capacity, memory, skipped, unrecoverable, *cache.values())
+        yield from clients.values()
 
 
 class _WriteGateCollector(Collector):
@@ -118,6 +151,7 @@ class Metrics:
         tables: Callable[[], dict[str, HostedTable]] | None = None,
         gate: WriteGate | None = None,
         refused: Callable[[], dict[str, Refusal]] = dict,
+        client_caches: Callable[[str], list[ClientCache]] = lambda _: [],
     ) -> None:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)  # resident memory, CPU seconds, open fds
@@ -163,7 +197,7 @@ class Metrics:
             registry=self.registry,
         )
         if tables is not None:
-            self.registry.register(_TableCollector(tables, refused))
+            self.registry.register(_TableCollector(tables, refused, client_caches))
         if gate is not None:
             self.registry.register(_WriteGateCollector(gate))
         # Children by label values: ``labels()`` costs a lock and a few dict lookups

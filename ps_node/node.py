@@ -44,6 +44,7 @@ from recstore.core.proto_convert import TableCondition
 from recstore.core.request_id import Named
 from recstore.core.wire import Buffer
 from recstore.ps import catalogue, codec
+from recstore.ps.cache_reports import CacheReports
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.changes import ChangeTracker
 from recstore.ps.dedup import DedupWindow, Entry, capacity_from_env
@@ -244,6 +245,8 @@ class Node:
         self.registry_lock = threading.RLock()
         #: slots moving out (tracked, sealable) and in (importing) per table
         self.migrations = Migrations()
+        #: the host caches trainers hold in front of each table (CacheReport)
+        self.cache_reports = CacheReports()
 
     # -- tables ---------------------------------------------------------------
     def wal_dir(self, entry: CatalogueEntry) -> Path:
@@ -279,6 +282,7 @@ class Node:
     def unhost(self, name: str) -> None:
         hosted = self.tables.pop(name)
         self.conditions.pop(name, None)
+        self.cache_reports.forget(name)
         if hosted.wal is not None:
             hosted.wal.close()
         self.store.drop(name)

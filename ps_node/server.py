@@ -111,6 +111,7 @@ class PsServer:
             lambda: dict(self.node.tables),
             self.node.write_gate,
             lambda: dict(self.node.refused),
+            self.node.cache_reports.of,
         )
         self.executor = ThreadPoolExecutor(max_workers=2 * (os.cpu_count() or 2) + 2)
         self.offload = Offload(self.executor)

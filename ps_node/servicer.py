@@ -23,6 +23,7 @@ import grpc
 
 from recstore.core import DType, InvalidArgument, NonFiniteValues, RecStoreError, request_id, wire
 from recstore.core import migration_wire as wire_migration
+from recstore.core.cache_figures import client_cache_from_proto
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.core.proto_convert import (
     TableStats,
@@ -117,6 +118,7 @@ def stats_of(node: Node, hosted: HostedTable) -> ps_pb2.TableStats:
         engine=table.stats(),
         conditions=node.conditions.get(entry.spec.name, ()),
         version=hosted.version,
+        client_caches=node.cache_reports.of(entry.spec.name),
     )
     message = table_stats_to_proto(stats)
     migration_state(node, entry.spec.name, message.migration)
@@ -251,6 +253,13 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
     @rpc
     async def GetTableStats(self, request, context):
         return stats_of(self.node, self.node.get(request.table))
+
+    @rpc
+    async def CacheReport(self, request, context):
+        self.node.get(request.table)  # NOT_FOUND for a table this node does not host
+        caches = [client_cache_from_proto(c) for c in request.caches]
+        self.node.cache_reports.report(request.table, caches)
+        return ps_pb2.CacheReportResponse()
 
     # The data path: raw request bytes in, raw reply bytes out (recstore.core.wire);
     # payloads are views of the request and the pulled rows are written straight

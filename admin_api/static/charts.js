@@ -1,6 +1,6 @@
-// Live per-shard charts for a table page: polls the page's metrics.json, keeps a short
-// history in memory and draws one SVG polyline per shard. No libraries, nothing fetched
-// from elsewhere.
+// Live per-shard charts and cache tables for a table page: polls the page's metrics.json,
+// keeps a short history in memory, draws one SVG polyline per shard and fills the cache
+// tables. No libraries, nothing fetched from elsewhere.
 (function () {
   "use strict";
   var root = document.getElementById("charts");
@@ -90,6 +90,49 @@
     return v.toFixed(v < 10 ? 2 : 0);
   }
 
+  // The caches' tables: one row per shard (GPU cache) or client cache, then the total.
+  function cacheCells(f) {
+    return [f.hits, f.misses, f.evictions, f.hit_rate.toFixed(4), f.resident_rows,
+      format(f.resident_bytes) + "B"];
+  }
+
+  function fillRows(table, rows) {
+    var body = table.querySelector("tbody");
+    while (body.firstChild) { body.removeChild(body.firstChild); }
+    rows.forEach(function (cells) {
+      var tr = document.createElement("tr");
+      cells.forEach(function (text) {
+        var td = document.createElement("td");
+        td.textContent = String(text);
+        tr.appendChild(td);
+      });
+      body.appendChild(tr);
+    });
+    table.hidden = rows.length === 0;
+  }
+
+  function showCaches(cache) {
+    var engine = document.getElementById("engine-cache");
+    var clients = document.getElementById("client-caches");
+    if (!cache || !engine || !clients) { return; }
+    var engineRows = [];
+    cache.shards.forEach(function (s) {
+      if (s.engine) { engineRows.push(["shard " + s.index].concat(cacheCells(s.engine))); }
+    });
+    if (cache.engine_total) { engineRows.push(["total"].concat(cacheCells(cache.engine_total))); }
+    fillRows(engine, engineRows);
+    var clientRows = cache.clients.map(function (c) {
+      return [c.client + " / " + c.layer, c.policy].concat(cacheCells(c),
+        [new Date(c.reported_unix * 1000).toLocaleTimeString()]);
+    });
+    if (cache.clients_total) {
+      clientRows.push(["total", ""].concat(cacheCells(cache.clients_total), [""]));
+    }
+    fillRows(clients, clientRows);
+    document.getElementById("cache-status").textContent = engineRows.length || clientRows.length ?
+      "" : "No cache in front of this table has reported.";
+  }
+
   function poll() {
     fetch(url, { credentials: "same-origin", headers: { "Accept": "application/json" } })
       .then(function (r) { if (!r.ok) { throw new Error("HTTP " + r.status); } return r.json(); })
@@ -100,6 +143,7 @@
           if (s.error) { failures.push("shard " + s.index + ": " + s.error); }
         });
         root.querySelectorAll("svg[data-series]").forEach(draw);
+        showCaches(body.cache);
         statusLine.textContent = body.shards.length === 0 ? "No nodes registered yet." :
           (failures.length ? "Metrics unavailable for " + failures.join("; ") : "Updated " +
             new Date(body.at * 1000).toLocaleTimeString());

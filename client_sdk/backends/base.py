@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from recstore.core import TableSpec
+from recstore.core.cache_figures import ClientCache
 
 #: (table, keys, unique) of one table in ``pull_many``
 PullRequest = tuple[str, torch.Tensor, bool]
@@ -130,6 +131,11 @@ class Backend(Protocol):
         ``recstore.core.routing.slot_mask``); only the rows of those set. ``keys``:
         only the rows of these keys (those resident).
         """
+        ...
+
+    def report_caches(self, name: str, caches: Sequence[ClientCache]) -> None:
+        """Tell the table's nodes what this process's host caches of it counted (remote);
+        an in-process table has no node view to tell (local: nothing is sent)."""
         ...
 
     def optimizer_step(self, name: str) -> int:

@@ -31,6 +31,7 @@ from recstore.core import (
     TableNotFound,
 )
 from recstore.core import TableSpec as TableSpec
+from recstore.core.cache_figures import ClientCache
 from recstore.core.limits import ROW_CHUNK_BYTES
 
 if TYPE_CHECKING:
@@ -251,6 +252,10 @@ class LocalBackend:
         wanted = None if keys is None else keys.numpy()
         chunks = table.export_chunks(rows, slots=slots, keys=wanted)
         return _row_chunks(name, chunks, table.dtype, with_state)
+
+    def report_caches(self, name: str, caches: Sequence[ClientCache]) -> None:
+        """Nothing to tell: an in-process table has no node whose view shows caches."""
+        self.table(name)  # an unknown table is still an error
 
     def optimizer_step(self, name: str) -> int:
         return self.table(name).optimizer_state()["step"]

@@ -52,6 +52,7 @@ class CacheReport:
     rejected: int
     invalidations: int
     hit_rate: float
+    resident_rows: int  # rows the cache holds
     bytes_used: int  # rows held x bytes each (rows, keys, stamps, sketch share)
     capacity_bytes: int  # what the cache allocated, within host_cache_size
     capacity_rows: int
@@ -139,6 +140,6 @@ class CachedTable:
             table=self.name, layer=self.layer, policy=cache.policy, hits=stats.hits,
             misses=stats.misses, evictions=stats.evictions, insertions=stats.insertions,
             rejected=stats.rejected, invalidations=stats.invalidations, hit_rate=stats.hit_rate,
-            bytes_used=cache.bytes_used, capacity_bytes=cache.capacity_bytes_used,
-            capacity_rows=cache.capacity_rows,
+            resident_rows=cache.resident_rows, bytes_used=cache.bytes_used,
+            capacity_bytes=cache.capacity_bytes_used, capacity_rows=cache.capacity_rows,
         )  # fmt: skip

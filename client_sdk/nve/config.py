@@ -16,6 +16,9 @@ import torch
 from recstore.client.host_cache import POLICIES
 from recstore.client.nve.freshness import check_interval
 
+#: seconds between two reports of a layer's host cache to its table's nodes
+DEFAULT_REPORT_INTERVAL_S = 10
+
 
 class LayerType(Enum):
     """Where a layer's rows live (the reference's ``nve_layers.LayerType``)."""
@@ -41,6 +44,8 @@ CONFIG_KEYS = {
     "cache_policy": f"host cache eviction: one of {POLICIES}",
     "version_check_interval": "inference: seconds a node's confirmed table version spares it "
     "a round trip when all its keys hit (0: every lookup asks every node; recstore.nve.freshness)",
+    "cache_report_interval": "seconds between reports of the host cache's counters to the "
+    f"table's nodes (default {DEFAULT_REPORT_INTERVAL_S}; 0: only on report_cache_stats())",
     **{key: "GPU kernel tuning of the reference: accepted, no effect here" for key in KERNEL_KEYS},
 }
 
@@ -53,6 +58,7 @@ class LayerConfig:
     max_staleness_steps: int | None = None
     cache_policy: str = "lfu"
     version_check_interval: float = 0.0
+    cache_report_interval: int = DEFAULT_REPORT_INTERVAL_S
     kernel: tuple[int, int, int] = (0, 0, 0)
 
 
@@ -85,6 +91,9 @@ def parse_config(config: Mapping[str, Any] | None) -> LayerConfig:
         else _non_negative_int("max_staleness_steps", staleness),
         cache_policy=policy,
         version_check_interval=interval,
+        cache_report_interval=_non_negative_int(
+            "cache_report_interval", config.get("cache_report_interval", DEFAULT_REPORT_INTERVAL_S)
+        ),
         kernel=tuple(_non_negative_int(k, config.get(k, 0)) for k in KERNEL_KEYS),  # type: ignore[arg-type]
     )
 

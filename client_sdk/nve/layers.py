@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 import recstore.client.ops as _ops  # registers torch.ops.recstore.*
 from recstore.client.lookup import read_rows
+from recstore.client.nve.cache_report import CacheReporter
 from recstore.client.nve.cached import CachedTable, CacheReport, log
 from recstore.client.nve.config import LayerConfig, LayerType, parse_config, resolve_device
 from recstore.client.nve.metrics import track
@@ -138,6 +139,7 @@ class _NVELayer(torch.nn.Module):
                 max_modify_size=settings.max_modify_size,
                 version_check_interval=settings.version_check_interval,
             )  # fmt: skip
+            self._reporter = CacheReporter(self._cached, settings.cache_report_interval)
             track(self)
 
     # -- lookups --------------------------------------------------------------------
@@ -169,6 +171,8 @@ class _NVELayer(torch.nn.Module):
                 self._cached.step += 1
             rows = _TableLookup.apply(self._anchor, self, flat)
         self._lookups += 1
+        if self._cached is not None:
+            self._reporter.maybe_send()
         interval = self.settings.logging_interval
         if interval and self._lookups % interval == 0:
             log.info("%s", self.log_line())
@@ -186,6 +190,13 @@ class _NVELayer(torch.nn.Module):
             return {"table": table, "layer": self.name, "enabled": False, "lookups": self._lookups}
         report: CacheReport = self._cached.report()
         return {**report.as_dict(), "enabled": True, "lookups": self._lookups}
+
+    def report_cache_stats(self) -> None:
+        """Send this layer's cache counters to the table's nodes now (their table view
+        shows them; a layer also reports every ``cache_report_interval`` seconds)."""
+        if self._cached is None:
+            raise RuntimeError(f"layer {self.name} has no host cache to report")
+        self._reporter.send()
 
     def log_line(self) -> str:
         """The ``logging_interval`` line: lookups and the cache's counters."""

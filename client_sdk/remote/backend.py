@@ -46,7 +46,14 @@ from recstore.client.remote.updates import (
 from recstore.client.specs import same_layout
 from recstore.client.tensors import keys_to_numpy, rows_from_numpy, rows_to_numpy
 from recstore.core import DType, SlotMap, TableSpec, wire
-from recstore.core.control import Rpc, create_table_rpc, drop_table_rpc, stats_rpc
+from recstore.core.cache_figures import ClientCache
+from recstore.core.control import (
+    Rpc,
+    cache_report_rpc,
+    create_table_rpc,
+    drop_table_rpc,
+    stats_rpc,
+)
 from recstore.core.proto_convert import bearer_metadata
 from recstore.core.request_id import RequestIds
 from recstore.core.tls import ClientTls
@@ -359,6 +366,11 @@ class GrpcBackend:
         if keys is not None:
             return rows.export_keys(table, self._node, with_state, mask, keys_to_numpy(keys))
         return rows.export_table(table, self._node, with_state, mask)
+
+    def report_caches(self, name: str, caches: Sequence[ClientCache]) -> None:
+        """CacheReport to every node of the table (each node's view then shows them)."""
+        table = self._locate(name)
+        self._each_endpoint(table.endpoints, cache_report_rpc(name, caches), name)
 
     def optimizer_step(self, name: str) -> int:
         self._step.settle([name])

@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from recstore.core import InvalidArgument, SlotMap, SlotRange, TableSpec
+from recstore.core.cache_figures import CacheFigures, ClientCache
 from recstore.core.proto_convert import (
     SavedCheckpoint,
     TableStats,
@@ -189,6 +190,9 @@ STATS = {
         num_shards=4,
         slot_map=SlotMap.initial(4),
         engine={"evictions": 3.0, "load_factor": 0.25},
+        client_caches=(
+            ClientCache("host:7:train", "nve_0", "lru", CacheFigures(1, 2, 3, 4, 5, 6), 12.5),
+        ),
     ),
     "no spec, no slot map": TableStats(
         table="t",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -80,3 +81,19 @@ def test_concurrent_first_pulls_read_the_initialised_rows(dtype: str) -> None:
     for i in range(workers):
         np.testing.assert_array_equal(got[i], expected[i])
     assert 0 < table.stats()["prefaulted_bytes"] <= rows * 64 * (4 if dtype == "float32" else 2)
+
+
+@pytest.mark.parametrize("kind", ["normal", "uniform"])
+def test_rows_a_first_pull_creates_are_the_initializers_to_the_bit(
+    kind: str, oracle: ModuleType
+) -> None:
+    """A first pull creates whole rows at once (each Box-Muller pair computed once): every
+    element is still the oracle's, odd widths included."""
+    spec = TableSpec(
+        name="t", num_embeddings=4_000_000, embedding_dim=33,
+        initializer={"kind": kind, "seed": 11, "mean": 0.25, "std": 1.5, "low": -2, "high": 3},
+    )  # fmt: skip
+    keys = np.random.default_rng(5).choice(4_000_000, 2000, replace=False)
+    got = Table(spec).pull(keys)
+    want = np.stack([oracle.initial_row(spec, int(k)) for k in keys])
+    np.testing.assert_array_equal(got, want)

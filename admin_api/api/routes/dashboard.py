@@ -23,9 +23,9 @@ from recstore.admin.api.dashboard_auth import (
     check_same_origin,
 )
 from recstore.admin.api.deps import ContextDep, Principal, SessionDep, principal_for
+from recstore.admin.cache_view import cache_view, scrape_table
 from recstore.admin.crud.dashboard_sessions import SESSION_LIFETIME, end_session, start_session
 from recstore.admin.errors import ProvisioningError
-from recstore.admin.metrics_scrape import scrape_nodes
 from recstore.admin.security import Role, hash_token
 from recstore.core import TableSpec
 from recstore.core.errors import RecStoreError
@@ -195,37 +195,16 @@ def trigger_checkpoint(
 
 @router.get("/tables/{name}/metrics.json")
 async def table_metrics(name: str, context: ContextDep, principal: UiPrincipal) -> JSONResponse:
-    """One sample per shard: heartbeat sizes plus the node's scraped counters."""
-
-    def load() -> list[dict[str, Any]]:
-        with context.sessions() as session:
-            table = crud.get_table(session, name=name)
-            return [
-                {
-                    "index": n.shard_index,
-                    "endpoint": n.endpoint,
-                    "ready": n.ready,
-                    "rows": n.rows,
-                    "memory_bytes": n.memory_bytes,
-                    # Only the provisioner's nodes are fetched (the fetch runs for a viewer).
-                    "metrics_endpoint": n.metrics_endpoint if n.provisioned else None,
-                }
-                for n in table.nodes
-            ]
-
-    shards = await run_in_threadpool(load)
-    samples = await scrape_nodes(
-        [s.pop("metrics_endpoint") for s in shards],
-        name,
-        timeout=context.settings.metrics_scrape_timeout,
-    )
+    """One sample per shard: heartbeat sizes plus the node's scraped counters; the caches."""
+    shards, samples = await scrape_table(context, name)
+    cache = cache_view(shards, samples)
     for shard, sample in zip(shards, samples, strict=True):
         scraped = sample.to_dict()
         for key in ("rows", "memory_bytes"):  # prefer the live value over the last heartbeat
             if scraped[key] is None:
                 scraped.pop(key)
         shard.update(scraped)
-    return JSONResponse({"at": time.time(), "shards": shards})
+    return JSONResponse({"at": time.time(), "shards": shards, "cache": cache})
 
 
 @router.get("/checkpoints")

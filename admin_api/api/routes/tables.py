@@ -8,6 +8,7 @@ from fastapi import APIRouter, Header, Query, Response, status
 
 from recstore.admin import crud, views
 from recstore.admin.api.deps import (
+    ContextDep,
     EditorDep,
     ProvisionerDep,
     ProvisionerRoleDep,
@@ -15,7 +16,15 @@ from recstore.admin.api.deps import (
     ViewerDep,
     parse_version,
 )
-from recstore.admin.schemas import Discovery, Page, TablePatch, TablePublic, TableStatus
+from recstore.admin.cache_view import cache_view, scrape_table
+from recstore.admin.schemas import (
+    Discovery,
+    Page,
+    TableCachePublic,
+    TablePatch,
+    TablePublic,
+    TableStatus,
+)
 from recstore.core import TableSpec
 
 router = APIRouter(
@@ -73,6 +82,14 @@ def list_tables(
 @router.get("/{name}", response_model=TablePublic)
 def get_table(name: str, response: Response, session: SessionDep, _: ViewerDep) -> TablePublic:
     return _etag(response, views.table_public(crud.get_table(session, name=name)))
+
+
+@router.get("/{name}/cache", response_model=TableCachePublic)
+async def table_cache(name: str, context: ContextDep, _: ViewerDep) -> TableCachePublic:
+    """The table's caches read live from its nodes: the engine's GPU cache per shard and
+    in total, and the host caches clients reported (each once, newest report)."""
+    shards, samples = await scrape_table(context, name)
+    return TableCachePublic.model_validate(cache_view(shards, samples))
 
 
 @router.patch("/{name}", response_model=TablePublic)

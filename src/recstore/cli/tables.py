@@ -102,6 +102,37 @@ def get(
             f"{condition['type']}={condition['status']} ({condition.get('reason', '')}): "
             f"{condition.get('message', '')}"
         )
+    _print_caches(client.get(f"/tables/{name}/cache"))
+
+
+CACHE_COLUMNS = ("HITS", "MISSES", "EVICTIONS", "HIT RATE", "ROWS", "BYTES")
+
+
+def _cache_cells(figures: dict[str, Any]) -> list[str]:
+    return [
+        str(figures["hits"]), str(figures["misses"]), str(figures["evictions"]),
+        f"{figures['hit_rate']:.4f}", str(figures["resident_rows"]), str(figures["resident_bytes"]),
+    ]  # fmt: skip
+
+
+def _print_caches(cache: dict[str, Any]) -> None:
+    """The engine's GPU cache per shard and the clients' host caches (``GET .../cache``)."""
+    if cache["engine_total"] is not None:
+        engine = RichTable("GPU CACHE", *CACHE_COLUMNS, box=None, pad_edge=False)
+        for shard in cache["shards"]:
+            if shard["engine"] is not None:
+                engine.add_row(f"shard {shard['index']}", *_cache_cells(shard["engine"]))
+        engine.add_row("total", *_cache_cells(cache["engine_total"]))
+        console.print(engine)
+    if cache["clients"]:
+        clients = RichTable("CLIENT CACHE", "POLICY", *CACHE_COLUMNS, box=None, pad_edge=False)
+        for c in cache["clients"]:
+            clients.add_row(f"{c['client']}/{c['layer']}", c["policy"], *_cache_cells(c))
+        clients.add_row("total", "", *_cache_cells(cache["clients_total"]))
+        console.print(clients)
+    for shard in cache["shards"]:
+        if shard["error"]:
+            console.print(f"shard {shard['index']} cache figures unavailable: {shard['error']}")
 
 
 def delete(

@@ -11,13 +11,14 @@ caller decides in one ``except`` what a failure means to it. The data path
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 import grpc
 
+from recstore.core.cache_figures import ClientCache, client_cache_to_proto
 from recstore.core.errors import RecStoreError
 from recstore.core.proto_convert import (
     SavedCheckpoint,
@@ -78,6 +79,14 @@ def drop_table_rpc(name: str) -> Rpc[None]:
 
 def stats_rpc(name: str) -> Rpc[TableStats]:
     return Rpc("GetTableStats", ps_pb2.GetTableStatsRequest(table=name), table_stats_from_proto)
+
+
+def cache_report_rpc(name: str, caches: Sequence[ClientCache]) -> Rpc[None]:
+    """CacheReport: a client's host caches of table ``name``, their running totals."""
+    request = ps_pb2.CacheReportRequest(
+        table=name, caches=[client_cache_to_proto(c) for c in caches]
+    )
+    return Rpc("CacheReport", request, lambda _: None)
 
 
 def save_rpc(checkpoint_id: str = "") -> Rpc[SavedCheckpoint]:

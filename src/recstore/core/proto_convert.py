@@ -17,6 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from recstore.core.cache_figures import (
+    CacheFigures,
+    ClientCache,
+    client_cache_from_proto,
+    client_cache_to_proto,
+    engine_figures,
+)
 from recstore.core.errors import InvalidArgument
 from recstore.core.routing import SlotMap, SlotRange
 from recstore.core.spec import TableSpec
@@ -122,6 +129,13 @@ class TableStats:
     engine: Mapping[str, float] = field(default_factory=dict)  # the engine's own counters
     conditions: Sequence[TableCondition] = ()  # what the node wants an operator to know
     version: int = 0  # the table's version on this node: moves on every write
+    #: host caches trainers hold in front of the table, as last reported (CacheReport)
+    client_caches: Sequence[ClientCache] = ()
+
+    @property
+    def engine_cache(self) -> CacheFigures | None:
+        """The engine's GPU cache (a gpu_cache table), else None."""
+        return engine_figures(self.engine)
 
 
 #: TableStats fields the message carries as they are (the rest are converted)
@@ -137,6 +151,7 @@ def table_stats_to_proto(stats: TableStats) -> ps_pb2.TableStats:
         spec_json=spec_to_json(stats.spec) if stats.spec is not None else "",
         engine={k: float(v) for k, v in stats.engine.items()},
         conditions=[ps_pb2.TableCondition(**vars(c)) for c in stats.conditions],
+        client_caches=[client_cache_to_proto(c) for c in stats.client_caches],
     )
     if stats.slot_map is not None:
         message.slot_map.CopyFrom(slot_map_to_proto(stats.slot_map))
@@ -152,6 +167,7 @@ def table_stats_from_proto(message: ps_pb2.TableStats) -> TableStats:
         conditions=tuple(
             TableCondition(c.type, c.status, c.reason, c.message) for c in message.conditions
         ),
+        client_caches=tuple(client_cache_from_proto(c) for c in message.client_caches),
     )
 
 

@@ -67,6 +67,33 @@ class TableStats:
     conditions: Final = 12
     version: Final = 13
     migration: Final = 14
+    client_caches: Final = 15
+
+
+class CacheCounters:
+    hits: Final = 1
+    misses: Final = 2
+    evictions: Final = 3
+    resident_rows: Final = 4
+    resident_bytes: Final = 5
+    capacity_bytes: Final = 6
+
+
+class CacheClientStats:
+    client: Final = 1
+    layer: Final = 2
+    policy: Final = 3
+    counters: Final = 4
+    reported_unix: Final = 5
+
+
+class CacheReportRequest:
+    table: Final = 1
+    caches: Final = 2
+
+
+class CacheReportResponse:
+    pass
 
 
 class MigrationState:
@@ -342,7 +369,28 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
         12: ("conditions", "message"),
         13: ("version", "uint64"),
         14: ("migration", "message"),
+        15: ("client_caches", "message"),
     },
+    "CacheCounters": {
+        1: ("hits", "uint64"),
+        2: ("misses", "uint64"),
+        3: ("evictions", "uint64"),
+        4: ("resident_rows", "uint64"),
+        5: ("resident_bytes", "uint64"),
+        6: ("capacity_bytes", "uint64"),
+    },
+    "CacheClientStats": {
+        1: ("client", "string"),
+        2: ("layer", "string"),
+        3: ("policy", "string"),
+        4: ("counters", "message"),
+        5: ("reported_unix", "double"),
+    },
+    "CacheReportRequest": {
+        1: ("table", "string"),
+        2: ("caches", "message"),
+    },
+    "CacheReportResponse": {},
     "MigrationState": {
         1: ("outgoing", "message"),
         2: ("sealed", "bool"),

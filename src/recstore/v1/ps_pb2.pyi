@@ -79,7 +79,7 @@ class GetTableStatsRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ...) -> None: ...
 
 class TableStats(_message.Message):
-    __slots__ = ("table", "size", "capacity", "memory_bytes", "dtype", "dim", "spec_json", "shard_index", "num_shards", "slot_map", "engine", "conditions", "version", "migration")
+    __slots__ = ("table", "size", "capacity", "memory_bytes", "dtype", "dim", "spec_json", "shard_index", "num_shards", "slot_map", "engine", "conditions", "version", "migration", "client_caches")
     class EngineEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class TableStats(_message.Message):
     CONDITIONS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MIGRATION_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_CACHES_FIELD_NUMBER: _ClassVar[int]
     table: str
     size: int
     capacity: int
@@ -115,7 +116,50 @@ class TableStats(_message.Message):
     conditions: _containers.RepeatedCompositeFieldContainer[TableCondition]
     version: int
     migration: MigrationState
-    def __init__(self, table: _Optional[str] = ..., size: _Optional[int] = ..., capacity: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., dtype: _Optional[str] = ..., dim: _Optional[int] = ..., spec_json: _Optional[str] = ..., shard_index: _Optional[int] = ..., num_shards: _Optional[int] = ..., slot_map: _Optional[_Union[SlotMap, _Mapping]] = ..., engine: _Optional[_Mapping[str, float]] = ..., conditions: _Optional[_Iterable[_Union[TableCondition, _Mapping]]] = ..., version: _Optional[int] = ..., migration: _Optional[_Union[MigrationState, _Mapping]] = ...) -> None: ...
+    client_caches: _containers.RepeatedCompositeFieldContainer[CacheClientStats]
+    def __init__(self, table: _Optional[str] = ..., size: _Optional[int] = ..., capacity: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., dtype: _Optional[str] = ..., dim: _Optional[int] = ..., spec_json: _Optional[str] = ..., shard_index: _Optional[int] = ..., num_shards: _Optional[int] = ..., slot_map: _Optional[_Union[SlotMap, _Mapping]] = ..., engine: _Optional[_Mapping[str, float]] = ..., conditions: _Optional[_Iterable[_Union[TableCondition, _Mapping]]] = ..., version: _Optional[int] = ..., migration: _Optional[_Union[MigrationState, _Mapping]] = ..., client_caches: _Optional[_Iterable[_Union[CacheClientStats, _Mapping]]] = ...) -> None: ...
+
+class CacheCounters(_message.Message):
+    __slots__ = ("hits", "misses", "evictions", "resident_rows", "resident_bytes", "capacity_bytes")
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_ROWS_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    hits: int
+    misses: int
+    evictions: int
+    resident_rows: int
+    resident_bytes: int
+    capacity_bytes: int
+    def __init__(self, hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., resident_rows: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ...) -> None: ...
+
+class CacheClientStats(_message.Message):
+    __slots__ = ("client", "layer", "policy", "counters", "reported_unix")
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    client: str
+    layer: str
+    policy: str
+    counters: CacheCounters
+    reported_unix: float
+    def __init__(self, client: _Optional[str] = ..., layer: _Optional[str] = ..., policy: _Optional[str] = ..., counters: _Optional[_Union[CacheCounters, _Mapping]] = ..., reported_unix: _Optional[float] = ...) -> None: ...
+
+class CacheReportRequest(_message.Message):
+    __slots__ = ("table", "caches")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    CACHES_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    caches: _containers.RepeatedCompositeFieldContainer[CacheClientStats]
+    def __init__(self, table: _Optional[str] = ..., caches: _Optional[_Iterable[_Union[CacheClientStats, _Mapping]]] = ...) -> None: ...
+
+class CacheReportResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class MigrationState(_message.Message):
     __slots__ = ("outgoing", "sealed", "pending_changes", "importing")

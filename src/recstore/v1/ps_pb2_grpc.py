@@ -144,6 +144,11 @@ class ParameterServerStub:
                 request_serializer=recstore_dot_v1_dot_ps__pb2.ExportRowsChunk.SerializeToString,
                 response_deserializer=recstore_dot_v1_dot_ps__pb2.ImportRowsResponse.FromString,
                 _registered_method=True)
+        self.CacheReport = channel.unary_unary(
+                '/recstore.v1.ParameterServer/CacheReport',
+                request_serializer=recstore_dot_v1_dot_ps__pb2.CacheReportRequest.SerializeToString,
+                response_deserializer=recstore_dot_v1_dot_ps__pb2.CacheReportResponse.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -310,6 +315,15 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CacheReport(self, request, context):
+        """A client's host caches in front of a table report their counters (the
+        running totals, so a lost report loses nothing); TableStats.client_caches
+        shows the latest report of each (client, layer).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -422,6 +436,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.ImportRows,
                     request_deserializer=recstore_dot_v1_dot_ps__pb2.ExportRowsChunk.FromString,
                     response_serializer=recstore_dot_v1_dot_ps__pb2.ImportRowsResponse.SerializeToString,
+            ),
+            'CacheReport': grpc.unary_unary_rpc_method_handler(
+                    servicer.CacheReport,
+                    request_deserializer=recstore_dot_v1_dot_ps__pb2.CacheReportRequest.FromString,
+                    response_serializer=recstore_dot_v1_dot_ps__pb2.CacheReportResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1018,6 +1037,33 @@ class ParameterServer:
             '/recstore.v1.ParameterServer/ImportRows',
             recstore_dot_v1_dot_ps__pb2.ExportRowsChunk.SerializeToString,
             recstore_dot_v1_dot_ps__pb2.ImportRowsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CacheReport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/recstore.v1.ParameterServer/CacheReport',
+            recstore_dot_v1_dot_ps__pb2.CacheReportRequest.SerializeToString,
+            recstore_dot_v1_dot_ps__pb2.CacheReportResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,114 @@
+"""Cache figures as every view of a table shows them: one shape, one hit rate, one conversion.
+
+Two kinds of cache sit in front of a table's rows: the engine's GPU cache of a
+``gpu_cache`` table (inside a node; its counters are ``Table.stats()`` keys
+``cache_*``) and the SDK's host caches in trainer processes (``recstore.nve``
+layers), which report their running totals to the table's nodes
+(``CacheReport``). The node's ``TableStats``, its Prometheus metrics, the
+admin API and the dashboard all read them as ``CacheFigures``; the
+conversions to and from the wire and the engine's keys live here only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+
+from recstore.v1 import ps_pb2
+
+#: the engine's stats key of each figure (csrc/stats_dict.h)
+ENGINE_KEYS = {
+    "hits": "cache_hits",
+    "misses": "cache_misses",
+    "evictions": "cache_evictions",
+    "resident_rows": "cache_resident_rows",
+    "resident_bytes": "cache_resident_bytes",
+    "capacity_bytes": "cache_bytes",
+}
+
+
+@dataclass(frozen=True)
+class CacheFigures:
+    """What one cache (or several, summed) has counted and holds."""
+
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    resident_rows: int = 0
+    resident_bytes: int = 0
+    capacity_bytes: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """Share of looked-up keys the cache held (0 before any lookup)."""
+        looked = self.hits + self.misses
+        return self.hits / looked if looked else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        """The figures and the hit rate, as the JSON views carry them."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "hit_rate": self.hit_rate}
+
+
+def total(figures: Iterable[CacheFigures]) -> CacheFigures:
+    """The sum of several caches' figures (the hit rate follows from the sums)."""
+    sums = dict.fromkeys((f.name for f in fields(CacheFigures)), 0)
+    for one in figures:
+        for name in sums:
+            sums[name] += getattr(one, name)
+    return CacheFigures(**sums)
+
+
+def engine_figures(engine: Mapping[str, float]) -> CacheFigures | None:
+    """The GPU cache's figures from a table's engine stats; None for a table without one."""
+    if ENGINE_KEYS["hits"] not in engine:
+        return None
+    return CacheFigures(**{name: int(engine.get(key, 0)) for name, key in ENGINE_KEYS.items()})
+
+
+@dataclass(frozen=True)
+class ClientCache:
+    """One host cache in a trainer process, as it last reported itself to a node."""
+
+    client: str  # the reporting process (host:pid:role)
+    layer: str  # the layer (or cache) name within that process
+    policy: str
+    figures: CacheFigures
+    reported_unix: float = 0.0  # the node's clock when the report arrived
+
+
+def counters_to_proto(figures: CacheFigures) -> ps_pb2.CacheCounters:
+    return ps_pb2.CacheCounters(**{f.name: getattr(figures, f.name) for f in fields(figures)})
+
+
+def counters_from_proto(message: ps_pb2.CacheCounters) -> CacheFigures:
+    return CacheFigures(**{f.name: getattr(message, f.name) for f in fields(CacheFigures)})
+
+
+def client_cache_to_proto(cache: ClientCache) -> ps_pb2.CacheClientStats:
+    return ps_pb2.CacheClientStats(
+        client=cache.client,
+        layer=cache.layer,
+        policy=cache.policy,
+        counters=counters_to_proto(cache.figures),
+        reported_unix=cache.reported_unix,
+    )
+
+
+def client_cache_from_proto(message: ps_pb2.CacheClientStats) -> ClientCache:
+    return ClientCache(
+        client=message.client,
+        layer=message.layer,
+        policy=message.policy,
+        figures=counters_from_proto(message.counters),
+        reported_unix=message.reported_unix,
+    )
+
+
+def latest_per_cache(caches: Iterable[ClientCache]) -> list[ClientCache]:
+    """One entry per (client, layer): the newest report (a client reports to every shard)."""
+    newest: dict[tuple[str, str], ClientCache] = {}
+    for cache in caches:
+        key = (cache.client, cache.layer)
+        if key not in newest or cache.reported_unix > newest[key].reported_unix:
+            newest[key] = cache
+    return [newest[key] for key in sorted(newest)]
