@@ -203,7 +203,8 @@ def keys_in(table: Table, slots: np.ndarray) -> np.ndarray:
 def rows_of(table: Table, keys: np.ndarray) -> tuple[Chunk, np.ndarray]:
     """The rows of ``keys`` still resident, and the keys that are gone (evicted or erased)."""
     chunk = table.export_keys(keys)
-    gone = np.setdiff1d(keys, chunk.keys, assume_unique=False)
+    # keys are distinct (drained from a tracker): the set difference needs no sort of its own
+    gone = np.setdiff1d(keys, chunk.keys, assume_unique=True)
     return chunk, gone
 
 

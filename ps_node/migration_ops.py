@@ -21,6 +21,7 @@ from recstore.core import InvalidArgument, SlotMap, slot_of
 from recstore.core.limits import ROW_CHUNK_BYTES
 from recstore.core.migration_wire import Checksums, RowBatch
 from recstore.ps import codec, dedup_log, migration, row_transfer
+from recstore.ps.changes import distinct
 from recstore.ps.migration import MigrationConflict, keys_in, migrating_slots, rows_of
 from recstore.ps.node import Node, Write, WriteAck, owned_slots
 from recstore.ps.wal import OP_IMPORT
@@ -140,8 +141,9 @@ def import_rows(node: Node, name: str, rows: RowBatch) -> WriteAck:
             (ack,) = node.write_logged([write])
         erased = rows.gone
         if rows.present is not None:
-            extra = np.setdiff1d(keys_in(hosted.table, slots), rows.present)
-            erased = np.union1d(erased, extra)
+            # resident keys are distinct; repeats in present could not mislead this either
+            extra = np.setdiff1d(keys_in(hosted.table, slots), rows.present, assume_unique=True)
+            erased = distinct(np.concatenate((erased, extra)))
         if len(erased):
             hosted.table.erase(erased)
     if rows.dedup_entry_count:
