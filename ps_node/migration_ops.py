@@ -200,7 +200,8 @@ def activate(
     taken in the same hold of the table as the install: a target's activation checksums.
 
     Until the install the target does not own the slots, so clients' writes to them are
-    refused, and imports take the same lock: nothing changes them in between.
+    refused, and imports take the same lock; only an eviction forced by new rows of other
+    slots (a hashed table at capacity) could still touch them in between.
     """
     wanted = None if not checksum_ranges else migrating_slots(checksum_ranges)
     with node.registry_lock:
