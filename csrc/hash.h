@@ -27,9 +27,12 @@ RECSTORE_HD uint64_t fmix64(uint64_t h) {
   return h;
 }
 
+// Routing slots (recstore.core.routing.NUM_SLOTS): a power of two, fixed forever.
+constexpr uint32_t kNumSlots = 16384;
+
 // Slot of a key (0..16383), as recstore.core.routing.slot_of.
 RECSTORE_HD uint32_t slot_of(int64_t key) {
-  return static_cast<uint32_t>(fmix64(static_cast<uint64_t>(key)) & 16383ULL);
+  return static_cast<uint32_t>(fmix64(static_cast<uint64_t>(key)) & (kNumSlots - 1));
 }
 
 // splitmix64 finaliser: the mixing step of the counter-based generator.

@@ -145,6 +145,32 @@ NB_MODULE(_native, m) {
       .def("expire", &Table::expire, Release())
       .def("stats", [](Table& t) { return stats_dict(t.stats()); });
   recstore::table_bindings::bind_host_rows(table);
+  using SlotFlags = Host<const bool, nb::ndim<1>>;
+  def_checked(
+      table, "keys_in_slots",
+      [](Table& t, SlotFlags selected) {
+        expect_length(selected, "selected", recstore::kNumSlots);
+        std::vector<int64_t> keys;
+        {
+          nb::gil_scoped_release release;
+          keys = t.keys_in_slots(reinterpret_cast<const uint8_t*>(selected.data()));
+        }
+        return recstore::table_bindings::to_numpy(std::move(keys));
+      },
+      "selected"_a.noconvert(), "Resident keys whose routing slot is selected (one flag per slot)");
+  def_checked(
+      table, "slot_checksums",
+      [](Table& t, SlotFlags selected, Host<int64_t, nb::ndim<1>> counts,
+         Host<uint64_t, nb::ndim<1>> sums) {
+        expect_length(selected, "selected", recstore::kNumSlots);
+        expect_length(counts, "counts", recstore::kNumSlots);
+        expect_length(sums, "sums", recstore::kNumSlots);
+        nb::gil_scoped_release release;
+        t.slot_checksums(reinterpret_cast<const uint8_t*>(selected.data()), counts.data(),
+                         sums.data());
+      },
+      "selected"_a.noconvert(), "counts"_a.noconvert(), "sums"_a.noconvert(),
+      "Per-slot row counts and sums of row hashes of the selected slots (migration checksums)");
   def_checked(
       table, "pool",
       [](Table& t, HostKeys keys, int64_t bag_size, bool mean, Host<float, nb::ndim<2>> out) {

@@ -318,22 +318,30 @@ inline constexpr uint32_t kMigrationRows_dedup_entries = 12;  // bytes
 inline constexpr int kMigrationRows_dedup_entries_wire = 2;
 inline constexpr uint32_t kMigrationRows_dedup_entry_count = 13;  // uint32
 inline constexpr int kMigrationRows_dedup_entry_count_wire = 0;
+inline constexpr uint32_t kMigrationRows_checksums = 14;  // message
+inline constexpr int kMigrationRows_checksums_wire = 2;
 
 // SealSlotsRequest
 inline constexpr uint32_t kSealSlotsRequest_table = 1;  // string
 inline constexpr int kSealSlotsRequest_table_wire = 2;
 inline constexpr uint32_t kSealSlotsRequest_timeout_seconds = 2;  // double
 inline constexpr int kSealSlotsRequest_timeout_seconds_wire = 1;
+inline constexpr uint32_t kSealSlotsRequest_with_checksums = 3;  // bool
+inline constexpr int kSealSlotsRequest_with_checksums_wire = 0;
 
 // MigrateImportRequest
 inline constexpr uint32_t kMigrateImportRequest_table = 1;  // string
 inline constexpr int kMigrateImportRequest_table_wire = 2;
 inline constexpr uint32_t kMigrateImportRequest_rows = 2;  // message
 inline constexpr int kMigrateImportRequest_rows_wire = 2;
+inline constexpr uint32_t kMigrateImportRequest_with_checksums = 3;  // bool
+inline constexpr int kMigrateImportRequest_with_checksums_wire = 0;
 
 // MigrateImportResponse
 inline constexpr uint32_t kMigrateImportResponse_rows = 1;  // uint64
 inline constexpr int kMigrateImportResponse_rows_wire = 0;
+inline constexpr uint32_t kMigrateImportResponse_checksums = 2;  // message
+inline constexpr int kMigrateImportResponse_checksums_wire = 2;
 
 // MigrateAbortRequest
 inline constexpr uint32_t kMigrateAbortRequest_table = 1;  // string
@@ -374,10 +382,14 @@ inline constexpr uint32_t kSetSlotMapRequest_expected_epoch = 2;  // uint64
 inline constexpr int kSetSlotMapRequest_expected_epoch_wire = 0;
 inline constexpr uint32_t kSetSlotMapRequest_slot_map = 3;  // message
 inline constexpr int kSetSlotMapRequest_slot_map_wire = 2;
+inline constexpr uint32_t kSetSlotMapRequest_checksum_slots = 4;  // message
+inline constexpr int kSetSlotMapRequest_checksum_slots_wire = 2;
 
 // SetSlotMapResponse
 inline constexpr uint32_t kSetSlotMapResponse_changed = 1;  // bool
 inline constexpr int kSetSlotMapResponse_changed_wire = 0;
+inline constexpr uint32_t kSetSlotMapResponse_checksums = 2;  // message
+inline constexpr int kSetSlotMapResponse_checksums_wire = 2;
 
 // ExportRowsRequest
 inline constexpr uint32_t kExportRowsRequest_table = 1;  // string

@@ -138,6 +138,14 @@ class Table {
   // dtype) and state_out[k, state_width]; returns k. Touches no bookkeeping.
   int64_t export_rows(int64_t n, const int64_t* keys, int64_t* keys_out, void* values_out,
                       float* state_out) const;
+  // Keys of the resident rows whose routing slot is selected (selected: kNumSlots flags),
+  // in keys() order; one pass over the index instead of keys() then hashing (table_slots.cc).
+  std::vector<int64_t> keys_in_slots(const uint8_t* selected) const;
+  // Migration checksums of the selected slots in one pass: counts[s] rows and sums[s], the
+  // wrapping sum of their row hashes (row_hash in table_slots.cc), for every slot s
+  // (kNumSlots entries each; unselected slots stay 0). Rows export_rows would skip
+  // (expired) are left out.
+  void slot_checksums(const uint8_t* selected, int64_t* counts, uint64_t* sums) const;
   // Insert or overwrite rows with their values (table dtype) and optimizer state.
   void import_rows(int64_t n, const int64_t* keys, const void* values, const float* state);
 

@@ -197,14 +197,14 @@ def mask_ranges(slots: np.ndarray) -> list[tuple[int, int]]:
 
 def keys_in(table: Table, slots: np.ndarray) -> np.ndarray:
     """Resident keys of ``table`` whose slot is in ``slots``."""
-    keys = table.keys()
-    return keys[slots[slot_of(keys)]]
+    return table.keys_in_slots(slots)
 
 
 def rows_of(table: Table, keys: np.ndarray) -> tuple[Chunk, np.ndarray]:
     """The rows of ``keys`` still resident, and the keys that are gone (evicted or erased)."""
     chunk = table.export_keys(keys)
-    gone = np.setdiff1d(keys, chunk.keys, assume_unique=False)
+    # keys are distinct (drained from a tracker): the set difference needs no sort of its own
+    gone = np.setdiff1d(keys, chunk.keys, assume_unique=True)
     return chunk, gone
 
 
@@ -212,8 +212,22 @@ def slot_checksums(table: Table, slots: np.ndarray) -> tuple[np.ndarray, np.ndar
     """Per-slot (slot numbers, row counts, order-independent sums of row hashes).
 
     A row's hash covers its key, value bytes and optimizer state bytes, so two
-    copies agree only when every row and its state are equal.
+    copies agree only when every row and its state are equal. The CPU engine
+    computes them in one pass over its rows (run twice per batch while its
+    slots are sealed); other engines hash their exported rows.
     """
+    native = table.native_slot_checksums(slots)
+    if native is None:
+        return exported_slot_checksums(table, slots)
+    wanted = np.flatnonzero(slots)
+    counts, sums = native
+    return wanted, counts[wanted], sums[wanted]
+
+
+def exported_slot_checksums(
+    table: Table, slots: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``slot_checksums`` from exported rows and ``row_hashes``: the definition in numpy."""
     chunk = table.export_keys(keys_in(table, slots))
     h = row_hashes(chunk)
     row_slots = slot_of(chunk.keys)
@@ -232,8 +246,8 @@ def row_hashes(chunk: Chunk) -> np.ndarray:
     """fmix64 chained over each row: its key, then every 8-byte word of its value bytes
     followed by its state bytes (zero-padded to a whole word).
 
-    Computed a word column at a time in place: one pass, no copy of the rows, since
-    it runs while the moving slots are sealed.
+    Computed a word column at a time in place. The CPU engine's one-pass twin
+    (``csrc/table_slots.cc``) must equal this; the tests hold it to it.
     """
     n = len(chunk.keys)
     values = chunk.values.view(np.uint8).reshape(n, chunk.values.itemsize * chunk.values.shape[1])

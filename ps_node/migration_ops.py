@@ -4,7 +4,8 @@ RPCs run them (blocking; the servicer runs them on its thread pool).
 Source: ``begin_outgoing``, ``snapshot_page`` (rows as of the start, paged),
 ``catch_up`` (rows changed since), ``seal`` (the tail), ``abort_outgoing``,
 ``cleanup`` (drop rows of slots no longer owned). Target: ``begin_import``,
-``import_rows``, ``abort_import``. Both: ``checksums`` and ``set_slot_map``,
+``import_rows``, ``abort_import``, ``importing_checksums``. Both: ``checksums`` and
+``set_slot_map`` (``activate``: with the checksums at the install),
 the compare-and-swap on the epoch that activates the target and makes the
 source refuse the moved slots.
 """
@@ -18,11 +19,13 @@ import numpy as np
 
 from recstore.core import InvalidArgument, SlotMap, slot_of
 from recstore.core.limits import ROW_CHUNK_BYTES
-from recstore.core.migration_wire import RowBatch
+from recstore.core.migration_wire import Checksums, RowBatch
 from recstore.ps import codec, dedup_log, held_slots, migration, row_transfer
+from recstore.ps.changes import distinct
 from recstore.ps.migration import MigrationConflict, keys_in, migrating_slots, rows_of
 from recstore.ps.node import HostedTable, Node, Write, WriteAck, owned_slots
 from recstore.ps.wal import OP_IMPORT
+from recstore.store import Table
 from recstore.store.table import Chunk
 
 
@@ -80,9 +83,10 @@ def catch_up(node: Node, name: str) -> RowBatch:
     return _batch(chunk, gone, None, more)
 
 
-def seal(node: Node, name: str, timeout: float) -> RowBatch:
+def seal(node: Node, name: str, timeout: float, with_checksums: bool = False) -> RowBatch:
     """Seal the outgoing slots and return the tail: last changes and every resident key
-    (``next_offset`` 1: more changes follow through ``catch_up``, still sealed)."""
+    (``next_offset`` 1: more changes follow through ``catch_up``, still sealed);
+    ``with_checksums``: also the sealed slots' checksums, which nothing can change now."""
     hosted = node.get(name)
     keys, more = _changed_page(node, name, node.migrations.seal(name, timeout))
     chunk, gone = rows_of(hosted.table, keys)
@@ -92,7 +96,8 @@ def seal(node: Node, name: str, timeout: float) -> RowBatch:
     tail = _batch(chunk, gone, keys_in(hosted.table, out.slots), more)
     # a commit may follow at once: a restart must not serve these slots unsealed
     held_slots.remember(node, name, out, hosted.entry.slot_map.epoch)
-    return dataclasses.replace(tail, dedup_entries=window, dedup_entry_count=count)
+    sums = _checksums(hosted.table, out.slots) if with_checksums else None
+    return dataclasses.replace(tail, dedup_entries=window, dedup_entry_count=count, checksums=sums)
 
 
 def abort_outgoing(node: Node, name: str) -> bool:
@@ -149,8 +154,9 @@ def import_rows(node: Node, name: str, rows: RowBatch) -> WriteAck:
             (ack,) = node.write_logged([write])
         erased = rows.gone
         if rows.present is not None:
-            extra = np.setdiff1d(keys_in(hosted.table, slots), rows.present)
-            erased = np.union1d(erased, extra)
+            # resident keys are distinct; repeats in present could not mislead this either
+            extra = np.setdiff1d(keys_in(hosted.table, slots), rows.present, assume_unique=True)
+            erased = distinct(np.concatenate((erased, extra)))
         if len(erased):  # logged after the rows: its record settles both
             _, erase_ack = row_transfer.erase_logged(node, hosted, erased)
             ack = WriteAck(ack.rows, erase_ack.wal, erase_ack.seq)
@@ -170,8 +176,20 @@ def abort_import(node: Node, name: str) -> int:
     return _erase_unowned(node, hosted)
 
 
-def checksums(node: Node, name: str, ranges: list[tuple[int, int]]) -> tuple[np.ndarray, ...]:
-    return migration.slot_checksums(node.get(name).table, migrating_slots(ranges))
+def _checksums(table: Table, slots: np.ndarray) -> Checksums:
+    return Checksums(*migration.slot_checksums(table, slots))
+
+
+def checksums(node: Node, name: str, ranges: list[tuple[int, int]]) -> Checksums:
+    return _checksums(node.get(name).table, migrating_slots(ranges))
+
+
+def importing_checksums(node: Node, name: str) -> Checksums:
+    """Checksums of the slots this node imports (the target's, to verify a tail)."""
+    hosted = node.get(name)
+    slots = node.migrations.importing_slots(name)
+    with hosted.lock:  # no import half applied
+        return _checksums(hosted.table, slots)
 
 
 def set_slot_map(node: Node, name: str, expected_epoch: int, slot_map: SlotMap) -> bool:
@@ -181,17 +199,39 @@ def set_slot_map(node: Node, name: str, expected_epoch: int, slot_map: SlotMap) 
     slots are then refused (held requests re-check and get the wrong-owner error);
     imported slots are served.
     """
+    return activate(node, name, expected_epoch, slot_map, None)[0]
+
+
+def activate(
+    node: Node,
+    name: str,
+    expected_epoch: int,
+    slot_map: SlotMap,
+    checksum_ranges: list[tuple[int, int]] | None,
+) -> tuple[bool, Checksums | None]:
+    """``set_slot_map``, also returning the checksums of ``checksum_ranges`` (None: none)
+    taken in the same hold of the table as the install: a target's activation checksums.
+
+    Until the install the target does not own the slots, so clients' writes to them are
+    refused, and imports take the same lock; only an eviction forced by new rows of other
+    slots (a hashed table at capacity) could still touch them in between.
+    """
+    wanted = None if not checksum_ranges else migrating_slots(checksum_ranges)
     with node.registry_lock:
         hosted = node.get(name)
         current = hosted.entry.slot_map
         if current == slot_map:
-            return False
+            if wanted is None:
+                return False, None
+            with hosted.lock:
+                return False, _checksums(hosted.table, wanted)
         if current.epoch != expected_epoch or slot_map.epoch != expected_epoch + 1:
             raise SlotMapConflict(
                 f"table {name!r}: node is at slot-map epoch {current.epoch}, the new map "
                 f"({slot_map.epoch}) must follow {expected_epoch}"
             )
         with hosted.lock:
+            sums = None if wanted is None else _checksums(hosted.table, wanted)
             hosted.entry = dataclasses.replace(hosted.entry, slot_map=slot_map)
             hosted.owned_slots = owned_slots(slot_map, node.shard_index)
             node.save_catalogue()
@@ -202,4 +242,4 @@ def set_slot_map(node: Node, name: str, expected_epoch: int, slot_map: SlotMap) 
         incoming = node.migrations.importing.get(name)
         if incoming is not None and (owned is None or owned[incoming].all()):
             node.migrations.end_import(name)
-    return True
+    return True, sums

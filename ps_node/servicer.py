@@ -386,7 +386,9 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         timeout = request.timeout_seconds
         if not timeout > 0:
             raise InvalidArgument(f"timeout_seconds must be > 0, got {timeout}")
-        rows = await self._step(migration_ops.seal, self.node, request.table, timeout)
+        rows = await self._step(
+            migration_ops.seal, self.node, request.table, timeout, request.with_checksums
+        )
         return self._rows(request.table, rows)
 
     @rpc
@@ -400,7 +402,11 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
             raise InvalidArgument(f"table {request.table!r}: {error}") from None
         ack = await self._step(migration_ops.import_rows, self.node, request.table, rows)
         await self._acknowledge(ack)
-        return ps_pb2.MigrateImportResponse(rows=ack.rows)
+        reply = ps_pb2.MigrateImportResponse(rows=ack.rows)
+        if request.with_checksums:
+            sums = await self._step(migration_ops.importing_checksums, self.node, request.table)
+            reply.checksums.CopyFrom(wire_migration.checksums_to_proto(sums))
+        return reply
 
     @rpc
     async def MigrateAbort(self, request, context):
@@ -421,13 +427,8 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
     @rpc
     async def SlotChecksums(self, request, context):
         ranges = wire_migration.ranges_from_proto(request.slots)
-        slots, rows, sums = await self._step(
-            migration_ops.checksums, self.node, request.table, ranges
-        )
-        return ps_pb2.SlotChecksumsResponse(
-            slots=slots.astype("<i8").tobytes(), rows=rows.astype("<i8").tobytes(),
-            checksums=sums.astype("<u8").tobytes(),
-        )  # fmt: skip
+        sums = await self._step(migration_ops.checksums, self.node, request.table, ranges)
+        return wire_migration.checksums_to_proto(sums)
 
     @rpc
     async def SetSlotMap(self, request, context):
@@ -435,10 +436,15 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
             slot_map = slot_map_from_proto(request.slot_map)
         except ValueError as error:
             raise InvalidArgument(f"table {request.table!r}: bad slot map: {error}") from None
-        changed = await self._step(
-            migration_ops.set_slot_map, self.node, request.table, request.expected_epoch, slot_map
-        )
-        return ps_pb2.SetSlotMapResponse(changed=changed)
+        ranges = wire_migration.ranges_from_proto(request.checksum_slots)
+        changed, sums = await self._step(
+            migration_ops.activate, self.node, request.table, request.expected_epoch, slot_map,
+            ranges,
+        )  # fmt: skip
+        reply = ps_pb2.SetSlotMapResponse(changed=changed)
+        if sums is not None:
+            reply.checksums.CopyFrom(wire_migration.checksums_to_proto(sums))
+        return reply
 
     # Rows with their optimizer state, streamed (recstore.ps.row_transfer).
     @streaming_rpc

@@ -1,7 +1,8 @@
 """The migration runner overlaps calls to different nodes where the protocol allows it.
 
 Snapshot pages are pipelined (the source reads the next page while the target
-writes this one) and the two verify checksums run at once. Fake nodes check the
+writes this one) and, from nodes that do not send their checksums along with
+the tail, the two verify checksums are asked for at once. Fake nodes check the
 overlap with events: a call that must overlap another waits for it to have
 started, and fails the move when it never does (the sequential runner).
 """
@@ -74,7 +75,7 @@ class FakeNode:
             first_page = not request.rows.tail and request.rows.next_offset == 1
             if first_page and not self.overlaps.second_page_asked.wait(OVERLAP_WAIT_S):
                 raise NotOverlapped("the next page was not read while this one was written")
-            return 0
+            return None if request.with_checksums else 0  # a node that sends no checksums
         if rpc.method == "SealSlots":
             return ps_pb2.MigrationRows(tail=True)
         if rpc.method == "SlotChecksums":
@@ -84,9 +85,9 @@ class FakeNode:
                 raise NotOverlapped("the target's checksums did not run beside the source's")
             slots = np.arange(1, dtype=np.int64)
             return Checksums(slots, np.zeros(1, np.int64), np.zeros(1, np.uint64))
-        return {"MigrateBegin": 0, "SetSlotMap": True, "MigrateCleanup": 0, "MigrateAbort": True}[
-            rpc.method
-        ]
+        if rpc.method == "SetSlotMap":
+            return None if request.checksum_slots else True
+        return {"MigrateBegin": 0, "MigrateCleanup": 0, "MigrateAbort": True}[rpc.method]
 
 
 def test_snapshot_pages_are_pipelined_and_verify_checksums_run_at_once() -> None:

@@ -6,9 +6,13 @@ the slot map live durably, with the compare-and-swap commit); this runs each
 batch of ``recstore.core.migration``'s plan:
 
   begin (target importing, source tracking) -> snapshot pages -> catch-up
-  rounds -> seal (the tail) -> checksums equal? -> commit (CAS e -> e+1)
-  -> activate the target (its checksums equal the seal's) -> the source (it
-  now refuses the slots) -> every other node (the epoch) -> cleanup on the source.
+  rounds -> seal (the tail, with the source's checksums) -> import it (with the
+  target's) -> checksums equal? -> commit (CAS e -> e+1) -> activate the target
+  (its checksums at the install equal the seal's) -> the source (it now refuses
+  the slots) -> every other node (the epoch) -> cleanup on the source.
+
+Everything from the seal to the source's refusal is the batch's write pause,
+so the checksums travel in the replies of the calls it makes anyway.
 
 A failure before the commit aborts the batch: the source unseals and stays
 authoritative, the target drops what it imported. After the commit the batch
@@ -34,9 +38,12 @@ from recstore.core.migration_wire import (
     TARGET,
     Checksums,
     abort_rpc,
+    activate_rpc,
     begin_rpc,
+    checksums_in,
     checksums_rpc,
     cleanup_rpc,
+    import_checked_rpc,
     import_rpc,
     rows_rpc,
     seal_rpc,
@@ -119,22 +126,17 @@ class MigrationRun:
             moved_bytes = self._copy(job, source, target)
             self._step("seal", job)
             paused = time.perf_counter()
-            tail = source.call(seal_rpc(self.table, self.seal_timeout))
+            # the seal's reply carries the source's checksums, the last import's the
+            # target's: no round trip of their own while the slots are sealed
+            tail = source.call(seal_rpc(self.table, self.seal_timeout, with_checksums=True))
             job = job.at(Phase.sealed)
             self.store.save_job(job)
             self._step("tail", job)
-            target.call(import_rpc(self.table, tail))
-            moved_bytes += len(tail.keys) + len(tail.values) + len(tail.state)
-            more = tail.next_offset
-            while more:  # a tail larger than one reply: the rest, still sealed
-                rest = source.call(rows_rpc(self.table, changes=True))
-                target.call(import_rpc(self.table, rest))
-                moved_bytes += len(rest.keys) + len(rest.values) + len(rest.state)
-                more = rest.next_offset
+            imported, tail_bytes = self._import_tail(source, target, tail)
+            moved_bytes += tail_bytes
             self._step("verify", job)
-            sealed, imported = at_once(
-                lambda: source.call(checksums_rpc(self.table, batch.ranges)),
-                lambda: target.call(checksums_rpc(self.table, batch.ranges)),
+            sealed, imported = self._both_checksums(
+                source, target, batch.ranges, checksums_in(tail), imported
             )
             differing = sealed.differing(imported)
             if differing:
@@ -185,6 +187,39 @@ class MigrationRun:
                 break
         return moved_bytes
 
+    def _import_tail(
+        self, source: ControlClient, target: ControlClient, tail: ps_pb2.MigrationRows
+    ) -> tuple[Checksums | None, int]:
+        """Import the tail (and its rest, still sealed, when it was larger than one reply);
+        returns the target's checksums after the last rows, and the bytes moved."""
+        rows, moved_bytes = tail, 0
+        while True:
+            moved_bytes += len(rows.keys) + len(rows.values) + len(rows.state)
+            if not rows.next_offset:
+                return target.call(import_checked_rpc(self.table, rows)), moved_bytes
+            target.call(import_rpc(self.table, rows))
+            rows = source.call(rows_rpc(self.table, changes=True))
+
+    def _both_checksums(
+        self,
+        source: ControlClient,
+        target: ControlClient,
+        ranges: Sequence[tuple[int, int]],
+        sealed: Checksums | None,
+        imported: Checksums | None,
+    ) -> tuple[Checksums, Checksums]:
+        """The checksums of both copies: those the replies carried, the rest asked for at once
+        (from nodes that do not send them along)."""
+        if sealed is not None and imported is not None:
+            return sealed, imported
+        source_sums, target_sums = at_once(
+            lambda: source.call(checksums_rpc(self.table, ranges)) if sealed is None else sealed,
+            lambda: (
+                target.call(checksums_rpc(self.table, ranges)) if imported is None else imported
+            ),
+        )
+        return source_sums, target_sums
+
     def _finish(
         self,
         job: MigrationJob,
@@ -196,14 +231,19 @@ class MigrationRun:
         """After the commit: activate the target, tell every node, the source last; clean up."""
         batch, expected = job.batch, committed.epoch - 1
         self._step("activate", job)
-        activated = self.clients[batch.target].call(checksums_rpc(self.table, batch.ranges))
+        # the target serves first (its checksums taken in the same hold as the install),
+        # then the source refuses (its held writes resume there); the others learn the epoch
+        target = self.clients[batch.target]
+        at_install = target.call(activate_rpc(self.table, expected, committed, batch.ranges))
+        self.clients[batch.source].call(set_slot_map_rpc(self.table, expected, committed))
+        pause = time.perf_counter() - paused
+        # a target that does not send them along is asked now: trainers' writes may have
+        # reached it since the install, so a difference there says less (it is only logged)
+        activated = at_install
+        if activated is None:
+            activated = target.call(checksums_rpc(self.table, batch.ranges))
         if sealed is not None and sealed.differing(activated):
             log.error("table %r: target's slots changed between seal and activation", self.table)
-        # the target serves first, then the source refuses (its held writes resume there);
-        # the other nodes only learn the new epoch
-        for shard in (batch.target, batch.source):
-            self.clients[shard].call(set_slot_map_rpc(self.table, expected, committed))
-        pause = time.perf_counter() - paused
         for shard in range(len(self.clients)):
             if shard not in (batch.source, batch.target):
                 self.clients[shard].call(set_slot_map_rpc(self.table, expected, committed))

@@ -44,6 +44,7 @@ class RowBatch:
     next_offset: int = 0
     dedup_entries: bytes = b""  # a seal's tail: de-dup window entries of the slots (encoded)
     dedup_entry_count: int = 0
+    checksums: Checksums | None = None  # a seal's tail, when asked: the sealed slots'
 
     @property
     def nbytes(self) -> int:
@@ -66,6 +67,7 @@ def rows_to_proto(rows: RowBatch, dtype: str) -> ps_pb2.MigrationRows:
         next_offset=rows.next_offset,
         dedup_entries=rows.dedup_entries,
         dedup_entry_count=rows.dedup_entry_count,
+        checksums=None if rows.checksums is None else checksums_to_proto(rows.checksums),
     )
 
 
@@ -99,6 +101,7 @@ def rows_from_proto(message: ps_pb2.MigrationRows, dtype: str, dim: int, width: 
         next_offset=int(message.next_offset),
         dedup_entries=bytes(message.dedup_entries),
         dedup_entry_count=int(message.dedup_entry_count),
+        checksums=checksums_in(message),
     )
 
 
@@ -132,6 +135,22 @@ def checksums_from_proto(message: ps_pb2.SlotChecksumsResponse) -> Checksums:
     )
 
 
+def checksums_to_proto(checksums: Checksums) -> ps_pb2.SlotChecksumsResponse:
+    return ps_pb2.SlotChecksumsResponse(
+        slots=checksums.slots.astype("<i8").tobytes(),
+        rows=checksums.rows.astype("<i8").tobytes(),
+        checksums=checksums.sums.astype("<u8").tobytes(),
+    )
+
+
+def checksums_in(
+    reply: ps_pb2.MigrationRows | ps_pb2.MigrateImportResponse | ps_pb2.SetSlotMapResponse,
+) -> Checksums | None:
+    """The checksums a reply carries when they were asked for; None from a node that
+    does not send them (the caller then asks with ``checksums_rpc``)."""
+    return checksums_from_proto(reply.checksums) if reply.HasField("checksums") else None
+
+
 # -- the calls a provisioner makes -------------------------------------------------
 def begin_rpc(table: str, role: Role, ranges: Ranges, shard: int) -> Rpc[int]:
     request = ps_pb2.MigrateBeginRequest(
@@ -149,14 +168,24 @@ def rows_rpc(
     return Rpc("MigrateRows", request, lambda reply: reply)
 
 
-def seal_rpc(table: str, timeout: float) -> Rpc[ps_pb2.MigrationRows]:
-    request = ps_pb2.SealSlotsRequest(table=table, timeout_seconds=timeout)
+def seal_rpc(
+    table: str, timeout: float, *, with_checksums: bool = False
+) -> Rpc[ps_pb2.MigrationRows]:
+    request = ps_pb2.SealSlotsRequest(
+        table=table, timeout_seconds=timeout, with_checksums=with_checksums
+    )
     return Rpc("SealSlots", request, lambda reply: reply)
 
 
 def import_rpc(table: str, rows: ps_pb2.MigrationRows) -> Rpc[int]:
     request = ps_pb2.MigrateImportRequest(table=table, rows=rows)
     return Rpc("MigrateImport", request, lambda reply: int(reply.rows))
+
+
+def import_checked_rpc(table: str, rows: ps_pb2.MigrationRows) -> Rpc[Checksums | None]:
+    """``import_rpc`` that also returns the importing slots' checksums after the rows."""
+    request = ps_pb2.MigrateImportRequest(table=table, rows=rows, with_checksums=True)
+    return Rpc("MigrateImport", request, checksums_in)
 
 
 def abort_rpc(table: str, role: Role) -> Rpc[bool]:
@@ -179,3 +208,15 @@ def set_slot_map_rpc(table: str, expected_epoch: int, slot_map: SlotMap) -> Rpc[
         table=table, expected_epoch=expected_epoch, slot_map=slot_map_to_proto(slot_map)
     )
     return Rpc("SetSlotMap", request, lambda reply: bool(reply.changed))
+
+
+def activate_rpc(
+    table: str, expected_epoch: int, slot_map: SlotMap, ranges: Ranges
+) -> Rpc[Checksums | None]:
+    """``set_slot_map_rpc`` to a target: also the checksums of ``ranges`` as they are when
+    the map is installed (taken in the same hold of the table)."""
+    request = ps_pb2.SetSlotMapRequest(
+        table=table, expected_epoch=expected_epoch, slot_map=slot_map_to_proto(slot_map),
+        checksum_slots=ranges_to_proto(ranges, 0),
+    )  # fmt: skip
+    return Rpc("SetSlotMap", request, checksums_in)

@@ -244,20 +244,24 @@ class MigrationRows:
     next_offset: Final = 11
     dedup_entries: Final = 12
     dedup_entry_count: Final = 13
+    checksums: Final = 14
 
 
 class SealSlotsRequest:
     table: Final = 1
     timeout_seconds: Final = 2
+    with_checksums: Final = 3
 
 
 class MigrateImportRequest:
     table: Final = 1
     rows: Final = 2
+    with_checksums: Final = 3
 
 
 class MigrateImportResponse:
     rows: Final = 1
+    checksums: Final = 2
 
 
 class MigrateAbortRequest:
@@ -292,10 +296,12 @@ class SetSlotMapRequest:
     table: Final = 1
     expected_epoch: Final = 2
     slot_map: Final = 3
+    checksum_slots: Final = 4
 
 
 class SetSlotMapResponse:
     changed: Final = 1
+    checksums: Final = 2
 
 
 class ExportRowsRequest:
@@ -514,17 +520,21 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
         11: ("next_offset", "uint64"),
         12: ("dedup_entries", "bytes"),
         13: ("dedup_entry_count", "uint32"),
+        14: ("checksums", "message"),
     },
     "SealSlotsRequest": {
         1: ("table", "string"),
         2: ("timeout_seconds", "double"),
+        3: ("with_checksums", "bool"),
     },
     "MigrateImportRequest": {
         1: ("table", "string"),
         2: ("rows", "message"),
+        3: ("with_checksums", "bool"),
     },
     "MigrateImportResponse": {
         1: ("rows", "uint64"),
+        2: ("checksums", "message"),
     },
     "MigrateAbortRequest": {
         1: ("table", "string"),
@@ -552,9 +562,11 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
         1: ("table", "string"),
         2: ("expected_epoch", "uint64"),
         3: ("slot_map", "message"),
+        4: ("checksum_slots", "message"),
     },
     "SetSlotMapResponse": {
         1: ("changed", "bool"),
+        2: ("checksums", "message"),
     },
     "ExportRowsRequest": {
         1: ("table", "string"),

@@ -26,7 +26,7 @@ from recstore.core import (
     TableSpec,
     slot_of,
 )
-from recstore.core.routing import slot_mask
+from recstore.core.routing import NUM_SLOTS, slot_mask
 from recstore.store.buffers import NUMPY_DTYPES, is_torch, new_rows
 from recstore.store.options import native_cache_options, native_options
 
@@ -280,11 +280,13 @@ class Table:
         """
         if chunk_rows < 1:
             raise InvalidArgument(f"chunk_rows must be >= 1, got {chunk_rows}")
-        selected = None if slots is None else slot_mask(slots)
         self._tick()
-        all_keys = self._engine.keys() if keys is None else np.asarray(keys, np.int64)
-        if selected is not None:
-            all_keys = all_keys[selected[slot_of(all_keys)]]
+        if keys is not None:
+            all_keys = np.asarray(keys, np.int64)
+            if slots is not None:
+                all_keys = all_keys[slot_mask(slots)[slot_of(all_keys)]]
+        else:
+            all_keys = self.keys() if slots is None else self.keys_in_slots(slots)
         for start in range(0, len(all_keys), chunk_rows):
             want = all_keys[start : start + chunk_rows]
             n = len(want)
@@ -299,6 +301,32 @@ class Table:
         """Every resident key (int64), in no particular order."""
         self._tick()
         return np.asarray(self._engine.keys(), dtype=np.int64)
+
+    def keys_in_slots(self, slots: np.ndarray) -> np.ndarray:
+        """The resident keys whose routing slot is set in ``slots`` (a bool per slot)."""
+        selected = np.ascontiguousarray(slot_mask(slots))
+        self._tick()
+        native = getattr(self._engine, "keys_in_slots", None)
+        if native is not None:  # one pass over the index, no hashing of every key here
+            return np.asarray(native(selected), dtype=np.int64)
+        keys = np.asarray(self._engine.keys(), dtype=np.int64)
+        return keys[selected[slot_of(keys)]]
+
+    def native_slot_checksums(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Migration checksums from one native pass over the rows: (row counts int64,
+        wrapping sums of row hashes uint64), one entry per slot, 0 outside ``slots``.
+
+        None where the engine has no such pass (the GPU tiers): the caller then hashes
+        exported rows (``recstore.ps.migration.exported_slot_checksums``, the definition).
+        """
+        native = getattr(self._engine, "slot_checksums", None)
+        if native is None:
+            return None
+        counts = np.empty(NUM_SLOTS, dtype=np.int64)
+        sums = np.empty(NUM_SLOTS, dtype=np.uint64)
+        self._tick()
+        native(np.ascontiguousarray(slot_mask(slots)), counts, sums)
+        return counts, sums
 
     def export_keys(self, keys: np.ndarray) -> Chunk:
         """The rows, with optimizer state, of those of ``keys`` still resident (one chunk)."""

@@ -382,7 +382,7 @@ class MigrateRowsRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., changes: _Optional[bool] = ..., offset: _Optional[int] = ..., max_rows: _Optional[int] = ...) -> None: ...
 
 class MigrationRows(_message.Message):
-    __slots__ = ("keys", "values", "state", "rows", "dtype", "dim", "state_width", "gone_keys", "tail", "present_keys", "next_offset", "dedup_entries", "dedup_entry_count")
+    __slots__ = ("keys", "values", "state", "rows", "dtype", "dim", "state_width", "gone_keys", "tail", "present_keys", "next_offset", "dedup_entries", "dedup_entry_count", "checksums")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -396,6 +396,7 @@ class MigrationRows(_message.Message):
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     DEDUP_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     DEDUP_ENTRY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     keys: bytes
     values: bytes
     state: bytes
@@ -409,29 +410,36 @@ class MigrationRows(_message.Message):
     next_offset: int
     dedup_entries: bytes
     dedup_entry_count: int
-    def __init__(self, keys: _Optional[bytes] = ..., values: _Optional[bytes] = ..., state: _Optional[bytes] = ..., rows: _Optional[int] = ..., dtype: _Optional[str] = ..., dim: _Optional[int] = ..., state_width: _Optional[int] = ..., gone_keys: _Optional[bytes] = ..., tail: _Optional[bool] = ..., present_keys: _Optional[bytes] = ..., next_offset: _Optional[int] = ..., dedup_entries: _Optional[bytes] = ..., dedup_entry_count: _Optional[int] = ...) -> None: ...
+    checksums: SlotChecksumsResponse
+    def __init__(self, keys: _Optional[bytes] = ..., values: _Optional[bytes] = ..., state: _Optional[bytes] = ..., rows: _Optional[int] = ..., dtype: _Optional[str] = ..., dim: _Optional[int] = ..., state_width: _Optional[int] = ..., gone_keys: _Optional[bytes] = ..., tail: _Optional[bool] = ..., present_keys: _Optional[bytes] = ..., next_offset: _Optional[int] = ..., dedup_entries: _Optional[bytes] = ..., dedup_entry_count: _Optional[int] = ..., checksums: _Optional[_Union[SlotChecksumsResponse, _Mapping]] = ...) -> None: ...
 
 class SealSlotsRequest(_message.Message):
-    __slots__ = ("table", "timeout_seconds")
+    __slots__ = ("table", "timeout_seconds", "with_checksums")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WITH_CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     table: str
     timeout_seconds: float
-    def __init__(self, table: _Optional[str] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+    with_checksums: bool
+    def __init__(self, table: _Optional[str] = ..., timeout_seconds: _Optional[float] = ..., with_checksums: _Optional[bool] = ...) -> None: ...
 
 class MigrateImportRequest(_message.Message):
-    __slots__ = ("table", "rows")
+    __slots__ = ("table", "rows", "with_checksums")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    WITH_CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     table: str
     rows: MigrationRows
-    def __init__(self, table: _Optional[str] = ..., rows: _Optional[_Union[MigrationRows, _Mapping]] = ...) -> None: ...
+    with_checksums: bool
+    def __init__(self, table: _Optional[str] = ..., rows: _Optional[_Union[MigrationRows, _Mapping]] = ..., with_checksums: _Optional[bool] = ...) -> None: ...
 
 class MigrateImportResponse(_message.Message):
-    __slots__ = ("rows",)
+    __slots__ = ("rows", "checksums")
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     rows: int
-    def __init__(self, rows: _Optional[int] = ...) -> None: ...
+    checksums: SlotChecksumsResponse
+    def __init__(self, rows: _Optional[int] = ..., checksums: _Optional[_Union[SlotChecksumsResponse, _Mapping]] = ...) -> None: ...
 
 class MigrateAbortRequest(_message.Message):
     __slots__ = ("table", "role")
@@ -478,20 +486,24 @@ class SlotChecksumsResponse(_message.Message):
     def __init__(self, slots: _Optional[bytes] = ..., rows: _Optional[bytes] = ..., checksums: _Optional[bytes] = ...) -> None: ...
 
 class SetSlotMapRequest(_message.Message):
-    __slots__ = ("table", "expected_epoch", "slot_map")
+    __slots__ = ("table", "expected_epoch", "slot_map", "checksum_slots")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_EPOCH_FIELD_NUMBER: _ClassVar[int]
     SLOT_MAP_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
     table: str
     expected_epoch: int
     slot_map: SlotMap
-    def __init__(self, table: _Optional[str] = ..., expected_epoch: _Optional[int] = ..., slot_map: _Optional[_Union[SlotMap, _Mapping]] = ...) -> None: ...
+    checksum_slots: _containers.RepeatedCompositeFieldContainer[SlotRange]
+    def __init__(self, table: _Optional[str] = ..., expected_epoch: _Optional[int] = ..., slot_map: _Optional[_Union[SlotMap, _Mapping]] = ..., checksum_slots: _Optional[_Iterable[_Union[SlotRange, _Mapping]]] = ...) -> None: ...
 
 class SetSlotMapResponse(_message.Message):
-    __slots__ = ("changed",)
+    __slots__ = ("changed", "checksums")
     CHANGED_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     changed: bool
-    def __init__(self, changed: _Optional[bool] = ...) -> None: ...
+    checksums: SlotChecksumsResponse
+    def __init__(self, changed: _Optional[bool] = ..., checksums: _Optional[_Union[SlotChecksumsResponse, _Mapping]] = ...) -> None: ...
 
 class ExportRowsRequest(_message.Message):
     __slots__ = ("table", "epoch", "with_state", "slot_mask", "max_chunk_bytes", "keys")
