@@ -81,9 +81,25 @@ class OperatorConfig:
             tls=ClientTls.from_environment(env),
             cluster_domain=env.get("RECSTORE_CLUSTER_DOMAIN") or defaults.cluster_domain,
             status_interval=float(env.get("RECSTORE_STATUS_INTERVAL") or defaults.status_interval),
+            reshard_batch_slots=int(
+                env.get("RECSTORE_RESHARD_BATCH_SLOTS") or defaults.reshard_batch_slots
+            ),
+            reshard_attempts=int(env.get("RECSTORE_RESHARD_ATTEMPTS") or defaults.reshard_attempts),
+            reshard_retry_delay=float(
+                env.get("RECSTORE_RESHARD_RETRY_DELAY") or defaults.reshard_retry_delay
+            ),
+            reshard_retry_cap=float(
+                env.get("RECSTORE_RESHARD_RETRY_CAP") or defaults.reshard_retry_cap
+            ),
         )
 
     def __post_init__(self) -> None:
+        if self.reshard_attempts < 1 or self.reshard_batch_slots < 1:
+            raise ValueError(
+                "RECSTORE_RESHARD_ATTEMPTS and RECSTORE_RESHARD_BATCH_SLOTS must be >= 1"
+            )
+        if not 0 < self.reshard_retry_delay <= self.reshard_retry_cap:
+            raise ValueError("need 0 < RECSTORE_RESHARD_RETRY_DELAY <= RECSTORE_RESHARD_RETRY_CAP")
         # PS pods serving TLS are unreachable to an operator that cannot verify them
         if self.ps_tls_secret and self.tls is None:
             raise ValueError("RECSTORE_PS_TLS_SECRET is set but RECSTORE_TLS_CA is not")
