@@ -259,6 +259,13 @@ async def logged(work: Awaitable[None]) -> None:
         log.exception("after a move")
 
 
+def pod_key(pod: Mapping[str, Any]) -> tuple[str, int]:
+    """A pod incarnation: its uid and restart count (a restarted node lost its tables)."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    restarts = sum(int(s.get("restartCount", 0)) for s in statuses)
+    return (pod["metadata"].get("uid") or pod["metadata"]["name"], restarts)
+
+
 def pod_index(pod: Mapping[str, Any]) -> int:
     label = (pod["metadata"].get("labels") or {}).get(render.POD_INDEX_LABEL)
     return int(label) if label is not None else int(pod["metadata"]["name"].rsplit("-", 1)[1])
