@@ -89,10 +89,14 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
             "metadata": {"name": owner.name, "namespace": owner.namespace, "uid": owner.uid},
         })  # fmt: skip
         kind = "Warning" if event.warning else "Normal"
-        # kopf.event, not kopf.info: the posting level (WARNING) is for kopf's own log lines
-        kopf.event(ref, type=kind, reason=event.reason_code, message=event.message())
-        if state.mirror is not None:
-            await state.mirror.post_event(table, event, logging.getLogger(__name__))
+        logger = logging.getLogger(__name__)
+        try:  # best effort: a moment not recorded never stops or fails a move
+            # kopf.event, not kopf.info: the posting level (WARNING) is for kopf's own lines
+            kopf.event(ref, type=kind, reason=event.reason_code, message=event.message())
+            if state.mirror is not None and not state.stopping:
+                await state.mirror.post_event(table, event, logger)
+        except Exception as error:  # e.g. the mirror closed while the operator stops
+            logger.warning(f"{event.action} of {table!r} not recorded: {error}")
 
     async def mirror_stored(table: str, status: dict[str, Any]) -> None:
         """The status as stored (a move's new map) to the admin API."""
