@@ -59,7 +59,7 @@ class MoveEvent(BaseModel):
     ``queued_shards`` is the count a queued change asks for.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     moment: MoveMoment
     from_shards: Shards
