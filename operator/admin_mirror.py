@@ -4,9 +4,11 @@ The admin API keeps the catalogue the SDK's discovery reads; the operator
 keeps it current by ``PUT /api/v1/tables/{name}/status`` whenever a table's
 status changes. It authenticates as the provisioner identity, and the admin
 API accepts a shard endpoint only once that shard's node is registered with
-it, so each new endpoint is registered (``POST /api/v1/nodes``) first.
-Mirroring is best effort: a down admin API is logged and retried with the
-next change, never a reason to hold up reconciling.
+it, so each new endpoint is registered (``POST /api/v1/nodes``) first. The
+moments of an online move go to the audit log
+(``POST /api/v1/tables/{name}/resharding-events``). Mirroring is best effort:
+a down admin API is logged and retried with the next change (a moment is only
+logged), never a reason to hold up reconciling.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from urllib.parse import quote
 
 import httpx
 
+from recstore.core.migration_events import MoveEvent
 from recstore.core.reconcile import admin_status
 from recstore.core.tls import ClientTls, http_verify
 
@@ -67,6 +70,21 @@ class AdminMirror:
             logger.warning(f"admin API unreachable, status of {table!r} not mirrored: {exc}")
             return False
         return _accepted(response, f"the status of {table!r}", logger)
+
+    async def post_event(self, table: str, event: MoveEvent, logger: Logger) -> bool:
+        """Record a moment of the table's move in the audit log; True when accepted."""
+        try:
+            response = await self._client.post(
+                f"/api/v1/tables/{quote(table, safe='')}/resharding-events",
+                json=event.to_json(),
+                headers=self._headers(),
+            )
+        except httpx.HTTPError as exc:
+            logger.warning(
+                f"admin API unreachable, {event.action} of {table!r} not recorded: {exc}"
+            )
+            return False
+        return _accepted(response, f"{event.action} of {table!r}", logger)
 
     async def _register(self, table: str, shard: Mapping[str, Any], logger: Logger) -> bool:
         index, endpoint = int(shard["index"]), shard.get("endpoint")

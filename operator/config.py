@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from recstore.core.migration import DEFAULT_BATCH_SLOTS
 from recstore.core.reconcile import GRPC_PORT
 from recstore.core.tls import ClientTls
 
@@ -53,6 +54,13 @@ class OperatorConfig:
     #: failed final-checkpoint attempts before a deletion goes ahead anyway.
     checkpoint_retries: int = 3
     retry_delay: float = 10.0
+    #: tries of one online move (the first and its retries) before it waits for a new
+    #: spec.shards or an operator restart; the wait doubles from the first delay to the cap
+    #: slots per batch of a move (one seal pauses this many)
+    reshard_batch_slots: int = DEFAULT_BATCH_SLOTS
+    reshard_attempts: int = 5
+    reshard_retry_delay: float = 5.0
+    reshard_retry_cap: float = 300.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -73,14 +81,37 @@ class OperatorConfig:
             tls=ClientTls.from_environment(env),
             cluster_domain=env.get("RECSTORE_CLUSTER_DOMAIN") or defaults.cluster_domain,
             status_interval=float(env.get("RECSTORE_STATUS_INTERVAL") or defaults.status_interval),
+            reshard_batch_slots=int(
+                env.get("RECSTORE_RESHARD_BATCH_SLOTS") or defaults.reshard_batch_slots
+            ),
+            reshard_attempts=int(env.get("RECSTORE_RESHARD_ATTEMPTS") or defaults.reshard_attempts),
+            reshard_retry_delay=float(
+                env.get("RECSTORE_RESHARD_RETRY_DELAY") or defaults.reshard_retry_delay
+            ),
+            reshard_retry_cap=float(
+                env.get("RECSTORE_RESHARD_RETRY_CAP") or defaults.reshard_retry_cap
+            ),
         )
 
     def __post_init__(self) -> None:
+        if self.reshard_attempts < 1 or self.reshard_batch_slots < 1:
+            raise ValueError(
+                "RECSTORE_RESHARD_ATTEMPTS and RECSTORE_RESHARD_BATCH_SLOTS must be >= 1"
+            )
+        if not 0 < self.reshard_retry_delay <= self.reshard_retry_cap:
+            raise ValueError("need 0 < RECSTORE_RESHARD_RETRY_DELAY <= RECSTORE_RESHARD_RETRY_CAP")
         # PS pods serving TLS are unreachable to an operator that cannot verify them
         if self.ps_tls_secret and self.tls is None:
             raise ValueError("RECSTORE_PS_TLS_SECRET is set but RECSTORE_TLS_CA is not")
         if self.ps_tls_mutual and (self.tls is None or self.tls.cert is None):
             raise ValueError("RECSTORE_PS_TLS_MUTUAL needs RECSTORE_TLS_CERT and RECSTORE_TLS_KEY")
+
+    def reshard_retry_in(self, failed_attempt: int) -> float | None:
+        """Seconds until the next try of a move whose ``failed_attempt``-th try failed
+        (None: it was the last one)."""
+        if failed_attempt >= self.reshard_attempts:
+            return None
+        return min(self.reshard_retry_cap, self.reshard_retry_delay * 2 ** (failed_attempt - 1))
 
     def image_problem(self, image: str | None) -> str | None:
         """Why a table may not run ``image`` (None when it may, or names none)."""

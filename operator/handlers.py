@@ -5,7 +5,8 @@ fresh one per test and per ``recstore operator`` run; kopf's default one in
 ``kopf run -m recstore.operator.main``). Create, update and resume apply
 the children and write the status; a timer refreshes the status from the
 StatefulSet and pods; delete takes a final checkpoint, then removes the
-children and releases the finalizer.
+children and releases the finalizer. An online move's moments become
+Kubernetes Events and admin audit events through ``announce``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import kopf
 
+from recstore.core.migration_events import MoveEvent
 from recstore.operator.admin_mirror import AdminMirror
 from recstore.operator.config import OperatorConfig
 from recstore.operator.crd import GROUP, PLURAL, VERSION
@@ -75,8 +77,26 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
         if info is not None:
-            state.reconciler = Reconciler(Kube(info), state.config, publish=mirror_stored)
+            state.reconciler = Reconciler(
+                Kube(info), state.config, publish=mirror_stored, announce=announce
+            )
         return info
+
+    async def announce(owner: Owner, table: str, event: MoveEvent) -> None:
+        """A moment of a move: a Kubernetes Event on the EmbeddingTable, and the audit log."""
+        ref = kopf.Body({
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "EmbeddingTable",
+            "metadata": {"name": owner.name, "namespace": owner.namespace, "uid": owner.uid},
+        })  # fmt: skip
+        kind = "Warning" if event.warning else "Normal"
+        logger = logging.getLogger(__name__)
+        try:  # best effort: a moment not recorded never stops or fails a move
+            # kopf.event, not kopf.info: the posting level (WARNING) is for kopf's own lines
+            kopf.event(ref, type=kind, reason=event.reason_code, message=event.message())
+            if state.mirror is not None and not state.stopping:
+                await state.mirror.post_event(table, event, logger)
+        except Exception as error:  # e.g. the mirror closed while the operator stops
+            logger.warning(f"{event.action} of {table!r} not recorded: {error}")
 
     async def mirror_stored(table: str, status: dict[str, Any]) -> None:
         """The status as stored (a move's new map) to the admin API."""

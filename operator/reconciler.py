@@ -4,11 +4,11 @@ Each procedure reads the children through ``Kube``, asks the reconcile core
 (``recstore.core.reconcile``) and the renderers what should exist and what
 the status is, and writes only the difference. kopf handlers call these
 with the resource's fields; nothing here depends on kopf's calling style.
+Online moves (start, queue, retry) are ``recstore.operator.move_control``'s.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import dataclasses
 import datetime as dt
@@ -18,16 +18,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recstore.core.errors import InvalidArgument
-from recstore.core.reconcile import Declaration, Observation, compute_status, parse_declaration
+from recstore.core.migration_events import MoveEvent
+from recstore.core.reconcile import (
+    Declaration,
+    Observation,
+    compute_status,
+    parse_declaration,
+)
 from recstore.core.routing import SlotMap
 from recstore.operator import final_checkpoint, render, resharding
 from recstore.operator.config import OperatorConfig
 from recstore.operator.kube import Kube, path
-from recstore.operator.migration_store import StatusJobStore
+from recstore.operator.move_control import MoveControl
 from recstore.operator.render import Owner, RenderOptions
 from recstore.operator.status import observe, pod_ready
 
 Logger = logging.Logger | logging.LoggerAdapter
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -52,7 +59,7 @@ def validate(
 
 
 @dataclass
-class Reconciler:
+class Reconciler(MoveControl):
     kube: Kube
     config: OperatorConfig
     #: (pod uid, restart count) of shards the table is known to exist on.
@@ -61,6 +68,8 @@ class Reconciler:
     movers: dict[str, resharding.Mover] = field(default_factory=dict)
     #: mirrors a table's stored status to the admin API (the new map after a commit)
     publish: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
+    #: posts a moment of a move (owner, table name, event): Kubernetes Event, audit log
+    announce: Callable[[Owner, str, MoveEvent], Awaitable[None]] | None = None
 
     @property
     def options(self) -> RenderOptions:
@@ -107,57 +116,6 @@ class Reconciler:
         await self._ensure("PodDisruptionBudget", ns, render.render_pdb(owner))
         return checked
 
-    async def reshard(self, owner: Owner, decl: Declaration, running: int, logger: Logger) -> None:
-        """Start the online move to ``decl``'s shard count; a second change while one runs
-        waits for it (said in a warning; the next reconcile after it starts the next)."""
-        mover = self.movers.get(owner.uid)
-        if mover is not None and mover.running:
-            if mover.to_shards != decl.spec.shards:
-                logger.warning(
-                    f"spec.shards is {decl.spec.shards} while a move to {mover.to_shards} "
-                    "shards runs; it starts once this move is done"
-                )
-            return
-        mover = self.movers[owner.uid] = resharding.Mover(decl.spec.shards)
-        logger.info(f"resharding {running} -> {decl.spec.shards} shards online")
-        loop = asyncio.get_running_loop()
-        url = path("EmbeddingTable", owner.namespace, owner.name)
-
-        async def publish() -> None:
-            if self.publish is not None:
-                stored = (await self.kube.get(url)) or {}
-                await self.publish(decl.spec.name, dict(stored.get("status") or {}))
-
-        def template(count: int) -> dict[str, Any]:
-            sized = Declaration(decl.spec.model_copy(update={"shards": count}), decl.placement)
-            rendered: dict[str, Any] = render.render_statefulset(owner, sized, self.options)
-            return dict(rendered["spec"]["template"])
-
-        shards = resharding.TableShards(
-            kube=self.kube, loop=loop, owner=owner, spec=decl.spec, port=self.config.ps_port,
-            template=template,
-            token=await self.ps_token(owner.namespace), tls=self.config.tls,
-            timeout=self.config.rpc_timeout, confirm=lambda pod: self.confirmed.add(_pod_key(pod)),
-            publish=publish,
-        )  # fmt: skip
-        store = StatusJobStore(self.kube, loop, owner.namespace, owner.name)
-        resharding.start(mover, shards, store, running)
-
-    def move_due(self, owner: Owner, checked: Validated, observation: Observation) -> bool:
-        """Whether a declared shard count differs from the running one with no move running
-        (a failed move is not retried by itself: a new change or a restart does)."""
-        mover, decl = self.movers.get(owner.uid), checked.declaration
-        held = mover is not None and (
-            mover.running or (mover.progress is not None and mover.progress.error is not None)
-        )
-        return decl is not None and not held and observation.running_shards not in (
-            None, decl.spec.shards,
-        )  # fmt: skip
-
-    def stop_moves(self) -> None:
-        for mover in self.movers.values():
-            mover.closed.set()
-
     async def _ensure(self, kind: str, ns: str, desired: dict[str, Any]) -> None:
         url = path(kind, ns, desired["metadata"]["name"])
         if await self.kube.patch(url, desired) is None:
@@ -182,7 +140,9 @@ class Reconciler:
         observation = observe(sts, usable + unconfirmed, endpoint)
         mover = self.movers.get(owner.uid)
         if mover is not None and mover.progress is not None:
-            observation = dataclasses.replace(observation, resharding=mover.progress)
+            observation = dataclasses.replace(
+                observation, resharding=mover.progress, queued_shards=mover.queued_shards
+            )
         return observation, pods
 
     async def _create_table_on_new_shards(
@@ -266,12 +226,7 @@ class Reconciler:
             await self.kube.delete(path(kind, ns, name))
 
 
-def _pod_key(pod: Mapping[str, Any]) -> tuple[str, int]:
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    restarts = sum(int(s.get("restartCount", 0)) for s in statuses)
-    return (pod["metadata"].get("uid") or pod["metadata"]["name"], restarts)
-
-
+_pod_key = resharding.pod_key
 _pod_index = resharding.pod_index
 
 

@@ -355,7 +355,8 @@ def render_statefulset(owner: Owner, decl: Declaration, options: RenderOptions) 
             "serviceName": workload_name(owner.name),
             "replicas": decl.spec.shards,
             "podManagementPolicy": "Parallel",  # shards are independent: start them together
-            "updateStrategy": {"type": "RollingUpdate"},
+            # partition 0: an apply rolls every pod, also those a grow kept on their revision
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}},
             "persistentVolumeClaimRetentionPolicy": {
                 "whenDeleted": "Retain" if storage.retain_on_delete else "Delete",
                 "whenScaled": "Retain",

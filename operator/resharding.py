@@ -8,20 +8,28 @@ scales the StatefulSet down. The slot map and the job live in the CR status
 (``StatusJobStore``), so a restarted operator finishes a committed batch or
 aborts another, and moves the rest. The move runs in a thread of its own;
 API calls go back to kopf's loop, so the event loop never waits on a batch.
+The thread runs in a copy of the starting handler's context, so the move's
+moments (``recstore.core.migration_events``) can be posted as Kubernetes Events
+through kopf; when it ends, ``on_end`` runs on kopf's loop (a queued change
+starts, a failed move is retried).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from recstore.core.control import ControlClient, ControlError, create_table_rpc, stats_rpc
+from recstore.core.migration import DEFAULT_BATCH_SLOTS
 from recstore.core.migration_drive import Shards, move
-from recstore.core.reconcile import Resharding
+from recstore.core.migration_events import MoveEvent, MoveMoment
+from recstore.core.reconcile import Declaration, Resharding
 from recstore.core.routing import SlotMap
 from recstore.core.spec import TableSpec
 from recstore.core.tls import ClientTls
@@ -40,16 +48,47 @@ POLL_S = 0.2
 
 @dataclass
 class Mover:
-    """One table's move: its thread, the progress the status shows, how to stop it."""
+    """One table's move: its thread, the progress the status shows, how to stop it.
+
+    ``declared`` is the latest declaration seen while it runs: one asking for another
+    shard count is queued (``queued_shards``) and started when this move ends.
+    ``attempt`` counts the tries of this change; ``retry`` is the next one's timer.
+    """
 
     to_shards: int
+    declared: Declaration
     closed: threading.Event = field(default_factory=threading.Event)
     progress: Resharding | None = None
     thread: threading.Thread | None = None
+    ended: threading.Event = field(default_factory=threading.Event)
+    attempt: int = 1
+    retry: asyncio.TimerHandle | None = None
 
     @property
     def running(self) -> bool:
-        return self.thread is not None and self.thread.is_alive()
+        return self.thread is not None and not self.ended.is_set()
+
+    @property
+    def retrying(self) -> bool:
+        return self.retry is not None and not self.retry.cancelled()
+
+    @property
+    def moving_to(self) -> int:
+        """The count this move ends at (a resumed stored job's, which may differ)."""
+        return self.progress.to_shards if self.progress is not None else self.to_shards
+
+    @property
+    def queued_shards(self) -> int | None:
+        shards = self.declared.spec.shards
+        return shards if shards != self.moving_to and (self.running or self.retrying) else None
+
+    @property
+    def failed(self) -> bool:
+        return self.progress is not None and self.progress.error is not None
+
+    def cancel_retry(self) -> None:
+        if self.retry is not None:
+            self.retry.cancel()
 
 
 @dataclass
@@ -67,6 +106,8 @@ class TableShards:
     template: Callable[[int], dict[str, Any]]  # the pod template for this shard count
     confirm: Callable[[dict[str, Any]], None]  # the table exists on this pod
     publish: Callable[[], Coroutine[Any, Any, None]]  # mirror the status (the new map) now
+    #: post a moment of the move (Kubernetes Event, admin audit log)
+    announce: Callable[[MoveEvent], Coroutine[Any, Any, None]]
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return call_on(self.loop, coro)
@@ -149,12 +190,33 @@ class TableShards:
     def report(self) -> None:
         self._call(self.publish())
 
+    def record(self, event: MoveEvent) -> None:
+        self._call(self.announce(event))
 
-def start(mover: Mover, shards: TableShards, store: StatusJobStore, running: int) -> None:
-    """Run the move in a thread of its own (``mover.thread``)."""
+
+def start(
+    mover: Mover,
+    shards: TableShards,
+    store: StatusJobStore,
+    running: int,
+    on_end: Callable[[], Awaitable[None]],
+    retry_in: Callable[[int], float | None],
+    batch_slots: int = DEFAULT_BATCH_SLOTS,
+) -> None:
+    """Run the move in a thread of its own (``mover.thread``); ``on_end`` then runs on
+    kopf's loop. ``retry_in``: when a failed try is retried (None: it is not)."""
 
     def show(progress: Resharding) -> None:
-        mover.progress = progress
+        retry = retry_in(mover.attempt) if progress.error is not None else None
+        mover.progress = dataclasses.replace(progress, attempt=mover.attempt, retry_in_s=retry)
+
+    def record(event: MoveEvent) -> None:
+        failed = event.moment == MoveMoment.aborted
+        update = {
+            "attempt": mover.attempt,
+            "retry_in_s": retry_in(mover.attempt) if failed else None,
+        }
+        shards.record(event.model_copy(update=update))
 
     def run() -> None:
         try:
@@ -167,19 +229,41 @@ def start(mover: Mover, shards: TableShards, store: StatusJobStore, running: int
                 name=shards.spec.name, endpoints=shards.endpoints, grow_to=shards.grow_to,
                 serving=shards.serving, shrink_to=shards.shrink_to, report=shards.report,
                 show=show, tls=shards.tls, closed=mover.closed, token=shards.token,
+                record=record,
             )  # fmt: skip
-            move(drive, store, mover.to_shards)
-        except Exception as error:  # the API server gone: the next apply or resume retries
+            move(drive, store, mover.to_shards, batch_slots)
+        except Exception as error:  # the API server gone: retried like a failed move
             log.exception("resharding %s stopped", shards.spec.name)
-            if mover.progress is not None:
-                p = mover.progress
-                mover.progress = Resharding(
-                    p.from_shards, p.to_shards, p.slots_moved, p.slots_total, p.bytes_moved,
-                    p.epoch, running=False, error=str(error),
-                )  # fmt: skip
+            # before the job was planned, no slot map was stored yet: epoch 1
+            shown = mover.progress or Resharding(running, mover.to_shards, 0, 0, 0, 1)
+            show(dataclasses.replace(shown, running=False, error=str(error)))
+        finally:
+            if not mover.closed.is_set() and not shards.loop.is_closed():
+                mover.ended.set()  # before on_end: it may start the next move
+                asyncio.run_coroutine_threadsafe(logged(on_end()), shards.loop)
+            mover.ended.set()
 
-    mover.thread = threading.Thread(target=run, name=f"reshard-{shards.spec.name}", daemon=True)
+    # a copy of the handler's context: kopf's event posting reads it (contextvars)
+    context = contextvars.copy_context()
+    mover.ended.clear()
+    mover.thread = threading.Thread(
+        target=context.run, args=(run,), name=f"reshard-{shards.spec.name}", daemon=True
+    )
     mover.thread.start()
+
+
+async def logged(work: Awaitable[None]) -> None:
+    try:
+        await work
+    except Exception:  # nothing waits for it: say it here
+        log.exception("after a move")
+
+
+def pod_key(pod: Mapping[str, Any]) -> tuple[str, int]:
+    """A pod incarnation: its uid and restart count (a restarted node lost its tables)."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    restarts = sum(int(s.get("restartCount", 0)) for s in statuses)
+    return (pod["metadata"].get("uid") or pod["metadata"]["name"], restarts)
 
 
 def pod_index(pod: Mapping[str, Any]) -> int:

@@ -17,6 +17,7 @@ from recstore.admin.crud.tables import (
     get_table,
     list_tables,
     patch_table,
+    record_move,
     set_status,
 )
 from recstore.admin.crud.tokens import active_token, create_token, list_tokens, revoke_token
@@ -39,6 +40,7 @@ __all__ = [
     "list_tokens",
     "patch_table",
     "recent_checkpoints",
+    "record_move",
     "register_node",
     "request_checkpoint",
     "revoke_token",

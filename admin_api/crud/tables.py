@@ -1,4 +1,5 @@
-"""Table catalogue operations behind ``routes/tables.py``: create, read, patch, delete, status."""
+"""Table catalogue operations behind ``routes/tables.py``: create, read, patch, delete, status,
+the moments of an online move."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from recstore.admin.crud.checkpoints import complete_reported_checkpoint
 from recstore.admin.crud.paging import page
 from recstore.admin.crud.writes import writes
 from recstore.admin.errors import VersionConflict
-from recstore.admin.models import TableRecord
+from recstore.admin.models import EventRecord, TableRecord
 from recstore.admin.schemas import TableStatus
 from recstore.admin.spec_patch import apply_patch
 from recstore.core import SlotMap, TableSpec
 from recstore.core.errors import InvalidArgument, TableExists, TableNotFound
+from recstore.core.migration_events import MoveEvent
 
 
 def get_table(session: Session, *, name: str) -> TableRecord:
@@ -159,3 +161,11 @@ def set_status(
     if after != before:
         audit.record(session, actor, "table.status", table=table.name, before=before, after=after)
     return table
+
+
+def record_move(
+    session: Session, *, table: TableRecord, event: MoveEvent, actor: str
+) -> EventRecord:
+    """A moment of the table's online move (``recstore.core.migration_events``), as its own
+    audit event: ``reshard.<moment>`` with the event's payload as the state after."""
+    return audit.record(session, actor, event.action, table=table.name, after=event.payload())

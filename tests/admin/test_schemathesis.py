@@ -20,6 +20,7 @@ PROVISIONER_ROUTES = {
     ("POST", "/api/v1/nodes"),
     ("POST", "/api/v1/nodes/{node_id}/heartbeat"),
     ("PUT", "/api/v1/tables/{name}/status"),
+    ("POST", "/api/v1/tables/{name}/resharding-events"),
 }
 
 

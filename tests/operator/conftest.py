@@ -2,9 +2,9 @@
 
 kmock's KubernetesEmulator stores objects and serves watches but runs no
 controllers and assigns no server-side fields, so ``ApiServer`` adds uid,
-resourceVersion and generation the way the real API server does (and refuses
-a PUT carrying a stale resourceVersion with 409), and tests
-write StatefulSet and pod status themselves. The PS double is a real gRPC
+resourceVersion, generation and a name from ``generateName`` the way the real
+API server does (and refuses a PUT carrying a stale resourceVersion with 409),
+and tests write StatefulSet and pod status themselves. The PS double is a real gRPC
 server on loopback that records CreateTable and Save calls.
 """
 
@@ -51,6 +51,8 @@ class ApiServer(kmock.KubernetesEmulator):
                 else None
             )
             if request.action == kmock.action.CREATE and meta is not None:
+                if not meta.get("name") and meta.get("generateName"):  # e.g. kopf's Events
+                    meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:10]}"
                 meta.setdefault("uid", str(uuid.uuid4()))
                 meta.setdefault("creationTimestamp", "2026-01-01T00:00:00Z")
                 meta["generation"] = 1

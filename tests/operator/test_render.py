@@ -262,6 +262,15 @@ def test_shard_endpoint_is_the_pod_dns_name():
     )
 
 
+def test_an_apply_after_a_grow_rolls_the_pods_the_grow_kept():
+    """A grow scales up with a partition so the running pods keep their revision (and
+    their --num-shards); the next apply must reset it, or those pods never get a newer
+    template (an image, the new --num-shards)."""
+    desired = render.render_statefulset(OWNER, decl(), RenderOptions())
+    strategy = render.statefulset_update(desired)["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}
+
+
 def test_update_patch_leaves_immutable_fields_alone():
     desired = render.render_statefulset(OWNER, decl(), RenderOptions())
     update = render.statefulset_update(desired)

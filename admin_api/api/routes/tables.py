@@ -1,4 +1,5 @@
-"""Tables: create / list / get / patch / delete, operator status, SDK discovery."""
+"""Tables: create / list / get / patch / delete, operator status, online-move events, SDK
+discovery."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from recstore.admin.api.deps import (
 from recstore.admin.cache_view import cache_view, scrape_table
 from recstore.admin.schemas import (
     Discovery,
+    EventPublic,
     Page,
     TableCachePublic,
     TablePatch,
@@ -26,6 +28,7 @@ from recstore.admin.schemas import (
     TableStatus,
 )
 from recstore.core import TableSpec
+from recstore.core.migration_events import MoveEvent
 
 router = APIRouter(
     prefix="/tables",
@@ -167,6 +170,25 @@ def put_status(
     )
     crud.commit(session)
     return _etag(response, views.table_public(table))
+
+
+@router.post(
+    "/{name}/resharding-events",
+    status_code=status.HTTP_201_CREATED,
+    response_model=EventPublic,
+    responses={403: {"description": "the token is not the provisioner's"}},
+)
+def post_resharding_event(
+    name: str, body: MoveEvent, session: SessionDep, principal: ProvisionerRoleDep
+) -> EventPublic:
+    """A moment of the table's online move (started, a batch committed, finished, aborted,
+    resumed, a change queued), written by the provisioner identity to the audit log as
+    ``reshard.<moment>``."""
+    event = crud.record_move(
+        session, table=crud.get_table(session, name=name), event=body, actor=principal.actor
+    )
+    crud.commit(session)
+    return EventPublic.model_validate(event)
 
 
 @router.get(

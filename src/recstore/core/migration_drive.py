@@ -15,10 +15,11 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from recstore.core.control import ControlClient
 from recstore.core.migration import DEFAULT_BATCH_SLOTS, MigrationJob, Phase
+from recstore.core.migration_events import MoveEvent, MoveMoment
 from recstore.core.migration_run import JobStore, MigrationRun
 from recstore.core.reconcile import Resharding
 from recstore.core.routing import SlotMap
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 
 #: a migration step's deadline (a snapshot page, a seal, a checksum of a batch)
 STEP_TIMEOUT_S = 120.0
+#: why a move stops when its provisioner does
+STOPPING = "the provisioner is stopping"
 
 
 class JobRecord(JobStore, Protocol):
@@ -59,6 +62,15 @@ class Shards:
     tls: ClientTls | None
     closed: threading.Event
     token: str | None = None
+    #: the audit log / Kubernetes Events of the move's moments (best effort)
+    record: Callable[[MoveEvent], None] = lambda event: None
+
+    def note(self, moment: MoveMoment, job: MigrationJob, epoch: int, **extra: Any) -> None:
+        """Record a moment; a recording that fails is logged, never a reason to stop a move."""
+        try:
+            self.record(MoveEvent.of(moment, job, epoch, **extra))
+        except Exception:
+            log.exception("recording %s of %s's move failed", moment.value, self.name)
 
 
 def move(
@@ -71,11 +83,14 @@ def move(
         job = MigrationJob.start(shards.name, store.slot_map(), to_shards, batch_slots)
     assert job is not None
     shards.show(progress(job, store.slot_map().epoch, running=True))
+    moment = MoveMoment.resumed if resuming else MoveMoment.started
+    shards.note(moment, job, store.slot_map().epoch)
     widest = max(job.from_shards, job.to_shards)
     shards.grow_to(widest)
     for shard in range(widest):
         while not shards.serving(shard, store.slot_map()):
             if shards.closed.wait(0.2):
+                shards.note(MoveMoment.aborted, job, store.slot_map().epoch, reason=STOPPING)
                 return None
     clients = [
         ControlClient(e, timeout=STEP_TIMEOUT_S, tls=shards.tls, token=shards.token)
@@ -84,9 +99,11 @@ def move(
 
     def on_step(step: str, current: MigrationJob) -> None:
         if shards.closed.is_set():
-            raise RuntimeError("the provisioner is stopping")
-        shards.show(progress(current, store.slot_map().epoch, running=True))
-        if step == "activate":
+            raise RuntimeError(STOPPING)
+        epoch = store.slot_map().epoch
+        shards.show(progress(current, epoch, running=True))
+        if step == "activate":  # the batch's commit happened (or a resumed one's had)
+            shards.note(MoveMoment.batch_committed, current, epoch)
             shards.report()
 
     run = MigrationRun(shards.name, clients, store, on_step=on_step)
@@ -94,13 +111,17 @@ def move(
         job = run.resume(job) if resuming else run.run(job)
     except Exception as error:
         failed = store.job() or job
-        shards.show(progress(failed, store.slot_map().epoch, running=False, error=str(error)))
+        epoch = store.slot_map().epoch
+        shards.show(progress(failed, epoch, running=False, error=str(error)))
         log.exception("resharding %s to %d shards stopped", shards.name, to_shards)
+        shards.note(MoveMoment.aborted, failed, epoch, reason=str(error))
         return failed
     finally:
         for client in clients:
             client.close()
     shards.shrink_to(job.to_shards)
-    shards.show(progress(job, store.slot_map().epoch, running=False))
+    epoch = store.slot_map().epoch
+    shards.show(progress(job, epoch, running=False))
     shards.report()
+    shards.note(MoveMoment.finished, job, epoch)
     return job

@@ -185,6 +185,8 @@ class Observation:
     refused: str | None = None
     #: an online slot migration running (or the last one's failure)
     resharding: Resharding | None = None
+    #: a shard count declared while a move runs, started when that move ends (operator)
+    queued_shards: int | None = None
 
 
 @dataclass(frozen=True)
@@ -199,13 +201,22 @@ class Resharding:
     epoch: int
     running: bool = True
     error: str | None = None  # why the last attempt stopped (the source stayed authoritative)
+    attempt: int = 1  # tries of this change so far (the operator retries a failed one)
+    retry_in_s: float | None = None  # when the next try starts (None: none is planned)
 
     def describe(self) -> str:
         done = f"{self.slots_moved}/{self.slots_total} slots moved, {self.bytes_moved} bytes"
         where = f"{self.from_shards} -> {self.to_shards} shards, slot-map epoch {self.epoch}"
+        tries = "" if self.attempt == 1 else f" (attempt {self.attempt})"
         if self.error:
-            return f"resharding {where} stopped at {done}: {self.error}"
-        return f"resharding {where}: {done}"
+            if self.retry_in_s is not None:
+                then = f"; retrying in {self.retry_in_s:g} s"
+            elif self.attempt > 1:
+                then = "; no more retries: a new spec.shards or a restart tries again"
+            else:
+                then = ""
+            return f"resharding {where} stopped at {done}{tries}: {self.error}{then}"
+        return f"resharding {where}: {done}{tries}"
 
 
 def compute_status(
@@ -272,6 +283,16 @@ def compute_status(
              moving.describe())
         )  # fmt: skip
     old = {c.get("type"): c for c in previous.get("conditions", []) if isinstance(c, Mapping)}
+    queued = observation.queued_shards
+    if queued is not None or "ReshardQueued" in old:
+        running_to = moving.to_shards if moving is not None else declared_shards
+        wanted.append(
+            ("ReshardQueued", queued is not None,
+             "ShardCountQueued" if queued is not None else "NothingQueued",
+             f"spec.shards is {queued} while the move to {running_to} shards runs; "
+             "it starts when that move ends" if queued is not None
+             else "no shard change waits for a move")
+        )  # fmt: skip
     conditions = [
         _condition(kind, ok, reason, message, generation, now, old.get(kind))
         for kind, ok, reason, message in wanted

@@ -536,6 +536,7 @@ class LocalProvisioner:
             endpoints=lambda: [table.endpoint(s) for s in range(len(table.ports))],
             grow_to=grow_to, serving=serving, shrink_to=shrink_to, report=report, show=show,
             tls=self._tls.client if self._tls else None, closed=table.stopped,
+            record=lambda event: self._reporter.record_move_event(table.spec.name, event),
         )  # fmt: skip
 
 

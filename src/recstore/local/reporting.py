@@ -2,7 +2,8 @@
 
 The operator mirrors a table's status to the admin API over HTTP; the local
 provisioner does the same through this small client, so the dashboard, the
-CLI and the SDK's discovery read one catalogue whichever provisioner runs.
+CLI and the SDK's discovery read one catalogue whichever provisioner runs. The
+moments of an online move go to the audit log the same way.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from recstore.core.migration_events import MoveEvent
 from recstore.core.tls import ClientTls, http_verify
 
 
@@ -22,6 +24,8 @@ class Reporter(Protocol):
     def heartbeat(self, node_id: int, ready: bool, rows: int, memory_bytes: int) -> None: ...
 
     def report_status(self, table: str, status: dict[str, Any]) -> None: ...
+
+    def record_move_event(self, table: str, event: MoveEvent) -> None: ...
 
 
 class AdminReporter:
@@ -65,6 +69,10 @@ class AdminReporter:
 
     def report_status(self, table: str, status: dict[str, Any]) -> None:
         self._client.put(f"/tables/{table}/status", json=status).raise_for_status()
+
+    def record_move_event(self, table: str, event: MoveEvent) -> None:
+        reply = self._client.post(f"/tables/{table}/resharding-events", json=event.to_json())
+        reply.raise_for_status()
 
     def close(self) -> None:
         self._client.close()
