@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 from torch._library.effects import EffectType
-from torch.library import custom_op, register_autograd
+from torch.library import Library, infer_schema, register_autograd, register_fake
 
 from recstore.client.lookup import (
     NO_PADDING,
@@ -35,12 +35,42 @@ from recstore.client.op_tables import layout
 
 NAMESPACE = "recstore"
 
+#: every ``torch.ops.recstore`` op is defined in this fragment of the namespace
+_LIBRARY = Library(NAMESPACE, "FRAGMENT")
+
+
+class _Op:
+    """One ``torch.ops.recstore`` op, defined on the dispatcher directly.
+
+    ``torch.library.custom_op`` wraps its kernel in Python layers that run on
+    every call (a dynamo-disable context, an output-aliasing check, a
+    device-kernel switch): about 50 µs per call, paid by every compiled step
+    for each op in its graphs. Here the kernel is registered as it is (for
+    every device: ``CompositeExplicitAutograd``), with the same fake kernels and
+    autograd formulas (``torch.library.register_fake`` / ``register_autograd``).
+    Calling the object calls the op through the dispatcher.
+    """
+
+    def __init__(self, name: str, fn: Any, schema: str | None) -> None:
+        self.name = f"{NAMESPACE}::{name}"
+        _LIBRARY.define(name + (schema or infer_schema(fn, mutates_args=())))
+        _LIBRARY.impl(name, fn, "CompositeExplicitAutograd")
+        self._overload = getattr(getattr(torch.ops, NAMESPACE), name).default
+        self.__doc__ = fn.__doc__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._overload(*args, **kwargs)
+
+    def register_fake(self, fn: Any) -> Any:
+        register_fake(self.name, fn, lib=_LIBRARY)
+        return fn
+
 
 def _op(name: str, *, effect: bool = False, schema: str | None = None) -> Any:
-    def define(fn: Any) -> Any:
-        op = custom_op(f"{NAMESPACE}::{name}", fn, mutates_args=(), schema=schema)
+    def define(fn: Any) -> _Op:
+        op = _Op(name, fn, schema)
         if effect:  # changes tables: never dropped, never reordered
-            torch.library._register_effectful_op(f"{NAMESPACE}::{name}", EffectType.ORDERED)
+            torch.library._register_effectful_op(op.name, EffectType.ORDERED)
         return op
 
     return define
