@@ -62,6 +62,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
+import paired_steps as paired  # noqa: E402
 from dlrm_synthetic import (  # noqa: E402
     DLRM,
     DataConfig,
@@ -82,9 +83,10 @@ ECHO_HEADER = struct.Struct("<Q")
 ECHO_METHOD = "/bench.Echo/Echo"
 
 PIPELINED = "recstore-grpc-2-shards-collection-pipelined"
+LOCAL = "recstore-local"
 COMPILED = "recstore-local-compiled"
 TARGETS = {
-    "recstore-local": 1.2,
+    LOCAL: 1.2,
     COMPILED: 1.2,
     "recstore-grpc-2-shards": 2.0,
     "recstore-grpc-2-shards-collection": 2.0,
@@ -266,7 +268,7 @@ def run_tbe(args: argparse.Namespace) -> None:
             variants["torch"] = (model, tw.torch_optimizer(model, work))
             if not missing:
                 variants["fbgemm"] = (tw.FbgemmBags(work, *shape), None)
-            kinds = [("recstore-local", "local", False)]
+            kinds = [(LOCAL, "local", False)]
             if not args.no_compile:
                 kinds.append((COMPILED, "local", True))
             if endpoints is not None:
@@ -286,12 +288,20 @@ def run_tbe(args: argparse.Namespace) -> None:
             for client in clients:
                 client.flush()
             times: dict[str, list[float]] = {name: [] for name in variants}
-            for _ in range(args.rounds):
-                for name, (model, optimizer) in variants.items():
-                    for batch in data:
-                        start = time.perf_counter()
-                        tw.step(model, optimizer, batch)
-                        times[name].append(time.perf_counter() - start)
+            ratios: list[float] = []
+
+            def tbe_step(name: str, index: int, variants: dict[str, Any] = variants,
+                         data: list[Any] = data) -> float:  # fmt: skip
+                model, optimizer = variants[name]
+                start = time.perf_counter()
+                tw.step(model, optimizer, data[index])
+                return time.perf_counter() - start
+
+            pair = (LOCAL, COMPILED) if COMPILED in variants else None
+            for round_index in range(args.rounds):
+                paired.timed_round(
+                    list(variants), pair, len(data), tbe_step, times, ratios, round_index
+                )
             for client in clients:
                 client.flush()
                 for table in client.data_name_list():
@@ -308,6 +318,10 @@ def run_tbe(args: argparse.Namespace) -> None:
 
                 numerics = tw.check_numerics(work, *shape, data[:3], local_client)
             report["workloads"][work.name] = _tbe_table(work.name, times, numerics)
+            if pair is not None:
+                figures = paired.summary(times, pair, ratios)
+                print("  " + paired.describe(figures))
+                report["workloads"][work.name]["compiled_vs_eager"] = figures
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.json}")
@@ -395,7 +409,7 @@ def main() -> None:
         local.set_ps_backend("local")
         torch.manual_seed(0)
         model = DLRM(config, args.embedding_dim, recstore_bags(local, args.lr))
-        variants["recstore-local"] = (model, dense_optimizer(model, args.lr), local)
+        variants[LOCAL] = (model, dense_optimizer(model, args.lr), local)
         if not args.no_compile:
             # the same model and tables' start, traced once by torch.compile (inductor); the
             # warm-up below compiles it, so compile time is not in the timed steps
@@ -488,18 +502,25 @@ def main() -> None:
                 train_step(floor, variants["transport-floor"][1], batch)
         times: dict[str, list[float]] = {name: [] for name in variants}
         losses: dict[str, list[float]] = {name: [] for name in variants}
+        ratios: list[float] = []
         for round_index in range(args.rounds):
-            for name, (model, optimizers, _) in variants.items():
-                for i in range(args.steps_per_round):
-                    batch = batches[round_index * args.steps_per_round + i]
-                    # Pipelined: the next batch is named before backward; not across
-                    # rounds, so each round's first step pays its whole round trip.
-                    following = None
-                    if name == PIPELINED and i + 1 < args.steps_per_round:
-                        following = batches[round_index * args.steps_per_round + i + 1]
-                    start = time.perf_counter()
-                    losses[name].append(train_step(model, optimizers, batch, following))
-                    times[name].append(time.perf_counter() - start)
+            first = round_index * args.steps_per_round
+
+            def dlrm_step(name: str, i: int, first: int = first) -> float:
+                model, optimizers, _ = variants[name]
+                # Pipelined: the next batch is named before backward; not across
+                # rounds, so each round's first step pays its whole round trip.
+                following = None
+                if name == PIPELINED and i + 1 < args.steps_per_round:
+                    following = batches[first + i + 1]
+                start = time.perf_counter()
+                losses[name].append(train_step(model, optimizers, batches[first + i], following))
+                return time.perf_counter() - start
+
+            pair = (LOCAL, COMPILED) if COMPILED in variants else None
+            paired.timed_round(
+                list(variants), pair, args.steps_per_round, dlrm_step, times, ratios, round_index
+            )
         for model, _, client in variants.values():
             if client is not None:
                 client.flush()  # updates still in flight are part of the work
@@ -531,12 +552,9 @@ def main() -> None:
             f"{name:<45}{median * 1e3:>16.2f}{spread:>14}{1 / median:>10.1f}{ratio:>9.2f}x"
             f"{target_text:>8}"
         )
-    if COMPILED in times:
-        eager, compiled = (statistics.median(times[n]) for n in ("recstore-local", COMPILED))
-        print(
-            f"torch.compile vs eager (same model, local backend): {compiled * 1e3:.2f} ms vs "
-            f"{eager * 1e3:.2f} ms median step, ratio {compiled / eager:.2f}x (target <= 1.0x)"
-        )
+    compiled_figures = paired.summary(times, (LOCAL, COMPILED), ratios) if ratios else None
+    if compiled_figures is not None:
+        print(paired.describe(compiled_figures))
     if traffic:
         print(
             f"collection traffic per node and step: {traffic['requests_per_node_and_step']:.2f} "
@@ -555,11 +573,7 @@ def main() -> None:
         "config": {k: str(v) for k, v in vars(args).items()},
         "steps": steps,
         "collection_traffic": traffic,
-        "compiled_vs_eager": (
-            statistics.median(times[COMPILED]) / statistics.median(times["recstore-local"])
-            if COMPILED in times
-            else None
-        ),
+        "compiled_vs_eager": compiled_figures,
         "results": results,
     }
     args.json.write_text(json.dumps(report, indent=2) + "\n")
