@@ -49,7 +49,7 @@ class _Op:
 
     ``torch.library.custom_op`` wraps its kernel in Python layers that run on
     every call (a dynamo-disable context, an output-aliasing check, a
-    device-kernel switch): about 50 µs per call, paid by every compiled step
+    device-kernel switch): 30-50 µs per call, paid by every compiled step
     for each op in its graphs. Here the kernel is registered as it is (for
     every device: ``CompositeExplicitAutograd``), with the same fake kernels and
     autograd formulas (``torch.library.register_fake``, and torch's autograd

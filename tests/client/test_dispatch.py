@@ -90,7 +90,7 @@ def _python_files_run_by(call) -> set[str]:
 def test_a_traced_graphs_op_call_runs_the_kernel_without_custom_op_wrappers(local_client) -> None:
     """What a compiled graph runs per op: the dispatcher and the kernel; none of
     ``torch.library.custom_op``'s per-call layers (a dynamo-disable context, an
-    output-aliasing check: about 50 µs a call, in every compiled step), nor torch's
+    output-aliasing check: 30-50 µs a call, in every compiled step), nor torch's
     autograd kernel sending a call that needs no gradient back through the dispatcher."""
     bag = rnn.EmbeddingBag(NUM, DIM, mode="sum", client=local_client, name=unique_name("w"))
     ids = torch.randint(0, NUM, (6,))
