@@ -15,10 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.library import register_autograd
 
 from recstore.client.op_tables import layout
-from recstore.client.ops import NAMESPACE, _op
+from recstore.client.ops import _op
 from recstore.client.pooled import SEGMENTS, Pool, pool_bags, send_bag_gradients
 
 
@@ -84,7 +83,7 @@ def _pool_backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> tuple[Any,
     return None, None, [None] * count, no_offsets, None, None, None
 
 
-register_autograd(f"{NAMESPACE}::emb_pool_many", _pool_backward, setup_context=_pool_setup)
+emb_pool_many.register_autograd(_pool_backward, setup_context=_pool_setup)
 
 
 @_op(

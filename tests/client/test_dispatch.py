@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.profiler import ProfilerActivity, profile
@@ -67,3 +69,44 @@ def test_fake_tensors_take_the_ops_shape_only_kernels(local_client) -> None:
         out = module(mode.from_tensor(torch.randint(0, NUM, (5, 3))))
     assert out.shape == (5, DIM)
     torch.testing.assert_close(module.weight, stored)
+
+
+def _python_files_run_by(call) -> set[str]:
+    """The source files of every Python function that runs during ``call()``."""
+    files: set[str] = set()
+
+    def record(frame, event, arg) -> None:
+        if event == "call":
+            files.add(frame.f_code.co_filename.replace("\\", "/"))
+
+    sys.setprofile(record)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return files
+
+
+def test_a_traced_graphs_op_call_runs_the_kernel_without_custom_op_wrappers(local_client) -> None:
+    """What a compiled graph runs per op: the dispatcher and the kernel; none of
+    ``torch.library.custom_op``'s per-call layers (a dynamo-disable context, an
+    output-aliasing check: 30-50 µs a call, in every compiled step), nor torch's
+    autograd kernel sending a call that needs no gradient back through the dispatcher."""
+    bag = rnn.EmbeddingBag(NUM, DIM, mode="sum", client=local_client, name=unique_name("w"))
+    ids = torch.randint(0, NUM, (6,))
+    stored = bag.weight
+
+    def pool_and_update() -> None:
+        with torch.no_grad():  # as inside a compiled forward or backward
+            (out,) = torch.ops.recstore.emb_pool_many(
+                bag._anchor, [bag._handle], [ids], [None], [3], [False], [True]
+            )
+            torch.ops.recstore.emb_update_pooled_many(
+                [bag._handle], [ids], [None], [torch.ones_like(out)], [3], [False]
+            )
+
+    files = _python_files_run_by(pool_and_update)
+    layers = ("torch/_library/custom_ops.py", "torch/_compile.py", "torch/_library/autograd.py")
+    assert not any(f.endswith(layers) for f in files)
+    assert any(f.endswith("/pooled.py") for f in files)  # the kernels did run
+    assert not torch.equal(bag.weight, stored)
