@@ -77,6 +77,8 @@ class CacheHostRows {
   void clear_now() { host_.clear_now(); }
   int64_t size() const { return host_.size(); }
   int64_t capacity() const { return host_.capacity(); }
+  // Cached copies stay valid: growing moves no row to another key.
+  bool reserve(int64_t rows) { return host_.reserve(rows); }
   int64_t memory_bytes() const { return host_.memory_bytes(); }
   TableStats stats() const { return host_.stats(); }
 

@@ -314,6 +314,11 @@ int64_t Table::size() const {
   return size_;
 }
 
+int64_t Table::capacity() const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);  // reserve() may be growing it
+  return opt_.capacity;
+}
+
 int64_t Table::memory_bytes() const { return stats().memory_bytes; }
 
 TableStats Table::stats() const {

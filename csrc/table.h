@@ -156,8 +156,13 @@ class Table {
   void set_now(double seconds);
   void clear_now();
 
+  // Grows a hashed table to hold `rows` rows (at most its id range) while it serves;
+  // false when it holds that many already. A direct table holds its whole id range
+  // (std::invalid_argument when asked for more). On std::bad_alloc nothing changed.
+  bool reserve(int64_t rows);
+
   int64_t size() const;
-  int64_t capacity() const { return opt_.capacity; }
+  int64_t capacity() const;
   int64_t memory_bytes() const;
   TableStats stats() const;
 

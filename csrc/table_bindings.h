@@ -75,6 +75,10 @@ void bind_host_export(nb::class_<T>& t) {
 template <class T>
 void bind_host_rows(nb::class_<T>& t) {
   bind_counters(t);
+  t.def(
+      "reserve", [](T& c, int64_t rows) { return c.reserve(rows); }, "rows"_a,
+      nb::call_guard<nb::gil_scoped_release>(),
+      "Grow a hashed table to hold rows rows while it serves; False when it holds that many");
   def_checked(
       t, "pull",
       [](T& c, HostKeys keys, HostArrays::RowsOut out) {

@@ -26,12 +26,17 @@ class CatalogueEntry:
     spec: TableSpec
     slot_map: SlotMap
     incarnation: str
+    #: rows the shard grew to while serving (online resharding gave it more slots than
+    #: its start-up share): a restarted node sizes the table so, before replaying rows
+    reserved_rows: int = 0
 
     def to_dict(self) -> dict[str, Any]:
+        reserved = {"reserved_rows": self.reserved_rows} if self.reserved_rows else {}
         return {
             "spec": self.spec.to_wire(),
             "slot_map": self.slot_map.to_dict(),
             "incarnation": self.incarnation,
+            **reserved,
         }
 
     @classmethod
@@ -40,6 +45,7 @@ class CatalogueEntry:
             spec=TableSpec.model_validate(data["spec"]),
             slot_map=SlotMap.from_dict(data["slot_map"]),
             incarnation=str(data["incarnation"]),
+            reserved_rows=int(data.get("reserved_rows", 0)),
         )
 
 

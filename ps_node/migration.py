@@ -168,13 +168,17 @@ class Migrations:
         return out
 
     # -- target -------------------------------------------------------------------
-    def begin_import(self, name: str, slots: np.ndarray, owned: np.ndarray | None) -> None:
+    def check_import(self, name: str, slots: np.ndarray, owned: np.ndarray | None) -> None:
+        """MigrationConflict when ``slots`` cannot be imported now (nothing changes)."""
         if owned is None or owned[slots].any():
             raise MigrationConflict(f"table {name!r}: this node already owns slots to import")
+        current = self.importing.get(name)
+        if current is not None and not np.array_equal(current, slots):
+            raise MigrationConflict(f"table {name!r} is already importing other slots")
+
+    def begin_import(self, name: str, slots: np.ndarray, owned: np.ndarray | None) -> None:
         with self._cond:
-            current = self.importing.get(name)
-            if current is not None and not np.array_equal(current, slots):
-                raise MigrationConflict(f"table {name!r} is already importing other slots")
+            self.check_import(name, slots, owned)
             self.importing[name] = slots
 
     def importing_slots(self, name: str) -> np.ndarray:

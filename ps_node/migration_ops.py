@@ -20,7 +20,7 @@ import numpy as np
 from recstore.core import InvalidArgument, SlotMap, slot_of
 from recstore.core.limits import ROW_CHUNK_BYTES
 from recstore.core.migration_wire import Checksums, RowBatch
-from recstore.ps import codec, dedup_log, held_slots, migration, row_transfer
+from recstore.ps import capacity, codec, dedup_log, held_slots, migration, row_transfer
 from recstore.ps.changes import distinct
 from recstore.ps.migration import MigrationConflict, keys_in, migrating_slots, rows_of
 from recstore.ps.node import HostedTable, Node, Write, WriteAck, owned_slots
@@ -128,8 +128,12 @@ def _erase_unowned(node: Node, hosted: HostedTable) -> int:
 
 
 def begin_import(node: Node, name: str, ranges: list[tuple[int, int]]) -> None:
+    """Grow the table to hold the slots it will own (``capacity``), then import them."""
     hosted = node.get(name)
-    node.migrations.begin_import(name, migrating_slots(ranges), hosted.owned_slots)
+    slots = migrating_slots(ranges)
+    node.migrations.check_import(name, slots, hosted.owned_slots)
+    capacity.reserve_for_import(node, name, slots)
+    node.migrations.begin_import(name, slots, hosted.owned_slots)
 
 
 def import_rows(node: Node, name: str, rows: RowBatch) -> WriteAck:

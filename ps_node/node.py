@@ -45,6 +45,7 @@ from recstore.core.request_id import Named
 from recstore.core.wire import Buffer
 from recstore.ps import catalogue, codec
 from recstore.ps.cache_reports import CacheReports
+from recstore.ps.capacity import rows_to_host
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.changes import ChangeTracker
 from recstore.ps.dedup import DedupWindow, Entry, capacity_from_env
@@ -264,8 +265,9 @@ class Node:
     def host(self, entry: CatalogueEntry) -> HostedTable:
         """Create the engine table for ``entry`` and register it (no catalogue write)."""
         table = self.store.create(
-            entry.spec, shard_index=self.shard_index, num_shards=self.num_shards, device=self.device
-        )
+            entry.spec, shard_index=self.shard_index, num_shards=self.num_shards,
+            device=self.device, min_rows=rows_to_host(entry, self.shard_index),
+        )  # fmt: skip
         hosted = HostedTable(
             table=table,
             entry=entry,

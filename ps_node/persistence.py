@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from recstore.core import SlotMap, TableSpec, slots_touched
+from recstore.core import SlotMap, TableSpec, slot_of, slots_touched
 from recstore.ps import checkpoint, checkpoint_read, incremental
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
@@ -198,11 +198,7 @@ def restore_rows(hosted: HostedTable, info: CheckpointInfo, name: str) -> int:
 
 
 def entry_of(meta: dict[str, Any]) -> CatalogueEntry:
-    return CatalogueEntry(
-        TableSpec.model_validate(meta["spec"]),
-        SlotMap.from_dict(meta["slot_map"]),
-        str(meta["incarnation"]),
-    )
+    return CatalogueEntry.from_dict(meta)
 
 
 def apply(hosted: HostedTable, record: WalRecord) -> None:

@@ -54,7 +54,7 @@ from recstore.core.control import (
     drop_table_rpc,
     stats_rpc,
 )
-from recstore.core.proto_convert import bearer_metadata
+from recstore.core.proto_convert import TableStats, bearer_metadata
 from recstore.core.request_id import RequestIds
 from recstore.core.tls import ClientTls
 
@@ -69,6 +69,14 @@ def _newest(maps: Iterable[SlotMap | None]) -> SlotMap | None:
     """The slot map of the highest epoch among the nodes' (None: no node has one)."""
     known = [m for m in maps if m is not None]
     return max(known, key=lambda m: m.epoch) if known else None
+
+
+def _check_order(
+    endpoints: tuple[str, ...], stats: Sequence[TableStats], newest: SlotMap | None
+) -> None:
+    """Each endpoint's node is the shard it is listed as (``check_shard_order``)."""
+    for index, shard in enumerate(stats):
+        check_shard_order(endpoints, index, shard.shard_index, newest)
 
 
 class GrpcBackend:
@@ -170,8 +178,9 @@ class GrpcBackend:
                 f"PS node {self._endpoints[0]} answered no spec for table {name!r}",
                 code="DATA_LOSS",
             )
-        slot_map = _newest(s.slot_map for s in stats) or SlotMap.initial(len(self._endpoints))
-        return Discovery(spec, self._endpoints, slot_map)
+        newest = _newest(s.slot_map for s in stats)
+        _check_order(self._endpoints, stats, newest)
+        return Discovery(spec, self._endpoints, newest or SlotMap.initial(len(self._endpoints)))
 
     def _locate(self, name: str) -> RemoteTable:
         table = self._tables.get(name)
@@ -224,10 +233,10 @@ class GrpcBackend:
             if existing is None:
                 raise
             return CreateResult(existing, created=False)
-        for index, reply in enumerate(replies):
-            check_shard_order(endpoints, index, reply.stats.shard_index, reply.stats.num_shards)
+        newest = _newest(r.stats.slot_map for r in replies)
+        _check_order(endpoints, [r.stats for r in replies], newest)
         if slot_map is None:
-            slot_map = _newest(r.stats.slot_map for r in replies) or SlotMap.initial(len(endpoints))
+            slot_map = newest or SlotMap.initial(len(endpoints))
         self._tables[spec.name] = RemoteTable(
             spec, endpoints, self._router(spec.name, slot_map, spec),
             transport_of(spec, self._transport),

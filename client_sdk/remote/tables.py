@@ -129,11 +129,24 @@ def discover(
         raise BackendError(str(error), code="BAD_DISCOVERY") from error
 
 
-def check_shard_order(endpoints: tuple[str, ...], index: int, shard: int, shards: int) -> None:
-    """The node listed ``index``-th must be shard ``index`` of ``len(endpoints)``."""
-    if shards and (shard, shards) != (index, len(endpoints)):
+def check_shard_order(
+    endpoints: tuple[str, ...], index: int, shard: int, slot_map: SlotMap | None
+) -> None:
+    """The node listed ``index``-th must be shard ``index``, and every shard owning slots
+    in the table's newest ``slot_map`` must be listed.
+
+    A node's start-up shard count says nothing after online resharding (a kept node
+    started as one of 2 serves a table on 3), so the count comes from the slot map.
+    """
+    owners = slot_map.num_shards if slot_map is not None else 0
+    if shard != index or owners > len(endpoints):
+        what = (
+            f"the slot map (epoch {slot_map.epoch}) spreads the table over {owners} shards"
+            if slot_map is not None
+            else "no slot map"
+        )
         raise BackendError(
-            f"PS node {endpoints[index]} is shard {shard} of {shards}, but it is listed as "
-            f"shard {index} of {len(endpoints)}: endpoints must be given in shard order",
+            f"PS node {endpoints[index]} is shard {shard}, but it is listed as shard {index} "
+            f"of {len(endpoints)} ({what}): endpoints must be given in shard order, one per shard",
             code="FAILED_PRECONDITION",
         )

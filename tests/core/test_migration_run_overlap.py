@@ -19,6 +19,7 @@ from recstore.core.control import Rpc
 from recstore.core.migration import MigrationJob, Phase
 from recstore.core.migration_run import MigrationRun
 from recstore.core.migration_wire import Checksums
+from recstore.core.proto_convert import TableStats
 from recstore.core.routing import SlotMap
 from recstore.v1 import ps_pb2
 
@@ -78,6 +79,8 @@ class FakeNode:
             return None if request.with_checksums else 0  # a node that sends no checksums
         if rpc.method == "SealSlots":
             return ps_pb2.MigrationRows(tail=True)
+        if rpc.method == "GetTableStats":  # the capacity check before the move: no spec
+            return TableStats("t", 0, 0, 0, "float32", 1, None, 0, 1, None)
         if rpc.method == "SlotChecksums":
             if self.role == "target":
                 self.overlaps.target_checksums_started.set()

@@ -33,6 +33,7 @@ from typing import Protocol, TypeVar
 from recstore.core.control import ControlClient
 from recstore.core.errors import RecStoreError
 from recstore.core.migration import MigrationJob, Phase, ResumeAction, moved, resume_action
+from recstore.core.migration_capacity import check_targets
 from recstore.core.migration_wire import (
     SOURCE,
     TARGET,
@@ -99,7 +100,11 @@ class MigrationRun:
     records: list[BatchRecord] = field(default_factory=list)
 
     def run(self, job: MigrationJob) -> MigrationJob:
-        """Move every remaining batch; returns the finished job (phase done)."""
+        """Move every remaining batch; returns the finished job (phase done).
+
+        CapacityExhausted, before any batch, when a target cannot grow to what it will own.
+        """
+        check_targets(self.table, self.clients, job, self.store.slot_map())
         while job.phase != Phase.done:
             job = self.batch(job)
         self.store.save_job(job)

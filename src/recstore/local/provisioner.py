@@ -541,7 +541,8 @@ class LocalProvisioner:
 
 
 def _sizing_shards(table: _Table, shard: int) -> int:
-    """The shard count a node sizes its engine table for (an engine table never grows).
+    """The shard count a node is started with: it sizes its engine tables for that share
+    (a target then grows them to what a move gives it, ``recstore.ps.capacity``).
 
     While a move runs, a shard kept by both counts is sized for the smaller one, as
     it may hold that share of the rows; the others for all the shards running.

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recstore.core import DType, Eviction, KeyMode, NonFinite, TableSpec
+from recstore.core.shard_rows import rows_for_share
 from recstore.core.spec import DEFAULT_GPU_CACHE_FRACTION
 
 DTYPE_CODES = {DType.float32: 0, DType.float16: 1, DType.bfloat16: 2}
@@ -19,10 +20,6 @@ INITIALIZER_CODES = {"zeros": 0, "normal": 1, "uniform": 2}
 EVICTION_CODES = {Eviction.none: 0, Eviction.lru: 1, Eviction.lfu: 2}
 #: csrc/non_finite.h, enum NonFinitePolicy
 NON_FINITE_CODES = {NonFinite.reject: 0, NonFinite.skip_rows: 1, NonFinite.allow: 2}
-
-#: Headroom of a dense shard's hash index over its fair share of ids: routing
-#: by hash spreads ids unevenly over shards.
-DENSE_SHARD_HEADROOM = 1.3
 
 
 @dataclass(frozen=True)
@@ -41,9 +38,8 @@ def shard_layout(spec: TableSpec, shard_index: int, num_shards: int) -> Layout:
         n = spec.num_embeddings
         if num_shards == 1:
             return Layout(direct=True, id_limit=n, capacity=n)
-        rows = min(n, math.ceil(DENSE_SHARD_HEADROOM * n / num_shards) + 64)
-        return Layout(direct=False, id_limit=n, capacity=rows)
-    return Layout(direct=False, id_limit=0, capacity=math.ceil(spec.capacity / num_shards))
+        return Layout(direct=False, id_limit=n, capacity=rows_for_share(spec, 1, num_shards))
+    return Layout(direct=False, id_limit=0, capacity=rows_for_share(spec, 1, num_shards))
 
 
 def non_finite_code(spec: TableSpec) -> int:
@@ -51,8 +47,11 @@ def non_finite_code(spec: TableSpec) -> int:
     return NON_FINITE_CODES[NonFinite(spec.non_finite)]
 
 
-def native_options(spec: TableSpec, shard_index: int, num_shards: int, native: Any) -> Any:
-    """A ``_native.TableOptions`` for this shard of ``spec``."""
+def native_options(
+    spec: TableSpec, shard_index: int, num_shards: int, native: Any, min_rows: int = 0
+) -> Any:
+    """A ``_native.TableOptions`` for this shard of ``spec``; a hashed shard holds at
+    least ``min_rows`` rows (a capacity it grew to while serving), never more than its ids."""
     layout = shard_layout(spec, shard_index, num_shards)
     opts = native.TableOptions()
     opts.dim = spec.embedding_dim
@@ -60,6 +59,8 @@ def native_options(spec: TableSpec, shard_index: int, num_shards: int, native: A
     opts.direct = layout.direct
     opts.id_limit = layout.id_limit
     opts.capacity = layout.capacity
+    if not layout.direct and min_rows > layout.capacity:
+        opts.capacity = min(min_rows, layout.id_limit) if layout.id_limit else min_rows
     keys = spec.keys
     opts.eviction = EVICTION_CODES[Eviction(keys.eviction)]
     opts.ttl_seconds = float(keys.ttl_seconds or 0.0)

@@ -14,9 +14,16 @@ class Store:
         self._lock = threading.Lock()
 
     def create(
-        self, spec: TableSpec, *, shard_index: int = 0, num_shards: int = 1, device: str = "cpu"
+        self,
+        spec: TableSpec,
+        *,
+        shard_index: int = 0,
+        num_shards: int = 1,
+        device: str = "cpu",
+        min_rows: int = 0,
     ) -> Table:
-        """Create a table; the same spec (and shard) again returns the existing table."""
+        """Create a table (holding at least ``min_rows`` rows, see ``Table``); the same spec
+        (and shard) again returns the existing table."""
         with self._lock:
             existing = self._tables.get(spec.name)
             if existing is not None:
@@ -29,7 +36,10 @@ class Store:
                 if not same:
                     raise TableExists(f"table {spec.name!r} exists with another spec or shard")
                 return existing
-            table = Table(spec, shard_index=shard_index, num_shards=num_shards, device=device)
+            table = Table(
+                spec, shard_index=shard_index, num_shards=num_shards, device=device,
+                min_rows=min_rows,
+            )  # fmt: skip
             self._tables[spec.name] = table
             return table
 

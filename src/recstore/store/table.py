@@ -103,13 +103,16 @@ class Table:
         num_shards: int = 1,
         device: str = "cpu",
         clock: Callable[[], float] | None = None,
+        min_rows: int = 0,
     ) -> None:
+        """``min_rows``: a hashed shard holds at least this many rows (the capacity it
+        had grown to, see ``reserve``), not only its start-up share."""
         self.spec = spec
         self.shard_index = shard_index
         self.num_shards = num_shards
         self.device = device
         self._clock = clock
-        options = native_options(spec, shard_index, num_shards, _native)
+        options = native_options(spec, shard_index, num_shards, _native, min_rows)
         tier = StorageTier(spec.storage)
         if device == "cpu" and tier != StorageTier.gpu_cache:
             try:
@@ -151,6 +154,31 @@ class Table:
     @property
     def capacity(self) -> int:
         return int(self._engine.capacity)
+
+    def reserve(self, rows: int) -> bool:
+        """Grow this shard to hold ``rows`` rows (at most its ids) while it serves; False
+        when it holds that many already.
+
+        CapacityExhausted, changing nothing, where it cannot grow: a GPU-resident
+        table (``storage: gpu``) keeps its rows in one device allocation sized at start-up.
+        """
+        if rows <= self.capacity:
+            return False
+        grow = getattr(self._engine, "reserve", None)
+        if grow is None:
+            raise CapacityExhausted(
+                f"table {self.name!r} (storage: {StorageTier(self.spec.storage).value}) holds "
+                f"{self.capacity} rows on shard {self.shard_index} and cannot grow while "
+                f"serving; it needs {rows}: restart the node with a larger share or keep "
+                "more shards"
+            )
+        try:
+            return bool(_engine_call(self.name, grow, rows))
+        except MemoryError:
+            raise CapacityExhausted(
+                f"table {self.name!r}: cannot grow shard {self.shard_index} from "
+                f"{self.capacity} to {rows} rows on this host (out of memory)"
+            ) from None
 
     @property
     def memory_bytes(self) -> int:
