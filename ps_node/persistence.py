@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from recstore.core import SlotMap, TableSpec, slot_of, slots_touched
+from recstore.core import slots_touched
 from recstore.ps import checkpoint, checkpoint_read, incremental
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
