@@ -42,7 +42,7 @@ class Fleet:
 
     def __init__(self, root: Path, shards: int, start: int, durability: str = "checkpoint") -> None:
         # as a provisioner starts them: the first ones sized for the table's first shard
-        # count, the added ones for the new count (an engine table never grows)
+        # count, the added ones for the new count (a target grows its table when it must)
         self.handles: list[ServerHandle] = [
             start_in_thread(
                 data_dir=root / f"node-{i}",
