@@ -12,6 +12,9 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from recstore.admin import Settings, create_app
+from recstore.core.migration import MigrationJob
+from recstore.core.migration_events import MoveEvent, MoveMoment
+from recstore.core.routing import SlotMap
 
 ROLES = ("viewer", "editor", "admin", "provisioner")
 #: Who may call a route guarded by each role: the ranked ladder, and the provisioner apart.
@@ -23,6 +26,7 @@ ALLOWED = {
 }
 SPEC = {"name": "auth_t", "numEmbeddings": 10, "embeddingDim": 4, "shards": 1}
 NODE = {"table": "auth_t", "shard_index": 0, "endpoint": "127.0.0.1:5000"}
+MOVE = MoveEvent.of(MoveMoment.started, MigrationJob.start("auth_t", SlotMap.initial(1), 2), 1)
 
 #: (method, path template, the role guarding it, a valid body). Every /api/v1 route is here:
 #: test_matrix_covers_every_route fails when a route is added without its row.
@@ -34,6 +38,8 @@ ROUTES: list[tuple[str, str, str, Any]] = [
     ("DELETE", "/api/v1/tables/{name}", "editor", None),
     ("PUT", "/api/v1/tables/{name}/status", "provisioner", {"phase": "Ready"}),
     ("GET", "/api/v1/tables/{name}/discovery", "viewer", None),
+    ("GET", "/api/v1/tables/{name}/cache", "viewer", None),
+    ("POST", "/api/v1/tables/{name}/resharding-events", "provisioner", MOVE.to_json()),
     ("GET", "/api/v1/tables/{name}/checkpoints", "viewer", None),
     ("POST", "/api/v1/tables/{name}/checkpoints", "editor", {"note": "x"}),
     ("GET", "/api/v1/nodes", "viewer", None),
