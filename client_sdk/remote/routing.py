@@ -36,8 +36,9 @@ Issue = Callable[[int, Positions, int, bool], Waiter[T]]
 #: Rounds of "refresh the slot map and resend the refused keys" before giving up.
 MAX_REROUTES = 4
 #: How long refused keys wait for nodes behind the client's slot map to catch up, and
-#: a refresh for an unreachable slot-map source (the admin API restarting).
-BEHIND_WAIT_S = 60.0
+#: a refresh for an unreachable slot-map source (the admin API restarting): a platform
+#: restarted on a busy machine can take over a minute to bring its nodes back.
+BEHIND_WAIT_S = 180.0
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,7 @@ class Trainer:
         """Hold, and wait until the update in flight is through."""
         with self._cond:
             self._held = True
-            assert self._cond.wait_for(lambda: self._parked, 180), "the update did not finish"
+            assert self._cond.wait_for(lambda: self._parked, 300), "the update did not finish"
         assert self.error is None, self.error
 
     def resume(self) -> None:

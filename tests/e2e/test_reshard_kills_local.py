@@ -24,7 +24,8 @@ from recstore.local.platform import LocalPlatform
 
 from .reshard_faults import BATCH_SLOTS, NAME, ROWS, SPEC, STEPS, Trainer, node_rows, stop_at
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# a whole move with restarts: bounded by the waits below, longer than the default timeout
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def _moved(helpers: SimpleNamespace, platform: LocalPlatform, shards: int) -> None:
@@ -34,7 +35,7 @@ def _moved(helpers: SimpleNamespace, platform: LocalPlatform, shards: int) -> No
         ready = status.get("phase") == "Ready" and len(status.get("shards", [])) == shards
         return ready and moving is not None and moving.get("reason") == "MoveDone"
 
-    helpers.wait_for(done, 240, f"the move to {shards} shards")
+    helpers.wait_for(done, 600, f"the move to {shards} shards")
 
 
 @pytest.mark.parametrize("role", ["source", "target"])

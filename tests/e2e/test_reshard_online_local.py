@@ -23,7 +23,8 @@ from typer.testing import CliRunner
 from recstore import RecStoreClient
 from recstore.cli import app
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# a whole move with restarts: bounded by the waits below, longer than the default timeout
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROWS, DIM = 3000, 4
 SPEC = {
@@ -86,7 +87,7 @@ def _moved_to(helpers: SimpleNamespace, api: object, shards: int) -> dict[str, o
         ready = table["status"]["phase"] == "Ready" and len(table["status"]["shards"]) == shards
         return table if finished and ready and moving["reason"] == "MoveDone" else False
 
-    return dict(helpers.wait_for(done, 180, f"the move to {shards} shards"))
+    return dict(helpers.wait_for(done, 420, f"the move to {shards} shards"))
 
 
 def _patch(api: object, shards: int) -> httpx.Response:

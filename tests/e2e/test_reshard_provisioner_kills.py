@@ -35,7 +35,8 @@ from recstore.local.platform import LocalPlatform
 
 from .reshard_faults import BATCH_SLOTS, NAME, ROWS, SPEC, Trainer, node_rows
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# a whole move with restarts: bounded by the waits below, longer than the default timeout
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 HELPER = Path(__file__).with_name("platform_until_step.py")
 KILLED_AT = ["catch-up", "verify", "activate", "cleanup"]
@@ -90,7 +91,7 @@ def test_the_provisioner_killed_at_each_step_of_a_move(
         api.http.patch(f"/tables/{NAME}", json={"shards": 3}).raise_for_status()
         api.http.close()
         for batch in range(1, len(KILLED_AT) + 1):
-            helpers.wait_for(up.reached, 120, f"the move at {up.at}")
+            helpers.wait_for(up.reached, 300, f"the move at {up.at}")
             trainer.hold()  # no new update until the next platform is up
             up.kill()
             if batch == len(KILLED_AT):
@@ -114,7 +115,7 @@ def test_the_provisioner_killed_at_each_step_of_a_move(
             finished = moving.get("Resharding", {}).get("reason") == "MoveDone"
             return finished and status.get("phase") == "Ready" and len(status["shards"]) == 3
 
-        helpers.wait_for(done, 240, "the move to 3 shards")
+        helpers.wait_for(done, 600, "the move to 3 shards")
         trainer.finish()
         assert sum(node_rows(final.provisioner.endpoints(NAME))) == ROWS
         stored = json.loads((state / "tables" / NAME / "migration.json").read_text())
