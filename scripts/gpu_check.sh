@@ -72,10 +72,12 @@ PYCHECK
 
   stage "CUDA tests against the CPU engine"
   # tests/store: CudaTable and the gpu_cache tier against their CPU twins; the
-  # node test serves a gpu_cache table over gRPC where the node's packages exist.
+  # node test serves a gpu_cache table over gRPC where the node's packages exist;
+  # the NVE Hierarchical layer's GPU cache against its CPU run (needs the SDK's).
   local node_tests=()
   if "$PY" -c "import grpc, prometheus_client" 2>/dev/null; then
-    node_tests=(tests/ps/test_gpu_cache_node.py tests/client/test_gpu_cache_local.py)
+    node_tests=(tests/ps/test_gpu_cache_node.py tests/client/test_gpu_cache_local.py
+      tests/client/test_device_cache_gpu.py)
   else
     echo "gpu_check: grpc or prometheus_client missing: the gpu_cache node test is left out"
   fi

@@ -85,6 +85,9 @@ class CachedTable:
         self.max_modify_size = max_modify_size
         self.freshness = Freshness(version_check_interval, clock)
         self.step = 0
+        #: bounded staleness: per key of the last read, the oldest step its row may have
+        #: been read from the table at (a GPU cache in front keeps its rows no longer)
+        self.oldest_reads: np.ndarray | None = None
 
     def read(self, keys: torch.Tensor) -> torch.Tensor:
         """One row per element of ``keys`` (CPU int64, any repeats), in the table dtype."""
@@ -94,6 +97,7 @@ class CachedTable:
         out = self.cache.empty_rows(len(flat))
         misses, miss_of = self.cache.gather(flat, out, read_since=since)
         if staleness is not None:  # versions are not compared: only misses are asked for
+            self.oldest_reads = np.where(miss_of < 0, self.step - staleness, self.step)
             if misses.size:  # the SDK's step pull: held updates ride on it
                 (pulled,) = self.client._for_modules.pull_many(
                     [(self.name, torch.from_numpy(misses), True)]

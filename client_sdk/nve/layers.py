@@ -3,7 +3,8 @@
 Constructor arguments and rules follow NVIDIA's ``pynve.torch.nve_layers``
 (docs/sdk.md, "recstore.nve"). A ``Hierarchical`` layer reads a RecStore table
 (``storage=RemoteTable(client, name)``) through an optional host cache
-(``config["host_cache_size"]``, bytes); its backward sends the gradient rows
+(``config["host_cache_size"]``, bytes) and, on a CUDA device, a GPU cache in
+front of it (``gpu_cache_size``, bytes; ``device_cache``); its backward sends the gradient rows
 to the table's server-side optimizer through ``recstore.nn``'s update op
 (``torch.ops.recstore.emb_update_table``), in chunks of ``max_modify_size``
 keys. A ``HostLayer`` is a block of host memory for inference. The GPU layer
@@ -24,6 +25,8 @@ from recstore.client.lookup import read_rows
 from recstore.client.nve.cache_report import CacheReporter
 from recstore.client.nve.cached import CachedTable, CacheReport, log
 from recstore.client.nve.config import LayerConfig, LayerType, parse_config, resolve_device
+from recstore.client.nve.device_cache import DeviceRowCache, tier_sets
+from recstore.client.nve.device_cache_tiers import DeviceCachedTable
 from recstore.client.nve.metrics import track
 from recstore.client.nve.storage import RemoteTable, host_rows
 from recstore.client.tensors import check_module_id_dtype
@@ -47,6 +50,7 @@ class _TableLookup(torch.autograd.Function):
         (keys,) = ctx.saved_tensors
         layer: _NVELayer = ctx.layer
         chunk = layer.settings.max_modify_size or max(1, keys.numel())
+        grad = grad.to(keys.device)  # a GPU cache hands out rows on the layer's device
         for start in range(0, keys.numel(), chunk):
             torch.ops.recstore.emb_update_table(
                 layer._handle, keys[start : start + chunk], grad[start : start + chunk]
@@ -96,16 +100,13 @@ class _NVELayer(torch.nn.Module):
         self.name = f"nve_{next(_layer_ids)}"
         self._lookups = 0
         self._cached: CachedTable | None = None
+        self._tiers: DeviceCachedTable | None = None
         self._host: torch.Tensor | None = None
         if layer_type is LayerType.HostLayer:
             self._host = host_rows(storage, shape, data_type, weight_init)
         elif layer_type is LayerType.Hierarchical:
-            if gpu_cache_size:
-                raise RuntimeError(
-                    "the GPU cache of a Hierarchical layer is not available in this build "
-                    "(the gpu_cache storage tier); use gpu_cache_size=0 with "
-                    "config={'host_cache_size': ...}"
-                )
+            if gpu_cache_size:  # refused before the table is touched
+                tier_sets(gpu_cache_size, embedding_size, data_type)
             self._bind(storage, weight_init)
         else:  # GPULayer / LinearUVM: resolve_device refused them without a GPU
             raise RuntimeError(
@@ -127,8 +128,9 @@ class _NVELayer(torch.nn.Module):
             self.optimize_for_training,
         )  # fmt: skip
         settings = self.settings
-        # training reads exact rows unless a staleness bound allows cached ones
-        if settings.host_cache_size and (
+        # training reads exact rows unless a staleness bound allows cached ones; a GPU
+        # cache reads through a host cache (of 0 bytes, if none), which checks versions
+        if (settings.host_cache_size or self.gpu_cache_size) and (
             not self.optimize_for_training or settings.max_staleness_steps is not None
         ):
             self._cached = CachedTable(
@@ -139,6 +141,12 @@ class _NVELayer(torch.nn.Module):
                 max_modify_size=settings.max_modify_size,
                 version_check_interval=settings.version_check_interval,
             )  # fmt: skip
+            if self.gpu_cache_size:
+                tier = DeviceRowCache(
+                    self.gpu_cache_size, self.embedding_size, self.data_type, self.device,
+                    policy=settings.cache_policy,
+                )  # fmt: skip
+                self._tiers = DeviceCachedTable(self._cached, tier)
             self._reporter = CacheReporter(self._cached, settings.cache_report_interval)
             track(self)
 
@@ -157,6 +165,8 @@ class _NVELayer(torch.nn.Module):
         return flat
 
     def _read(self, keys: torch.Tensor) -> torch.Tensor:
+        if self._tiers is not None:
+            return self._tiers.read(keys)
         if self._cached is not None:
             return self._cached.read(keys)
         return read_rows([self._handle], [keys])[0]
@@ -184,12 +194,14 @@ class _NVELayer(torch.nn.Module):
 
     # -- observability --------------------------------------------------------------
     def cache_stats(self) -> dict[str, object]:
-        """Hits, misses, evictions, hit rate and bytes of this layer's host cache."""
+        """Hits, misses, evictions, hit rate and bytes of this layer's host cache (top
+        level) and of its GPU cache (``"gpu"``: the same keys, or None without one)."""
         if self._cached is None:
             table = None if self._host is not None else self.storage.name
             return {"table": table, "layer": self.name, "enabled": False, "lookups": self._lookups}
         report: CacheReport = self._cached.report()
-        return {**report.as_dict(), "enabled": True, "lookups": self._lookups}
+        gpu = None if self._tiers is None else self._tiers.report().as_dict()
+        return {**report.as_dict(), "enabled": True, "lookups": self._lookups, "gpu": gpu}
 
     def report_cache_stats(self) -> None:
         """Send this layer's cache counters to the table's nodes now (their table view
@@ -199,15 +211,23 @@ class _NVELayer(torch.nn.Module):
         self._reporter.send()
 
     def log_line(self) -> str:
-        """The ``logging_interval`` line: lookups and the cache's counters."""
+        """The ``logging_interval`` line: lookups and the caches' counters (GPU tier last)."""
         stats = self.cache_stats()
         if not stats["enabled"]:
             return f"nve layer={self.name} lookups={self._lookups} cache=off"
-        return (
+        line = (
             f"nve layer={self.name} table={stats['table']} lookups={self._lookups} "
             f"hits={stats['hits']} misses={stats['misses']} hit_rate={stats['hit_rate']:.4f} "
             f"evictions={stats['evictions']} bytes={stats['bytes_used']}/{stats['capacity_bytes']}"
         )
+        gpu = stats["gpu"]
+        if isinstance(gpu, dict):
+            line += (
+                f" gpu_hits={gpu['hits']} gpu_misses={gpu['misses']} "
+                f"gpu_hit_rate={gpu['hit_rate']:.4f} gpu_evictions={gpu['evictions']} "
+                f"gpu_bytes={gpu['bytes_used']}/{gpu['capacity_bytes']}"
+            )
+        return line
 
     def extra_repr(self) -> str:
         return (
