@@ -134,6 +134,27 @@ def test_inference_reads_stay_exact_after_a_write(
     assert tiers.tier.stats.hits == 8
 
 
+def test_version_check_interval_bounds_both_tiers(grpc_client: RecStoreClient) -> None:
+    """Within T seconds of a node's confirmation a lookup whose keys all hit on the GPU
+    goes nowhere (and may be stale); the first lookup T later sees the write."""
+    name = unique_name()
+    grpc_client.init_data(name, (ROWS, DIM), torch.float32)
+    tiers = _tiers(grpc_client, name, 1 << 16, 1 << 16, version_check_interval=10.0)
+    now = [0.0]
+    tiers.lower.freshness.clock = lambda: now[0]
+    keys = torch.arange(0, ROWS, 97)
+    before = tiers.read(keys)  # t = 0: every node asked, every version confirmed
+    now[0] = 2.0
+    grpc_client.push(name, keys[:1], torch.full((1, DIM), 5.0))  # acknowledged at t = 2
+    now[0] = 9.5
+    torch.testing.assert_close(tiers.read(keys), before)  # within the bound: stale, allowed
+    now[0] = 10.0
+    after = tiers.read(keys)
+    torch.testing.assert_close(after, grpc_client.pull(name, keys))
+    assert float(after[0, 0]) == 5.0
+    assert tiers.tier.stats.invalidations == 1
+
+
 @pytest.mark.parametrize("k", [0, 1, 3])
 def test_training_rows_are_at_most_k_steps_old_across_both_tiers(
     local_client: RecStoreClient, k: int
