@@ -12,7 +12,8 @@
 namespace recstore {
 
 namespace {
-constexpr int64_t kAhead = 16;  // keys whose set is fetched ahead of its probe
+constexpr int64_t kAhead = 16;  // keys whose set (or row) is fetched ahead of its use
+constexpr int64_t kLine = 64;   // bytes a prefetch brings in
 }  // namespace
 
 HostRowCache::HostRowCache(int64_t num_sets, int64_t row_bytes, bool lru)
@@ -26,6 +27,11 @@ HostRowCache::HostRowCache(int64_t num_sets, int64_t row_bytes, bool lru)
   rows_.resize(static_cast<size_t>(slots * row_bytes));
   width_ = static_cast<uint64_t>(std::max<int64_t>(1, kSketchWidth * slots));
   sketch_.assign(kSketchDepth * width_, 0);
+}
+
+void HostRowCache::prefetch_row(int64_t slot) const {
+  const char* row = rows_.data() + slot * row_bytes_;
+  for (int64_t at = 0; at < row_bytes_; at += kLine) __builtin_prefetch(row + at);
 }
 
 uint64_t HostRowCache::set_of(int64_t key) const {
@@ -144,7 +150,11 @@ Gathered HostRowCache::gather(int64_t n, const int64_t* keys, char* out, int64_t
     g.misses.push_back(distinct[k]);
   }
   g.miss_of.resize(static_cast<size_t>(n));
+  // the hit rows are scattered over the whole cache: each is fetched ahead of its copy
+  for (int64_t i = 0; i < std::min(n, kAhead); ++i)
+    if (slots[inverse[i]] >= 0) prefetch_row(slots[inverse[i]]);
   for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n && slots[inverse[i + kAhead]] >= 0) prefetch_row(slots[inverse[i + kAhead]]);
     const int64_t k = inverse[i];
     g.miss_of[i] = miss_index[k];
     if (slots[k] >= 0)

@@ -78,6 +78,7 @@ class HostRowCache {
   // For unique `keys`: each one's slot (-1: a miss; a row older than read_since is
   // dropped and missed), the access counted. lookup() and gather() copy the rows.
   void probe(int64_t n, const int64_t* keys, int64_t read_since, int64_t* slots);
+  void prefetch_row(int64_t slot) const;  // every line of the slot's row
   uint64_t set_of(int64_t key) const;
   uint64_t cell_of(int64_t key, int depth) const;
   int64_t estimate(int64_t key) const;

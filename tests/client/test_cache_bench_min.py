@@ -1,4 +1,4 @@
-"""bench/cache_bench.py's Belady MIN (heap, lazy deletion) against a brute-force MIN."""
+"""bench/cache_hit_bench.py's Belady MIN (heap, lazy deletion) against a brute-force MIN."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 SPEC = importlib.util.spec_from_file_location(
-    "cache_bench", Path(__file__).resolve().parents[2] / "bench" / "cache_bench.py"
+    "cache_hit_bench", Path(__file__).resolve().parents[2] / "bench" / "cache_hit_bench.py"
 )
 assert SPEC is not None and SPEC.loader is not None
-cache_bench = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(cache_bench)
+cache_hit_bench = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(cache_hit_bench)
 
 
 def _brute_force_min(sequence: list[int], capacity: int) -> int:
@@ -50,8 +50,30 @@ def test_heap_min_matches_the_brute_force(capacity: int) -> None:
     for _ in range(20):
         sequence = (rng.zipf(1.3, 60) % 20).astype(np.int64)
         expected = _brute_force_min(sequence.tolist(), capacity)
-        assert cache_bench.belady_hits(sequence, capacity) == expected
+        assert cache_hit_bench.belady_hits(sequence, capacity) == expected
 
 
 def test_next_uses() -> None:
-    assert cache_bench.next_uses(np.array([5, 6, 5, 5, 7])).tolist() == [2, 5, 3, 5, 5]
+    assert cache_hit_bench.next_uses(np.array([5, 6, 5, 5, 7])).tolist() == [2, 5, 3, 5, 5]
+
+
+def test_lookups_hand_the_cache_each_distinct_id_once_with_its_count() -> None:
+    batches, counts = cache_hit_bench.lookups(np.array([4, 2, 4, 4, 9, 2, 9, 7]), 4)
+    assert [b.tolist() for b in batches] == [[4, 2], [9, 2, 7]]
+    assert counts.tolist() == [3, 1, 2, 1, 1]
+
+
+def test_scores_weigh_each_hit_by_its_occurrences_and_count_the_window_alone() -> None:
+    hit = np.array([False, True, True, False])
+    counts = np.array([1, 3, 1, 5])
+    scores = cache_hit_bench._scores(hit, counts, slice(2, 4))
+    assert scores == {
+        "whole_distinct": 0.5, "whole_ids": 0.4, "window_distinct": 0.5, "window_ids": 1 / 6,
+    }  # fmt: skip
+
+
+def test_min_hit_mask_marks_the_hits_belady_hits_counts() -> None:
+    sequence = np.array([1, 2, 1, 3, 2, 1, 3, 3])
+    mask = cache_hit_bench.belady_hit_mask(sequence, 1)
+    assert mask.tolist() == [False, False, True, False, False, True, False, True]
+    assert cache_hit_bench.belady_hits(sequence, 1) == 3
