@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from recstore.core.control import ControlClient, ControlError, create_table_rpc, stats_rpc
 from recstore.core.migration import DEFAULT_BATCH_SLOTS
-from recstore.core.migration_drive import Shards, move, stopped
+from recstore.core.migration_drive import Shards, count_failed_try, move
 from recstore.core.migration_events import MoveEvent
 from recstore.core.migration_retry import Tries
 from recstore.core.reconcile import Declaration, Resharding
@@ -229,7 +229,7 @@ def start(
             # before the job was planned, no slot map was stored yet: epoch 1
             shown = mover.progress or Resharding(running, mover.to_shards, 0, 0, 0, 1)
             tries = mover.tries
-            stopped(tries, shown.slots_moved, mover.closed)
+            count_failed_try(tries, shown.slots_moved, mover.closed)
             show(dataclasses.replace(
                 shown, running=False, error=str(error), attempt=tries.attempt,
                 retry_in_s=tries.retry_in_s,

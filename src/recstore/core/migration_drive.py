@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from recstore.core.control import ControlClient
 from recstore.core.migration import DEFAULT_BATCH_SLOTS, MigrationJob, Phase
 from recstore.core.migration_events import MoveEvent, MoveMoment
-from recstore.core.migration_retry import RetryPolicy, Tries
+from recstore.core.migration_retry import ONE_TRY, Tries
 from recstore.core.migration_run import JobStore, MigrationRun
 from recstore.core.reconcile import Resharding
 from recstore.core.routing import SlotMap
@@ -89,7 +89,7 @@ def move(
 
     A failed try returns the stored job (not done) with ``tries`` told of it: its
     ``retry_in_s`` is the wait before the next call (None: no retry follows)."""
-    tries = tries or Tries(RetryPolicy(1.0, 1.0, attempts=1))
+    tries = tries or Tries(ONE_TRY)
     job = store.job()
     resuming = job is not None and job.phase != Phase.done
     if job is None or not resuming:
@@ -126,7 +126,7 @@ def move(
     except Exception as error:
         failed = store.job() or job
         epoch = store.slot_map().epoch
-        stopped(tries, failed.slots_moved, shards.closed)
+        count_failed_try(tries, failed.slots_moved, shards.closed)
         shards.show(progress(failed, epoch, tries, running=False, error=str(error)))
         log.exception("resharding %s to %d shards stopped", shards.name, to_shards)
         shards.note(MoveMoment.aborted, failed, epoch, reason=str(error), attempt=tries.attempt,
@@ -143,7 +143,7 @@ def move(
     return job
 
 
-def stopped(tries: Tries, slots_moved: int, closed: threading.Event) -> None:
+def count_failed_try(tries: Tries, slots_moved: int, closed: threading.Event) -> None:
     """Count a try that stopped with ``slots_moved`` moved; one stopped by its provisioner
     stopping plans no retry (the next start resumes the stored job)."""
     tries.failed(slots_moved)

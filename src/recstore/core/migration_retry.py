@@ -53,6 +53,10 @@ class RetryPolicy:
         return float(min(self.cap_s, self.first_s * 2 ** min(failures - 1, 64)))
 
 
+#: a move tried once: no retry follows a failure (``migration_drive.move`` without ``Tries``)
+ONE_TRY = RetryPolicy(first_s=1.0, cap_s=1.0, attempts=1)
+
+
 def failures_after(failures: int, *, progressed: bool) -> int:
     """The failed tries in a row once one more failed: a try that moved slots starts anew."""
     return 1 if progressed else failures + 1
