@@ -87,7 +87,8 @@ class LocalProvisioner:
             lock=self._lock, start_node=self._nodes.start, stop_node=self._nodes.stop,
             report=lambda table: table_status.report_committed(table, reporter, self.clock()),
             record=lambda name, event: reporter.record_move_event(name, event),
-            tls=tls.client if tls else None, batch_slots=reshard_batch_slots,
+            tls=tls.client if tls else None, token=self._node_token,
+            batch_slots=reshard_batch_slots,
             retry=reshard_retry,
         )  # fmt: skip
         self._closed = threading.Event()

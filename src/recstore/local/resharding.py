@@ -61,11 +61,14 @@ class LocalMover:
         report: Callable[[LocalTable], None],
         record: Callable[[str, MoveEvent], None],
         tls: ClientTls | None,
+        token: Callable[[], str | None],
         batch_slots: int,
         retry: RetryPolicy = LOCAL_MOVE_RETRY,
     ) -> None:
         self._lock, self._start_node, self._stop_node = lock, start_node, stop_node
         self._report, self._record, self._tls = report, record, tls
+        #: the nodes' auth token, read when a move starts (new shards and the runner use it)
+        self._token = token
         self._batch_slots, self._retry = batch_slots, retry
 
     @staticmethod
@@ -112,12 +115,15 @@ class LocalMover:
         return None
 
     def _shards_of(self, table: LocalTable) -> Shards:
+        token = self._token()
+
         def grow_to(count: int) -> None:
             with self._lock:
                 while len(table.ports) < count:
                     table.ports.append((free_port(), free_port()))
                     grpc_port = table.ports[-1][0]
-                    table.clients.append(ShardClient(f"127.0.0.1:{grpc_port}", tls=self._tls))
+                    client = ShardClient(f"127.0.0.1:{grpc_port}", token=token, tls=self._tls)
+                    table.clients.append(client)
                     table.node_ids.append(None)
                     table.save_ports()
                     self._start_node(table, len(table.ports) - 1)
@@ -149,6 +155,7 @@ class LocalMover:
             name=table.spec.name,
             endpoints=lambda: [table.endpoint(s) for s in range(len(table.ports))],
             grow_to=grow_to, serving=serving, shrink_to=shrink_to,
-            report=lambda: self._report(table), show=show, tls=self._tls, closed=table.stopped,
+            report=lambda: self._report(table), show=show, tls=self._tls, token=token,
+            closed=table.stopped,
             record=lambda event: self._record(table.spec.name, event),
         )  # fmt: skip
