@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recstore.core.migration import DEFAULT_BATCH_SLOTS
+from recstore.core.migration_retry import RetryPolicy
 from recstore.core.reconcile import GRPC_PORT
 from recstore.core.tls import ClientTls
 
@@ -54,10 +55,12 @@ class OperatorConfig:
     #: failed final-checkpoint attempts before a deletion goes ahead anyway.
     checkpoint_retries: int = 3
     retry_delay: float = 10.0
-    #: tries of one online move (the first and its retries) before it waits for a new
-    #: spec.shards or an operator restart; the wait doubles from the first delay to the cap
     #: slots per batch of a move (one seal pauses this many)
     reshard_batch_slots: int = DEFAULT_BATCH_SLOTS
+    #: a failed online move's retries (``recstore.core.migration_retry.RetryPolicy``): the
+    #: wait doubles from the first delay to the cap; after this many failed tries in a row
+    #: (a try that commits a batch starts the row again) it waits for a new spec.shards
+    #: or an operator restart
     reshard_attempts: int = 5
     reshard_retry_delay: float = 5.0
     reshard_retry_cap: float = 300.0
@@ -94,24 +97,27 @@ class OperatorConfig:
         )
 
     def __post_init__(self) -> None:
-        if self.reshard_attempts < 1 or self.reshard_batch_slots < 1:
+        if self.reshard_batch_slots < 1:
+            raise ValueError("RECSTORE_RESHARD_BATCH_SLOTS must be >= 1")
+        try:
+            self.reshard_retry  # noqa: B018 (checked once, at start)
+        except ValueError as error:
             raise ValueError(
-                "RECSTORE_RESHARD_ATTEMPTS and RECSTORE_RESHARD_BATCH_SLOTS must be >= 1"
-            )
-        if not 0 < self.reshard_retry_delay <= self.reshard_retry_cap:
-            raise ValueError("need 0 < RECSTORE_RESHARD_RETRY_DELAY <= RECSTORE_RESHARD_RETRY_CAP")
+                "RECSTORE_RESHARD_RETRY_DELAY, RECSTORE_RESHARD_RETRY_CAP, "
+                f"RECSTORE_RESHARD_ATTEMPTS: {error}"
+            ) from error
         # PS pods serving TLS are unreachable to an operator that cannot verify them
         if self.ps_tls_secret and self.tls is None:
             raise ValueError("RECSTORE_PS_TLS_SECRET is set but RECSTORE_TLS_CA is not")
         if self.ps_tls_mutual and (self.tls is None or self.tls.cert is None):
             raise ValueError("RECSTORE_PS_TLS_MUTUAL needs RECSTORE_TLS_CERT and RECSTORE_TLS_KEY")
 
-    def reshard_retry_in(self, failed_attempt: int) -> float | None:
-        """Seconds until the next try of a move whose ``failed_attempt``-th try failed
-        (None: it was the last one)."""
-        if failed_attempt >= self.reshard_attempts:
-            return None
-        return min(self.reshard_retry_cap, self.reshard_retry_delay * 2 ** (failed_attempt - 1))
+    @property
+    def reshard_retry(self) -> RetryPolicy:
+        """The retry policy of a failed online move, with this operator's parameters."""
+        return RetryPolicy(
+            self.reshard_retry_delay, self.reshard_retry_cap, attempts=self.reshard_attempts
+        )
 
     def image_problem(self, image: str | None) -> str | None:
         """Why a table may not run ``image`` (None when it may, or names none)."""

@@ -3,10 +3,10 @@
 ``recstore.operator.resharding`` runs one move in a thread; this decides when one
 runs. A new ``shards`` starts a move; another change while it runs is queued
 (the ``ReshardQueued`` condition and Event) and started when that move ends, not
-at the next status refresh; a failed move is tried again after a doubling, capped
-wait (``OperatorConfig.reshard_attempts``), the status and Events saying which
-attempt stopped and why. ``Reconciler`` mixes this in: the children, the status
-and the tokens are its.
+at the next status refresh; a failed move is tried again after the shared
+policy's wait (``recstore.core.migration_retry``, with ``OperatorConfig``'s
+parameters), the status and Events saying which attempt stopped and why.
+``Reconciler`` mixes this in: the children, the status and the tokens are its.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from recstore.core.migration_events import MoveEvent, MoveMoment
+from recstore.core.migration_retry import Tries
 from recstore.core.reconcile import Declaration, Observation, Resharding
 from recstore.operator import render, resharding
 from recstore.operator.config import OperatorConfig
@@ -68,7 +69,7 @@ class MoveControl:
     async def reshard(self, owner: Owner, decl: Declaration, running: int, logger: Logger) -> None:
         """Start the online move to ``decl``'s shard count. A second change while one runs
         is queued (a ``ReshardQueued`` condition and Event) and started when that move
-        ends; a failed move is retried with a doubling wait (``config.reshard_attempts``)."""
+        ends; a failed move is retried after the policy's wait (``config.reshard_retry``)."""
         mover = self.movers.get(owner.uid)
         if mover is not None and mover.running:
             queued_before = mover.queued_shards
@@ -83,7 +84,8 @@ class MoveControl:
             return
         if mover is not None:
             mover.cancel_retry()  # a new change replaces a retry that waits
-        mover = self.movers[owner.uid] = resharding.Mover(decl.spec.shards, decl)
+        tries = Tries(self.config.reshard_retry)
+        mover = self.movers[owner.uid] = resharding.Mover(decl.spec.shards, decl, tries)
         logger.info(f"resharding {running} -> {decl.spec.shards} shards online")
         await self._start(owner, mover, running)
 
@@ -120,7 +122,7 @@ class MoveControl:
         )  # fmt: skip
         store = StatusJobStore(self.kube, loop, owner.namespace, owner.name)
         resharding.start(
-            mover, shards, store, running, on_end=ended, retry_in=self.config.reshard_retry_in,
+            mover, shards, store, running, on_end=ended,
             batch_slots=self.config.reshard_batch_slots,
         )  # fmt: skip
 
@@ -130,7 +132,7 @@ class MoveControl:
         if self.movers.get(owner.uid) is not mover:
             return  # replaced meanwhile
         if mover.failed:
-            delay = self.config.reshard_retry_in(mover.attempt)
+            delay = mover.tries.retry_in_s
             if delay is not None:
                 loop = asyncio.get_running_loop()
                 mover.retry = loop.call_later(
@@ -144,8 +146,8 @@ class MoveControl:
         mover.retry = None
         if self.movers.get(owner.uid) is not mover or mover.closed.is_set() or mover.running:
             return
-        mover.attempt += 1
-        log.info("resharding %s again (attempt %d)", owner.name, mover.attempt)
+        mover.tries.again()
+        log.info("resharding %s again (attempt %d)", owner.name, mover.tries.attempt)
         running = mover.progress.from_shards if mover.progress else mover.to_shards
         await self._start(owner, mover, running)
 
@@ -158,7 +160,7 @@ class MoveControl:
         event = MoveEvent(
             moment=MoveMoment.queued, from_shards=p.from_shards, to_shards=p.to_shards,
             epoch=p.epoch, slots_moved=p.slots_moved, slots_total=p.slots_total,
-            bytes_moved=p.bytes_moved, queued_shards=decl.spec.shards, attempt=mover.attempt,
+            bytes_moved=p.bytes_moved, queued_shards=decl.spec.shards, attempt=mover.tries.attempt,
         )  # fmt: skip
         if self.announce is not None:
             await self.announce(owner, decl.spec.name, event)

@@ -27,8 +27,9 @@ from typing import Any, TypeVar
 
 from recstore.core.control import ControlClient, ControlError, create_table_rpc, stats_rpc
 from recstore.core.migration import DEFAULT_BATCH_SLOTS
-from recstore.core.migration_drive import Shards, move
-from recstore.core.migration_events import MoveEvent, MoveMoment
+from recstore.core.migration_drive import Shards, count_failed_try, move
+from recstore.core.migration_events import MoveEvent
+from recstore.core.migration_retry import Tries
 from recstore.core.reconcile import Declaration, Resharding
 from recstore.core.routing import SlotMap
 from recstore.core.spec import TableSpec
@@ -52,16 +53,17 @@ class Mover:
 
     ``declared`` is the latest declaration seen while it runs: one asking for another
     shard count is queued (``queued_shards``) and started when this move ends.
-    ``attempt`` counts the tries of this change; ``retry`` is the next one's timer.
+    ``tries`` counts the tries of this change (``recstore.core.migration_retry``);
+    ``retry`` is the next one's timer.
     """
 
     to_shards: int
     declared: Declaration
+    tries: Tries
     closed: threading.Event = field(default_factory=threading.Event)
     progress: Resharding | None = None
     thread: threading.Thread | None = None
     ended: threading.Event = field(default_factory=threading.Event)
-    attempt: int = 1
     retry: asyncio.TimerHandle | None = None
 
     @property
@@ -200,23 +202,13 @@ def start(
     store: StatusJobStore,
     running: int,
     on_end: Callable[[], Awaitable[None]],
-    retry_in: Callable[[int], float | None],
     batch_slots: int = DEFAULT_BATCH_SLOTS,
 ) -> None:
     """Run the move in a thread of its own (``mover.thread``); ``on_end`` then runs on
-    kopf's loop. ``retry_in``: when a failed try is retried (None: it is not)."""
+    kopf's loop (a failed try's wait is ``mover.tries.retry_in_s``)."""
 
     def show(progress: Resharding) -> None:
-        retry = retry_in(mover.attempt) if progress.error is not None else None
-        mover.progress = dataclasses.replace(progress, attempt=mover.attempt, retry_in_s=retry)
-
-    def record(event: MoveEvent) -> None:
-        failed = event.moment == MoveMoment.aborted
-        update = {
-            "attempt": mover.attempt,
-            "retry_in_s": retry_in(mover.attempt) if failed else None,
-        }
-        shards.record(event.model_copy(update=update))
+        mover.progress = progress
 
     def run() -> None:
         try:
@@ -229,14 +221,19 @@ def start(
                 name=shards.spec.name, endpoints=shards.endpoints, grow_to=shards.grow_to,
                 serving=shards.serving, shrink_to=shards.shrink_to, report=shards.report,
                 show=show, tls=shards.tls, closed=mover.closed, token=shards.token,
-                record=record,
+                record=shards.record,
             )  # fmt: skip
-            move(drive, store, mover.to_shards, batch_slots)
+            move(drive, store, mover.to_shards, batch_slots, mover.tries)
         except Exception as error:  # the API server gone: retried like a failed move
             log.exception("resharding %s stopped", shards.spec.name)
             # before the job was planned, no slot map was stored yet: epoch 1
             shown = mover.progress or Resharding(running, mover.to_shards, 0, 0, 0, 1)
-            show(dataclasses.replace(shown, running=False, error=str(error)))
+            tries = mover.tries
+            count_failed_try(tries, shown.slots_moved, mover.closed)
+            show(dataclasses.replace(
+                shown, running=False, error=str(error), attempt=tries.attempt,
+                retry_in_s=tries.retry_in_s,
+            ))  # fmt: skip
         finally:
             if not mover.closed.is_set() and not shards.loop.is_closed():
                 mover.ended.set()  # before on_end: it may start the next move

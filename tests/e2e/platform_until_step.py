@@ -13,7 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
-from reshard_faults import BATCH_SLOTS, stop_at  # this file's folder is on sys.path
+from reshard_steps import BATCH_SLOTS, stop_at  # this file's folder is on sys.path
 
 from recstore.core.migration import MigrationJob
 from recstore.core.migration_run import MigrationRun

@@ -3,15 +3,15 @@
 A trainer updates by unique integer deltas through SGD with lr 1 on a zeros
 table, so every row must end as minus the exact sum of its acknowledged deltas;
 it can be paused between steps, so a test can take the whole platform down
-with no update in flight. ``stop_at`` is the step hook both the in-process and
-the subprocess platforms use: it runs the provisioner's own step callback, then
-the fault for that step of that batch.
+with no update in flight. The table, the steps and ``stop_at`` (the step hook
+both the in-process and the subprocess platforms use: it runs the provisioner's
+own step callback, then the fault for that step of that batch) are
+``reshard_steps``'s, which the subprocess platform imports without torch.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,38 +19,11 @@ import torch
 
 from recstore import RecStoreClient
 from recstore.core.control import ControlClient, Rpc
-from recstore.core.migration import MigrationJob
-from recstore.core.migration_run import MigrationRun
 from recstore.v1 import ps_pb2
 
-ROWS, DIM = 2000, 4
-NAME = "killed"
-SPEC = {
-    "name": NAME,
-    "numEmbeddings": ROWS,
-    "embeddingDim": DIM,
-    "shards": 2,
-    "initializer": {"kind": "zeros"},
-    "optimizer": {"kind": "sgd", "lr": 1.0},
-    "checkpoint": {"durability": "wal"},  # acknowledged writes survive kill -9
-}
-#: the steps of a batch, in the order the runner reaches them
-STEPS = ["begin", "snapshot", "catch-up", "seal", "tail", "verify", "commit", "activate", "cleanup"]
-#: 2 -> 3 moves 5461 slots: in this many per batch, one batch per step and then some
-BATCH_SLOTS = 600
+from .reshard_steps import BATCH_SLOTS, DIM, NAME, ROWS, SPEC, STEPS, stop_at
 
-Fault = Callable[[str, MigrationJob], None]
-
-
-def stop_at(fault: Fault) -> Callable[..., None]:
-    """A ``MigrationRun._step`` that runs the provisioner's callback, then ``fault``."""
-    original = MigrationRun._step
-
-    def step(self: MigrationRun, name: str, job: MigrationJob) -> None:
-        original(self, name, job)
-        fault(name, job)
-
-    return step
+__all__ = ["BATCH_SLOTS", "NAME", "ROWS", "SPEC", "STEPS", "Trainer", "node_rows", "stop_at"]
 
 
 class Trainer:

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from recstore import _native
 from recstore.cli import app
 from recstore.local.platform import LocalPlatform
-from recstore.local.provisioner import RetryBackoff
 from recstore.local.shard_client import ShardClient, TableRefused
+from recstore.local.table import RetryBackoff
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -47,7 +47,7 @@ def test_retry_backoff_doubles_from_one_second(
 
 
 def test_retry_backoff_is_capped() -> None:
-    backoff = RetryBackoff(cap=60.0)
+    backoff = RetryBackoff()  # 1 s doubling to a minute
     for when in range(20):
         backoff.failed(float(when))
     assert backoff.delay == 60.0
@@ -82,7 +82,7 @@ def test_a_gpu_table_without_a_gpu_fails_with_the_reason_and_backs_off(
             raise
 
     monkeypatch.setattr(ShardClient, "ensure_table", counted)
-    caplog.set_level("ERROR", logger="recstore.local.provisioner")
+    caplog.set_level("ERROR", logger="recstore.local.table_status")
     api.create_table(
         {"name": "on_gpu", "numEmbeddings": 1000, "embeddingDim": 8, "shards": 2,
          "storage": "gpu"}

@@ -3,17 +3,18 @@ of an online move, then `recstore up` again: the move resumes and the table ends
 consistent.
 
 The platform runs in a subprocess (``platform_until_step.py``) whose runner
-blocks at step ``KILLED_AT[i]`` of batch i; the test kills the whole process there
+blocks at step ``STEPS[i]`` of batch i; the test kills the whole process there
 and starts the next one on the same state dir and port, which aborts or
 finishes that batch from what was stored and goes on to stop at the next step.
 Its nodes stop when it dies (``--parent-pid``) and come back with the rows of
 their data directories (WAL durability). A trainer runs all along; its update
 in flight at a kill is resent once the nodes are back, and applied once.
 
-Each kill costs a platform start (nodes included), so the kills cover one step of
-each state a batch can be left in: tracking changes (catch-up), sealed with the
-tail imported (verify), committed but not activated (activate), activated but
-not cleaned up (cleanup). The in-process crash at every step is in
+One move of more batches than steps, one kill per batch, covers all nine steps
+(begin, snapshot, catch-up, seal, tail, verify, commit, activate, cleanup) with
+nine restarts. A restart is the platform's imports and start and its nodes'
+(about 10 s on an idle 2-core machine); the subprocess imports no torch (the
+trainer's), which had doubled that. The in-process crash at every step is in
 tests/ps/test_migration_online.py, node kills at every step in
 test_reshard_kills_local.py.
 """
@@ -33,13 +34,12 @@ import pytest
 
 from recstore.local.platform import LocalPlatform
 
-from .reshard_faults import BATCH_SLOTS, NAME, ROWS, SPEC, Trainer, node_rows
+from .reshard_faults import BATCH_SLOTS, NAME, ROWS, SPEC, STEPS, Trainer, node_rows
 
 # a whole move with restarts: bounded by the waits below, longer than the default timeout
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 HELPER = Path(__file__).with_name("platform_until_step.py")
-KILLED_AT = ["catch-up", "verify", "activate", "cleanup"]
 
 
 def _free_port() -> int:
@@ -80,7 +80,7 @@ def test_the_provisioner_killed_at_each_step_of_a_move(
 ) -> None:
     state, port = tmp_path / "state", _free_port()
     state.mkdir(mode=0o700)
-    up = Stopping(state, port, 0, KILLED_AT[0], helpers)
+    up = Stopping(state, port, 0, STEPS[0], helpers)
     trainer: Trainer | None = None
     try:
         token = (state / "admin-token").read_text().strip()
@@ -90,13 +90,13 @@ def test_the_provisioner_killed_at_each_step_of_a_move(
         trainer = Trainer(up.url, token, "kill-provisioner")
         api.http.patch(f"/tables/{NAME}", json={"shards": 3}).raise_for_status()
         api.http.close()
-        for batch in range(1, len(KILLED_AT) + 1):
+        for batch in range(1, len(STEPS) + 1):
             helpers.wait_for(up.reached, 300, f"the move at {up.at}")
             trainer.hold()  # no new update until the next platform is up
             up.kill()
-            if batch == len(KILLED_AT):
+            if batch == len(STEPS):
                 break
-            up = Stopping(state, port, batch, KILLED_AT[batch], helpers)
+            up = Stopping(state, port, batch, STEPS[batch], helpers)
             trainer.pause()  # the update in flight at the kill is through
             trainer.resume()
     finally:
@@ -119,6 +119,7 @@ def test_the_provisioner_killed_at_each_step_of_a_move(
         trainer.finish()
         assert sum(node_rows(final.provisioner.endpoints(NAME))) == ROWS
         stored = json.loads((state / "tables" / NAME / "migration.json").read_text())
+        assert len(stored["job"]["batches"]) > len(STEPS)  # each kill in a batch of its own
         assert stored["slot_map"]["epoch"] == 1 + len(stored["job"]["batches"])
         api.http.close()
     finally:

@@ -31,6 +31,9 @@ class Statuses:
     def heartbeat(self, node_id: int, ready: bool, rows: int, memory_bytes: int) -> None:
         pass
 
+    def record_move_event(self, table: str, event: Any) -> None:
+        pass
+
     def report_status(self, table: str, status: dict[str, Any]) -> None:
         with self.changed:
             self.latest[table] = status

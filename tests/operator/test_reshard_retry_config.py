@@ -9,7 +9,7 @@ from recstore.operator.config import OperatorConfig
 
 def test_the_wait_doubles_to_its_cap_and_the_last_attempt_is_not_retried() -> None:
     config = OperatorConfig(reshard_attempts=6, reshard_retry_delay=5, reshard_retry_cap=30)
-    waits = [config.reshard_retry_in(attempt) for attempt in range(1, 7)]
+    waits = [config.reshard_retry.delay(failures) for failures in range(1, 7)]
     assert waits == [5, 10, 20, 30, 30, None]
 
 

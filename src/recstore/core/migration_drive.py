@@ -6,7 +6,10 @@ the table (created with the moving map), report progress, and stop the
 emptied shards last. That sequence is the same for the local provisioner and
 the Kubernetes operator, so it lives here; each supplies ``Shards`` (how its
 world starts, reaches and stops shards) and a ``JobRecord`` (where the slot map
-and the job live durably: a JSON file, the CR status).
+and the job live durably: a JSON file, the CR status). A try that stops is
+counted in the change's ``Tries`` (``recstore.core.migration_retry``), so its
+status and events say which attempt it was and when the next one starts;
+the provisioner waits that long and calls ``move`` again.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any, Protocol
 from recstore.core.control import ControlClient
 from recstore.core.migration import DEFAULT_BATCH_SLOTS, MigrationJob, Phase
 from recstore.core.migration_events import MoveEvent, MoveMoment
+from recstore.core.migration_retry import ONE_TRY, Tries
 from recstore.core.migration_run import JobStore, MigrationRun
 from recstore.core.reconcile import Resharding
 from recstore.core.routing import SlotMap
@@ -40,11 +44,12 @@ class JobRecord(JobStore, Protocol):
 
 
 def progress(
-    job: MigrationJob, epoch: int, *, running: bool, error: str | None = None
+    job: MigrationJob, epoch: int, tries: Tries, *, running: bool, error: str | None = None
 ) -> Resharding:
     return Resharding(
         job.from_shards, job.to_shards, job.slots_moved, job.slots_total, job.bytes_moved,
-        epoch, running=running, error=error,
+        epoch, running=running, error=error, attempt=tries.attempt,
+        retry_in_s=tries.retry_in_s if error is not None else None,
     )  # fmt: skip
 
 
@@ -74,23 +79,32 @@ class Shards:
 
 
 def move(
-    shards: Shards, store: JobRecord, to_shards: int, batch_slots: int = DEFAULT_BATCH_SLOTS
+    shards: Shards,
+    store: JobRecord,
+    to_shards: int,
+    batch_slots: int = DEFAULT_BATCH_SLOTS,
+    tries: Tries | None = None,
 ) -> MigrationJob | None:
-    """Move the table to ``to_shards`` (or finish the stored job first); None when stopped."""
+    """Move the table to ``to_shards`` (or finish the stored job first); None when stopped.
+
+    A failed try returns the stored job (not done) with ``tries`` told of it: its
+    ``retry_in_s`` is the wait before the next call (None: no retry follows)."""
+    tries = tries or Tries(ONE_TRY)
     job = store.job()
     resuming = job is not None and job.phase != Phase.done
     if job is None or not resuming:
         job = MigrationJob.start(shards.name, store.slot_map(), to_shards, batch_slots)
     assert job is not None
-    shards.show(progress(job, store.slot_map().epoch, running=True))
+    shards.show(progress(job, store.slot_map().epoch, tries, running=True))
     moment = MoveMoment.resumed if resuming else MoveMoment.started
-    shards.note(moment, job, store.slot_map().epoch)
+    shards.note(moment, job, store.slot_map().epoch, attempt=tries.attempt)
     widest = max(job.from_shards, job.to_shards)
     shards.grow_to(widest)
     for shard in range(widest):
         while not shards.serving(shard, store.slot_map()):
             if shards.closed.wait(0.2):
-                shards.note(MoveMoment.aborted, job, store.slot_map().epoch, reason=STOPPING)
+                shards.note(MoveMoment.aborted, job, store.slot_map().epoch, reason=STOPPING,
+                            attempt=tries.attempt)  # fmt: skip
                 return None
     clients = [
         ControlClient(e, timeout=STEP_TIMEOUT_S, tls=shards.tls, token=shards.token)
@@ -101,9 +115,9 @@ def move(
         if shards.closed.is_set():
             raise RuntimeError(STOPPING)
         epoch = store.slot_map().epoch
-        shards.show(progress(current, epoch, running=True))
+        shards.show(progress(current, epoch, tries, running=True))
         if step == "activate":  # the batch's commit happened (or a resumed one's had)
-            shards.note(MoveMoment.batch_committed, current, epoch)
+            shards.note(MoveMoment.batch_committed, current, epoch, attempt=tries.attempt)
             shards.report()
 
     run = MigrationRun(shards.name, clients, store, on_step=on_step)
@@ -112,16 +126,26 @@ def move(
     except Exception as error:
         failed = store.job() or job
         epoch = store.slot_map().epoch
-        shards.show(progress(failed, epoch, running=False, error=str(error)))
+        count_failed_try(tries, failed.slots_moved, shards.closed)
+        shards.show(progress(failed, epoch, tries, running=False, error=str(error)))
         log.exception("resharding %s to %d shards stopped", shards.name, to_shards)
-        shards.note(MoveMoment.aborted, failed, epoch, reason=str(error))
+        shards.note(MoveMoment.aborted, failed, epoch, reason=str(error), attempt=tries.attempt,
+                    retry_in_s=tries.retry_in_s)  # fmt: skip
         return failed
     finally:
         for client in clients:
             client.close()
     shards.shrink_to(job.to_shards)
     epoch = store.slot_map().epoch
-    shards.show(progress(job, epoch, running=False))
+    shards.show(progress(job, epoch, tries, running=False))
     shards.report()
-    shards.note(MoveMoment.finished, job, epoch)
+    shards.note(MoveMoment.finished, job, epoch, attempt=tries.attempt)
     return job
+
+
+def count_failed_try(tries: Tries, slots_moved: int, closed: threading.Event) -> None:
+    """Count a try that stopped with ``slots_moved`` moved; one stopped by its provisioner
+    stopping plans no retry (the next start resumes the stored job)."""
+    tries.failed(slots_moved)
+    if closed.is_set():
+        tries.retry_in_s = None

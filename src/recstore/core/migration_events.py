@@ -18,6 +18,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from recstore.core.migration import MigrationJob
+from recstore.core.migration_retry import attempt_note, retry_note
 from recstore.core.routing import NUM_SLOTS
 from recstore.core.spec import MAX_SHARDS
 
@@ -55,7 +56,7 @@ class MoveEvent(BaseModel):
     ``epoch`` is the slot map's epoch at that moment (after the commit for a
     committed batch). ``batch``/``batch_slots``/``source``/``target`` describe the
     committed batch; ``reason`` why a move was aborted; ``attempt`` counts the
-    operator's tries of one change and ``retry_in_s`` says when it tries again;
+    tries of one change and ``retry_in_s`` says when it tries again;
     ``queued_shards`` is the count a queued change asks for.
     """
 
@@ -130,18 +131,18 @@ class MoveEvent(BaseModel):
         if self.moment == MoveMoment.finished:
             return (
                 f"resharding {where} finished: {done}, {self.bytes_moved} bytes, "
-                f"slot-map epoch {self.epoch}" + _attempt(self.attempt)
+                f"slot-map epoch {self.epoch}" + attempt_note(self.attempt)
             )
         if self.moment == MoveMoment.aborted:
-            then = "" if self.retry_in_s is None else f"; retrying in {self.retry_in_s:g} s"
+            then = retry_note(self.attempt, self.retry_in_s)
             return (
-                f"resharding {where} aborted at {done}" + _attempt(self.attempt)
+                f"resharding {where} aborted at {done}" + attempt_note(self.attempt)
                 + f": {self.reason}{then}"
             )  # fmt: skip
         if self.moment == MoveMoment.resumed:
             return (
                 f"resharding {where} resumed from its stored job at {done}, "
-                f"slot-map epoch {self.epoch}" + _attempt(self.attempt)
+                f"slot-map epoch {self.epoch}" + attempt_note(self.attempt)
             )
         return (
             f"spec.shards is {self.queued_shards} while resharding {where} runs: "
@@ -155,7 +156,3 @@ class MoveEvent(BaseModel):
     def payload(self) -> dict[str, Any]:
         """What the audit log stores (the fields set, and the message)."""
         return {**self.to_json(), "message": self.message()}
-
-
-def _attempt(attempt: int) -> str:
-    return "" if attempt == 1 else f" (attempt {attempt})"

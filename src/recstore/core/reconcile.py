@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from recstore.core.errors import InvalidArgument
+from recstore.core.migration_retry import attempt_note, retry_note
 from recstore.core.placement import Placement
 from recstore.core.routing import SlotMap
 from recstore.core.spec import Durability, StorageTier, TableSpec
@@ -201,20 +202,15 @@ class Resharding:
     epoch: int
     running: bool = True
     error: str | None = None  # why the last attempt stopped (the source stayed authoritative)
-    attempt: int = 1  # tries of this change so far (the operator retries a failed one)
+    attempt: int = 1  # tries of this change so far (a failed one is retried)
     retry_in_s: float | None = None  # when the next try starts (None: none is planned)
 
     def describe(self) -> str:
         done = f"{self.slots_moved}/{self.slots_total} slots moved, {self.bytes_moved} bytes"
         where = f"{self.from_shards} -> {self.to_shards} shards, slot-map epoch {self.epoch}"
-        tries = "" if self.attempt == 1 else f" (attempt {self.attempt})"
+        tries = attempt_note(self.attempt)
         if self.error:
-            if self.retry_in_s is not None:
-                then = f"; retrying in {self.retry_in_s:g} s"
-            elif self.attempt > 1:
-                then = "; no more retries: a new spec.shards or a restart tries again"
-            else:
-                then = ""
+            then = retry_note(self.attempt, self.retry_in_s)
             return f"resharding {where} stopped at {done}{tries}: {self.error}{then}"
         return f"resharding {where}: {done}{tries}"
 

@@ -7,25 +7,37 @@ starts the new nodes first (sized for the new count, owning no slot yet);
 the batches move; shrinking stops the emptied highest shards last. The slot
 map and the job live in the table's ``migration.json`` (``FileJobStore``), so
 a restarted provisioner resumes: it finishes a committed batch, aborts any
-other, and moves the rest. Progress goes to the status as the ``Resharding``
-phase and condition; after each commit the new map is reported to the admin
-API before the source starts refusing the moved slots, so a refused client
-finds the new map when it refreshes.
+other, and moves the rest. A try that fails (a node killed mid-move: the
+supervisor restarts it) is tried again after the shared retry policy's wait
+(``recstore.core.migration_retry``). Progress goes to the status as the
+``Resharding`` phase and condition; after each commit the new map is reported
+to the admin API before the source starts refusing the moved slots, so a
+refused client finds the new map when it refreshes.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
-from recstore.core.migration_drive import STEP_TIMEOUT_S, Shards, move, progress
+from recstore.core.migration import Phase
+from recstore.core.migration_drive import Shards, move
+from recstore.core.migration_events import MoveEvent
+from recstore.core.migration_retry import RetryPolicy, Tries
+from recstore.core.reconcile import Resharding
 from recstore.core.routing import SlotMap
+from recstore.core.tls import ClientTls
 from recstore.local.migration_store import FileJobStore
+from recstore.local.shard_client import ShardClient, TableRefused
+from recstore.local.table import LocalTable, free_port
 
-__all__ = ["START_TIMEOUT_S", "STEP_TIMEOUT_S", "Shards", "job_store", "move", "progress"]
+log = logging.getLogger(__name__)
 
-#: how long new shards may take to start serving before the move gives up (nothing moved)
-START_TIMEOUT_S = 120.0
+#: the local platform's retries of a failed move: 1 s doubling to a minute, never giving up
+LOCAL_MOVE_RETRY = RetryPolicy(first_s=1.0, cap_s=60.0)
 
 
 def job_store(directory: Path, served: SlotMap | None) -> FileJobStore | None:
@@ -36,6 +48,114 @@ def job_store(directory: Path, served: SlotMap | None) -> FileJobStore | None:
     return None
 
 
-def remove_shard_dirs(directory: Path, start: int, end: int) -> None:
-    for shard in range(start, end):
-        shutil.rmtree(directory / f"shard-{shard}", ignore_errors=True)
+class LocalMover:
+    """Runs tables' moves for the provisioner, which supplies how a node starts and stops
+    (its supervisor), how the status is reported and where the move's moments go."""
+
+    def __init__(
+        self,
+        *,
+        lock: threading.RLock,
+        start_node: Callable[[LocalTable, int], None],
+        stop_node: Callable[[LocalTable, int], None],
+        report: Callable[[LocalTable], None],
+        record: Callable[[str, MoveEvent], None],
+        tls: ClientTls | None,
+        token: Callable[[], str | None],
+        batch_slots: int,
+        retry: RetryPolicy = LOCAL_MOVE_RETRY,
+    ) -> None:
+        self._lock, self._start_node, self._stop_node = lock, start_node, stop_node
+        self._report, self._record, self._tls = report, record, tls
+        #: the nodes' auth token, read when a move starts (new shards and the runner use it)
+        self._token = token
+        self._batch_slots, self._retry = batch_slots, retry
+
+    @staticmethod
+    def moving(table: LocalTable) -> bool:
+        return table.mover is not None and table.mover.is_alive()
+
+    def start(self, table: LocalTable) -> None:
+        epoch = table.store.slot_map().epoch if table.store else table.status.get("slotMapEpoch")
+        table.moving = Resharding(
+            len(table.ports), table.spec.shards, 0, 0, 0, int(epoch or 1), running=True
+        )  # until the job is planned
+        table.mover = threading.Thread(
+            target=self._move, args=(table,), name=f"reshard-{table.spec.name}", daemon=True
+        )
+        table.mover.start()
+
+    def _move(self, table: LocalTable) -> None:
+        if table.store is None:
+            served = self._served_map(table)
+            if served is None:
+                return  # stopped before the nodes served
+            table.store = job_store(table.directory, served)
+            assert table.store is not None
+        # A try that failed is aborted or finished, and the move resumed from the stored
+        # job, after the policy's wait.
+        tries = Tries(self._retry)
+        while True:
+            job = move(self._shards_of(table), table.store, table.spec.shards,
+                       self._batch_slots, tries)  # fmt: skip
+            if job is None or job.phase == Phase.done or table.stopped.is_set():
+                return
+            if tries.retry_in_s is None or table.stopped.wait(tries.retry_in_s):
+                return
+            tries.again()
+
+    def _served_map(self, table: LocalTable) -> SlotMap | None:
+        """The map every running node serves (they agree before a first move)."""
+        while not table.stopped.wait(0.2):
+            maps = [c.stats(table.spec.name) for c in list(table.clients)]
+            if all(m is not None for m in maps):
+                found = {m.slot_map for m in maps if m is not None}
+                if len(found) == 1 and None not in found:
+                    return found.pop()
+        return None
+
+    def _shards_of(self, table: LocalTable) -> Shards:
+        token = self._token()
+
+        def grow_to(count: int) -> None:
+            with self._lock:
+                while len(table.ports) < count:
+                    table.ports.append((free_port(), free_port()))
+                    grpc_port = table.ports[-1][0]
+                    client = ShardClient(f"127.0.0.1:{grpc_port}", token=token, tls=self._tls)
+                    table.clients.append(client)
+                    table.node_ids.append(None)
+                    table.save_ports()
+                    self._start_node(table, len(table.ports) - 1)
+
+        def serving(shard: int, slot_map: SlotMap) -> bool:
+            client = table.clients[shard]
+            if client.stats(table.spec.name) is not None:
+                return True
+            try:
+                return client.ensure_table(table.spec, slot_map)
+            except TableRefused as error:
+                raise RuntimeError(f"shard {shard} refused the table: {error.reason}") from error
+
+        def shrink_to(count: int) -> None:
+            with self._lock:
+                for shard in range(count, len(table.ports)):
+                    self._stop_node(table, shard)
+                    table.clients[shard].close()
+                before = len(table.ports)
+                del table.ports[count:], table.clients[count:], table.node_ids[count:]
+                table.save_ports()
+            for shard in range(count, before):
+                shutil.rmtree(table.shard_dir(shard), ignore_errors=True)
+
+        def show(progress: Resharding) -> None:
+            table.moving = progress
+
+        return Shards(
+            name=table.spec.name,
+            endpoints=lambda: [table.endpoint(s) for s in range(len(table.ports))],
+            grow_to=grow_to, serving=serving, shrink_to=shrink_to,
+            report=lambda: self._report(table), show=show, tls=self._tls, token=token,
+            closed=table.stopped,
+            record=lambda event: self._record(table.spec.name, event),
+        )  # fmt: skip

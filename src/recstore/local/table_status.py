@@ -1,0 +1,135 @@
+"""What the local provisioner reports of a table: its nodes observed, its status computed.
+
+The poller (and a move, after each commit) observes every shard of a table:
+whether its node serves the table (a node without it is given it with
+CreateTable, unless a refusal's back-off runs), its rows and memory for the
+node heartbeat, the slot map it routes by. The reconcile core turns that into
+the table's phase and conditions, which go to the admin API when they change.
+Kept apart from provisioning so the provisioner's own module stays about
+starting and stopping tables.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+import httpx
+
+from recstore.core.reconcile import Observation, ShardState, admin_status, compute_status
+from recstore.local.reporting import Reporter
+from recstore.local.shard_client import ShardClient, TableRefused
+from recstore.local.table import LocalTable
+
+log = logging.getLogger(__name__)
+
+
+def ensure(table: LocalTable, shard: int, client: ShardClient, now: float) -> bool:
+    """CreateTable on a node without the table, unless a refusal's backoff is running."""
+    with table.ensuring:
+        if not table.retry.due(now):
+            return False
+        try:
+            # a table moved online: a node without it (a new shard) joins the moving map
+            created = client.ensure_table(
+                table.spec, table.store.slot_map() if table.store is not None else None
+            )
+        except TableRefused as error:
+            if error.reason != table.refused_reason:  # said once, not at every poll or shard
+                table.refused_reason = error.reason
+                table.refused = f"shard {shard} ({error.endpoint}) refused it: {error.reason}"
+                log.error("table %r: %s (asking again after a back-off)", table.spec.name,
+                          table.refused)  # fmt: skip
+            table.retry.failed(now)
+            return False
+        if created:
+            table.refused = table.refused_reason = None
+            table.retry.succeeded()
+        return created
+
+
+def report(table: LocalTable, reporter: Reporter, now: float) -> None:
+    """Observe the table's nodes and report its status if it changed (``now``: the
+    provisioner's clock, for the refusal back-off)."""
+    with table.reporting:
+        _report_locked(table, reporter, now)
+
+
+def _report_locked(table: LocalTable, reporter: Reporter, now: float) -> None:
+    shards, served_maps = [], set()
+    for shard, client in enumerate(table.clients):
+        stats = client.stats(table.spec.name)
+        if stats is None and ensure(table, shard, client, now):
+            stats = client.stats(table.spec.name)
+        shards.append(ShardState(shard, table.endpoint(shard), ready=stats is not None))
+        node_id = table.node_ids[shard]
+        if node_id is None:
+            node_id = table.node_ids[shard] = reporter.register_node(
+                table.spec.name,
+                shard,
+                table.endpoint(shard),
+                f"127.0.0.1:{table.ports[shard][1]}",
+            )
+        if stats is not None:
+            served_maps.add(stats.slot_map)
+        if node_id is not None:
+            rows, memory = (stats.rows, stats.memory_bytes) if stats is not None else (0, 0)
+            reporter.heartbeat(node_id, stats is not None, rows, memory)
+    status = compute_status(
+        problem=None,
+        declared_shards=table.spec.shards,
+        observation=Observation(
+            running_shards=len(table.ports),
+            shards=tuple(shards),
+            refused=table.refused,
+            resharding=table.moving,
+        ),
+        generation=table.generation,
+        previous=table.status,
+        now=dt.datetime.now(dt.timezone.utc),
+    )
+    status["lastCheckpoint"] = table.last_checkpoint
+    served = served_maps.pop() if len(served_maps) == 1 else None
+    if table.store is not None:  # moved online: the committed map is the truth
+        committed = table.store.slot_map()
+        status["slotMap"], status["slotMapEpoch"] = committed.to_dict(), committed.epoch
+        # a shard being emptied for removal, which the map no longer names, is not shown
+        shown = max(committed.num_shards, table.spec.shards)
+        status["shards"] = [s for s in status["shards"] if s["index"] < shown]
+    elif served is not None and all(s.ready for s in shards):
+        # the nodes' map is the truth: after an offline reshard it is not the catalogue's
+        status["slotMap"] = served.to_dict()
+    if status != table.status:
+        body = admin_status(status)
+        if "slotMap" in status:
+            body["slotMap"] = status["slotMap"]
+        reporter.report_status(table.spec.name, body)
+        table.status = status
+
+
+def report_polled(table: LocalTable, reporter: Reporter, now: float) -> None:
+    """``report`` for the poller: nothing that fails stops it (the next round reports)."""
+    try:
+        report(table, reporter, now)
+    except httpx.HTTPStatusError as error:
+        if error.response.status_code == 404:
+            # the admin API has not committed this table yet: next round
+            log.debug("status report for %s: table not in the catalogue yet", table.spec.name)
+        else:
+            log.warning("status report for %s refused: %s", table.spec.name, error)
+    except httpx.TransportError as error:
+        log.warning("status report for %s failed: %s", table.spec.name, error)
+    except Exception:  # a bug must show, but must not stop the provisioner
+        log.exception("status report for %s failed", table.spec.name)
+
+
+def report_committed(table: LocalTable, reporter: Reporter, now: float) -> None:
+    """``report`` after a move's commit: an admin API that refuses it or cannot be reached
+    is logged, and the move goes on."""
+    try:
+        report(table, reporter, now)
+    except httpx.HTTPStatusError as error:
+        log.warning("status report for %s refused: %s %s", table.spec.name, error,
+                    error.response.text)  # fmt: skip
+    except (httpx.HTTPError, RuntimeError) as error:
+        log.warning("status report for %s failed: %s", table.spec.name, error)
