@@ -23,9 +23,9 @@ def no_cached_blocks() -> None:
     _native.release_cached_rows()
 
 
-def _table(dtype: str = "float32", rows: int = 200_000) -> Table:
+def _table(dtype: str = "float32") -> Table:
     spec = TableSpec(
-        name="t", num_embeddings=rows, embedding_dim=DIM, dtype=dtype,
+        name="t", num_embeddings=200_000, embedding_dim=DIM, dtype=dtype,
         initializer={"kind": "normal", "std": 0.1, "seed": 1},
     )  # fmt: skip
     return Table(spec)
@@ -83,8 +83,8 @@ def test_outputs_have_the_table_dtype_in_each_flavour(
 
 
 def test_the_block_cache_is_bounded() -> None:
-    table = _table(rows=2_000_000)
-    keys = np.random.default_rng(3).integers(0, 2_000_000, 4 * BIG)
+    table = _table()
+    keys = np.random.default_rng(3).integers(0, 200_000, 4 * BIG)
     outputs = [table.pull(keys) for _ in range(12)]  # 12 live blocks of 4 MiB
     del outputs
     gc.collect()
