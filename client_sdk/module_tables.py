@@ -139,8 +139,5 @@ class ModuleTables:
         for name, keys, _ in requests:
             meta = self._client._meta(name)
             low, high = meta.id_range
-            if high is not None and keys.numel():
-                smallest, largest = (int(x) for x in torch.aminmax(keys))
-                if smallest < low or largest >= high:
-                    check_id_range(keys, low, high, name)  # the error message of ``pull``
+            check_id_range(keys, low, high, name)
             self._client._last_table = name

@@ -27,10 +27,13 @@ struct InitParams {
   uint64_t seed = 0;
 };
 
+// The generator's step between a row's counters.
+constexpr uint64_t kCounterStep = 0xD1B54A32D192ED03ULL;
+
 // 64 random bits for counter `counter` of `key` under `seed`.
 RECSTORE_HD uint64_t init_bits(int64_t key, uint64_t seed, uint64_t counter) {
   uint64_t k = splitmix64(static_cast<uint64_t>(key) ^ splitmix64(seed));
-  return splitmix64(k + counter * 0xD1B54A32D192ED03ULL);
+  return splitmix64(k + counter * kCounterStep);
 }
 
 // Uniform double in (0, 1): 53 random bits, offset by half an ulp so log() is finite.

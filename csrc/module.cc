@@ -7,12 +7,14 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "arrays.h"
@@ -23,6 +25,7 @@
 #include "node_serve_bindings.h"
 #include "parallel.h"
 #include "request_id_bindings.h"
+#include "row_buffers_bindings.h"
 #include "stats_dict.h"
 #include "table.h"
 #include "table_bindings.h"
@@ -92,6 +95,19 @@ NB_MODULE(_native, m) {
       },
       "keys"_a.noconvert(), "unique_out"_a.noconvert(), "inverse_out"_a.noconvert(),
       "Distinct keys in first-occurrence order and each key's position among them");
+  recstore::arrays::def_checked_function(
+      m, "key_bounds",
+      [](HostKeys keys) {
+        const int64_t n = count(keys);
+        if (n == 0) throw std::invalid_argument("key_bounds needs at least one key");
+        int64_t smallest, largest;
+        {
+          nb::gil_scoped_release release;
+          recstore::key_bounds(n, keys.data(), &smallest, &largest);
+        }
+        return std::make_pair(smallest, largest);
+      },
+      "keys"_a.noconvert(), "The smallest and the largest key of a non-empty batch");
 
   nb::exception<recstore::CapacityError>(m, "CapacityError");
   nb::exception<recstore::NonFiniteError>(m, "NonFiniteError", PyExc_ValueError);
@@ -206,6 +222,7 @@ NB_MODULE(_native, m) {
   recstore::protowire::bindings::bind(m);
   recstore::protowire::decode::bind(m);
   recstore::request_id::bindings::bind(m);
+  recstore::row_buffers::bindings::bind(m);
 
 #ifdef RECSTORE_BIND_CUDA
   bind_cuda(m);

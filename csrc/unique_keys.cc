@@ -1,9 +1,12 @@
 #include "unique_keys.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <vector>
 
 #include "hash.h"
+#include "parallel.h"
 
 namespace recstore {
 
@@ -33,6 +36,25 @@ int64_t unique_keys(int64_t n, const int64_t* keys, int64_t* unique_out, int64_t
     }
   }
   return count;
+}
+
+void key_bounds(int64_t n, const int64_t* keys, int64_t* smallest, int64_t* largest) {
+  std::atomic<int64_t> low{keys[0]}, high{keys[0]};
+  parallel_for(n, int64_t{1} << 16, [&](int64_t b, int64_t e) {
+    int64_t lo = keys[b], hi = keys[b];
+    for (int64_t i = b; i < e; ++i) {  // branch-free: vectorises
+      lo = std::min(lo, keys[i]);
+      hi = std::max(hi, keys[i]);
+    }
+    int64_t seen = low.load(std::memory_order_relaxed);
+    while (lo < seen && !low.compare_exchange_weak(seen, lo, std::memory_order_relaxed)) {
+    }
+    seen = high.load(std::memory_order_relaxed);
+    while (hi > seen && !high.compare_exchange_weak(seen, hi, std::memory_order_relaxed)) {
+    }
+  });
+  *smallest = low.load();
+  *largest = high.load();
 }
 
 }  // namespace recstore
