@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import recstore.client.ops as _ops  # registers torch.ops.recstore.*
-from recstore.client.lookup import read_rows
+from recstore.client.lookup import Gradient, read_rows
 from recstore.client.nve.cache_report import CacheReporter
 from recstore.client.nve.cached import CachedTable, CacheReport, log
 from recstore.client.nve.config import LayerConfig, LayerType, parse_config, resolve_device
@@ -45,13 +45,19 @@ class _TableLookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None]:
         (keys,) = ctx.saved_tensors
-        layer: _NVELayer = ctx.layer
-        chunk = layer.settings.max_modify_size or max(1, keys.numel())
-        for start in range(0, keys.numel(), chunk):
-            torch.ops.recstore.emb_update_table(
-                layer._handle, keys[start : start + chunk], grad[start : start + chunk]
-            )
+        for part in update_chunks(ctx.layer, keys, grad):
+            torch.ops.recstore.emb_update_table(part.handle, part.ids, part.grads)
         return None, None, None
+
+
+def update_chunks(layer: _NVELayer, keys: torch.Tensor, grad: torch.Tensor) -> list[Gradient]:
+    """A lookup's gradient as the table updates it becomes, in order: ``max_modify_size``
+    keys each (all at once when unset)."""
+    chunk = layer.settings.max_modify_size or max(1, keys.numel())
+    return [
+        Gradient(layer._handle, keys[start : start + chunk], grad[start : start + chunk])
+        for start in range(0, keys.numel(), chunk)
+    ]
 
 
 class _NVELayer(torch.nn.Module):
@@ -163,13 +169,21 @@ class _NVELayer(torch.nn.Module):
 
     def _rows(self, keys: torch.Tensor) -> torch.Tensor:
         """One row per element of ``keys`` ([n, dim] on the layer's device)."""
-        flat = self._keys(keys)
         if self._host is not None:
-            rows = self._host.index_select(0, flat)
+            rows = self._host.index_select(0, self._keys(keys))
         else:
-            if self._cached is not None and self._trains:
-                self._cached.step += 1
+            flat = self._keys(keys)
+            self._begin_lookup()
             rows = _TableLookup.apply(self._anchor, self, flat)
+        return self._end_lookup(rows)
+
+    def _begin_lookup(self) -> None:
+        """A table lookup starts (its keys checked): a training step of the cache begins."""
+        if self._cached is not None and self._trains:
+            self._cached.step += 1
+
+    def _end_lookup(self, rows: torch.Tensor) -> torch.Tensor:
+        """A lookup's rows on the layer's device, counted (and reported, logged when due)."""
         self._lookups += 1
         if self._cached is not None:
             self._reporter.maybe_send()
@@ -256,7 +270,16 @@ class NVEmbeddingBag(_NVELayer):
         offsets: torch.Tensor | None = None,
         per_sample_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        rows = self._rows(keys)  # one per occurrence; torch pools them (and its backward)
+        return self._pool(self._rows(keys), keys, offsets, per_sample_weights)
+
+    def _pool(
+        self,
+        rows: torch.Tensor,
+        keys: torch.Tensor,
+        offsets: torch.Tensor | None,
+        per_sample_weights: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """``rows`` (one per occurrence of ``keys``) pooled per bag; torch's backward."""
         positions = torch.arange(keys.numel(), device=rows.device).view(keys.shape)
         if offsets is not None:
             offsets = offsets.to(rows.device)
