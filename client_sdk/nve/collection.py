@@ -14,18 +14,13 @@ with an exact cache (inference tables) keep their own versioned pull.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from recstore.client.backends.base import PullRequest
-from recstore.client.lookup import send_gradients
-from recstore.client.nve.cached import StaleLookup
 from recstore.client.nve.config import LayerType
-from recstore.client.nve.layers import NVEmbeddingBag, update_chunks
-from recstore.client.op_tables import resolve
+from recstore.client.nve.layers import NVEmbeddingBag, TablesLookup
 
 #: one layer's input: keys, or (keys, offsets), or (keys, offsets, per_sample_weights)
 Feature = torch.Tensor | tuple[torch.Tensor, ...]
@@ -42,66 +37,6 @@ def _feature_args(feature: Feature) -> tuple[torch.Tensor, Any, Any]:
         "each feature is keys, (keys, offsets) or (keys, offsets, per_sample_weights), "
         f"got {type(feature).__name__}"
     )
-
-
-def read_together(layers: Sequence[NVEmbeddingBag], keys: Sequence[torch.Tensor]) -> list[Any]:
-    """One row per element of each layer's (checked, flat) ``keys``: one ``pull_many``."""
-    refs = [resolve(layer._handle) for layer in layers]
-    modules = refs[0].client._for_modules
-    requests: list[PullRequest] = []
-    plans: list[tuple[int | None, Any]] = []  # per layer: its request's index, what to finish
-    rows: list[Any] = [None] * len(layers)
-    for i, (layer, ref, flat) in enumerate(zip(layers, refs, keys, strict=True)):
-        cached = layer._cached
-        if cached is not None and cached.max_staleness_steps is None:
-            rows[i] = cached.read(flat)  # exact: the cache compares versions on its own pull
-            plans.append((None, None))
-        elif cached is not None:
-            lookup = cached.stale_lookup(flat)
-            asked = len(requests) if lookup.misses.numel() else None
-            if asked is not None:
-                requests.append(lookup.request)
-            plans.append((asked, lookup))
-        else:
-            wire, unique, inverse = modules.wire_keys(flat)
-            plans.append((len(requests), inverse))
-            requests.append((ref.name, wire, unique))
-    pulled = modules.pull_many(requests) if requests else []
-    for i, (layer, (asked, plan)) in enumerate(zip(layers, plans, strict=True)):
-        got = None if asked is None else pulled[asked]
-        if isinstance(plan, StaleLookup):
-            assert layer._cached is not None
-            rows[i] = layer._cached.stale_finish(plan, got)
-        elif got is not None:
-            rows[i] = got if plan is None else got.index_select(0, plan)
-    return rows
-
-
-class _TablesLookup(torch.autograd.Function):
-    """Every layer's rows in one read; backward: every layer's gradient in one update."""
-
-    @staticmethod
-    def forward(ctx: Any, anchor: torch.Tensor, layers: list[NVEmbeddingBag], *keys: Any) -> Any:
-        ctx.layers = layers
-        ctx.save_for_backward(*keys)
-        rows = read_together(layers, keys)
-        ctx.mark_non_differentiable(
-            *(r for layer, r in zip(layers, rows, strict=True) if not layer.optimize_for_training)
-        )
-        return tuple(rows)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor | None) -> Any:
-        keys = ctx.saved_tensors
-        chunks = [
-            update_chunks(layer, k, grad)
-            for layer, k, grad in zip(ctx.layers, keys, grads, strict=True)
-            if grad is not None and layer.optimize_for_training
-        ]
-        # chunk r of every table in one multi-table update; a table's chunks stay in order
-        for parts in itertools.zip_longest(*chunks):
-            send_gradients([part for part in parts if part is not None])
-        return (None, None, *(None for _ in keys))
 
 
 class NVEmbeddingBagCollection(torch.nn.Module):
@@ -140,11 +75,13 @@ class NVEmbeddingBagCollection(torch.nn.Module):
         if len(features) != len(layers):
             raise ValueError(f"{len(layers)} layers but {len(features)} features")
         args = [_feature_args(feature) for feature in features]
-        flats = [layer._keys(keys) for layer, (keys, _, _) in zip(layers, args, strict=True)]
+        keys = [layer._distinct(k) for layer, (k, _, _) in zip(layers, args, strict=True)]
         for layer in layers:  # every layer's keys checked before any state moves
             layer._begin_lookup()
-        rows = _TablesLookup.apply(self._anchor, layers, *flats)
+        rows = TablesLookup.apply(self._anchor, layers, *(distinct for distinct, _ in keys))
         return [
-            layer._pool(layer._end_lookup(r), keys, offsets, weights)
-            for layer, r, (keys, offsets, weights) in zip(layers, rows, args, strict=True)
+            layer._pool(r, inverse, offsets, weights)
+            for layer, r, (_, inverse), (_, offsets, weights) in zip(
+                layers, rows, keys, args, strict=True
+            )
         ]

@@ -20,13 +20,14 @@ import torch
 import torch.nn.functional as F
 
 import recstore.client.ops as _ops  # registers torch.ops.recstore.*
-from recstore.client.lookup import Gradient, read_rows
+from recstore.client.lookup import read_rows
+from recstore.client.nve.batched import read_tables, send_updates, update_chunks
 from recstore.client.nve.cache_report import CacheReporter
 from recstore.client.nve.cached import CachedTable, CacheReport, log
 from recstore.client.nve.config import LayerConfig, LayerType, parse_config, resolve_device
 from recstore.client.nve.metrics import track
 from recstore.client.nve.storage import RemoteTable, host_rows
-from recstore.client.tensors import check_module_id_dtype
+from recstore.client.tensors import check_module_id_dtype, unique_keys
 
 _layer_ids = itertools.count()
 assert _ops.NAMESPACE == "recstore"
@@ -45,19 +46,34 @@ class _TableLookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None]:
         (keys,) = ctx.saved_tensors
-        for part in update_chunks(ctx.layer, keys, grad):
-            torch.ops.recstore.emb_update_table(part.handle, part.ids, part.grads)
+        send_updates([update_chunks(ctx.layer, keys, grad, unique=False)])
         return None, None, None
 
 
-def update_chunks(layer: _NVELayer, keys: torch.Tensor, grad: torch.Tensor) -> list[Gradient]:
-    """A lookup's gradient as the table updates it becomes, in order: ``max_modify_size``
-    keys each (all at once when unset)."""
-    chunk = layer.settings.max_modify_size or max(1, keys.numel())
-    return [
-        Gradient(layer._handle, keys[start : start + chunk], grad[start : start + chunk])
-        for start in range(0, keys.numel(), chunk)
-    ]
+class TablesLookup(torch.autograd.Function):
+    """The rows of NVEmbeddingBag layers' distinct keys (``read_tables``); backward:
+    every trainable layer's gradient (one row per key, summed by torch's pooling
+    backward) in one multi-table update per chunk (``send_updates``)."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, layers: list[_NVELayer], *keys: Any) -> Any:
+        ctx.layers = layers
+        ctx.save_for_backward(*keys)
+        rows = read_tables(layers, keys)
+        ctx.mark_non_differentiable(
+            *(r for layer, r in zip(layers, rows, strict=True) if not layer.optimize_for_training)
+        )
+        return tuple(rows)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> Any:
+        keys = ctx.saved_tensors
+        send_updates([
+            update_chunks(layer, k, grad, unique=True)
+            for layer, k, grad in zip(ctx.layers, keys, grads, strict=True)
+            if grad is not None and layer.optimize_for_training
+        ])  # fmt: skip
+        return (None, None, *(None for _ in keys))
 
 
 class _NVELayer(torch.nn.Module):
@@ -270,19 +286,29 @@ class NVEmbeddingBag(_NVELayer):
         offsets: torch.Tensor | None = None,
         per_sample_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self._pool(self._rows(keys), keys, offsets, per_sample_weights)
+        distinct, inverse = self._distinct(keys)
+        self._begin_lookup()
+        (rows,) = TablesLookup.apply(self._anchor, [self], distinct)
+        return self._pool(rows, inverse, offsets, per_sample_weights)
+
+    def _distinct(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``keys`` checked: their distinct keys and each key's index among them."""
+        distinct, inverse = unique_keys(self._keys(keys))
+        return distinct, inverse.view(keys.shape)
 
     def _pool(
         self,
         rows: torch.Tensor,
-        keys: torch.Tensor,
+        indices: torch.Tensor,
         offsets: torch.Tensor | None,
         per_sample_weights: torch.Tensor | None,
     ) -> torch.Tensor:
-        """``rows`` (one per occurrence of ``keys``) pooled per bag; torch's backward."""
-        positions = torch.arange(keys.numel(), device=rows.device).view(keys.shape)
+        """Bags of ``rows[indices]`` pooled (``rows``: the lookup's distinct keys' rows);
+        torch's backward sums each row's gradient. The lookup counted, logged when due."""
+        rows = self._end_lookup(rows)
         if offsets is not None:
             offsets = offsets.to(rows.device)
         return F.embedding_bag(
-            positions, rows, offsets, mode=self.mode, per_sample_weights=per_sample_weights
-        )
+            indices.to(rows.device), rows, offsets, mode=self.mode,
+            per_sample_weights=per_sample_weights,
+        )  # fmt: skip

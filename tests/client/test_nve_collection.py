@@ -171,3 +171,32 @@ def test_collection_rules(grpc_client: RecStoreClient, ps_endpoints: list[str]) 
     )
     with pytest.raises(TypeError, match="NVEmbeddingBag, got NVEmbedding"):
         nve.NVEmbeddingBagCollection([embedding])  # type: ignore[list-item]
+
+
+def test_a_bag_pulls_and_updates_each_distinct_key_once(
+    local_client: RecStoreClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bag pools from its distinct keys' rows: torch's pooling backward sums each key's
+    gradient, so the update carries one row per key and needs no summing of its own."""
+    layer = nve.NVEmbeddingBag(
+        ROWS, DIM, device="cpu", storage=nve.RemoteTable(local_client, unique_name("nvc"))
+    )
+    tables = local_client._for_modules
+    pulled: list[int] = []
+    updated: list[tuple[int, bool]] = []
+    pull_many, apply_gradients = tables.pull_many, tables.apply_gradients
+    monkeypatch.setattr(
+        tables, "pull_many", lambda r: (pulled.extend(len(k) for _, k, _ in r), pull_many(r))[1]
+    )
+    monkeypatch.setattr(
+        tables,
+        "apply_gradients",
+        lambda u: (updated.extend((len(k), q) for _, k, _, q in u), apply_gradients(u))[1],
+    )
+    keys = torch.tensor([[3, 5, 3], [9, 3, 5]])
+    before = local_client.pull(layer.storage.name, torch.arange(ROWS))
+    layer(keys).sum().backward()
+    assert pulled == [3] and updated == [(3, True)]
+    counts = torch.bincount(keys.reshape(-1), minlength=ROWS).unsqueeze(1).float()
+    expected = before - local_client.learning_rate * counts
+    torch.testing.assert_close(local_client.pull(layer.storage.name, torch.arange(ROWS)), expected)
