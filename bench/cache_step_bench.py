@@ -2,7 +2,9 @@
 
 ``tbe_workloads``' step (8 tables of 200k x 64, batch 2048, 10 ids a bag) to two
 PS node processes on loopback. Variants, interleaved round by round on the same
-batches, each with tables of its own:
+batches (``--steps`` batches of warm-up, then a fresh batch every timed step:
+a replayed batch would hit the rows it read itself), each with tables of its
+own:
 
 - ``fp32, no cache``: ``recstore.nn.EmbeddingBagCollection``, float32 transport
   (the baseline every ratio is taken against, in this run);
@@ -177,7 +179,9 @@ def run_workload(
 ) -> list[dict[str, object]]:
     from recstore.client import RecStoreClient
 
-    work, data = workload_batches(name, args.steps)
+    # fresh batches for every step (a replayed batch would hit rows it read itself)
+    work, data = workload_batches(name, args.steps * (args.rounds + 1))
+    warm, timed = data[: args.steps], data[args.steps :]
     clients: list[RecStoreClient] = []
 
     def client(transport: str | None) -> RecStoreClient:
@@ -199,28 +203,30 @@ def run_workload(
                 client("bfloat16"), work, k, cache_rows, together
             )
     models = {label: make() for label, make in variants.items()}
-    for model in models.values():  # warm-up: every row resident, caches filled
-        for batch in data:
+    for model in models.values():  # warm-up: tables touched, caches filled
+        for batch in warm:
             tw.step(model, None, batch)
     times: dict[str, list[float]] = {label: [] for label in models}
     used = {label: [0, 0.0, 0.0] for label in models}  # bytes, client CPU, node CPU
-    for _ in range(args.rounds):
+    for round_index in range(args.rounds):
+        batches = timed[round_index * args.steps : (round_index + 1) * args.steps]
         for label, model in models.items():
             bytes_before, cpu_before = wire.total, time.process_time()
             nodes_before = cpu_seconds(node_pids)
-            for batch in data:
+            for batch in batches:
                 started = time.perf_counter()
                 tw.step(model, None, batch)
                 times[label].append(time.perf_counter() - started)
             used[label][0] += wire.total - bytes_before
             used[label][1] += time.process_time() - cpu_before
             used[label][2] += cpu_seconds(node_pids) - nodes_before
-    steps = args.rounds * len(data)
+    steps = len(timed)
     medians = {label: float(np.median(t)) for label, t in times.items()}
     results = []
     for label, median in medians.items():
         model = models[label]
         hit = model.bags[0].cache_stats().get("hit_rate") if isinstance(model, NveBags) else None
+        # (over warm-up and timed steps, table 0)
         row = {
             "workload": name, "variant": label, "median_step_s": median,
             "vs_fp32_uncached": median / medians[BASE],

@@ -4,10 +4,12 @@ Constructor arguments and rules follow NVIDIA's ``pynve.torch.nve_layers``
 (docs/sdk.md, "recstore.nve"). A ``Hierarchical`` layer reads a RecStore table
 (``storage=RemoteTable(client, name)``) through an optional host cache
 (``config["host_cache_size"]``, bytes); its backward sends the gradient rows
-to the table's server-side optimizer through ``recstore.nn``'s update op
-(``torch.ops.recstore.emb_update_table``), in chunks of ``max_modify_size``
-keys. A ``HostLayer`` is a block of host memory for inference. The GPU layer
-types need a CUDA GPU and say so when there is none.
+to the table's server-side optimizer, in chunks of ``max_modify_size`` keys.
+An ``NVEmbeddingBag`` reads each distinct key of a batch once and pools its
+bags from those rows (``batched``: the same read and update serve one layer
+and an ``NVEmbeddingBagCollection``). A ``HostLayer`` is a block of host
+memory for inference. The GPU layer types need a CUDA GPU and say so when
+there is none.
 """
 
 from __future__ import annotations
