@@ -72,3 +72,29 @@ def send_updates(chunks: Sequence[list[Gradient]]) -> None:
     """Each table's chunks in order; chunk r of every table in one multi-table update."""
     for parts in itertools.zip_longest(*chunks):
         send_gradients([part for part in parts if part is not None])
+
+
+class TablesLookup(torch.autograd.Function):
+    """The rows of NVEmbeddingBag layers' distinct keys (``read_tables``); backward:
+    every trainable layer's gradient (one row per key, summed by torch's pooling
+    backward) in one multi-table update per chunk (``send_updates``)."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, layers: list[Any], *keys: Any) -> Any:
+        ctx.layers = layers
+        ctx.save_for_backward(*keys)
+        rows = read_tables(layers, keys)
+        ctx.mark_non_differentiable(
+            *(r for layer, r in zip(layers, rows, strict=True) if not layer.optimize_for_training)
+        )
+        return tuple(rows)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> Any:
+        keys = ctx.saved_tensors
+        send_updates([
+            update_chunks(layer, k, grad, unique=True)
+            for layer, k, grad in zip(ctx.layers, keys, grads, strict=True)
+            if grad is not None and layer.optimize_for_training
+        ])  # fmt: skip
+        return (None, None, *(None for _ in keys))

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 import recstore.client.ops as _ops  # registers torch.ops.recstore.*
 from recstore.client.lookup import read_rows
-from recstore.client.nve.batched import read_tables, send_updates, update_chunks
+from recstore.client.nve.batched import TablesLookup, send_updates, update_chunks
 from recstore.client.nve.cache_report import CacheReporter
 from recstore.client.nve.cached import CachedTable, CacheReport, log
 from recstore.client.nve.config import LayerConfig, LayerType, parse_config, resolve_device
@@ -50,32 +50,6 @@ class _TableLookup(torch.autograd.Function):
         (keys,) = ctx.saved_tensors
         send_updates([update_chunks(ctx.layer, keys, grad, unique=False)])
         return None, None, None
-
-
-class TablesLookup(torch.autograd.Function):
-    """The rows of NVEmbeddingBag layers' distinct keys (``read_tables``); backward:
-    every trainable layer's gradient (one row per key, summed by torch's pooling
-    backward) in one multi-table update per chunk (``send_updates``)."""
-
-    @staticmethod
-    def forward(ctx: Any, anchor: torch.Tensor, layers: list[_NVELayer], *keys: Any) -> Any:
-        ctx.layers = layers
-        ctx.save_for_backward(*keys)
-        rows = read_tables(layers, keys)
-        ctx.mark_non_differentiable(
-            *(r for layer, r in zip(layers, rows, strict=True) if not layer.optimize_for_training)
-        )
-        return tuple(rows)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor | None) -> Any:
-        keys = ctx.saved_tensors
-        send_updates([
-            update_chunks(layer, k, grad, unique=True)
-            for layer, k, grad in zip(ctx.layers, keys, grads, strict=True)
-            if grad is not None and layer.optimize_for_training
-        ])  # fmt: skip
-        return (None, None, *(None for _ in keys))
 
 
 class _NVELayer(torch.nn.Module):
