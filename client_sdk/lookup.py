@@ -59,6 +59,7 @@ class Gradient:
     grads: torch.Tensor
     padding_idx: int | None = None
     scale_grad_by_freq: bool = False
+    unique: bool = False  # ids without repeats: sent as they are, nothing to sum
 
 
 def gradients_of(
@@ -98,7 +99,7 @@ def send_gradients(gradients: Sequence[Gradient]) -> None:
             keep = keys != gradient.padding_idx
             keys, grads = keys[keep], grads[keep]
         if keys.numel():
-            updates.setdefault(id(ref.client), []).append((ref.name, keys, grads, False))
+            updates.setdefault(id(ref.client), []).append((ref.name, keys, grads, gradient.unique))
     clients = {id(ref.client): ref.client for ref in refs}
     for client_id, batch in updates.items():
         clients[client_id]._for_modules.apply_gradients(batch)

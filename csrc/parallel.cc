@@ -27,8 +27,12 @@ class Pool {
   int helpers() const { return static_cast<int>(workers_.size()); }
   pid_t pid() const { return pid_; }
 
-  // Runs job on the caller and on `helpers` workers; returns when all are done.
-  // One job at a time: a caller that finds the pool busy runs alone.
+  // Runs job on the caller and on up to `helpers` workers; returns when every
+  // copy that started is done. One job at a time: a caller that finds the pool
+  // busy runs alone. A job must finish its work whoever runs it (parallel_for's
+  // blocks are claimed from a shared counter), so once the caller's own copy
+  // returns, workers that have not picked the job up yet skip it: on a loaded
+  // machine a descheduled worker would otherwise hold the caller for a time slice.
   bool try_run(int helpers, const std::function<void()>& job) {
     std::unique_lock<std::mutex> submit(submit_, std::try_to_lock);
     if (!submit.owns_lock()) return false;
@@ -36,13 +40,14 @@ class Pool {
       std::lock_guard<std::mutex> lk(m_);
       job_ = &job;
       active_ = helpers;
-      pending_ = helpers;
+      open_ = true;
       ++generation_;
     }
     wake_.notify_all();
     job();
     std::unique_lock<std::mutex> lk(m_);
-    done_.wait(lk, [&] { return pending_ == 0; });
+    open_ = false;
+    done_.wait(lk, [&] { return running_ == 0; });
     job_ = nullptr;
     return true;
   }
@@ -56,12 +61,13 @@ class Pool {
         std::unique_lock<std::mutex> lk(m_);
         wake_.wait(lk, [&] { return generation_ != seen; });
         seen = generation_;
-        if (index >= active_) continue;
+        if (index >= active_ || !open_) continue;
         job = job_;
+        ++running_;
       }
       (*job)();
       std::lock_guard<std::mutex> lk(m_);
-      if (--pending_ == 0) done_.notify_one();
+      if (--running_ == 0) done_.notify_one();
     }
   }
 
@@ -73,7 +79,8 @@ class Pool {
   const std::function<void()>* job_ = nullptr;
   uint64_t generation_ = 0;
   int active_ = 0;
-  int pending_ = 0;
+  bool open_ = false;  // the job may still be picked up
+  int running_ = 0;    // workers running the job now
 };
 
 std::mutex g_pool_mutex;

@@ -81,6 +81,10 @@ inline void convert_rows(const void* src, int src_dtype, void* dst, int dst_dtyp
   for (int64_t i = 0; i < count; ++i) store_elem(dst, dst_dtype, i, load_elem(in, src_dtype, i));
 }
 
+// convert_parallel, compiled in the engine (-O3): the bindings' module is built for
+// size, where this loop runs several times slower. What the Python paths call.
+void convert_payload(const void* src, int src_dtype, void* dst, int dst_dtype, int64_t count);
+
 // convert_rows over the cores, for a whole payload.
 inline void convert_parallel(const void* src, int src_dtype, void* dst, int dst_dtype,
                              int64_t count) {

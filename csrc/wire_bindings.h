@@ -199,7 +199,7 @@ inline void convert_buffer(nb::handle src, const std::string& src_dtype, nb::han
   }
   {
     nb::gil_scoped_release release;
-    convert_parallel(in.payload().data, from, out.buf, to, static_cast<int64_t>(count));
+    convert_payload(in.payload().data, from, out.buf, to, static_cast<int64_t>(count));
   }
   PyBuffer_Release(&out);
 }

@@ -1,5 +1,6 @@
 """The NV Embedding Cache layer API (``recstore.nve``) with RecStore as its parameter server."""
 
+from recstore.client.nve.collection import NVEmbeddingBagCollection
 from recstore.client.nve.config import CONFIG_KEYS, LayerType
 from recstore.client.nve.layers import NVEmbedding, NVEmbeddingBag
 from recstore.client.nve.metrics import register_cache_metrics
@@ -12,6 +13,7 @@ __all__ = [
     "LayerType",
     "NVEmbedding",
     "NVEmbeddingBag",
+    "NVEmbeddingBagCollection",
     "RemoteTable",
     "register_cache_metrics",
 ]

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from recstore.client.backends.base import PullRequest
 from recstore.client.client import RecStoreClient
 from recstore.client.host_cache import from_bits, to_bits
 from recstore.client.native_host_cache import NativeHostCache
@@ -61,6 +62,19 @@ class CacheReport:
         return dict(vars(self))
 
 
+@dataclass(frozen=True)
+class StaleLookup:
+    """A bounded-staleness lookup between its cache pass and its pull."""
+
+    request: PullRequest  # (table, the distinct missed keys, unique)
+    miss_of: np.ndarray  # per position: the index of its key among the misses, -1 for a hit
+    out: np.ndarray  # the rows (the table dtype's bits), hits already in place
+
+    @property
+    def misses(self) -> torch.Tensor:
+        return self.request[1]
+
+
 class CachedTable:
     """Rows of ``name`` through ``client``, a ``HostCache`` of ``capacity_bytes`` in front."""
 
@@ -91,20 +105,15 @@ class CachedTable:
 
     def read(self, keys: torch.Tensor) -> torch.Tensor:
         """One row per element of ``keys`` (CPU int64, any repeats), in the table dtype."""
+        if self.max_staleness_steps is not None:  # versions are not compared
+            lookup = self.stale_lookup(keys)
+            pulled = None
+            if lookup.misses.numel():  # the SDK's step pull: held updates ride on it
+                (pulled,) = self.client._for_modules.pull_many([lookup.request])
+            return self.stale_finish(lookup, pulled)
         flat = np.ascontiguousarray(keys.reshape(-1).numpy())
-        staleness = self.max_staleness_steps
-        since = None if staleness is None else self.step - staleness
         out = self.cache.empty_rows(len(flat))
-        misses, miss_of = self.cache.gather(flat, out, read_since=since)
-        if staleness is not None:  # versions are not compared: only misses are asked for
-            self.oldest_reads = np.where(miss_of < 0, self.step - staleness, self.step)
-            if misses.size:  # the SDK's step pull: held updates ride on it
-                (pulled,) = self.client._for_modules.pull_many(
-                    [(self.name, torch.from_numpy(misses), True)]
-                )
-                rows = to_bits(pulled.to("cpu", self.cache.dtype))
-                self.cache.fill(miss_of, out, misses, rows, self.step, self._chunk)
-            return from_bits(out, self.cache.dtype)
+        misses, miss_of = self.cache.gather(flat, out)
         fresh = self.freshness
         sent = fresh.clock()
         rows, versions = self._pull(misses, fresh.skippable(sent))
@@ -125,6 +134,27 @@ class CachedTable:
             return from_bits(rows[inverse.numpy()], self.cache.dtype)
         self.cache.fill(inverse.numpy(), out, distinct, rows, self.step, self._chunk)
         return from_bits(out, self.cache.dtype)
+
+    def stale_lookup(self, keys: torch.Tensor) -> StaleLookup:
+        """A bounded-staleness lookup's first half: rows read at most ``max_staleness_steps``
+        ago served from the cache, the rest to pull (``StaleLookup.request``, which a
+        caller may send with other tables' pulls)."""
+        assert self.max_staleness_steps is not None
+        flat = np.ascontiguousarray(keys.reshape(-1).numpy())
+        out = self.cache.empty_rows(len(flat))
+        since = self.step - self.max_staleness_steps
+        misses, miss_of = self.cache.gather(flat, out, read_since=since)
+        self.oldest_reads = np.where(miss_of < 0, since, self.step)
+        return StaleLookup((self.name, torch.from_numpy(misses), True), miss_of, out)
+
+    def stale_finish(self, lookup: StaleLookup, pulled: torch.Tensor | None) -> torch.Tensor:
+        """The second half: the pulled rows (None when nothing missed) placed and cached."""
+        if pulled is not None:
+            rows = to_bits(pulled.to("cpu", self.cache.dtype))
+            self.cache.fill(
+                lookup.miss_of, lookup.out, lookup.misses.numpy(), rows, self.step, self._chunk
+            )
+        return from_bits(lookup.out, self.cache.dtype)
 
     @property
     def _chunk(self) -> int:

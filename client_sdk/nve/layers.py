@@ -4,11 +4,13 @@ Constructor arguments and rules follow NVIDIA's ``pynve.torch.nve_layers``
 (docs/sdk.md, "recstore.nve"). A ``Hierarchical`` layer reads a RecStore table
 (``storage=RemoteTable(client, name)``) through an optional host cache
 (``config["host_cache_size"]``, bytes) and, on a CUDA device, a GPU cache in
-front of it (``gpu_cache_size``, bytes; ``device_cache``); its backward sends the gradient rows
-to the table's server-side optimizer through ``recstore.nn``'s update op
-(``torch.ops.recstore.emb_update_table``), in chunks of ``max_modify_size``
-keys. A ``HostLayer`` is a block of host memory for inference. The GPU layer
-types need a CUDA GPU and say so when there is none.
+front of it (``gpu_cache_size``, bytes; ``device_cache``); its backward sends the
+gradient rows to the table's server-side optimizer, in chunks of
+``max_modify_size`` keys. An ``NVEmbeddingBag`` reads each distinct key of a
+batch once and pools its bags from those rows (``batched``: the same read and
+update serve one layer and an ``NVEmbeddingBagCollection``). A ``HostLayer`` is
+a block of host memory for inference. The GPU layer types need a CUDA GPU and
+say so when there is none.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch.nn.functional as F
 
 import recstore.client.ops as _ops  # registers torch.ops.recstore.*
 from recstore.client.lookup import read_rows
+from recstore.client.nve.batched import TablesLookup, send_updates, update_chunks
 from recstore.client.nve.cache_report import CacheReporter
 from recstore.client.nve.cached import CachedTable, CacheReport, log
 from recstore.client.nve.config import LayerConfig, LayerType, parse_config, resolve_device
@@ -29,7 +32,7 @@ from recstore.client.nve.device_cache import DeviceRowCache, tier_sets
 from recstore.client.nve.device_cache_tiers import DeviceCachedTable
 from recstore.client.nve.metrics import track
 from recstore.client.nve.storage import RemoteTable, host_rows
-from recstore.client.tensors import check_module_id_dtype
+from recstore.client.tensors import check_module_id_dtype, unique_keys
 
 _layer_ids = itertools.count()
 assert _ops.NAMESPACE == "recstore"
@@ -48,13 +51,7 @@ class _TableLookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None]:
         (keys,) = ctx.saved_tensors
-        layer: _NVELayer = ctx.layer
-        chunk = layer.settings.max_modify_size or max(1, keys.numel())
-        grad = grad.to(keys.device)  # a GPU cache hands out rows on the layer's device
-        for start in range(0, keys.numel(), chunk):
-            torch.ops.recstore.emb_update_table(
-                layer._handle, keys[start : start + chunk], grad[start : start + chunk]
-            )
+        send_updates([update_chunks(ctx.layer, keys, grad, unique=False)])
         return None, None, None
 
 
@@ -173,13 +170,21 @@ class _NVELayer(torch.nn.Module):
 
     def _rows(self, keys: torch.Tensor) -> torch.Tensor:
         """One row per element of ``keys`` ([n, dim] on the layer's device)."""
-        flat = self._keys(keys)
         if self._host is not None:
-            rows = self._host.index_select(0, flat)
+            rows = self._host.index_select(0, self._keys(keys))
         else:
-            if self._cached is not None and self._trains:
-                self._cached.step += 1
+            flat = self._keys(keys)
+            self._begin_lookup()
             rows = _TableLookup.apply(self._anchor, self, flat)
+        return self._end_lookup(rows)
+
+    def _begin_lookup(self) -> None:
+        """A table lookup starts (its keys checked): a training step of the cache begins."""
+        if self._cached is not None and self._trains:
+            self._cached.step += 1
+
+    def _end_lookup(self, rows: torch.Tensor) -> torch.Tensor:
+        """A lookup's rows on the layer's device, counted (and reported, logged when due)."""
         self._lookups += 1
         if self._cached is not None:
             self._reporter.maybe_send()
@@ -276,10 +281,29 @@ class NVEmbeddingBag(_NVELayer):
         offsets: torch.Tensor | None = None,
         per_sample_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        rows = self._rows(keys)  # one per occurrence; torch pools them (and its backward)
-        positions = torch.arange(keys.numel(), device=rows.device).view(keys.shape)
+        distinct, inverse = self._distinct(keys)
+        self._begin_lookup()
+        (rows,) = TablesLookup.apply(self._anchor, [self], distinct)
+        return self._pool(rows, inverse, offsets, per_sample_weights)
+
+    def _distinct(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``keys`` checked: their distinct keys and each key's index among them."""
+        distinct, inverse = unique_keys(self._keys(keys))
+        return distinct, inverse.view(keys.shape)
+
+    def _pool(
+        self,
+        rows: torch.Tensor,
+        indices: torch.Tensor,
+        offsets: torch.Tensor | None,
+        per_sample_weights: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Bags of ``rows[indices]`` pooled (``rows``: the lookup's distinct keys' rows);
+        torch's backward sums each row's gradient. The lookup counted, logged when due."""
+        rows = self._end_lookup(rows)
         if offsets is not None:
             offsets = offsets.to(rows.device)
         return F.embedding_bag(
-            positions, rows, offsets, mode=self.mode, per_sample_weights=per_sample_weights
-        )
+            indices.to(rows.device), rows, offsets, mode=self.mode,
+            per_sample_weights=per_sample_weights,
+        )  # fmt: skip
