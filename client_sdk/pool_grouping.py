@@ -106,9 +106,10 @@ def _merge(graph: torch.fx.Graph, run: list[torch.fx.Node]) -> None:
             merged.extend(member.args[position])  # type: ignore[arg-type]
     with graph.inserting_before(run[-1]):
         call = graph.call_function(run[0].target, (anchor, *lists))  # type: ignore[arg-type]
-        values: list[Any] = [m.meta.get("example_value") for m in run]
-        if all(isinstance(v, list | tuple) for v in values):
-            call.meta["example_value"] = [row for value in values for row in value]
+        for key in ("example_value", "val"):  # dynamo's and export's fake results
+            values: list[Any] = [m.meta.get(key) for m in run]
+            if all(isinstance(v, list | tuple) for v in values):
+                call.meta[key] = [row for value in values for row in value]
         base = 0
         for member in run:
             for item in list(member.users):
