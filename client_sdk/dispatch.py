@@ -138,6 +138,9 @@ def pool_many(
     """Plain bags pooled: ``torch.ops.recstore.emb_pool_many`` when traced, else the
     engine directly (``Lookup.pooled`` tables)."""
     if tracing(ids):
+        from recstore.client import pool_grouping  # imports inductor: only once tracing
+
+        pool_grouping.register()  # before inductor compiles what is being traced
         sizes, means = [p.bag_size for p in pools], [p.mean for p in pools]
         out: list[torch.Tensor] = torch.ops.recstore.emb_pool_many(
             anchor, tables, ids, offsets, sizes, means, trainable

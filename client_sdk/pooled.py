@@ -15,7 +15,7 @@ would give.
 Eagerly ``_PooledMany`` calls the engine directly. A traced graph holds
 ``torch.ops.recstore.emb_pool_many`` (``recstore.client.pooled_ops``), whose
 kernels are ``pool_bags`` / ``send_bag_gradients`` here: they decide per call,
-by ``engine_bag_size``, whether the engine pools (bags whose size a trace could
+by ``engine_bag_sizes``, whether the engine pools (bags whose size a trace could
 not see are checked against their offsets then) or per-id rows are pooled as
 the eager general path does (another backend, uneven bags).
 """
@@ -111,16 +111,30 @@ def _per_id_gradient(
     return grad.index_select(0, _bag_of(offsets, count))
 
 
-def engine_bag_size(handle: str, ids: torch.Tensor, offsets: torch.Tensor | None,
-                    pool: Pool) -> int:  # fmt: skip
-    """The bag size the engine pools ``ids`` by, or 0 when per-id rows are pooled instead."""
-    ref = resolve(handle)
-    if ids.device.type != "cpu" or not pools_in_engine(ref.client, ref.name):
-        return 0
-    if pool.bag_size != SEGMENTS:
-        return pool.bag_size
-    assert offsets is not None
-    return uniform_bag_size(offsets, ids.numel())
+def engine_bag_sizes(
+    handles: Sequence[str],
+    ids: Sequence[torch.Tensor],
+    offsets: Sequence[torch.Tensor | None],
+    pools: Sequence[Pool],
+) -> list[int]:
+    """The bag size the engine pools each table's ``ids`` by, or 0 when per-id rows are
+    pooled instead. Offsets several tables share (one batch's, as a model of separate
+    bags passes them) are checked for one bag size once."""
+    checked: dict[tuple[int, int], int] = {}  # (id of offsets, lookups) -> size
+    sizes = []
+    for handle, keys, offs, pool in zip(handles, ids, offsets, pools, strict=True):
+        ref = resolve(handle)
+        if keys.device.type != "cpu" or not pools_in_engine(ref.client, ref.name):
+            sizes.append(0)
+        elif pool.bag_size != SEGMENTS:
+            sizes.append(pool.bag_size)
+        else:
+            assert offs is not None
+            key = (id(offs), keys.numel())
+            if key not in checked:
+                checked[key] = uniform_bag_size(offs, keys.numel())
+            sizes.append(checked[key])
+    return sizes
 
 
 def _engine_pool(handle: str, keys: torch.Tensor, size: int, mean: bool) -> torch.Tensor:
@@ -149,8 +163,8 @@ def pool_bags(
     """Each table's bags pooled: by the engine where it applies, else from per-id rows."""
     out: list[torch.Tensor | None] = [None] * len(handles)
     rest = []
-    for i, (handle, keys, offs, pool) in enumerate(zip(handles, ids, offsets, pools, strict=True)):
-        size = engine_bag_size(handle, keys, offs, pool)
+    sizes = engine_bag_sizes(handles, ids, offsets, pools)
+    for i, (handle, keys, pool, size) in enumerate(zip(handles, ids, pools, sizes, strict=True)):
         if size:
             out[i] = _engine_pool(handle, flat_keys(keys), size, pool.mean)
         else:
@@ -171,8 +185,10 @@ def send_bag_gradients(
 ) -> None:
     """``pool_bags``' backward: one gradient row per bag to each table's optimizer."""
     rest = []
-    for handle, keys, offs, pool, grad in zip(handles, ids, offsets, pools, grads, strict=True):
-        size = engine_bag_size(handle, keys, offs, pool)
+    sizes = engine_bag_sizes(handles, ids, offsets, pools)
+    for handle, keys, offs, pool, grad, size in zip(
+        handles, ids, offsets, pools, grads, sizes, strict=True
+    ):
         if size:
             _engine_update(handle, flat_keys(keys), size, pool.mean, grad)
         else:

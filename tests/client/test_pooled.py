@@ -102,3 +102,34 @@ def test_rowwise_adagrad_bags_follow_the_formula(local_client) -> None:
         state[rows] += (grad[rows] ** 2).mean(1)
         weight[rows] -= lr * grad[rows] / (state[rows].sqrt() + eps).unsqueeze(1)
     torch.testing.assert_close(bag.read_weights(), weight, atol=1e-5, rtol=0)
+
+
+def test_offsets_shared_by_tables_are_checked_once(local_client, monkeypatch) -> None:
+    """A traced batch of separate bags hands every table the batch's one offsets tensor:
+    the op's kernels check it for one bag size once per call, forward and backward."""
+    from recstore.client import pooled
+
+    bags = [rnn.EmbeddingBag(NUM, DIM, mode="sum", client=local_client,
+                             name=unique_name("s")) for _ in range(3)]  # fmt: skip
+    ids = [torch.randint(0, NUM, (BAGS * BAG_SIZE,)) for _ in bags]
+    offsets = torch.arange(0, BAGS * BAG_SIZE, BAG_SIZE)
+    checks = []
+    original = pooled.uniform_bag_size
+
+    def counted(offs: torch.Tensor, lookups: int) -> int:
+        checks.append(lookups)
+        return original(offs, lookups)
+
+    monkeypatch.setattr(pooled, "uniform_bag_size", counted)
+    handles, pools = [b._handle for b in bags], [pooled.Pool(pooled.SEGMENTS, False)] * 3
+    out = pooled.pool_bags(handles, ids, [offsets] * 3, pools)
+    expected = [
+        b.weight[i].view(BAGS, BAG_SIZE, DIM).sum(1) for b, i in zip(bags, ids, strict=True)
+    ]
+    torch.testing.assert_close(out, expected)
+    stored = [b.weight for b in bags]
+    pooled.send_bag_gradients(handles, ids, [offsets] * 3, pools, [torch.ones_like(o) for o in out])
+    assert checks == [BAGS * BAG_SIZE] * 2  # once in the forward, once in the backward
+    assert all(
+        not torch.equal(b.weight, s) for b, s in zip(bags, stored, strict=True)
+    )  # engine updated
