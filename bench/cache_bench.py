@@ -29,8 +29,6 @@ import platform
 import socket
 import subprocess
 import sys
-import tempfile
-import time
 import uuid
 from pathlib import Path
 
