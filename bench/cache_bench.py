@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import socket
 import subprocess
 import sys
 import uuid
@@ -35,24 +34,19 @@ from pathlib import Path
 import numpy as np
 import torch
 from cache_hit_bench import ROWS, hit_rates
+from processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
 
 # -- remote lookups/s -----------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _start_nodes(root: Path, shards: int) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
     import grpc
 
     processes, addresses = [], []
     for index in range(shards):
-        port = _free_port()
+        port = free_port()
         processes.append(subprocess.Popen(
             [sys.executable, "-m", "recstore.ps", "--host", "127.0.0.1", "--port", str(port),
              "--data-dir", str(root / f"ps{index}"), "--shard-index", str(index),

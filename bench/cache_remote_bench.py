@@ -48,6 +48,7 @@ import numpy as np
 import torch
 from cache_bench import ROOT, _start_nodes
 from cache_hit_bench import ROWS, zipf_trace
+from processes import process_cpu_seconds
 
 ALPHA, FRACTION = 1.05, 0.10
 NONE, LEAN, CACHED = "no cache", "no cache, cache's path", "host cache 10%"
@@ -62,14 +63,7 @@ class NodeCpu:
         self.pids = pids
 
     def seconds(self) -> float:
-        total = 0
-        for pid in self.pids:
-            for task in Path(f"/proc/{pid}/task").iterdir():
-                try:
-                    total += int((task / "schedstat").read_text().split()[0])
-                except (FileNotFoundError, ProcessLookupError):  # a thread that just ended
-                    continue
-        return total / 1e9
+        return sum(process_cpu_seconds(pid) for pid in self.pids)
 
 
 class Timed:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,33 +27,18 @@ import time
 from pathlib import Path
 
 import numpy as np
+from processes import free_port, process_cpu_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 METHOD = "/recstore.v1.ParameterServer/MultiPull"
 TOKEN = "bench-token"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def node_cpu_seconds(pid: int) -> float:
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            total += int((task / "schedstat").read_text().split()[0])
-        except (FileNotFoundError, ProcessLookupError):  # a thread that just ended
-            continue
-    return total / 1e9
-
-
 def start_node(root: Path, token: bool) -> tuple[subprocess.Popen[bytes], str]:
     import grpc
 
     root.mkdir(parents=True)
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "recstore.ps", "--host", "127.0.0.1", "--port", str(port),
                "--data-dir", str(root / "ps"), "--log-level", "WARNING"]  # fmt: skip
     if token:
@@ -83,10 +67,12 @@ class Target:
 
     def cost(self, request: bytes, count: int) -> tuple[float, float]:
         """Node and client CPU seconds of ``count`` calls of ``request``."""
-        node_before, client_before = node_cpu_seconds(self.process.pid), time.process_time()
+        node_before, client_before = process_cpu_seconds(self.process.pid), time.process_time()
         for _ in range(count):
             self.pull(request, metadata=self.metadata)
-        return node_cpu_seconds(self.process.pid) - node_before, time.process_time() - client_before
+        return process_cpu_seconds(
+            self.process.pid
+        ) - node_before, time.process_time() - client_before
 
 
 def node_target(root: Path, args: argparse.Namespace, token: bool) -> Target:
@@ -116,7 +102,7 @@ def echo_target() -> Target:
     what gRPC itself costs per call."""
     import grpc
 
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen([sys.executable, __file__, "--echo-server", str(port)])
     address = f"127.0.0.1:{port}"
     with grpc.insecure_channel(address) as channel:

@@ -51,7 +51,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import socket
 import statistics
 import struct
 import subprocess
@@ -81,6 +80,7 @@ from dlrm_synthetic import (  # noqa: E402
     torch_bags,
     train_step,
 )
+from processes import free_port  # noqa: E402
 
 from recstore import _native  # noqa: E402
 from recstore.client import RecStoreClient  # noqa: E402
@@ -106,12 +106,6 @@ TARGETS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait_ready(address: str, deadline: float) -> None:
     stub = ps_pb2_grpc.ParameterServerStub(grpc.insecure_channel(address))
     while True:
@@ -131,7 +125,7 @@ def ps_nodes(count: int) -> Iterator[list[str]]:
         procs, addresses = [], []
         try:
             for index in range(count):
-                port = _free_port()
+                port = free_port()
                 command = [
                     sys.executable, "-m", "recstore.ps", "--host", "127.0.0.1",
                     "--port", str(port), "--shard-index", str(index),
