@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -96,14 +97,17 @@ def seal(node: Node, name: str, timeout: float, with_checksums: bool = False) ->
     ``with_checksums``: also the sealed slots' checksums, which nothing can change now."""
     hosted = node.get(name)
     keys, more = _changed_page(node, name, node.migrations.seal(name, timeout))
-    chunk, gone = rows_of(hosted.table, keys)
     out = node.migrations.outgoing_of(name)
-    # the de-dup window moves with the slots: no update of them runs while sealed
-    count, window = dedup_log.encode_entries(hosted.window.entries_touching(out.slots))
-    tail = _batch(chunk, gone, keys_in(hosted.table, out.slots), more)
-    # a commit may follow at once: a restart must not serve these slots unsealed
-    held_slots.remember(node, name, out, hosted.entry.slot_map.epoch)
-    sums = _checksums(hosted.table, out.slots) if with_checksums else None
+    # a commit may follow at once: a restart must not serve these slots unsealed, so the
+    # seal is on disk before the tail leaves; its fsyncs run while the tail is read
+    with ThreadPoolExecutor(1, thread_name_prefix="seal-record") as disk:
+        durable = disk.submit(held_slots.remember, node, name, out, hosted.entry.slot_map.epoch)
+        chunk, gone = rows_of(hosted.table, keys)
+        # the de-dup window moves with the slots: no update of them runs while sealed
+        count, window = dedup_log.encode_entries(hosted.window.entries_touching(out.slots))
+        tail = _batch(chunk, gone, keys_in(hosted.table, out.slots), more)
+        sums = _checksums(hosted.table, out.slots) if with_checksums else None
+        durable.result()
     return dataclasses.replace(tail, dedup_entries=window, dedup_entry_count=count, checksums=sums)
 
 
@@ -252,9 +256,12 @@ def activate(
                 f"({slot_map.epoch}) must follow {expected_epoch}"
             )
         held = 0.0
-        with hosted.lock:
+        with hosted.lock, ThreadPoolExecutor(1, thread_name_prefix="catalogue") as disk:
+            entry = dataclasses.replace(hosted.entry, slot_map=slot_map)
+            # the map's fsyncs run while a target's checksums are taken (in the same hold)
+            durable = disk.submit(node.save_catalogue, {name: entry})
             sums = None if wanted is None else _checksums(hosted.table, wanted)
-            hosted.entry = dataclasses.replace(hosted.entry, slot_map=slot_map)
+            hosted.entry = entry
             hosted.owned_slots = owned = owned_slots(slot_map, node.shard_index)
             out = node.migrations.outgoing.get(name)
             moved_out = out is not None and (owned is None or not owned[out.slots].any())
@@ -265,7 +272,7 @@ def activate(
                 # seal on disk: sealed, as it was.
                 node.migrations.end(name)
                 held = time.monotonic() - out.sealed_at if out.sealed else 0.0
-            node.save_catalogue()
+            durable.result()
         if moved_out:
             held_slots.forget(node, name)
         incoming = node.migrations.importing.get(name)

@@ -80,10 +80,10 @@ def test_held_writes_are_refused_before_the_sources_map_is_durable(pair, monkeyp
     saving, durable = threading.Event(), threading.Event()
     save = source.save_catalogue
 
-    def slow_save() -> None:  # the fsyncs of the catalogue, held open by the test
+    def slow_save(*pending: Any) -> None:  # the fsyncs of the catalogue, held open by the test
         saving.set()
         durable.wait()
-        save()
+        save(*pending)
 
     monkeypatch.setattr(source, "save_catalogue", slow_save)
     install = (source, "t", 1, committed)
@@ -104,7 +104,7 @@ def test_a_source_killed_before_its_new_map_is_durable_comes_back_sealed(pair, m
     committed = moved(SlotMap.initial(2), batch)
     assert migration_ops.set_slot_map(target, "t", 1, committed)
 
-    def killed() -> None:
+    def killed(*pending: Any) -> None:
         raise OSError("killed before the catalogue reached the disk")
 
     monkeypatch.setattr(source, "save_catalogue", killed)
@@ -223,3 +223,31 @@ def test_the_engines_workers_keep_the_normal_priority_when_a_copy_thread_comes_f
         pytest.skip("needs two cores and a normal priority")
     assert most_lowered("0") == BACKGROUND_NICE  # the hazard: helpers born lowered
     assert most_lowered("1") == normal
+
+
+def test_the_seal_record_reaches_the_disk_while_the_tail_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = spec("t", num_embeddings=len(KEYS), embedding_dim=DIM, shards=2)
+    source = Node(tmp_path / "n0", shard_index=0, num_shards=2)
+    source.create_table(table, SlotMap.initial(2))
+    migration_ops.begin_outgoing(source, "t", [(0, 1000)], 1)
+    recording = threading.Event()
+    remember, rows_of = migration_ops.held_slots.remember, migration_ops.rows_of
+    overlapped: list[bool] = []
+
+    def slow_record(*args: Any) -> None:
+        recording.set()
+        remember(*args)
+
+    def read_rows(*args: Any) -> Any:  # the tail is read while the seal's record is written
+        overlapped.append(recording.wait(60))
+        return rows_of(*args)
+
+    monkeypatch.setattr(migration_ops.held_slots, "remember", slow_record)
+    monkeypatch.setattr(migration_ops, "rows_of", read_rows)
+    migration_ops.seal(source, "t", timeout=5)
+    assert overlapped == [True]
+    restarted = Node(source.data_dir, shard_index=0, num_shards=2)
+    recovery.recover(restarted)
+    assert restarted.migrations.outgoing["t"].sealed  # and it was on disk before the reply
