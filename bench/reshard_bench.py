@@ -7,7 +7,8 @@ trainer runs in this process. A table of ``--rows`` x ``--dim`` (adam, so
 optimizer state moves too) is filled, the trainer updates random rows
 through the SDK, and ``recstore.core.migration_run`` moves the table to 3
 shards and back. Reported: each move's time and rows/s, the write pause per
-slot batch (seal until the source refuses the slots; p50/p99), the trainer's
+slot batch (p50/p99: from the seal call until the source's reply to the new
+map, and as the source measures it, until its held writes are refused), the trainer's
 step time before / during / after, and, as the baseline in the same run, a
 checkpoint Save + Load of the same rows on every node (rows/s).
 Prints a table and writes bench/results/reshard_bench.json.
@@ -18,6 +19,7 @@ Usage: python bench/reshard_bench.py [--rows 500000] [--dim 64] [--batch-slots 1
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import json
 import multiprocessing
@@ -86,12 +88,14 @@ def run_moves(endpoints: list[str], job_path: str, batch_slots: int, out: Any) -
     store = FileJobStore(Path(job_path), SlotMap.initial(2))
     steps: dict[str, list[float]] = {}
     last: list[tuple[str, float]] = []
+    timeline: list[tuple[str, float]] = []  # (step, start): where the trainer's time goes
 
     def on_step(step: str, job: MigrationJob) -> None:
         now = time.monotonic()
         if last and last[0][0] in PAUSE_STEPS:
             steps.setdefault(last[0][0], []).append(now - last[0][1])
         last[:] = [(step, now)]
+        timeline.append((step, now))
 
     for shards in (3, 2):
         run = MigrationRun("bench", clients, store, on_step=on_step)
@@ -100,6 +104,7 @@ def run_moves(endpoints: list[str], job_path: str, batch_slots: int, out: Any) -
         end = time.monotonic()
         moved = int(sum(r.seal_checksums.rows.sum() for r in run.records))
         pauses = sorted(r.pause_s for r in run.records)
+        held = sorted(r.held_s for r in run.records)
         out.put({
             "to_shards": shards, "seconds": end - begin, "rows": moved,
             "rows_per_s": moved / (end - begin), "bytes": job.bytes_moved,
@@ -107,11 +112,15 @@ def run_moves(endpoints: list[str], job_path: str, batch_slots: int, out: Any) -
             "pause_p50_ms": 1e3 * statistics.median(pauses),
             "pause_p99_ms": 1e3 * float(np.percentile(pauses, 99)),
             "pauses_ms": [1e3 * p for p in pauses], "begin": begin, "end": end,
+            "held_p50_ms": 1e3 * statistics.median(held),
+            "held_p99_ms": 1e3 * float(np.percentile(held, 99)),
             "pause_steps_median_ms": {
                 k: 1e3 * statistics.median(v) for k, v in steps.items()
             },
+            "timeline": list(timeline),
         })  # fmt: skip
         steps.clear()
+        timeline.clear()
     for client in clients:
         client.close()
 
@@ -143,6 +152,21 @@ class Trainer:
     def median_between(self, start: float, end: float) -> float:
         inside = [s for t, s in self.times if start <= t <= end]
         return statistics.median(inside) if inside else float("nan")
+
+    def by_step(self, moves: list[dict[str, Any]]) -> dict[str, tuple[int, float]]:
+        """Per move step: the trainer's steps that started in it (count, summed seconds)."""
+        marks = sorted((t, step) for m in moves for step, t in m["timeline"])
+        marks += [(m["end"], "between") for m in moves]
+        marks.sort()
+        out: dict[str, tuple[int, float]] = {}
+        first, last = moves[0]["begin"], moves[-1]["end"]
+        for end, seconds in self.times:
+            start = end - seconds
+            if first <= start <= last:
+                at = max(0, bisect.bisect_right(marks, (start, "~")) - 1)
+                n, total = out.get(marks[at][1], (0, 0.0))
+                out[marks[at][1]] = (n + 1, total + seconds)
+        return out
 
 
 def main() -> None:
@@ -197,13 +221,17 @@ def main() -> None:
     after = trainer.median_between(last, float("inf"))
     checkpoint_rate = args.rows / checkpoint_s
     print(f"table {args.rows} x {args.dim} (adam), batches of {args.batch_slots} slots")
-    header = ("move", "s", "rows", "rows/s", "vs ckpt", "p50 ms", "p99 ms")
-    print(" ".join(f"{h:>{w}}" for h, w in zip(header, (8, 7, 9, 10, 8, 7, 7), strict=True)))
+    print("pause: seal call to the source's reply; held: seal to the held writes' refusal")
+    header = ("move", "s", "rows", "rows/s", "vs ckpt", "batches", "pause50", "pause99",
+              "held50", "held99")  # fmt: skip
+    widths = (8, 7, 9, 10, 8, 7, 7, 7, 7, 7)
+    print(" ".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True)))
     for m in moves:
         print(
             f"{'-> ' + str(m['to_shards']):>8} {m['seconds']:7.2f} {m['rows']:9d} "
             f"{m['rows_per_s']:10.0f} {m['rows_per_s'] / checkpoint_rate:8.2f} "
-            f"{m['pause_p50_ms']:7.1f} {m['pause_p99_ms']:7.1f}"
+            f"{m['batches']:7d} {m['pause_p50_ms']:7.1f} {m['pause_p99_ms']:7.1f} "
+            f"{m['held_p50_ms']:7.1f} {m['held_p99_ms']:7.1f}"
         )
     for m in moves:
         parts = ", ".join(f"{k} {v:.1f}" for k, v in m["pause_steps_median_ms"].items())
@@ -213,12 +241,18 @@ def main() -> None:
         f"trainer step median: before {1e3 * before:.1f} ms, during {1e3 * during:.1f} ms "
         f"({before / during:.2f}x throughput), after {1e3 * after:.1f} ms"
     )
+    spent = trainer.by_step(moves)
+    print(
+        "trainer during the move, by move step (steps, s, mean ms): "
+        + ", ".join(f"{k} {n} {t:.1f} {1e3 * t / n:.0f}" for k, (n, t) in sorted(spent.items()))
+    )
     result = {
         "rows": args.rows, "dim": args.dim, "batch_slots": args.batch_slots,
         "layout": "nodes and runner in processes of their own, trainer in the bench",
         "moves": moves, "checkpoint_seconds": checkpoint_s,
         "checkpoint_rows_per_s": checkpoint_rate,
         "step_before_s": before, "step_during_s": during, "step_after_s": after,
+        "trainer_by_move_step": spent,
     }  # fmt: skip
     out = ROOT / "bench" / "results" / "reshard_bench.json"
     out.parent.mkdir(parents=True, exist_ok=True)

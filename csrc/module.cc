@@ -81,6 +81,8 @@ NB_MODULE(_native, m) {
   m.def("set_num_threads", &recstore::set_num_threads, "n"_a,
         "Threads used for batch work (<= 0: all hardware threads)");
   m.def("num_threads", &recstore::num_threads);
+  m.def("start_workers", &recstore::start_pool,
+        "Start the batch-work threads now (they keep the caller's scheduling priority)");
   m.def("fmix64", [](int64_t key) { return recstore::fmix64(static_cast<uint64_t>(key)); },
         "key"_a, "The routing hash of one key (as recstore.core.routing.hash_keys)");
 

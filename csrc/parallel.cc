@@ -100,6 +100,8 @@ int num_threads() { return g_threads.load(std::memory_order_relaxed); }
 
 void set_num_threads(int n) { g_threads.store(n <= 0 ? default_threads() : n); }
 
+void start_pool() { pool_for(std::max(1, default_threads() - 1)); }
+
 void run_on_pool(int helpers, const std::function<void()>& job) {
   if (helpers <= 0 || !pool_for(helpers)->try_run(helpers, job)) job();
 }

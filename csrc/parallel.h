@@ -24,6 +24,11 @@ void set_num_threads(int n);  // n <= 0 restores the default (all hardware threa
 // Runs job on the caller and `helpers` pool threads at once; returns when all finish.
 void run_on_pool(int helpers, const std::function<void()>& job);
 
+// Starts the pool now if it is not running. Its threads keep the scheduling
+// priority of the thread that started them, so a process that also runs
+// work on lowered-priority threads starts it from a normal one first.
+void start_pool();
+
 // Calls fn(begin, end) on disjoint ranges covering [0, n). fn must not throw.
 template <class Fn>
 void parallel_for(int64_t n, int64_t min_chunk, Fn&& fn) {

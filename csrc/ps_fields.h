@@ -390,6 +390,8 @@ inline constexpr uint32_t kSetSlotMapResponse_changed = 1;  // bool
 inline constexpr int kSetSlotMapResponse_changed_wire = 0;
 inline constexpr uint32_t kSetSlotMapResponse_checksums = 2;  // message
 inline constexpr int kSetSlotMapResponse_checksums_wire = 2;
+inline constexpr uint32_t kSetSlotMapResponse_held_seconds = 3;  // double
+inline constexpr int kSetSlotMapResponse_held_seconds_wire = 1;
 
 // ExportRowsRequest
 inline constexpr uint32_t kExportRowsRequest_table = 1;  // string

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,9 @@ def restore(node: Node) -> list[str]:
                 continue  # dropped, or the new map arrived: nothing to hold
             slots = ranges_mask([(int(a), int(b)) for a, b in seal["ranges"]])
             target = int(seal["target"])
-            node.migrations.outgoing[name] = Outgoing(slots, target, ChangeTracker(slots), True)
+            node.migrations.outgoing[name] = Outgoing(
+                slots, target, ChangeTracker(slots), True, time.monotonic()
+            )
             kept[name] = seal
         if kept != seals:
             _write(node.data_dir, kept)

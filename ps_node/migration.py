@@ -57,6 +57,7 @@ class Outgoing:
     target: int
     tracker: ChangeTracker
     sealed: bool = False
+    sealed_at: float = 0.0  # time.monotonic() of the seal: the write pause starts there
     inside: int = 0  # admitted requests touching the slots, not yet finished
     snapshot: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # sorted keys
 
@@ -144,7 +145,7 @@ class Migrations:
         """Hold new requests to the moving slots, drain those inside, return the last changes."""
         with self._cond:
             out = self.outgoing_of(name)
-            out.sealed = True
+            out.sealed, out.sealed_at = True, time.monotonic()
             if not self._cond.wait_for(lambda: out.inside == 0, timeout):
                 out.sealed = False
                 self._cond.notify_all()

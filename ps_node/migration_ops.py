@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -75,6 +77,12 @@ def _changed_page(node: Node, name: str, keys: np.ndarray) -> tuple[np.ndarray, 
     return keys[:page], 1
 
 
+def is_sealed(node: Node, name: str) -> bool:
+    """Whether ``name`` has sealed slots here (its reads of changes are then the tail's)."""
+    out = node.migrations.outgoing.get(name)
+    return out is not None and out.sealed
+
+
 def catch_up(node: Node, name: str) -> RowBatch:
     """Rows changed since the previous call (a page; ``next_offset`` 1: more are pending)."""
     hosted = node.get(name)
@@ -89,14 +97,17 @@ def seal(node: Node, name: str, timeout: float, with_checksums: bool = False) ->
     ``with_checksums``: also the sealed slots' checksums, which nothing can change now."""
     hosted = node.get(name)
     keys, more = _changed_page(node, name, node.migrations.seal(name, timeout))
-    chunk, gone = rows_of(hosted.table, keys)
     out = node.migrations.outgoing_of(name)
-    # the de-dup window moves with the slots: no update of them runs while sealed
-    count, window = dedup_log.encode_entries(hosted.window.entries_touching(out.slots))
-    tail = _batch(chunk, gone, keys_in(hosted.table, out.slots), more)
-    # a commit may follow at once: a restart must not serve these slots unsealed
-    held_slots.remember(node, name, out, hosted.entry.slot_map.epoch)
-    sums = _checksums(hosted.table, out.slots) if with_checksums else None
+    # a commit may follow at once: a restart must not serve these slots unsealed, so the
+    # seal is on disk before the tail leaves; its fsyncs run while the tail is read
+    with ThreadPoolExecutor(1, thread_name_prefix="seal-record") as disk:
+        durable = disk.submit(held_slots.remember, node, name, out, hosted.entry.slot_map.epoch)
+        chunk, gone = rows_of(hosted.table, keys)
+        # the de-dup window moves with the slots: no update of them runs while sealed
+        count, window = dedup_log.encode_entries(hosted.window.entries_touching(out.slots))
+        tail = _batch(chunk, gone, keys_in(hosted.table, out.slots), more)
+        sums = _checksums(hosted.table, out.slots) if with_checksums else None
+        durable.result()
     return dataclasses.replace(tail, dedup_entries=window, dedup_entry_count=count, checksums=sums)
 
 
@@ -203,7 +214,17 @@ def set_slot_map(node: Node, name: str, expected_epoch: int, slot_map: SlotMap) 
     slots are then refused (held requests re-check and get the wrong-owner error);
     imported slots are served.
     """
-    return activate(node, name, expected_epoch, slot_map, None)[0]
+    return activate(node, name, expected_epoch, slot_map, None).changed
+
+
+@dataclasses.dataclass(frozen=True)
+class Activation:
+    """What installing a map did: ``changed`` (False: it was installed already), the
+    checksums asked for, and how long moved-out slots held writes (a source; else 0)."""
+
+    changed: bool
+    checksums: Checksums | None = None
+    held_s: float = 0.0
 
 
 def activate(
@@ -212,7 +233,7 @@ def activate(
     expected_epoch: int,
     slot_map: SlotMap,
     checksum_ranges: list[tuple[int, int]] | None,
-) -> tuple[bool, Checksums | None]:
+) -> Activation:
     """``set_slot_map``, also returning the checksums of ``checksum_ranges`` (None: none)
     taken in the same hold of the table as the install: a target's activation checksums.
 
@@ -226,24 +247,35 @@ def activate(
         current = hosted.entry.slot_map
         if current == slot_map:
             if wanted is None:
-                return False, None
+                return Activation(False)
             with hosted.lock:
-                return False, _checksums(hosted.table, wanted)
+                return Activation(False, _checksums(hosted.table, wanted))
         if current.epoch != expected_epoch or slot_map.epoch != expected_epoch + 1:
             raise SlotMapConflict(
                 f"table {name!r}: node is at slot-map epoch {current.epoch}, the new map "
                 f"({slot_map.epoch}) must follow {expected_epoch}"
             )
-        with hosted.lock:
+        held = 0.0
+        with hosted.lock, ThreadPoolExecutor(1, thread_name_prefix="catalogue") as disk:
+            entry = dataclasses.replace(hosted.entry, slot_map=slot_map)
+            # the map's fsyncs run while a target's checksums are taken (in the same hold)
+            durable = disk.submit(node.save_catalogue, {name: entry})
             sums = None if wanted is None else _checksums(hosted.table, wanted)
-            hosted.entry = dataclasses.replace(hosted.entry, slot_map=slot_map)
-            hosted.owned_slots = owned_slots(slot_map, node.shard_index)
-            node.save_catalogue()
-        owned = hosted.owned_slots
-        out = node.migrations.outgoing.get(name)
-        if out is not None and (owned is None or not owned[out.slots].any()):
-            abort_outgoing(node, name)  # committed: held requests now meet the new map
+            hosted.entry = entry
+            hosted.owned_slots = owned = owned_slots(slot_map, node.shard_index)
+            out = node.migrations.outgoing.get(name)
+            moved_out = out is not None and (owned is None or not owned[out.slots].any())
+            if out is not None and moved_out:
+                # committed: held requests meet the new map now and are refused, nothing
+                # applied, so the write pause ends before the fsyncs below. Killed before
+                # the catalogue is durable, the node comes back at the old map with the
+                # seal on disk: sealed, as it was.
+                node.migrations.end(name)
+                held = time.monotonic() - out.sealed_at if out.sealed else 0.0
+            durable.result()
+        if moved_out:
+            held_slots.forget(node, name)
         incoming = node.migrations.importing.get(name)
         if incoming is not None and (owned is None or owned[incoming].all()):
             node.migrations.end_import(name)
-    return True, sums
+    return Activation(True, sums, held)

@@ -289,9 +289,11 @@ class Node:
             hosted.wal.close()
         self.store.drop(name)
 
-    def save_catalogue(self) -> None:
+    def save_catalogue(self, pending: dict[str, CatalogueEntry] | None = None) -> None:
+        """Write the catalogue durably; ``pending``: entries about to replace those hosted."""
         entries = {n: r.entry for n, r in self.refused.items()}
-        catalogue.save(self.data_dir, entries | {n: h.entry for n, h in self.tables.items()})
+        hosted = {n: h.entry for n, h in self.tables.items()}
+        catalogue.save(self.data_dir, entries | hosted | (pending or {}))
 
     def create_table(self, spec: TableSpec, slot_map: SlotMap | None) -> tuple[HostedTable, bool]:
         with self.registry_lock:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,6 +24,7 @@ import grpc
 
 from recstore.core import DType, InvalidArgument, NonFiniteValues, RecStoreError, request_id, wire
 from recstore.core import migration_wire as wire_migration
+from recstore.core.background import background_pool
 from recstore.core.cache_figures import client_cache_from_proto
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.core.proto_convert import (
@@ -53,6 +55,7 @@ from recstore.v1 import ps_pb2, ps_pb2_grpc
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_native: Any = importlib.import_module("recstore._native")
 Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 
@@ -173,6 +176,11 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         #: no reply is built larger (the node's message limit, its gRPC send limit)
         self.reply_limit = reply_limit
         self.migration_steps = ThreadPoolExecutor(max_workers=2, thread_name_prefix="migration")
+        # the engine's batch-work threads take their starter's priority: started here,
+        # never by a lowered copy thread
+        _native.start_workers()
+        #: the copy before a seal (snapshot pages, catch-up rounds): trainers' requests first
+        self.migration_copy = background_pool(2, "migration-copy")
 
     async def _serve_multi(self, method: str, request: bytes) -> bytes:
         """A MultiPull or MultiUpdate, checked and served by recstore.ps.native_path."""
@@ -218,10 +226,13 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
             return await self.offload.run(fn, *args)
         return await self.offload.run_batch(rows, fn, *args)
 
-    async def _step(self, fn: Callable[..., T], *args: Any) -> T:
-        """A migration step, on threads of its own: requests held by a seal may fill the pool."""
+    async def _step(self, fn: Callable[..., T], *args: Any, copy: bool = False) -> T:
+        """A migration step, on threads of its own: requests held by a seal may fill the pool.
+
+        ``copy``: rows moved before the seal, on the background threads."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.migration_steps, functools.partial(fn, *args))
+        pool = self.migration_copy if copy else self.migration_steps
+        return await loop.run_in_executor(pool, functools.partial(fn, *args))
 
     async def _acknowledge(self, ack: WriteAck) -> None:
         if ack.wal is not None:
@@ -373,11 +384,15 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
     @rpc
     async def MigrateRows(self, request, context):
         if request.changes:
-            rows = await self._step(migration_ops.catch_up, self.node, request.table)
+            # the rest of a tail (read while sealed) is part of the write pause
+            sealed = migration_ops.is_sealed(self.node, request.table)
+            rows = await self._step(
+                migration_ops.catch_up, self.node, request.table, copy=not sealed
+            )
         else:
             rows = await self._step(
                 migration_ops.snapshot_page, self.node, request.table,
-                int(request.offset), int(request.max_rows),
+                int(request.offset), int(request.max_rows), copy=True,
             )  # fmt: skip
         return self._rows(request.table, rows)
 
@@ -400,7 +415,11 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
             )
         except ValueError as error:
             raise InvalidArgument(f"table {request.table!r}: {error}") from None
-        ack = await self._step(migration_ops.import_rows, self.node, request.table, rows)
+        # a tail (and the import whose checksums the verify waits for) is in the write pause
+        in_pause = request.rows.tail or request.with_checksums
+        ack = await self._step(
+            migration_ops.import_rows, self.node, request.table, rows, copy=not in_pause
+        )
         await self._acknowledge(ack)
         reply = ps_pb2.MigrateImportResponse(rows=ack.rows)
         if request.with_checksums:
@@ -437,13 +456,13 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         except ValueError as error:
             raise InvalidArgument(f"table {request.table!r}: bad slot map: {error}") from None
         ranges = wire_migration.ranges_from_proto(request.checksum_slots)
-        changed, sums = await self._step(
+        done = await self._step(
             migration_ops.activate, self.node, request.table, request.expected_epoch, slot_map,
             ranges,
         )  # fmt: skip
-        reply = ps_pb2.SetSlotMapResponse(changed=changed)
-        if sums is not None:
-            reply.checksums.CopyFrom(wire_migration.checksums_to_proto(sums))
+        reply = ps_pb2.SetSlotMapResponse(changed=done.changed, held_seconds=done.held_s)
+        if done.checksums is not None:
+            reply.checksums.CopyFrom(wire_migration.checksums_to_proto(done.checksums))
         return reply
 
     # Rows with their optimizer state, streamed (recstore.ps.row_transfer).

@@ -72,12 +72,16 @@ def test_seal_import_and_install_return_the_checksums_of_the_batch(pair) -> None
                                                 DIM, 2 * DIM).checksums)  # fmt: skip
 
     committed = moved(SlotMap.initial(2), batch)
-    changed, at_install = migration_ops.activate(target, "t", 1, committed, list(batch.ranges))
-    assert changed and at_install is not None and not sealed.differing(at_install)
+    installed = migration_ops.activate(target, "t", 1, committed, list(batch.ranges))
+    at_install = installed.checksums
+    assert installed.changed and at_install is not None and not sealed.differing(at_install)
+    assert installed.held_s == 0  # the target held nothing
     assert target.get("t").owned_slots[batch.mask()].all()
     resent = migration_ops.activate(target, "t", 1, committed, list(batch.ranges))
-    assert resent[0] is False and resent[1] is not None and not sealed.differing(resent[1])
-    assert migration_ops.activate(source, "t", 1, committed, None) == (True, None)
+    assert resent.changed is False and resent.checksums is not None
+    assert not sealed.differing(resent.checksums)
+    released = migration_ops.activate(source, "t", 1, committed, None)
+    assert released.changed and released.checksums is None and released.held_s > 0
 
 
 def test_a_row_changed_on_the_target_before_the_install_shows_in_its_checksums(pair) -> None:  # type: ignore[no-untyped-def]
@@ -87,7 +91,7 @@ def test_a_row_changed_on_the_target_before_the_install_shows_in_its_checksums(p
     chunk = table.export_keys(table.keys_in_slots(batch.mask())[:1])
     table.import_chunk(chunk.keys, chunk.values, chunk.state * 2 + 1)  # one state word
     committed = moved(SlotMap.initial(2), batch)
-    _, at_install = migration_ops.activate(target, "t", 1, committed, list(batch.ranges))
+    at_install = migration_ops.activate(target, "t", 1, committed, list(batch.ranges)).checksums
     assert at_install is not None and len(sealed.differing(at_install)) == 1
 
 

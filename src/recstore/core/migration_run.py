@@ -12,7 +12,9 @@ batch of ``recstore.core.migration``'s plan:
   the slots) -> every other node (the epoch) -> cleanup on the source.
 
 Everything from the seal to the source's refusal is the batch's write pause,
-so the checksums travel in the replies of the calls it makes anyway.
+so the checksums travel in the replies of the calls it makes anyway. The copy
+before it runs on background threads (``recstore.core.background``): the
+trainers' requests and the pause go first.
 
 A failure before the commit aborts the batch: the source unseals and stays
 authoritative, the target drops what it imported. After the commit the batch
@@ -30,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from recstore.core.background import background_pool
 from recstore.core.control import ControlClient
 from recstore.core.errors import RecStoreError
 from recstore.core.migration import MigrationJob, Phase, ResumeAction, moved, resume_action
@@ -46,6 +49,7 @@ from recstore.core.migration_wire import (
     cleanup_rpc,
     import_checked_rpc,
     import_rpc,
+    release_source_rpc,
     rows_rpc,
     seal_rpc,
     set_slot_map_rpc,
@@ -86,8 +90,9 @@ class BatchRecord:
     batch: int
     seal_checksums: Checksums
     activation_checksums: Checksums
-    pause_s: float  # seal call to the source refusing the slots
+    pause_s: float  # seal call to the source's reply to the new map
     bytes: int
+    held_s: float = 0.0  # on the source: seal to its held writes being refused
 
 
 @dataclass
@@ -128,7 +133,8 @@ class MigrationRun:
             self._step("begin", job)
             target.call(begin_rpc(self.table, TARGET, batch.ranges, batch.target))
             source.call(begin_rpc(self.table, SOURCE, batch.ranges, batch.target))
-            moved_bytes = self._copy(job, source, target)
+            with background_pool(1, "migration-copy") as copier:  # the trainers go first
+                moved_bytes = copier.submit(self._copy, job, source, target).result()
             self._step("seal", job)
             paused = time.perf_counter()
             # the seal's reply carries the source's checksums, the last import's the
@@ -173,7 +179,7 @@ class MigrationRun:
             return source.call(rows_rpc(self.table, changes=False, offset=offset, max_rows=0))
 
         # pipelined: the source reads the next page while the target writes this one
-        with ThreadPoolExecutor(1) as reader:
+        with background_pool(1, "migration-read") as reader:
             pending = reader.submit(page_at, 0)
             while True:
                 page = pending.result()
@@ -240,7 +246,7 @@ class MigrationRun:
         # then the source refuses (its held writes resume there); the others learn the epoch
         target = self.clients[batch.target]
         at_install = target.call(activate_rpc(self.table, expected, committed, batch.ranges))
-        self.clients[batch.source].call(set_slot_map_rpc(self.table, expected, committed))
+        held = self.clients[batch.source].call(release_source_rpc(self.table, expected, committed))
         pause = time.perf_counter() - paused
         # a target that does not send them along is asked now: trainers' writes may have
         # reached it since the install, so a difference there says less (it is only logged)
@@ -255,7 +261,8 @@ class MigrationRun:
         self._step("cleanup", job)
         self.clients[batch.source].call(cleanup_rpc(self.table))
         if sealed is not None:
-            self.records.append(BatchRecord(job.current, sealed, activated, pause, moved_bytes))
+            record = BatchRecord(job.current, sealed, activated, pause, moved_bytes, held)
+            self.records.append(record)
         job = job.next_batch(committed.epoch, moved_bytes)
         self.store.save_job(job)
         return job

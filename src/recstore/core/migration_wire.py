@@ -210,6 +210,15 @@ def set_slot_map_rpc(table: str, expected_epoch: int, slot_map: SlotMap) -> Rpc[
     return Rpc("SetSlotMap", request, lambda reply: bool(reply.changed))
 
 
+def release_source_rpc(table: str, expected_epoch: int, slot_map: SlotMap) -> Rpc[float]:
+    """``set_slot_map_rpc`` to a batch's source: how long it held writes to the moved
+    slots (seal to refusal), in seconds."""
+    request = ps_pb2.SetSlotMapRequest(
+        table=table, expected_epoch=expected_epoch, slot_map=slot_map_to_proto(slot_map)
+    )
+    return Rpc("SetSlotMap", request, lambda reply: float(reply.held_seconds))
+
+
 def activate_rpc(
     table: str, expected_epoch: int, slot_map: SlotMap, ranges: Ranges
 ) -> Rpc[Checksums | None]:

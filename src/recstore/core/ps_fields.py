@@ -302,6 +302,7 @@ class SetSlotMapRequest:
 class SetSlotMapResponse:
     changed: Final = 1
     checksums: Final = 2
+    held_seconds: Final = 3
 
 
 class ExportRowsRequest:
@@ -567,6 +568,7 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
     "SetSlotMapResponse": {
         1: ("changed", "bool"),
         2: ("checksums", "message"),
+        3: ("held_seconds", "double"),
     },
     "ExportRowsRequest": {
         1: ("table", "string"),

@@ -498,12 +498,14 @@ class SetSlotMapRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., expected_epoch: _Optional[int] = ..., slot_map: _Optional[_Union[SlotMap, _Mapping]] = ..., checksum_slots: _Optional[_Iterable[_Union[SlotRange, _Mapping]]] = ...) -> None: ...
 
 class SetSlotMapResponse(_message.Message):
-    __slots__ = ("changed", "checksums")
+    __slots__ = ("changed", "checksums", "held_seconds")
     CHANGED_FIELD_NUMBER: _ClassVar[int]
     CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    HELD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     changed: bool
     checksums: SlotChecksumsResponse
-    def __init__(self, changed: _Optional[bool] = ..., checksums: _Optional[_Union[SlotChecksumsResponse, _Mapping]] = ...) -> None: ...
+    held_seconds: float
+    def __init__(self, changed: _Optional[bool] = ..., checksums: _Optional[_Union[SlotChecksumsResponse, _Mapping]] = ..., held_seconds: _Optional[float] = ...) -> None: ...
 
 class ExportRowsRequest(_message.Message):
     __slots__ = ("table", "epoch", "with_state", "slot_mask", "max_chunk_bytes", "keys")
