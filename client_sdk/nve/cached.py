@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -169,11 +170,17 @@ class CachedTable:
         return to_bits(rows.to("cpu", self.cache.dtype)), versions
 
     def report(self) -> CacheReport:
-        stats, cache = self.cache.stats, self.cache
-        return CacheReport(
-            table=self.name, layer=self.layer, policy=cache.policy, hits=stats.hits,
-            misses=stats.misses, evictions=stats.evictions, insertions=stats.insertions,
-            rejected=stats.rejected, invalidations=stats.invalidations, hit_rate=stats.hit_rate,
-            resident_rows=cache.resident_rows, bytes_used=cache.bytes_used,
-            capacity_bytes=cache.capacity_bytes_used, capacity_rows=cache.capacity_rows,
-        )  # fmt: skip
+        return cache_report(self.name, self.layer, self.cache)
+
+
+def cache_report(table: str, layer: str, cache: Any) -> CacheReport:
+    """The figures of one cache tier (``HostCache``, ``NativeHostCache`` or the GPU tier:
+    the same counters and sizes under the same names) as a ``CacheReport``."""
+    stats = cache.stats
+    return CacheReport(
+        table=table, layer=layer, policy=cache.policy, hits=stats.hits,
+        misses=stats.misses, evictions=stats.evictions, insertions=stats.insertions,
+        rejected=stats.rejected, invalidations=stats.invalidations, hit_rate=stats.hit_rate,
+        resident_rows=cache.resident_rows, bytes_used=cache.bytes_used,
+        capacity_bytes=cache.capacity_bytes_used, capacity_rows=cache.capacity_rows,
+    )  # fmt: skip

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from recstore.client.nve.cached import CachedTable, CacheReport
+from recstore.client.nve.cached import CachedTable, CacheReport, cache_report
 from recstore.client.nve.device_cache import DeviceRowCache
 
 
@@ -85,11 +85,4 @@ class DeviceCachedTable:
 
     def report(self) -> CacheReport:
         """The device tier's counters, as ``CachedTable.report`` gives the host tier's."""
-        stats, tier, lower = self.tier.stats, self.tier, self.lower
-        return CacheReport(
-            table=lower.name, layer=lower.layer, policy=tier.policy, hits=stats.hits,
-            misses=stats.misses, evictions=stats.evictions, insertions=stats.insertions,
-            rejected=stats.rejected, invalidations=stats.invalidations, hit_rate=stats.hit_rate,
-            resident_rows=tier.resident_rows, bytes_used=tier.bytes_used,
-            capacity_bytes=tier.capacity_bytes_used, capacity_rows=tier.capacity_rows,
-        )  # fmt: skip
+        return cache_report(self.lower.name, self.lower.layer, self.tier)
