@@ -24,7 +24,6 @@ Usage: python bench/cache_bench.py [--trace 4000000] [--batch 4096] [--window 0.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from cache_hit_bench import ROWS, hit_rates
-from processes import free_port
+from processes import free_port, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
@@ -130,9 +129,7 @@ def main() -> int:
         report["remote"] = remote(args)
     if not args.skip_staleness:
         report["staleness"] = staleness(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
     return 0
 
 

@@ -35,7 +35,6 @@ Usage: python bench/cache_remote_bench.py [--dims 32 128] [--batches 4096 16384]
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -48,7 +47,7 @@ import numpy as np
 import torch
 from cache_bench import ROOT, _start_nodes
 from cache_hit_bench import ROWS, zipf_trace
-from processes import process_cpu_seconds
+from processes import process_cpu_seconds, write_report
 
 ALPHA, FRACTION = 1.05, 0.10
 NONE, LEAN, CACHED = "no cache", "no cache, cache's path", "host cache 10%"
@@ -274,9 +273,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     report = {"rows": ROWS, "remote": remote(args)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
     return 0
 
 

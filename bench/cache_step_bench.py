@@ -37,7 +37,6 @@ Usage: python bench/cache_step_bench.py [--steps 3] [--rounds 3] [--cache 0.25]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import subprocess
@@ -57,6 +56,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import cache_bench  # noqa: E402  (its node launcher)
 import tbe_workloads as tw  # noqa: E402
+from processes import write_report  # noqa: E402
 
 TABLES, ROWS, DIM, BATCH = 8, 200_000, 64, 2048
 FIXED = "zipf-fixed-rowwise-adagrad"
@@ -285,9 +285,7 @@ def main() -> int:
                 process.terminate()
                 process.wait(timeout=60)
     report["train_step"] = results
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
     return 0
 
 

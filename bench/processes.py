@@ -1,8 +1,9 @@
-"""What the benches that start PS node processes on loopback share: a free port and
-the CPU time a process has run (every thread), so each is defined once."""
+"""What the benches that start PS node processes on loopback share: a free port,
+the CPU time a process has run (every thread) and the JSON report, each defined once."""
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
@@ -24,3 +25,10 @@ def process_cpu_seconds(pid: int) -> float:
         except (FileNotFoundError, ProcessLookupError):  # a thread that just ended
             continue
     return total / 1e9
+
+
+def write_report(path: Path, report: dict[str, object]) -> None:
+    """The bench's JSON report at ``path`` (its folder made), and a line saying so."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+    print(f"wrote {path}")
