@@ -50,13 +50,12 @@ from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.changes import ChangeTracker
 from recstore.ps.dedup import DedupWindow, Entry, capacity_from_env
 from recstore.ps.migration import Migrations
+from recstore.ps.table_wal import Appended, TableWal
 from recstore.ps.wal import (
     KEYS_ONLY,
     OP_PUSH,
     OP_STEP,
     OP_UPDATE,
-    Appended,
-    TableWal,
     encode_record,
     encode_window_record,
 )

@@ -226,7 +226,7 @@ def test_multi_calls_need_the_token(tmp_path: Path) -> None:
 
 
 def test_wal_records_every_item_before_the_reply(tmp_path: Path) -> None:
-    from recstore.ps import wal
+    from recstore.ps import wal_segments
 
     with start_in_thread(data_dir=tmp_path, durability="wal") as handle:
         c = Client(handle.address)
@@ -242,7 +242,7 @@ def test_wal_records_every_item_before_the_reply(tmp_path: Path) -> None:
         logged: dict[str, list[list[int]]] = {}
         for directory in (tmp_path / "wal").iterdir():
             records: list[Any] = []
-            wal.replay(directory, 0, records.append)
+            wal_segments.replay(directory, 0, records.append)
             logged[directory.name.rsplit("-", 1)[0]] = [r.keys.tolist() for r in records]
         assert logged == {"a": [[1, 2], [4]], "b": [[3]]}
         handle.stop(final_checkpoint=False)
