@@ -6,6 +6,7 @@ its group commit, ``wal_segments`` its files and replay), ``checkpoint``
 (versioned snapshots), ``catalogue`` (which tables the node hosts), ``node``
 (tables, locks, recovery), ``servicer`` (gRPC handlers; Pull/Push/Update on raw
 bytes via ``recstore.core.wire``), ``offload`` (inline or thread pool),
-``table_specs`` (``--table-spec-file``), ``auth``, ``metrics`` and ``server``
-(process wiring).
+``table_specs`` (``--table-spec-file``), ``auth``, ``metrics``, ``serving``
+(process wiring; options in ``node_config``), ``process`` (``recstore
+ps-node``) and ``server`` (a node on its own thread).
 """

@@ -314,7 +314,7 @@ def test_a_checkpoint_that_does_not_verify_after_writing_keeps_the_log(
 def test_a_final_checkpoint_that_does_not_verify_still_releases_the_data_dir(
     tmp_path: Path, start: Any, monkeypatch: Any
 ) -> None:
-    from recstore.ps.server import FinalCheckpointFailed
+    from recstore.ps.serving import FinalCheckpointFailed
 
     handle, client = start("wal")
     client.create(table_spec())
