@@ -4,7 +4,8 @@ Small modules, each with one job: ``codec`` (wire buffers <-> arrays),
 ``wal`` (write-ahead log records; ``table_wal`` the open log, ``wal_commit``
 its group commit, ``wal_segments`` its files and replay), ``checkpoint``
 (versioned snapshots), ``catalogue`` (which tables the node hosts), ``node``
-(tables, locks, recovery), ``servicer`` (gRPC handlers; Pull/Push/Update on raw
+(the data path; ``node_tables`` the hosted tables, ``hosted_table`` each one's
+state), ``recovery`` (after a crash), ``servicer`` (gRPC handlers; Pull/Push/Update on raw
 bytes via ``recstore.core.wire``), ``offload`` (inline or thread pool),
 ``table_specs`` (``--table-spec-file``), ``auth``, ``metrics``, ``serving``
 (process wiring; options in ``node_config``), ``process`` (``recstore

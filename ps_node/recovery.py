@@ -25,7 +25,8 @@ from recstore.core.proto_convert import TableCondition
 from recstore.ps import catalogue, checkpoint_read, held_slots, wal_segments
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
-from recstore.ps.node import Node, Refusal
+from recstore.ps.node import Node
+from recstore.ps.node_tables import Refusal
 from recstore.ps.persistence import (
     OnDamaged,
     apply,

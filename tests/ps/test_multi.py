@@ -22,7 +22,8 @@ from recstore.core import (
 )
 from recstore.core.wire import WireClient
 from recstore.ps import codec, multi, native_path
-from recstore.ps.node import Node, check_lr, check_owned
+from recstore.ps.hosted_table import check_owned
+from recstore.ps.node import Node, check_lr
 from recstore.ps.server import ServerHandle, start_in_thread
 from recstore.store import Table
 from recstore.v1 import ps_pb2
