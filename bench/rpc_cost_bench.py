@@ -117,7 +117,7 @@ def echo_server(port: int) -> None:
 
     from recstore.core.limits import DEFAULT_MAX_BATCH_BYTES
     from recstore.ps import limits
-    from recstore.ps.server import GRPC_OPTIONS
+    from recstore.ps.serving import GRPC_OPTIONS
 
     async def echo(request: bytes, context: object) -> bytes:
         return b""

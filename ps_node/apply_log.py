@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from recstore.core import NUM_SLOTS, slots_touched
-from recstore.ps import catalogue, wal
+from recstore.ps import catalogue, wal, wal_segments
 
 #: the records that are a client's writes (an import or a step count moves rows or state)
 CLIENT_WRITES = frozenset({wal.OP_PUSH, wal.OP_UPDATE})
@@ -81,7 +81,7 @@ def read(directory: Path, node: str) -> NodeLog:
         else:
             writes.append(Applied(record.epoch, slots, named.client, named.seq))
 
-    wal.replay(directory, 0, note)
+    wal_segments.replay(directory, 0, note)
     return NodeLog(node, tuple(writes), unattributed)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from recstore.core import InvalidArgument, RecStoreError
-from recstore.ps.wal import fsync_dir
+from recstore.ps.wal_segments import fsync_dir
 
 FORMAT = "recstore-checkpoint"
 VERSION = 1

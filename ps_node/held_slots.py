@@ -25,7 +25,7 @@ from recstore.core.migration import ranges_mask
 from recstore.ps.changes import ChangeTracker
 from recstore.ps.migration import Outgoing, mask_ranges
 from recstore.ps.node import Node
-from recstore.ps.wal import fsync_dir
+from recstore.ps.wal_segments import fsync_dir
 
 FILE_NAME = "seals.json"
 _lock = threading.Lock()

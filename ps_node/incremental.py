@@ -33,7 +33,7 @@ import numpy as np
 from recstore.ps.changes import distinct
 from recstore.ps.checkpoint import MANIFEST_DIGEST, CheckpointInfo, CheckpointWriter, Chunk
 from recstore.ps.checkpoint_read import CHAIN
-from recstore.ps.node import HostedTable
+from recstore.ps.hosted_table import HostedTable
 
 EXPORT_ROWS = 65536  # changed rows read from the engine at a time
 

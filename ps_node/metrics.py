@@ -18,7 +18,8 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from recstore.core.cache_figures import ClientCache
     from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
-    from recstore.ps.node import HostedTable, Refusal
+    from recstore.ps.hosted_table import HostedTable
+    from recstore.ps.node_tables import Refusal
     from recstore.ps.write_gate import WriteGate
 
 #: The gpu_cache tier's stats (Table.stats() keys) as metric families: whether a

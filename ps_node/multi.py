@@ -29,7 +29,8 @@ import numpy as np
 from recstore.core import CapacityExhausted, RecStoreError, wire
 from recstore.ps import codec
 from recstore.ps.dedup import Entry
-from recstore.ps.node import HostedTable, Node, Write, WriteAck, pull_into
+from recstore.ps.hosted_table import HostedTable
+from recstore.ps.node import Node, Write, WriteAck, pull_into
 from recstore.ps.wal import OP_UPDATE
 
 

@@ -19,8 +19,9 @@ from recstore.core import ps_fields, wire
 from recstore.core.request_id import Named
 from recstore.ps import dedup, native_path
 from recstore.ps.dedup import Entry
+from recstore.ps.hosted_table import HostedTable
 from recstore.ps.multi import CarriedUpdatesApplied, Served
-from recstore.ps.node import HostedTable, Node, WriteAck
+from recstore.ps.node import Node, WriteAck
 
 
 def serve(node: Node, method: str, request: bytes, reply_limit: int, named: Named) -> Served:

@@ -37,8 +37,9 @@ from recstore.core import (
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.ps import codec, multi
 from recstore.ps.dedup import Entry
+from recstore.ps.hosted_table import HostedTable
 from recstore.ps.multi import CarriedUpdatesApplied, Served
-from recstore.ps.node import HostedTable, Node
+from recstore.ps.node import Node
 from recstore.store.options import non_finite_code
 
 #: the compiled engine (no type stubs: it takes raw buffer addresses)

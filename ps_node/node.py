@@ -1,150 +1,41 @@
-"""The tables of one node: the store, per-table locks, routing checks, the WAL hook.
+"""The data path of one node: pulls, pushes and updates, and the WAL hook.
 
 Every method is blocking and thread-safe; the servicer runs them on a thread
 pool so the event loop never waits on the engine or the disk. A table's lock
 orders its writes, so the write-ahead log replays them in the order they were
 applied. In WAL mode a write is applied only once its record is in the log
 (``write_logged``); the node's ``WriteGate`` refuses every write after the log
-failed. Persistence (save, load) lives in ``recstore.ps.persistence``, crash
-recovery in ``recstore.ps.recovery``; a table recovery could not restore is
-kept as refused (catalogued, never served, never silently recreated empty).
+failed. The tables themselves are hosted by ``recstore.ps.node_tables``, each
+one's state is a ``recstore.ps.hosted_table.HostedTable``.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import math
-import shutil
-import threading
-import time
-import uuid
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from recstore.core import (
-    DType,
-    Eviction,
-    InvalidArgument,
-    KeyMode,
-    RecStoreError,
-    SlotMap,
-    TableExists,
-    TableNotFound,
-    TableSpec,
-    WrongShard,
-    slot_of,
-    slots_touched,
-)
-from recstore.core.proto_convert import TableCondition
+from recstore.core import InvalidArgument, slots_touched
 from recstore.core.request_id import Named
 from recstore.core.wire import Buffer
-from recstore.ps import catalogue, codec
-from recstore.ps.cache_reports import CacheReports
-from recstore.ps.capacity import rows_to_host
-from recstore.ps.catalogue import CatalogueEntry
-from recstore.ps.changes import ChangeTracker
-from recstore.ps.dedup import DedupWindow, Entry, capacity_from_env
-from recstore.ps.migration import Migrations
+from recstore.ps import codec
+from recstore.ps.dedup import Entry
+from recstore.ps.hosted_table import HostedTable, check_owned
+from recstore.ps.hosted_table import owned_slots as owned_slots  # migration_ops imports it here
+from recstore.ps.node_tables import NodeTables
+from recstore.ps.node_tables import Refusal as Refusal  # the servicer imports it here
+from recstore.ps.table_wal import Appended, TableWal
 from recstore.ps.wal import (
     KEYS_ONLY,
     OP_PUSH,
     OP_STEP,
     OP_UPDATE,
-    Appended,
-    TableWal,
     encode_record,
     encode_window_record,
 )
-from recstore.ps.wal_io import SegmentFile, SegmentOpener
-from recstore.ps.write_gate import WriteGate
-from recstore.store import Store, Table
-
-if TYPE_CHECKING:
-    from recstore.ps.incremental import ChainTip
-
-#: One increasing sequence for the versions of every table this process hosts, started
-#: at the clock: a table reloaded, or hosted again after a restart, never reports a
-#: version it reported before, so a client cache cannot mistake old rows for current.
-_VERSIONS = itertools.count(time.time_ns())
-
-
-def next_version() -> int:
-    return next(_VERSIONS)
-
-
-@dataclass
-class HostedTable:
-    table: Table
-    entry: CatalogueEntry
-    owned_slots: np.ndarray | None  # bool per slot; None when the node owns every slot
-    lock: threading.Lock
-    wal: TableWal | None
-    #: request ids of the updates applied lately (recstore.ps.dedup)
-    window: DedupWindow = field(default_factory=DedupWindow)
-    #: moves after every write is applied (never before: a pull reads it before its rows,
-    #: so rows read with a version are at least that new); PullResponse/TableStats.version
-    version: int = field(default_factory=next_version)
-    #: keys changed since the last checkpoint (tables saved incrementally only)
-    changes: ChangeTracker | None = None
-    #: what the table's newest checkpoint left for an increment to build on
-    chain: ChainTip | None = None
-
-    def wrote(self) -> None:
-        """A write to this table was applied: rows read earlier may be stale."""
-        self.version = next_version()
-
-    # The entry never changes while a table is hosted (a reload hosts a new
-    # HostedTable), so what the data path derives from its spec is computed once.
-    @functools.cached_property
-    def dtype(self) -> str:
-        return DType(self.entry.spec.dtype).value
-
-    @property
-    def dim(self) -> int:
-        return self.entry.spec.embedding_dim
-
-    @functools.cached_property
-    def id_limit(self) -> int | None:
-        """num_embeddings of a dense table (ids must lie below it); None when hashed."""
-        spec = self.entry.spec
-        return spec.num_embeddings if spec.key_mode == KeyMode.dense else None
-
-    @functools.cached_property
-    def evicts(self) -> bool:
-        """Whether the table makes room by evicting rows (else inserts can fill it)."""
-        return self.entry.spec.keys.eviction != Eviction.none
-
-    def note_pulled(self, keys: np.ndarray) -> None:
-        """Record what a pull touched where it matters to an increment: in a table that
-        drops rows on its own, a pull may bring back a row the last checkpoint held
-        with other values (elsewhere a row a pull inserts is found as a new key)."""
-        if self.changes is not None and self.drops_rows:
-            self.changes.record(keys)
-
-    @functools.cached_property
-    def drops_rows(self) -> bool:
-        return self.evicts or self.entry.spec.keys.ttl_seconds is not None
-
-
-class TableUnrecoverable(RecStoreError):
-    """A table whose saved state could not be restored: refused (gRPC FAILED_PRECONDITION)."""
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """Why a catalogued table is not served; ``condition`` is its ``Recovered=False``."""
-
-    entry: CatalogueEntry
-    condition: TableCondition
-
-    @property
-    def error(self) -> TableUnrecoverable:
-        return TableUnrecoverable(self.condition.message)
 
 
 @dataclass(frozen=True)
@@ -177,179 +68,14 @@ def recorded_ack(hosted: HostedTable, known: Entry) -> WriteAck:
     return WriteAck(sum(known.rows), wal, known.log_seq)
 
 
-@functools.lru_cache(maxsize=64)
-def owned_slots(slot_map: SlotMap, shard_index: int) -> np.ndarray | None:
-    """Read-only and shared by the tables of one slot map, so a multi-table request
-    whose tables share a map checks all its keys against one array."""
-    owned = slot_map.owner_table() == shard_index
-    if owned.all():
-        return None
-    owned.flags.writeable = False
-    return owned
-
-
-def check_owned(hosted: HostedTable, keys: np.ndarray, touched: np.ndarray | None = None) -> None:
-    """Refuse the whole request when any key belongs to another shard (``touched``: the
-    keys' ``slots_touched``, when the caller has them already)."""
-    owned = hosted.owned_slots
-    if owned is None or len(keys) == 0:
-        return
-    if owned[slots_touched(keys) if touched is None else touched].all():
-        return
-    foreign = ~owned[slot_of(keys)]  # counted for the refusal only
-    if foreign.any():
-        epoch = hosted.entry.slot_map.epoch
-        raise WrongShard(
-            f"{int(foreign.sum())} of {len(keys)} keys belong to slots this node does not own "
-            f"(table {hosted.entry.spec.name!r}, slot-map epoch {epoch})",
-            epoch,
-        )
-
-
 def check_lr(lr: float | None) -> float | None:
     if lr is not None and not (math.isfinite(lr) and lr > 0):
         raise InvalidArgument(f"lr must be a positive finite number, got {lr}")
     return lr
 
 
-class Node:
-    def __init__(
-        self,
-        data_dir: Path,
-        *,
-        shard_index: int = 0,
-        num_shards: int = 1,
-        device: str = "cpu",
-        wal_enabled: bool = False,
-        wal_files: SegmentOpener = SegmentFile,
-    ) -> None:
-        if not 0 <= shard_index < num_shards:
-            raise ValueError(f"shard index {shard_index} is not in 0..{num_shards - 1}")
-        self.data_dir = data_dir
-        self.shard_index = shard_index
-        self.num_shards = num_shards
-        self.device = device
-        self.wal_enabled = wal_enabled
-        #: request ids each table's de-dup window holds
-        self.dedup_capacity = capacity_from_env()
-        #: how log segments are opened: the seam where tests inject a failing disk
-        self.wal_files = wal_files
-        #: shut by the first log failure: no write is accepted until the log works again
-        self.write_gate = WriteGate()
-        self.store = Store()
-        self.tables: dict[str, HostedTable] = {}
-        #: catalogued tables recovery could not restore; their data calls are refused
-        self.refused: dict[str, Refusal] = {}
-        #: conditions of hosted tables (e.g. restored from an older checkpoint)
-        self.conditions: dict[str, list[TableCondition]] = {}
-        #: guards the set of tables and the catalogue (create, drop, save, load)
-        self.registry_lock = threading.RLock()
-        #: slots moving out (tracked, sealable) and in (importing) per table
-        self.migrations = Migrations()
-        #: the host caches trainers hold in front of each table (CacheReport)
-        self.cache_reports = CacheReports()
-
-    # -- tables ---------------------------------------------------------------
-    def wal_dir(self, entry: CatalogueEntry) -> Path:
-        return self.data_dir / "wal" / f"{entry.spec.name}-{entry.incarnation}"
-
-    def open_wal(self, entry: CatalogueEntry) -> TableWal:
-        """A table's log on a fresh segment, sharing the node's write gate; every
-        segment opens with the hosted table's de-dup window."""
-        window = self.tables[entry.spec.name].window
-        return TableWal(
-            self.wal_dir(entry), table=entry.spec.name, gate=self.write_gate,
-            files=self.wal_files, opening=lambda: encode_window_record(window.entries()),
-        )  # fmt: skip
-
-    def host(self, entry: CatalogueEntry) -> HostedTable:
-        """Create the engine table for ``entry`` and register it (no catalogue write)."""
-        table = self.store.create(
-            entry.spec, shard_index=self.shard_index, num_shards=self.num_shards,
-            device=self.device, min_rows=rows_to_host(entry, self.shard_index),
-        )  # fmt: skip
-        hosted = HostedTable(
-            table=table,
-            entry=entry,
-            owned_slots=owned_slots(entry.slot_map, self.shard_index),
-            lock=threading.Lock(),
-            wal=None,
-            window=DedupWindow(self.dedup_capacity),
-            changes=ChangeTracker.of_every_slot() if entry.spec.checkpoint.full_every > 1 else None,
-        )
-        self.tables[entry.spec.name] = hosted
-        self.refused.pop(entry.spec.name, None)  # e.g. an explicit Load repaired it
-        return hosted
-
-    def unhost(self, name: str) -> None:
-        hosted = self.tables.pop(name)
-        self.conditions.pop(name, None)
-        self.cache_reports.forget(name)
-        if hosted.wal is not None:
-            hosted.wal.close()
-        self.store.drop(name)
-
-    def save_catalogue(self, pending: dict[str, CatalogueEntry] | None = None) -> None:
-        """Write the catalogue durably; ``pending``: entries about to replace those hosted."""
-        entries = {n: r.entry for n, r in self.refused.items()}
-        hosted = {n: h.entry for n, h in self.tables.items()}
-        catalogue.save(self.data_dir, entries | hosted | (pending or {}))
-
-    def create_table(self, spec: TableSpec, slot_map: SlotMap | None) -> tuple[HostedTable, bool]:
-        with self.registry_lock:
-            self.check_servable((spec.name,))  # a refused table is never recreated empty
-            existing = self.tables.get(spec.name)
-            if existing is not None:  # e.g. a client joining a table whose shards moved
-                if existing.entry.spec != spec:
-                    raise TableExists(f"table {spec.name!r} exists with a different spec")
-                return existing, False
-            if slot_map is None:
-                if spec.shards != self.num_shards:
-                    raise InvalidArgument(
-                        f"table {spec.name!r} has {spec.shards} shards but this node is shard "
-                        f"{self.shard_index} of {self.num_shards}; pass a slot map or match them"
-                    )
-                slot_map = SlotMap.initial(self.num_shards)
-            entry = CatalogueEntry(spec, slot_map, uuid.uuid4().hex[:12])
-            hosted = self.host(entry)
-            try:
-                if self.wal_enabled:
-                    hosted.wal = self.open_wal(entry)
-                self.save_catalogue()
-            except BaseException:
-                self.unhost(spec.name)
-                raise
-            return hosted, True
-
-    def drop_table(self, name: str) -> None:
-        with self.registry_lock:
-            refusal = self.refused.pop(name, None)
-            if refusal is not None:  # the operator gives up on its data
-                self.save_catalogue()
-                shutil.rmtree(self.wal_dir(refusal.entry), ignore_errors=True)
-                return
-            hosted = self.get(name)
-            with hosted.lock:
-                self.unhost(name)
-            self.save_catalogue()
-            if hosted.wal is not None:
-                for segment in hosted.wal.directory.glob("*"):
-                    segment.unlink()
-                hosted.wal.directory.rmdir()
-
-    def get(self, name: str) -> HostedTable:
-        hosted = self.tables.get(name)
-        if hosted is None:
-            self.check_servable((name,))
-            raise TableNotFound(f"table {name!r} is not hosted on this node")
-        return hosted
-
-    def check_servable(self, names: Iterable[str]) -> None:
-        """Refuse a request naming a table recovery could not restore."""
-        for name in names:
-            refusal = self.refused.get(name)
-            if refusal is not None:
-                raise refusal.error
+class Node(NodeTables):
+    """One node's tables (``NodeTables``) and their data path."""
 
     # -- data path --------------------------------------------------------------
     def pull(

@@ -27,7 +27,8 @@ from recstore.core import slots_touched
 from recstore.ps import checkpoint, checkpoint_read, incremental
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
-from recstore.ps.node import HostedTable, Node
+from recstore.ps.hosted_table import HostedTable
+from recstore.ps.node import Node
 from recstore.ps.wal import OP_ERASE, OP_IMPORT, OP_PUSH, OP_STEP, WalRecord
 
 log = logging.getLogger(__name__)

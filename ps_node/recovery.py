@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recstore.core.proto_convert import TableCondition
-from recstore.ps import catalogue, checkpoint_read, held_slots, wal
+from recstore.ps import catalogue, checkpoint_read, held_slots, wal_segments
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
-from recstore.ps.node import Node, Refusal
+from recstore.ps.node import Node
+from recstore.ps.node_tables import Refusal
 from recstore.ps.persistence import (
     OnDamaged,
     apply,
@@ -92,7 +93,11 @@ def _recover_table(
     reported: set[str] = set()
     for info in held:
         generation = logged_generation(info, entry) or 0
-        if wal_dir is not None and generation and not wal.reaches_back(wal_dir, generation):
+        if (
+            wal_dir is not None
+            and generation
+            and not wal_segments.reaches_back(wal_dir, generation)
+        ):
             passed_over.append(
                 f"checkpoint {info.checkpoint_id!r}: the log no longer reaches back to "
                 f"generation {generation}"
@@ -118,12 +123,12 @@ def _recover_table(
             how += "; what only the passed-over checkpoints held is lost (no write-ahead log)"
         _note(node, name, passed_over, "FellBackToOlderCheckpoint", how)
         return info
-    if wal_dir is not None and wal.reaches_back(wal_dir, 0):
+    if wal_dir is not None and wal_segments.reaches_back(wal_dir, 0):
         node.host(entry)
         how = "restored from the write-ahead log alone" + _replay(node, entry, wal_dir, 0)
         _note(node, name, passed_over, "ReplayedLogFromStart", how)
         return None
-    segments = wal.generations(wal_dir) if wal_dir is not None else []
+    segments = wal_segments.generations(wal_dir) if wal_dir is not None else []
     if not (held or found.damaged or segments):  # never saved anywhere: new and empty
         node.host(entry)
         if wal_dir is not None:
@@ -135,7 +140,7 @@ def _recover_table(
 
 def _replay(node: Node, entry: CatalogueEntry, wal_dir: Path, generation: int) -> str:
     hosted = node.tables[entry.spec.name]
-    records = wal.replay(
+    records = wal_segments.replay(
         wal_dir, generation, functools.partial(apply, hosted), hosted.window.absorb
     )
     hosted.wal = node.open_wal(entry)

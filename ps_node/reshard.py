@@ -37,7 +37,8 @@ from recstore.ps.checkpoint import (
     CheckpointNotFound,
     Chunk,
 )
-from recstore.ps.node import HostedTable, Node, owned_slots
+from recstore.ps.hosted_table import HostedTable, owned_slots
+from recstore.ps.node import Node
 from recstore.ps.persistence import OnDamaged
 
 

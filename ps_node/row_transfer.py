@@ -23,7 +23,8 @@ from recstore.core import DType, InvalidArgument, wire
 from recstore.core.limits import ROW_CHUNK_BYTES
 from recstore.core.routing import slot_mask
 from recstore.ps import codec
-from recstore.ps.node import HostedTable, Node, Write, WriteAck, check_owned
+from recstore.ps.hosted_table import HostedTable, check_owned
+from recstore.ps.node import Node, Write, WriteAck
 from recstore.ps.wal import OP_ERASE, OP_IMPORT, OP_PUSH, OP_STEP
 
 #: room for a chunk message's fields beyond its three buffers (tags, name, dtype)

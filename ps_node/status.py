@@ -24,7 +24,7 @@ from recstore.ps.dedup import RequestOutcomeUnknown
 from recstore.ps.migration import MigrationConflict, SealTimeout
 from recstore.ps.migration_ops import SlotMapConflict
 from recstore.ps.multi import CarriedUpdatesApplied
-from recstore.ps.node import TableUnrecoverable
+from recstore.ps.node_tables import TableUnrecoverable
 
 #: checked in order: the first matching class wins (subclasses before bases).
 STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (

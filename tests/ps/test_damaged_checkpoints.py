@@ -314,7 +314,7 @@ def test_a_checkpoint_that_does_not_verify_after_writing_keeps_the_log(
 def test_a_final_checkpoint_that_does_not_verify_still_releases_the_data_dir(
     tmp_path: Path, start: Any, monkeypatch: Any
 ) -> None:
-    from recstore.ps.server import FinalCheckpointFailed
+    from recstore.ps.serving import FinalCheckpointFailed
 
     handle, client = start("wal")
     client.create(table_spec())
@@ -336,7 +336,7 @@ def test_a_final_checkpoint_that_does_not_verify_still_releases_the_data_dir(
 
 
 def test_the_log_reaches_back_to_the_oldest_kept_checkpoint(tmp_path: Path, start: Any) -> None:
-    from recstore.ps import wal
+    from recstore.ps import wal_segments
 
     _, client = start("wal", keep_checkpoints=2)
     client.create(table_spec())
@@ -349,7 +349,7 @@ def test_the_log_reaches_back_to_the_oldest_kept_checkpoint(tmp_path: Path, star
         assert [c.checkpoint_id for c in kept] == saved[-2:]
         (log_dir,) = (tmp_path / "wal").iterdir()
         oldest = kept[0].manifest["tables"]["emb"]["wal_generation"]
-        assert wal.generations(log_dir)[0] == oldest  # nothing older, nothing newer lost
+        assert wal_segments.generations(log_dir)[0] == oldest  # nothing older, nothing newer lost
     damage(tmp_path, "c3")
     _, again = start("wal")
     np.testing.assert_array_equal(again.pull("emb", KEYS), writes.oracle.pull(KEYS))
@@ -385,7 +385,7 @@ def test_after_a_load_no_checkpoint_before_it_is_a_base_for_the_log(
 
 
 def test_a_load_of_a_valid_checkpoint_ends_a_refusal(tmp_path: Path, start: Any) -> None:
-    from recstore.ps import wal
+    from recstore.ps import wal_segments
 
     _, client = start("wal")
     client.create(table_spec())
@@ -398,7 +398,8 @@ def test_a_load_of_a_valid_checkpoint_ends_a_refusal(tmp_path: Path, start: Any)
     writes.r(2)
     (log_dir,) = (tmp_path / "wal").iterdir()
     start("wal")  # a restart opens a fresh segment: B's own is closed now
-    wal.segment_path(log_dir, wal.generations(log_dir)[-2]).unlink()  # lost with r2
+    lost_with_r2 = wal_segments.generations(log_dir)[-2]
+    wal_segments.segment_path(log_dir, lost_with_r2).unlink()
     _, refused = start("wal")
     with pytest.raises(grpc.RpcError) as error:
         refused.pull("emb", KEYS)

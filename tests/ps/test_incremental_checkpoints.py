@@ -25,7 +25,7 @@ from recstore.ps import (
     recovery,
     reshard,
     row_transfer,
-    wal,
+    wal_segments,
 )
 from recstore.ps.checkpoint import CheckpointCorrupt
 from recstore.ps.node import Node
@@ -247,7 +247,9 @@ def test_retention_keeps_every_base_a_kept_chain_needs_and_its_log(tmp_path: Pat
     listed = checkpoint_read.list_checkpoints(root)
     assert [i.checkpoint_id for i in listed] == ids[3:]
     generation = persistence.logged_generation(listed[0], node.tables["emb"].entry)
-    assert generation and wal.reaches_back(node.wal_dir(node.tables["emb"].entry), generation)
+    assert generation and wal_segments.reaches_back(
+        node.wal_dir(node.tables["emb"].entry), generation
+    )
     damage(node.data_dir, ids[4])  # the middle link: back to the full one and the whole log
     again = restart(node)
     assert_same(*settled(live(again), node))

@@ -22,7 +22,8 @@ from recstore.core import (
 )
 from recstore.core.wire import WireClient
 from recstore.ps import codec, multi, native_path
-from recstore.ps.node import Node, check_lr, check_owned
+from recstore.ps.hosted_table import check_owned
+from recstore.ps.node import Node, check_lr
 from recstore.ps.server import ServerHandle, start_in_thread
 from recstore.store import Table
 from recstore.v1 import ps_pb2
@@ -226,7 +227,7 @@ def test_multi_calls_need_the_token(tmp_path: Path) -> None:
 
 
 def test_wal_records_every_item_before_the_reply(tmp_path: Path) -> None:
-    from recstore.ps import wal
+    from recstore.ps import wal_segments
 
     with start_in_thread(data_dir=tmp_path, durability="wal") as handle:
         c = Client(handle.address)
@@ -242,7 +243,7 @@ def test_wal_records_every_item_before_the_reply(tmp_path: Path) -> None:
         logged: dict[str, list[list[int]]] = {}
         for directory in (tmp_path / "wal").iterdir():
             records: list[Any] = []
-            wal.replay(directory, 0, records.append)
+            wal_segments.replay(directory, 0, records.append)
             logged[directory.name.rsplit("-", 1)[0]] = [r.keys.tolist() for r in records]
         assert logged == {"a": [[1, 2], [4]], "b": [[3]]}
         handle.stop(final_checkpoint=False)

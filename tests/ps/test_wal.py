@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import math
+import os
 import zlib
 from pathlib import Path
 
@@ -13,9 +14,10 @@ import pytest
 
 from recstore.core import WriteNotDurable, WritesStopped
 from recstore.core.request_id import RequestId
-from recstore.ps import wal
+from recstore.ps import wal, wal_segments
 from recstore.ps.dedup import Entry
-from recstore.ps.wal import OP_IMPORT, OP_PUSH, OP_UPDATE, TableWal, WalRecord
+from recstore.ps.table_wal import TableWal
+from recstore.ps.wal import OP_IMPORT, OP_PUSH, OP_UPDATE, WalRecord
 from recstore.ps.write_gate import LogFault, WriteGate
 
 from .wal_faults import FailingDisk
@@ -29,7 +31,7 @@ def record(op: int, keys: list[int], dim: int = 4, lr: float | None = None) -> b
 
 def replayed(directory: Path, start: int = 0) -> list[WalRecord]:
     out: list[WalRecord] = []
-    wal.replay(directory, start, out.append)
+    wal_segments.replay(directory, start, out.append)
     return out
 
 
@@ -94,7 +96,7 @@ def test_records_logged_before_epochs_replay_as_before(tmp_path: Path) -> None:
     head = wal.HEAD.pack(OP_PUSH, wal.DTYPE_CODES["float32"], 0, 2, 3, math.nan)
     payload = head + keys.tobytes() + values.tobytes()
     segment = wal.MAGIC + wal.FRAME.pack(len(payload), zlib.crc32(payload)) + payload
-    wal.segment_path(tmp_path, 0).write_bytes(segment)
+    wal_segments.segment_path(tmp_path, 0).write_bytes(segment)
     (decoded,) = replayed(tmp_path)
     assert decoded.op == OP_PUSH and decoded.epoch is None and decoded.request is None
     np.testing.assert_array_equal(decoded.keys, keys)
@@ -113,7 +115,7 @@ async def test_appends_are_durable_and_replay_in_order(tmp_path: Path) -> None:
 
 async def test_concurrent_writers_share_fsyncs(tmp_path: Path, monkeypatch) -> None:
     fsyncs = 0
-    real_fsync = wal.os.fsync
+    real_fsync = os.fsync
 
     def counting_fsync(fd: int) -> None:
         nonlocal fsyncs
@@ -121,7 +123,7 @@ async def test_concurrent_writers_share_fsyncs(tmp_path: Path, monkeypatch) -> N
         real_fsync(fd)
 
     log = TableWal(tmp_path)
-    monkeypatch.setattr(wal.os, "fsync", counting_fsync)
+    monkeypatch.setattr(os, "fsync", counting_fsync)
 
     async def writer(i: int) -> None:
         await log.durable(log.append(record(OP_PUSH, [i])).seq)
@@ -139,7 +141,7 @@ def test_torn_tail_is_ignored(tmp_path: Path, cut: int) -> None:
         log.append(record(OP_PUSH, [i]))
     log.wait_durable()
     log.close()
-    segment = wal.segment_path(tmp_path, 0)
+    segment = wal_segments.segment_path(tmp_path, 0)
     data = segment.read_bytes()
     segment.write_bytes(data[:-cut])  # the last record was being written when the node died
     assert [int(r.keys[0]) for r in replayed(tmp_path)] == [0, 1]
@@ -151,7 +153,7 @@ def test_corrupt_record_stops_the_segment(tmp_path: Path) -> None:
         log.append(record(OP_PUSH, [i]))
     log.wait_durable()
     log.close()
-    segment = wal.segment_path(tmp_path, 0)
+    segment = wal_segments.segment_path(tmp_path, 0)
     data = bytearray(segment.read_bytes())
     second = len(wal.MAGIC) + len(record(OP_PUSH, [0]))
     data[second + wal.FRAME.size + 3] ^= 0xFF
@@ -173,7 +175,7 @@ def test_rotate_and_restart_use_new_segments(tmp_path: Path) -> None:
     assert reopened.generation == 2
     reopened.remove_before(2)
     reopened.close()
-    assert wal.generations(tmp_path) == [2]
+    assert wal_segments.generations(tmp_path) == [2]
     assert replayed(tmp_path) == []
 
 
@@ -186,7 +188,7 @@ def test_a_record_that_cannot_be_written_is_refused_and_cut_back_out(tmp_path: P
     log = TableWal(tmp_path, table="emb", files=disk)
     log.append(record(OP_PUSH, [1]))
     log.wait_durable()
-    segment = wal.segment_path(tmp_path, log.generation)
+    segment = wal_segments.segment_path(tmp_path, log.generation)
     size = segment.stat().st_size
     disk.fail_writes(errno.ENOSPC, torn=True)  # half the record reaches the file
     with pytest.raises(WritesStopped, match="No space left on device") as refused:
@@ -208,7 +210,7 @@ def test_a_record_that_cannot_be_written_is_refused_and_cut_back_out(tmp_path: P
     log.append(record(OP_PUSH, [4]))
     log.wait_durable()
     log.close()
-    assert wal.generations(tmp_path) == [0, 1]  # it continued on a fresh segment
+    assert wal_segments.generations(tmp_path) == [0, 1]  # it continued on a fresh segment
     assert first_keys(tmp_path) == [1, 4]
 
 
@@ -245,11 +247,11 @@ def test_reopening_fails_while_the_disk_still_fails_and_leaves_no_segment(tmp_pa
         log.append(record(OP_PUSH, [1]))
     with pytest.raises(OSError, match="No space left"):
         log.reopen()
-    assert wal.generations(tmp_path) == [0]  # the probe's half-made segment is gone
+    assert wal_segments.generations(tmp_path) == [0]  # the probe's half-made segment is gone
     assert log.fault is not None
     disk.heal()
     log.reopen()
-    assert log.fault is None and wal.generations(tmp_path) == [0, 1]
+    assert log.fault is None and wal_segments.generations(tmp_path) == [0, 1]
     log.close()
 
 
@@ -299,12 +301,12 @@ def test_the_gate_stays_shut_when_a_log_fails_while_writes_resume() -> None:
 
 
 def test_reaches_back_needs_every_segment_from_the_generation(tmp_path: Path) -> None:
-    assert not wal.reaches_back(tmp_path, 0)  # no log at all
+    assert not wal_segments.reaches_back(tmp_path, 0)  # no log at all
     log = TableWal(tmp_path)
     for _ in range(3):
         log.rotate()
     log.close()
-    assert wal.reaches_back(tmp_path, 0) and wal.reaches_back(tmp_path, 2)
-    assert not wal.reaches_back(tmp_path, 4)  # beyond the newest segment
-    wal.segment_path(tmp_path, 1).unlink()  # a gap
-    assert not wal.reaches_back(tmp_path, 0) and wal.reaches_back(tmp_path, 2)
+    assert wal_segments.reaches_back(tmp_path, 0) and wal_segments.reaches_back(tmp_path, 2)
+    assert not wal_segments.reaches_back(tmp_path, 4)  # beyond the newest segment
+    wal_segments.segment_path(tmp_path, 1).unlink()  # a gap
+    assert not wal_segments.reaches_back(tmp_path, 0) and wal_segments.reaches_back(tmp_path, 2)

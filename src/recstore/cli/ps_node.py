@@ -101,7 +101,8 @@ def ps_node(
     from recstore.ps import logs
     from recstore.ps import malloc_tuning as tuning
     from recstore.ps.auth import read_token_file
-    from recstore.ps.server import NodeConfig, run
+    from recstore.ps.node_config import NodeConfig
+    from recstore.ps.process import run
     from recstore.ps.table_specs import load_spec_file
 
     tls = server_tls(tls_cert, tls_key, tls_client_ca)
