@@ -21,8 +21,8 @@ from dataclasses import replace
 from recstore.core.cache_figures import TIERS, ClientCache
 from recstore.core.errors import InvalidArgument
 
-#: caches kept per table (a report of more at once is refused)
-MAX_CACHES_PER_TABLE = 64
+#: caches kept per table (a report of more at once is refused): 64 layers, every tier of each
+MAX_CACHES_PER_TABLE = 64 * len(TIERS)
 #: a cache not heard from for this long leaves the view
 STALE_AFTER_S = 600.0
 #: the longest client, layer and policy names a report may carry

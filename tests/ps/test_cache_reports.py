@@ -127,7 +127,7 @@ def test_a_serving_process_with_a_read_only_token_may_report(node: ServerHandle)
         ((_cache(tier="l2"),), "names tier 'l2'; a cache tier is one of gpu, host"),
         ((_cache(tier="HOST"),), "names tier 'HOST'"),
         ((_cache(layer="x" * 201),), "layer name longer than 200"),
-        (tuple(_cache(layer=str(i)) for i in range(MAX_CACHES_PER_TABLE + 1)), "at most 64"),
+        (tuple(_cache(layer=str(i)) for i in range(MAX_CACHES_PER_TABLE + 1)), "at most 128"),
     ],
 )
 def test_a_bad_report_is_refused_and_keeps_nothing(
@@ -157,14 +157,15 @@ def test_reports_are_bounded_per_table_and_silent_caches_leave() -> None:
     now = [1000.0]
     reports = CacheReports(clock=lambda: now[0])
     for i in range(MAX_CACHES_PER_TABLE):
-        reports.report("emb", [_cache(client=f"c{i:02}")])
+        reports.report("emb", [_cache(client=f"c{i:03}")])
         now[0] += 1
-    reports.report("emb", [_cache(client="c00")])  # heard again: now the newest
+    reports.report("emb", [_cache(client="c000")])  # heard again: now the newest
     reports.report("emb", [_cache(client="late")])  # one too many: the longest silent goes
     held = {c.client for c in reports.of("emb")}
-    assert len(held) == MAX_CACHES_PER_TABLE and "c01" not in held and {"c00", "late"} <= held
+    assert len(held) == MAX_CACHES_PER_TABLE and "c001" not in held and {"c000", "late"} <= held
     now[0] += STALE_AFTER_S - 1
-    assert {c.client for c in reports.of("emb")} == {"c00", "late", *(f"c{i:02}" for i in (63,))}
+    last = f"c{MAX_CACHES_PER_TABLE - 1:03}"  # the loop's last: silent for just STALE_AFTER_S
+    assert {c.client for c in reports.of("emb")} == {"c000", "late", last}
     now[0] += 2
     assert reports.of("emb") == []
     with pytest.raises(InvalidArgument):
