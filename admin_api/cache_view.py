@@ -1,9 +1,10 @@
 """A table's caches as the admin API and the dashboard show them, read from its nodes live.
 
 Two kinds: the engine's GPU cache of a ``gpu_cache`` table, one per shard
-(summed for the table), and the host caches of trainer processes, which
-report to every node of the table (``CacheReport``), so each (client, layer)
-is shown once, from its newest report. Both come from the nodes' /metrics
+(summed for the table), and the caches of trainer processes' layers (a host
+tier and, on a GPU, a GPU tier), which report to every node of the table
+(``CacheReport``), so each (client, layer, tier) is shown once, from its
+newest report, and the clients' caches are summed per tier. Both come from the nodes' /metrics
 (``metrics_scrape``), fetched when a viewer asks, like the dashboard's charts;
 nothing is stored in the catalogue.
 """
@@ -17,7 +18,7 @@ from fastapi.concurrency import run_in_threadpool
 from recstore.admin import crud
 from recstore.admin.context import AppContext
 from recstore.admin.metrics_scrape import NodeSample, scrape_nodes
-from recstore.core.cache_figures import latest_per_cache, total
+from recstore.core.cache_figures import latest_per_cache, total, totals_per_tier
 
 
 async def scrape_table(
@@ -68,11 +69,14 @@ def cache_view(shards: list[dict[str, Any]], samples: list[NodeSample]) -> dict[
             {
                 "client": c.client,
                 "layer": c.layer,
+                "tier": c.tier,
                 "policy": c.policy,
                 "reported_unix": c.reported_unix,
                 **c.figures.as_dict(),
             }
             for c in clients
         ],
-        "clients_total": total(c.figures for c in clients).as_dict() if clients else None,
+        "clients_total": {
+            tier: figures.as_dict() for tier, figures in totals_per_tier(clients).items()
+        },
     }

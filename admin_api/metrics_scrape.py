@@ -7,8 +7,9 @@ The names are the ones ``recstore.ps.metrics`` publishes:
 - ``recstore_ps_requests_total{method,code}`` counter: RPCs served
 - ``recstore_ps_request_seconds{method}``     histogram: RPC latency
 - ``recstore_ps_table_cache_*{table}``        the engine's GPU cache (gpu_cache tables)
-- ``recstore_ps_table_client_cache_*{table,client,layer,policy}``  the host caches
-  clients reported to the node (``recstore.core.cache_figures``)
+- ``recstore_ps_table_client_cache_*{table,client,layer,tier,policy}``  the caches
+  clients reported to the node, per tier (``recstore.core.cache_figures``; a node
+  from before tiers sends no ``tier`` label: its caches are host caches)
 
 Requests and latency are per node, not per table; only the data-path methods
 count (Pull, Push, Update and their multi-table forms), so control calls such
@@ -32,7 +33,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from recstore.core.cache_figures import ENGINE_KEYS, CacheFigures, ClientCache
+from recstore.core.cache_figures import ENGINE_KEYS, HOST_TIER, CacheFigures, ClientCache
 
 ROWS = "recstore_ps_table_rows"
 MEMORY = "recstore_ps_table_memory_bytes"
@@ -63,7 +64,7 @@ class NodeSample:
     latency_count: float | None = None
     error: str | None = None
     engine_cache: CacheFigures | None = None  # a gpu_cache table's GPU cache on this node
-    client_caches: list[ClientCache] = field(default_factory=list)  # as reported to it
+    client_caches: list[ClientCache] = field(default_factory=list)  # as reported to it, per tier
 
     def to_dict(self) -> dict[str, Any]:
         """The chart figures (the caches have their own view, ``cache_view``)."""
@@ -85,7 +86,7 @@ def parse_node_metrics(text: str, table: str) -> NodeSample:
     """Sum the samples of ``table`` (samples without a table label count for every table)."""
     sample = NodeSample()
     engine: dict[str, int] = {}
-    clients: dict[tuple[str, str, str], dict[str, float]] = {}
+    clients: dict[tuple[str, str, str, str], dict[str, float]] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.labels.get("table", table) != table:
@@ -95,7 +96,7 @@ def parse_node_metrics(text: str, table: str) -> NodeSample:
                 engine[ENGINE_CACHE[name]] = int(s.value)
             elif name.startswith(CLIENT_CACHE_PREFIX):
                 key = (s.labels.get("client", ""), s.labels.get("layer", ""),
-                       s.labels.get("policy", ""))  # fmt: skip
+                       s.labels.get("tier", HOST_TIER), s.labels.get("policy", ""))  # fmt: skip
                 clients.setdefault(key, {})[name.removeprefix(CLIENT_CACHE_PREFIX)] = s.value
             elif s.name == ROWS:
                 sample.rows = _add(sample.rows, s.value)
@@ -118,8 +119,9 @@ def parse_node_metrics(text: str, table: str) -> NodeSample:
             policy,
             CacheFigures(**{k: int(v) for k, v in values.items() if k in _FIGURES}),
             values.get(CLIENT_REPORTED, 0.0),
+            tier,
         )
-        for (client, layer, policy), values in sorted(clients.items())
+        for (client, layer, tier, policy), values in sorted(clients.items())
     ]
     return sample
 

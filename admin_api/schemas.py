@@ -169,6 +169,7 @@ class ShardCachePublic(BaseModel):
 class ClientCachePublic(CacheFiguresPublic):
     client: str  # host:pid:role of the reporting process
     layer: str
+    tier: str  # host | gpu (recstore.core.cache_figures.TIERS)
     policy: str
     reported_unix: float
 
@@ -176,9 +177,10 @@ class ClientCachePublic(CacheFiguresPublic):
 class TableCachePublic(BaseModel):
     shards: list[ShardCachePublic]
     engine_total: CacheFiguresPublic | None
-    #: host caches in trainer processes, each from its newest report
+    #: caches in trainer processes, each tier of each layer from its newest report
     clients: list[ClientCachePublic]
-    clients_total: CacheFiguresPublic | None
+    #: per tier (only tiers that reported): the sum of the clients' caches of that tier
+    clients_total: dict[str, CacheFiguresPublic]
 
 
 # --- nodes ------------------------------------------------------------------

@@ -108,6 +108,8 @@ inline constexpr uint32_t kCacheClientStats_counters = 4;  // message
 inline constexpr int kCacheClientStats_counters_wire = 2;
 inline constexpr uint32_t kCacheClientStats_reported_unix = 5;  // double
 inline constexpr int kCacheClientStats_reported_unix_wire = 1;
+inline constexpr uint32_t kCacheClientStats_tier = 6;  // string
+inline constexpr int kCacheClientStats_tier_wire = 2;
 
 // CacheReportRequest
 inline constexpr uint32_t kCacheReportRequest_table = 1;  // string

@@ -34,19 +34,21 @@ CACHE_METRICS = {
     "cache_hit_rate": (False, "Share of looked-up keys the GPU cache held"),
 }
 
-#: The host caches clients report (CacheReport) as metric families, labelled by table,
-#: client and layer: whether a counter, and the help text. Every node of a table
-#: holds the same reports, so sum over clients of one node, never over nodes.
+#: The caches clients report (CacheReport) as metric families, labelled by table,
+#: client, layer, tier (host | gpu) and policy: whether a counter, and the help text.
+#: Every node of a table holds the same reports, so sum over clients of one node, never
+#: over nodes; nor over tiers (a GPU tier's misses are its host tier's lookups).
 CLIENT_CACHE_METRICS = {
-    "hits": (True, "Looked-up keys a client's host cache held"),
-    "misses": (True, "Looked-up keys a client's host cache pulled from the table"),
-    "evictions": (True, "Rows a client's host cache replaced by other keys"),
-    "resident_rows": (False, "Rows a client's host cache holds"),
-    "resident_bytes": (False, "Bytes of the rows a client's host cache holds"),
-    "capacity_bytes": (False, "Bytes a client's host cache allocated"),
-    "hit_rate": (False, "Share of looked-up keys a client's host cache held"),
+    "hits": (True, "Looked-up keys a client's cache tier held"),
+    "misses": (True, "Looked-up keys a client's cache tier read from the tier below"),
+    "evictions": (True, "Rows a client's cache tier replaced by other keys"),
+    "resident_rows": (False, "Rows a client's cache tier holds"),
+    "resident_bytes": (False, "Bytes of the rows a client's cache tier holds"),
+    "capacity_bytes": (False, "Bytes a client's cache tier allocated"),
+    "hit_rate": (False, "Share of looked-up keys a client's cache tier held"),
     "reported_timestamp_seconds": (False, "Unix time of the client's last cache report"),
 }
+CLIENT_CACHE_LABELS = ["table", "client", "layer", "tier", "policy"]
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 
@@ -83,9 +85,7 @@ class _TableCollector(Collector):
         }
         clients = {
             key: (CounterMetricFamily if counter else GaugeMetricFamily)(
-                f"recstore_ps_table_client_cache_{key}",
-                text,
-                labels=["table", "client", "layer", "policy"],
+                f"recstore_ps_table_client_cache_{key}", text, labels=CLIENT_CACHE_LABELS
             )
             for key, (counter, text) in CLIENT_CACHE_METRICS.items()
         }
@@ -103,7 +103,8 @@ class _TableCollector(Collector):
                           "reported_timestamp_seconds": reported.reported_unix}  # fmt: skip
                 for key, family in clients.items():
                     family.add_metric(
-                        [name, reported.client, reported.layer, reported.policy], values[key]
+                        [name, reported.client, reported.layer, reported.tier, reported.policy],
+                        values[key],
                     )
         unrecoverable = GaugeMetricFamily(
             "recstore_ps_table_unrecoverable",

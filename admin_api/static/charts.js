@@ -90,10 +90,11 @@
     return v.toFixed(v < 10 ? 2 : 0);
   }
 
-  // The caches' tables: one row per shard (GPU cache) or client cache, then the total.
+  // The caches' tables: one row per shard (GPU cache) or client cache tier, then the
+  // total (the clients': one per tier).
   function cacheCells(f) {
     return [f.hits, f.misses, f.evictions, f.hit_rate.toFixed(4), f.resident_rows,
-      format(f.resident_bytes) + "B"];
+      format(f.resident_bytes) + "B", format(f.capacity_bytes) + "B"];
   }
 
   function fillRows(table, rows) {
@@ -122,12 +123,12 @@
     if (cache.engine_total) { engineRows.push(["total"].concat(cacheCells(cache.engine_total))); }
     fillRows(engine, engineRows);
     var clientRows = cache.clients.map(function (c) {
-      return [c.client + " / " + c.layer, c.policy].concat(cacheCells(c),
+      return [c.client + " / " + c.layer, c.tier, c.policy].concat(cacheCells(c),
         [new Date(c.reported_unix * 1000).toLocaleTimeString()]);
     });
-    if (cache.clients_total) {
-      clientRows.push(["total", ""].concat(cacheCells(cache.clients_total), [""]));
-    }
+    Object.keys(cache.clients_total).sort().forEach(function (tier) {
+      clientRows.push(["total", tier, ""].concat(cacheCells(cache.clients_total[tier]), [""]));
+    });
     fillRows(clients, clientRows);
     document.getElementById("cache-status").textContent = engineRows.length || clientRows.length ?
       "" : "No cache in front of this table has reported.";

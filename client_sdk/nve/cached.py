@@ -36,16 +36,18 @@ from recstore.client.host_cache import from_bits, to_bits
 from recstore.client.native_host_cache import NativeHostCache
 from recstore.client.nve.freshness import Freshness
 from recstore.client.tensors import unique_keys
+from recstore.core.cache_figures import HOST_TIER
 
 log = logging.getLogger("recstore.nve")
 
 
 @dataclass(frozen=True)
 class CacheReport:
-    """``layer.cache_stats()``: one table's cache as seen by one layer."""
+    """``layer.cache_stats()``: one tier of one table's cache as seen by one layer."""
 
     table: str
     layer: str
+    tier: str  # recstore.core.cache_figures.TIERS: host (this class's cache) or gpu
     policy: str
     hits: int
     misses: int
@@ -170,15 +172,15 @@ class CachedTable:
         return to_bits(rows.to("cpu", self.cache.dtype)), versions
 
     def report(self) -> CacheReport:
-        return cache_report(self.name, self.layer, self.cache)
+        return cache_report(self.name, self.layer, HOST_TIER, self.cache)
 
 
-def cache_report(table: str, layer: str, cache: Any) -> CacheReport:
+def cache_report(table: str, layer: str, tier: str, cache: Any) -> CacheReport:
     """The figures of one cache tier (``HostCache``, ``NativeHostCache`` or the GPU tier:
     the same counters and sizes under the same names) as a ``CacheReport``."""
     stats = cache.stats
     return CacheReport(
-        table=table, layer=layer, policy=cache.policy, hits=stats.hits,
+        table=table, layer=layer, tier=tier, policy=cache.policy, hits=stats.hits,
         misses=stats.misses, evictions=stats.evictions, insertions=stats.insertions,
         rejected=stats.rejected, invalidations=stats.invalidations, hit_rate=stats.hit_rate,
         resident_rows=cache.resident_rows, bytes_used=cache.bytes_used,

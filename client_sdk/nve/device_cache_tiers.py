@@ -28,6 +28,7 @@ import torch
 
 from recstore.client.nve.cached import CachedTable, CacheReport, cache_report
 from recstore.client.nve.device_cache import DeviceRowCache
+from recstore.core.cache_figures import GPU_TIER
 
 
 class DeviceCachedTable:
@@ -85,4 +86,4 @@ class DeviceCachedTable:
 
     def report(self) -> CacheReport:
         """The device tier's counters, as ``CachedTable.report`` gives the host tier's."""
-        return cache_report(self.lower.name, self.lower.layer, self.tier)
+        return cache_report(self.lower.name, self.lower.layer, GPU_TIER, self.tier)

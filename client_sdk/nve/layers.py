@@ -144,7 +144,9 @@ class _NVELayer(torch.nn.Module):
                     policy=settings.cache_policy,
                 )  # fmt: skip
                 self._tiers = DeviceCachedTable(self._cached, tier)
-            self._reporter = CacheReporter(self._cached, settings.cache_report_interval)
+            self._reporter = CacheReporter(
+                self._cached, settings.cache_report_interval, gpu=self._tiers
+            )
             track(self)
 
     # -- lookups --------------------------------------------------------------------
@@ -209,8 +211,8 @@ class _NVELayer(torch.nn.Module):
         return {**report.as_dict(), "enabled": True, "lookups": self._lookups, "gpu": gpu}
 
     def report_cache_stats(self) -> None:
-        """Send this layer's cache counters to the table's nodes now (their table view
-        shows them; a layer also reports every ``cache_report_interval`` seconds)."""
+        """Send this layer's cache counters, each tier's, to the table's nodes now (their
+        table view shows them; a layer also reports every ``cache_report_interval`` s)."""
         if self._cached is None:
             raise RuntimeError(f"layer {self.name} has no host cache to report")
         self._reporter.send()

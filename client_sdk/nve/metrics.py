@@ -1,9 +1,10 @@
-"""Prometheus export of the NVE layers' host-cache counters.
+"""Prometheus export of the NVE layers' cache counters, per tier.
 
 A training job has no HTTP endpoint of the SDK's own; a job that serves a
 ``prometheus_client`` registry (an extra dependency, not a trainer's) can add
 this collector to it. It reads ``cache_stats()`` of every live layer with a
-host cache at scrape time, labelled by table and layer.
+cache at scrape time, labelled by table, layer and tier (host, and gpu for a
+layer with a GPU cache).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-#: live layers with a host cache (weak: a dropped layer leaves the export)
+#: live layers with a cache (weak: a dropped layer leaves the export)
 _layers: weakref.WeakSet[Any] = weakref.WeakSet()
 
 COUNTERS = ("hits", "misses", "evictions", "insertions", "rejected", "invalidations")
@@ -29,25 +30,27 @@ class CacheCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        labels = ["table", "layer"]
+        labels = ["table", "layer", "tier"]
         families: dict[str, Any] = {
             **{
                 name: CounterMetricFamily(
-                    f"recstore_nve_cache_{name}", f"NVE host cache {name}", labels=labels
+                    f"recstore_nve_cache_{name}", f"NVE cache tier {name}", labels=labels
                 )
                 for name in COUNTERS
             },
             **{
                 name: GaugeMetricFamily(
-                    f"recstore_nve_cache_{name}", f"NVE host cache {name}", labels=labels
+                    f"recstore_nve_cache_{name}", f"NVE cache tier {name}", labels=labels
                 )
                 for name in GAUGES
             },
         }
         for layer in list(_layers):
-            stats = layer.cache_stats()
-            for name, family in families.items():
-                family.add_metric([str(stats["table"]), str(stats["layer"])], float(stats[name]))
+            host = layer.cache_stats()
+            for stats in (host, host["gpu"]) if host["gpu"] else (host,):
+                tier = [str(stats["table"]), str(stats["layer"]), str(stats["tier"])]
+                for name, family in families.items():
+                    family.add_metric(tier, float(stats[name]))
         yield from families.values()
 
 

@@ -1,6 +1,6 @@
 """A table's caches in the admin API: the engine's GPU cache per shard (the gpu_cache tier's
-CPU twin, ``_native.CacheTable``, counting real lookups) and clients' host caches, read from
-the nodes' own metrics over HTTP."""
+CPU twin, ``_native.CacheTable``, counting real lookups) and clients' caches per tier (host
+and GPU), read from the nodes' own metrics over HTTP."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.exposition import start_http_server
 
 from recstore import _native
+from recstore.admin.metrics_scrape import parse_node_metrics
 from recstore.core import TableSpec
 from recstore.core.cache_figures import CacheFigures, ClientCache, engine_figures
 from recstore.ps.cache_reports import CacheReports
@@ -46,9 +47,9 @@ def _twin(shard: int, keys: list[int]) -> Any:
     return twin
 
 
-def _figures(hits: int, reported: float) -> ClientCache:
+def _figures(hits: int, reported: float, tier: str = "host") -> ClientCache:
     return ClientCache("trainer-host:7:train", "nve_0", "lfu",
-                       CacheFigures(hits, 4, 1, 3, 300, 1000), reported)  # fmt: skip
+                       CacheFigures(hits, 4, 1, 3, 300, 1000), reported, tier)  # fmt: skip
 
 
 @pytest.fixture
@@ -59,8 +60,11 @@ def nodes() -> Iterator[tuple[list[str], list[Any]]]:
     for shard, keys in ((0, [1, 2, 1]), (1, [5, 6, 7, 8])):
         twin = _twin(shard, keys)
         reports = CacheReports(clock=lambda: now[0])
-        # the report to shard 1 arrived later (newer totals): that one is shown
-        reports.report(NAME, [_figures(hits=9 if shard == 0 else 6, reported=0)])
+        # the report to shard 1 arrived later (newer totals): that one is shown; the
+        # layer's GPU tier reports beside its host tier
+        host = _figures(hits=9 if shard == 0 else 6, reported=0)
+        gpu = _figures(hits=12 if shard == 0 else 16, reported=0, tier="gpu")
+        reports.report(NAME, [host, gpu])
         now[0] += 1
         metrics = Metrics(lambda twin=twin: {NAME: _Hosted(twin)}, client_caches=reports.of)  # type: ignore[misc]
         server, thread = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
@@ -104,12 +108,18 @@ def test_the_table_cache_view_reads_the_engine_and_client_caches_of_every_shard(
     assert (total["hits"], total["misses"]) == (7, 7) and total["hit_rate"] == 0.5
     assert total["resident_rows"] == expected[0].resident_rows + expected[1].resident_rows
     assert total["resident_bytes"] == 6 * 8 * 4  # six distinct rows (2 + 4) of 8 float32
-    # the client reported to both nodes: shown once, from its newest report (shard 1's)
-    (cache,) = body["clients"]
-    assert (cache["client"], cache["layer"], cache["hits"], cache["reported_unix"]) == (
-        "trainer-host:7:train", "nve_0", 6, 11.0,
+    # the client reported to both nodes: each tier shown once, from its newest report
+    # (shard 1's), the GPU tier first (lookup order), and summed per tier, never across
+    gpu, host = body["clients"]
+    assert (host["client"], host["layer"], host["tier"], host["hits"], host["reported_unix"]) == (
+        "trainer-host:7:train", "nve_0", "host", 6, 11.0,
     )  # fmt: skip
-    assert body["clients_total"]["hit_rate"] == pytest.approx(0.6)
+    assert (gpu["layer"], gpu["tier"], gpu["hits"], gpu["capacity_bytes"]) == (
+        "nve_0", "gpu", 16, 1000,
+    )  # fmt: skip
+    assert sorted(body["clients_total"]) == ["gpu", "host"]
+    assert body["clients_total"]["host"]["hit_rate"] == pytest.approx(0.6)
+    assert body["clients_total"]["gpu"]["hit_rate"] == pytest.approx(0.8)
     # the dashboard's polling answer carries the same view
     dashboard_login(client, admin_headers["Authorization"].split()[1])
     assert client.get(f"/ui/tables/{NAME}/metrics.json").json()["cache"] == body
@@ -121,5 +131,20 @@ def test_a_table_without_caches_has_an_empty_view(
     spec = {"name": "plain", "numEmbeddings": 10, "embeddingDim": 4}
     client.post("/api/v1/tables", json=spec, headers=admin_headers).raise_for_status()
     body = client.get("/api/v1/tables/plain/cache", headers=admin_headers).json()
-    assert body == {"shards": [], "engine_total": None, "clients": [], "clients_total": None}
+    assert body == {"shards": [], "engine_total": None, "clients": [], "clients_total": {}}
     assert client.get("/api/v1/tables/nope/cache", headers=admin_headers).status_code == 404
+
+
+def test_a_node_from_before_tiers_shows_its_client_caches_as_host_caches() -> None:
+    text = (
+        "# TYPE recstore_ps_table_client_cache_hits counter\n"
+        'recstore_ps_table_client_cache_hits_total{client="c:1:t",layer="nve_0",policy="lfu",'
+        'table="cached"} 3.0\n'
+        "# TYPE recstore_ps_table_client_cache_misses counter\n"
+        'recstore_ps_table_client_cache_misses_total{client="c:1:t",layer="nve_0",policy="lfu",'
+        'table="cached"} 1.0\n'
+    )
+    (cache,) = parse_node_metrics(text, NAME).client_caches
+    assert (cache.client, cache.layer, cache.tier, cache.figures.hit_rate) == (
+        "c:1:t", "nve_0", "host", 0.75,
+    )  # fmt: skip

@@ -211,6 +211,32 @@ def test_a_layer_reports_both_tiers_and_logs_them(
     assert "gpu_hits=6 gpu_misses=2 gpu_hit_rate=0.7500 gpu_evictions=0" in lines[-1]
 
 
+def test_the_prometheus_collector_labels_each_tier(
+    local_client: RecStoreClient, cpu_gpu_cache: None
+) -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    registry = prometheus_client.CollectorRegistry()
+    nve.register_cache_metrics(registry)
+    layer = nve.NVEmbedding(
+        ROWS, DIM, gpu_cache_size=1 << 14, storage=nve.RemoteTable(local_client, unique_name()),
+        optimize_for_training=False, config={"host_cache_size": 1 << 16},
+    )  # fmt: skip
+    for _ in range(3):
+        layer(torch.tensor([1, 2, 2]))
+    stats = layer.cache_stats()
+    for tier in (stats, stats["gpu"]):
+        assert isinstance(tier, dict)
+        labels = {"table": layer.storage.name, "layer": layer.name, "tier": str(tier["tier"])}
+        for name in ("hits", "misses", "evictions"):
+            value = registry.get_sample_value(f"recstore_nve_cache_{name}_total", labels)
+            assert value == tier[name]
+        assert registry.get_sample_value("recstore_nve_cache_hit_rate", labels) == tier["hit_rate"]
+        for name in ("bytes_used", "capacity_bytes"):
+            assert registry.get_sample_value(f"recstore_nve_cache_{name}", labels) == tier[name]
+    gpu = {"table": layer.storage.name, "layer": layer.name, "tier": "gpu"}
+    assert registry.get_sample_value("recstore_nve_cache_hits_total", gpu) == 4
+
+
 def test_a_too_small_gpu_cache_is_refused_before_the_table(
     local_client: RecStoreClient, cpu_gpu_cache: None
 ) -> None:

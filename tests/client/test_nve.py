@@ -366,7 +366,7 @@ def test_cache_counters_are_exported_to_prometheus(local_client: RecStoreClient)
     )
     layer(torch.tensor([1, 2]))
     layer(torch.tensor([1, 3]))
-    labels = {"table": name, "layer": layer.name}
+    labels = {"table": name, "layer": layer.name, "tier": "host"}
     assert registry.get_sample_value("recstore_nve_cache_hits_total", labels) == 1
     assert registry.get_sample_value("recstore_nve_cache_misses_total", labels) == 3
     assert registry.get_sample_value("recstore_nve_cache_hit_rate", labels) == 0.25

@@ -192,6 +192,7 @@ STATS = {
         engine={"evictions": 3.0, "load_factor": 0.25},
         client_caches=(
             ClientCache("host:7:train", "nve_0", "lru", CacheFigures(1, 2, 3, 4, 5, 6), 12.5),
+            ClientCache("host:7:train", "nve_0", "lru", CacheFigures(6, 5, 4, 3, 2, 1), 1.5, "gpu"),
         ),
     ),
     "no spec, no slot map": TableStats(

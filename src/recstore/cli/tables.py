@@ -105,18 +105,20 @@ def get(
     _print_caches(client.get(f"/tables/{name}/cache"))
 
 
-CACHE_COLUMNS = ("HITS", "MISSES", "EVICTIONS", "HIT RATE", "ROWS", "BYTES")
+CACHE_COLUMNS = ("HITS", "MISSES", "EVICTIONS", "HIT RATE", "ROWS", "BYTES/CAP")
 
 
 def _cache_cells(figures: dict[str, Any]) -> list[str]:
     return [
         str(figures["hits"]), str(figures["misses"]), str(figures["evictions"]),
-        f"{figures['hit_rate']:.4f}", str(figures["resident_rows"]), str(figures["resident_bytes"]),
+        f"{figures['hit_rate']:.4f}", str(figures["resident_rows"]),
+        f"{figures['resident_bytes']}/{figures['capacity_bytes']}",  # used / allocated
     ]  # fmt: skip
 
 
 def _print_caches(cache: dict[str, Any]) -> None:
-    """The engine's GPU cache per shard and the clients' host caches (``GET .../cache``)."""
+    """The engine's GPU cache per shard and the clients' caches, each tier of each layer
+    then each tier's total (``GET .../cache``)."""
     if cache["engine_total"] is not None:
         engine = RichTable("GPU CACHE", *CACHE_COLUMNS, box=None, pad_edge=False)
         for shard in cache["shards"]:
@@ -125,10 +127,13 @@ def _print_caches(cache: dict[str, Any]) -> None:
         engine.add_row("total", *_cache_cells(cache["engine_total"]))
         console.print(engine)
     if cache["clients"]:
-        clients = RichTable("CLIENT CACHE", "POLICY", *CACHE_COLUMNS, box=None, pad_edge=False)
+        clients = RichTable(
+            "CLIENT CACHE", "TIER", "POLICY", *CACHE_COLUMNS, box=None, pad_edge=False
+        )
         for c in cache["clients"]:
-            clients.add_row(f"{c['client']}/{c['layer']}", c["policy"], *_cache_cells(c))
-        clients.add_row("total", "", *_cache_cells(cache["clients_total"]))
+            clients.add_row(f"{c['client']}/{c['layer']}", c["tier"], c["policy"], *_cache_cells(c))
+        for tier, figures in cache["clients_total"].items():
+            clients.add_row("total", tier, "", *_cache_cells(figures))
         console.print(clients)
     for shard in cache["shards"]:
         if shard["error"]:

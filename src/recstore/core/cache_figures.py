@@ -2,11 +2,12 @@
 
 Two kinds of cache sit in front of a table's rows: the engine's GPU cache of a
 ``gpu_cache`` table (inside a node; its counters are ``Table.stats()`` keys
-``cache_*``) and the SDK's host caches in trainer processes (``recstore.nve``
-layers), which report their running totals to the table's nodes
-(``CacheReport``). The node's ``TableStats``, its Prometheus metrics, the
-admin API and the dashboard all read them as ``CacheFigures``; the
-conversions to and from the wire and the engine's keys live here only.
+``cache_*``) and the SDK's caches in trainer processes (``recstore.nve``
+layers: a host tier and, on a GPU, a GPU tier in front of it), which report
+their running totals to the table's nodes (``CacheReport``), one entry per
+tier. The node's ``TableStats``, its Prometheus metrics, the admin API and the
+dashboard all read them as ``CacheFigures``; the conversions to and from the
+wire and the engine's keys, and the tiers a report may name, live here only.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ ENGINE_KEYS = {
     "resident_bytes": "cache_resident_bytes",
     "capacity_bytes": "cache_bytes",
 }
+
+
+#: a layer's cache tiers, in lookup order: GPU memory first, then host memory
+GPU_TIER, HOST_TIER = "gpu", "host"
+TIERS = (GPU_TIER, HOST_TIER)
 
 
 @dataclass(frozen=True)
@@ -67,13 +73,19 @@ def engine_figures(engine: Mapping[str, float]) -> CacheFigures | None:
 
 @dataclass(frozen=True)
 class ClientCache:
-    """One host cache in a trainer process, as it last reported itself to a node."""
+    """One cache tier of a layer in a trainer process, as it last reported itself to a node."""
 
     client: str  # the reporting process (host:pid:role)
     layer: str  # the layer (or cache) name within that process
     policy: str
     figures: CacheFigures
     reported_unix: float = 0.0  # the node's clock when the report arrived
+    tier: str = HOST_TIER  # one of TIERS
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """What one report replaces: the same tier of the same layer of the same client."""
+        return (self.client, self.layer, self.tier)
 
 
 def counters_to_proto(figures: CacheFigures) -> ps_pb2.CacheCounters:
@@ -91,6 +103,7 @@ def client_cache_to_proto(cache: ClientCache) -> ps_pb2.CacheClientStats:
         policy=cache.policy,
         counters=counters_to_proto(cache.figures),
         reported_unix=cache.reported_unix,
+        tier=cache.tier,
     )
 
 
@@ -101,14 +114,25 @@ def client_cache_from_proto(message: ps_pb2.CacheClientStats) -> ClientCache:
         policy=message.policy,
         figures=counters_from_proto(message.counters),
         reported_unix=message.reported_unix,
+        tier=message.tier or HOST_TIER,  # a client from before tiers reports its host cache
     )
 
 
 def latest_per_cache(caches: Iterable[ClientCache]) -> list[ClientCache]:
-    """One entry per (client, layer): the newest report (a client reports to every shard)."""
-    newest: dict[tuple[str, str], ClientCache] = {}
+    """One entry per (client, layer, tier): the newest report (a client reports to every
+    shard), by client and layer, the GPU tier before the host tier (lookup order)."""
+    newest: dict[tuple[str, str, str], ClientCache] = {}
     for cache in caches:
-        key = (cache.client, cache.layer)
+        key = cache.key
         if key not in newest or cache.reported_unix > newest[key].reported_unix:
             newest[key] = cache
     return [newest[key] for key in sorted(newest)]
+
+
+def totals_per_tier(caches: Iterable[ClientCache]) -> dict[str, CacheFigures]:
+    """The sum of each tier's caches (tiers none reported left out): a GPU tier's misses
+    are its host tier's lookups, so summing across tiers would count a lookup twice."""
+    by_tier: dict[str, list[CacheFigures]] = {}
+    for cache in caches:
+        by_tier.setdefault(cache.tier, []).append(cache.figures)
+    return {tier: total(by_tier[tier]) for tier in sorted(by_tier)}

@@ -85,6 +85,7 @@ class CacheClientStats:
     policy: Final = 3
     counters: Final = 4
     reported_unix: Final = 5
+    tier: Final = 6
 
 
 class CacheReportRequest:
@@ -392,6 +393,7 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
         3: ("policy", "string"),
         4: ("counters", "message"),
         5: ("reported_unix", "double"),
+        6: ("tier", "string"),
     },
     "CacheReportRequest": {
         1: ("table", "string"),

@@ -136,18 +136,20 @@ class CacheCounters(_message.Message):
     def __init__(self, hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., resident_rows: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ...) -> None: ...
 
 class CacheClientStats(_message.Message):
-    __slots__ = ("client", "layer", "policy", "counters", "reported_unix")
+    __slots__ = ("client", "layer", "policy", "counters", "reported_unix", "tier")
     CLIENT_FIELD_NUMBER: _ClassVar[int]
     LAYER_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     REPORTED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
     client: str
     layer: str
     policy: str
     counters: CacheCounters
     reported_unix: float
-    def __init__(self, client: _Optional[str] = ..., layer: _Optional[str] = ..., policy: _Optional[str] = ..., counters: _Optional[_Union[CacheCounters, _Mapping]] = ..., reported_unix: _Optional[float] = ...) -> None: ...
+    tier: str
+    def __init__(self, client: _Optional[str] = ..., layer: _Optional[str] = ..., policy: _Optional[str] = ..., counters: _Optional[_Union[CacheCounters, _Mapping]] = ..., reported_unix: _Optional[float] = ..., tier: _Optional[str] = ...) -> None: ...
 
 class CacheReportRequest(_message.Message):
     __slots__ = ("table", "caches")

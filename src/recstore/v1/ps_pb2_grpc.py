@@ -316,9 +316,9 @@ class ParameterServerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CacheReport(self, request, context):
-        """A client's host caches in front of a table report their counters (the
-        running totals, so a lost report loses nothing); TableStats.client_caches
-        shows the latest report of each (client, layer).
+        """A client's caches in front of a table (each tier of each layer) report
+        their counters (the running totals, so a lost report loses nothing);
+        TableStats.client_caches shows the latest report of each (client, layer, tier).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
