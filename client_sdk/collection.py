@@ -9,7 +9,8 @@ per table). Each bag still computes exactly what it computes alone — it plans
 its lookup, the collection fetches the rows, the bag finishes the pooling —
 so results are those of the bags used one by one. In the spirit of torchrec's
 class of the same name, not its API: a list of bags (or their configs) in, a
-list of (ids, offsets) per feature in, a list of pooled outputs out.
+list of (ids, offsets) per feature in, a list of pooled outputs out (or, with
+``concat``, one [batch, sum of dims] output the engine pools every table into).
 """
 
 from __future__ import annotations
