@@ -87,8 +87,10 @@ class TorchBags(nn.Module):
 
 
 class RecStoreBags(nn.Module):
-    def __init__(self, client: RecStoreClient, work: Workload, tables: int, rows: int, dim: int):
+    def __init__(self, client: RecStoreClient, work: Workload, tables: int, rows: int, dim: int,
+                 join: str = "concat"):  # fmt: skip
         super().__init__()
+        self.join = join  # "cat": the outputs one by one, then torch.cat (the baseline)
         prefix = f"tbe_{uuid.uuid4().hex[:8]}"
         optimizer = {"kind": work.optimizer, "lr": work.lr, "eps": EPS}
         self.bags = [
@@ -107,7 +109,9 @@ class RecStoreBags(nn.Module):
         self.collection = rnn.EmbeddingBagCollection(self.bags)
 
     def forward(self, ids: list[torch.Tensor]) -> torch.Tensor:
-        return torch.cat(self.collection(ids), dim=1)
+        if self.join == "cat":
+            return torch.cat(self.collection(ids), dim=1)
+        return self.collection.concat(ids)  # each table pooled straight into its columns
 
 
 def fbgemm_available() -> str | None:

@@ -285,7 +285,7 @@ def run_tbe(args: argparse.Namespace) -> None:
                 else:
                     client.set_ps_endpoints(endpoints)
                 clients.append(client)
-                variants[name] = (tw.RecStoreBags(client, work, *shape), None)
+                variants[name] = (tw.RecStoreBags(client, work, *shape, args.tbe_join), None)
             if not args.no_compile:  # the local model itself (module docstring)
                 variants[COMPILED] = (torch.compile(variants[LOCAL][0]), None)
             for model, optimizer in variants.values():  # warm-up: every row resident
@@ -391,6 +391,13 @@ def main() -> None:
     parser.add_argument("--tbe-dim", type=int, default=64)
     parser.add_argument("--tbe-batch", type=int, default=2048)
     parser.add_argument("--tbe-workloads", default="", help="comma-separated names (default: all)")
+    parser.add_argument(
+        "--tbe-join",
+        choices=("concat", "cat"),
+        default="concat",
+        help="how the RecStore model joins its tables' outputs: collection.concat (pooled "
+        "into one output) or torch.cat of the collection's outputs",
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--echo-server", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -9,7 +9,8 @@ per table). Each bag still computes exactly what it computes alone — it plans
 its lookup, the collection fetches the rows, the bag finishes the pooling —
 so results are those of the bags used one by one. In the spirit of torchrec's
 class of the same name, not its API: a list of bags (or their configs) in, a
-list of (ids, offsets) per feature in, a list of pooled outputs out.
+list of (ids, offsets) per feature in, a list of pooled outputs out (or, with
+``concat``, one [batch, sum of dims] output the engine pools every table into).
 """
 
 from __future__ import annotations
@@ -166,10 +167,40 @@ class EmbeddingBagCollection(nn.Module):
 
     def forward(self, features: Sequence[Feature]) -> list[torch.Tensor]:
         """One input per bag, in order; the pooled output of each bag, in order."""
+        bags, plans = self._bags_and_plans(features)
+        return self._outputs(bags, plans)
+
+    def concat(self, features: Sequence[Feature]) -> torch.Tensor:
+        """The bags' outputs side by side, [batch, sum of dims]: ``torch.cat(self(features),
+        dim=1)``, without the copy where it can be left out.
+
+        When every bag is a plain sum/mean bag (pooled by the engine), each table's
+        bags are pooled straight into its columns of one output and backward hands
+        each table its columns of the one gradient (``recstore.client.pooled_cat``);
+        otherwise the outputs are concatenated.
+        """
+        bags, plans = self._bags_and_plans(features)
+        pairs = zip(bags, plans, strict=True)
+        if all(plan.pooled(bag.client, bag.table_name) for bag, plan in pairs):
+            return dispatch.pool_cat(
+                self._anchor,
+                [bag._handle for bag in bags],
+                [plan.ids for plan in plans],
+                [plan.offsets for plan in plans],
+                [plan.pool for plan in plans],  # type: ignore[misc]
+                [bag.takes_gradients for bag in bags],
+            )
+        return torch.cat(self._outputs(bags, plans), dim=1)
+
+    def _bags_and_plans(
+        self, features: Sequence[Feature]
+    ) -> tuple[list[EmbeddingBag], list[Lookup]]:
         if len(features) != len(self.bags):
             raise ValueError(f"{len(self.bags)} bags but {len(features)} features")
         bags: list[EmbeddingBag] = list(self.bags)  # type: ignore[arg-type]
-        plans = self._plans(bags, features)
+        return bags, self._plans(bags, features)
+
+    def _outputs(self, bags: list[EmbeddingBag], plans: list[Lookup]) -> list[torch.Tensor]:
         out: list[torch.Tensor | None] = [None] * len(plans)
         pooled = [
             i for i, plan in enumerate(plans) if plan.pooled(bags[i].client, bags[i].table_name)

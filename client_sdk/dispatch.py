@@ -30,6 +30,7 @@ from recstore.client.lookup import (
     send_gradients,
 )
 from recstore.client.pooled import Pool, pooled_many
+from recstore.client.pooled_cat import pooled_cat
 
 
 def tracing(ids: Sequence[torch.Tensor]) -> bool:
@@ -147,6 +148,25 @@ def pool_many(
         )
         return out
     return pooled_many(anchor, tables, ids, pools, trainable)
+
+
+def pool_cat(
+    anchor: torch.Tensor,
+    tables: list[str],
+    ids: list[torch.Tensor],
+    offsets: list[torch.Tensor | None],
+    pools: list[Pool],
+    trainable: list[bool],
+) -> torch.Tensor:
+    """``pool_many``'s outputs side by side in one tensor, each table pooled into its
+    columns: ``torch.ops.recstore.emb_pool_cat`` when traced, else the engine directly."""
+    if tracing(ids):
+        sizes, means = [p.bag_size for p in pools], [p.mean for p in pools]
+        out: torch.Tensor = torch.ops.recstore.emb_pool_cat(
+            anchor, tables, ids, offsets, sizes, means, trainable
+        )
+        return out
+    return pooled_cat(anchor, tables, ids, pools, trainable)
 
 
 def renorm(table: str, ids: torch.Tensor, max_norm: float, norm_type: float) -> torch.Tensor:

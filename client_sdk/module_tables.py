@@ -117,10 +117,14 @@ class ModuleTables:
         backend = self._client.ops
         return isinstance(backend, LocalBackend) and backend.pools_bags(name)
 
-    def pool_bags(self, name: str, keys: torch.Tensor, bag_size: int, mean: bool) -> torch.Tensor:
-        """Each bag of ``bag_size`` consecutive keys pooled (sum or mean); keys checked first."""
+    def pool_bags(
+        self, name: str, keys: torch.Tensor, bag_size: int, mean: bool,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """Each bag of ``bag_size`` consecutive keys pooled (sum or mean), into ``out``'s rows
+        when given; keys checked first."""
         self._check_keys([(name, keys, False)])
-        return self._local().pool_bags(name, keys, bag_size, mean)
+        return self._local().pool_bags(name, keys, bag_size, mean, out)
 
     def update_bags(
         self, name: str, keys: torch.Tensor, bag_size: int, grads: torch.Tensor, scale: float

@@ -137,9 +137,12 @@ def engine_bag_sizes(
     return sizes
 
 
-def _engine_pool(handle: str, keys: torch.Tensor, size: int, mean: bool) -> torch.Tensor:
+def engine_pool(
+    handle: str, keys: torch.Tensor, size: int, mean: bool, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The engine's pooled bags of ``keys`` (into ``out``'s rows when given: strided will do)."""
     ref = resolve(handle)
-    return ref.client._for_modules.pool_bags(ref.name, keys, size, mean)
+    return ref.client._for_modules.pool_bags(ref.name, keys, size, mean, out)
 
 
 def _engine_update(handle: str, keys: torch.Tensor, size: int, mean: bool,
@@ -166,7 +169,7 @@ def pool_bags(
     sizes = engine_bag_sizes(handles, ids, offsets, pools)
     for i, (handle, keys, pool, size) in enumerate(zip(handles, ids, pools, sizes, strict=True)):
         if size:
-            out[i] = _engine_pool(handle, flat_keys(keys), size, pool.mean)
+            out[i] = engine_pool(handle, flat_keys(keys), size, pool.mean)
         else:
             rest.append(i)
     if rest:  # one multi-table read for the rest
@@ -220,7 +223,7 @@ class _PooledMany(torch.autograd.Function):
     ) -> tuple[torch.Tensor, ...]:
         ctx.set_materialize_grads(False)  # an unused output gets no gradient, hence no update
         shares = [_Share(h, flat_keys(i), p) for h, i, p in zip(handles, ids, pools, strict=True)]
-        out = [_engine_pool(s.handle, s.keys, s.pool.bag_size, s.pool.mean) for s in shares]
+        out = [engine_pool(s.handle, s.keys, s.pool.bag_size, s.pool.mean) for s in shares]
         ctx.shares, ctx.trainable = shares, trainable
         ctx.mark_non_differentiable(*(o for o, t in zip(out, trainable, strict=True) if not t))
         return tuple(out)

@@ -1,4 +1,4 @@
-"""``torch.ops.recstore.emb_pool_many``: pooled bags as a custom op, for traced graphs.
+"""``torch.ops.recstore.emb_pool_many`` / ``emb_pool_cat``: pooled bags as custom ops.
 
 Eager forwards of plain sum/mean bags pool in the engine without the
 dispatcher (``recstore.client.pooled``); ``torch.compile`` and
@@ -7,6 +7,8 @@ dispatcher (``recstore.client.pooled``); ``torch.compile`` and
 cannot read), an autograd formula whose backward is the ordered side effect
 ``emb_update_pooled_many`` (one gradient row per bag), and the real kernels of
 ``recstore.client.pooled``, which choose the engine or per-id rows per call.
+``emb_pool_cat`` is the same with the tables' outputs side by side in one
+tensor (``recstore.client.pooled_cat``), its backward ``emb_update_pooled_cat``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from recstore.client.op_tables import layout
 from recstore.client.ops import _op
 from recstore.client.pooled import SEGMENTS, Pool, pool_bags, send_bag_gradients
+from recstore.client.pooled_cat import bag_count, cat_layout, pool_bags_cat, send_cat_gradients
 
 
 def _pools(bag_size: Sequence[int], mean: Sequence[bool]) -> list[Pool]:
@@ -106,4 +109,77 @@ def emb_update_pooled_many(
 
 @emb_update_pooled_many.register_fake
 def _(tables, ids, offsets, grads, bag_size, mean):
+    return None
+
+
+@_op(
+    "emb_pool_cat",
+    schema="(Tensor anchor, str[] tables, Tensor[] ids, Tensor?[] offsets, int[] bag_size, "
+    "bool[] mean, bool[] trainable) -> Tensor",
+)
+def emb_pool_cat(
+    anchor: torch.Tensor,
+    tables: list[str],
+    ids: list[torch.Tensor],
+    offsets: list[torch.Tensor | None],
+    bag_size: list[int],
+    mean: list[bool],
+    trainable: list[bool],
+) -> torch.Tensor:
+    """``emb_pool_many``'s outputs side by side, [bags, sum of dims], each table pooled
+    straight into its columns (``recstore.client.pooled_cat``): no concatenating copy."""
+    return pool_bags_cat(tables, ids, offsets, _pools(bag_size, mean))
+
+
+@emb_pool_cat.register_fake
+def _(anchor, tables, ids, offsets, bag_size, mean, trainable):
+    dims, dtype = cat_layout(tables)
+    counts = [bag_count(k, o, s) for k, o, s in zip(ids, offsets, bag_size, strict=True)]
+    for count in counts[1:]:
+        torch._check(count == counts[0], lambda: "the same number of bags for every table")
+    return ids[0].new_empty((counts[0], sum(dims)), dtype=dtype)
+
+
+def _cat_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    _, ctx.tables, ids, offsets, ctx.bag_size, ctx.mean, ctx.trainable = inputs
+    if not any(ctx.trainable):
+        ctx.mark_non_differentiable(output)
+    ctx.has_offsets = [o is not None for o in offsets]
+    ctx.save_for_backward(*ids, *(o for o in offsets if o is not None))
+
+
+def _cat_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    count = len(ctx.tables)
+    saved = ctx.saved_tensors
+    ids, rest = list(saved[:count]), iter(saved[count:])
+    offsets = [next(rest) if has else None for has in ctx.has_offsets]
+    emb_update_pooled_cat(ctx.tables, ids, offsets, grad, ctx.bag_size, ctx.mean, ctx.trainable)
+    no_offsets = [None] * count if all(ctx.has_offsets) else None  # see _pool_backward
+    return None, None, [None] * count, no_offsets, None, None, None
+
+
+emb_pool_cat.register_autograd(_cat_backward, setup_context=_cat_setup)
+
+
+@_op(
+    "emb_update_pooled_cat",
+    effect=True,
+    schema="(str[] tables, Tensor[] ids, Tensor?[] offsets, Tensor grad, int[] bag_size, "
+    "bool[] mean, bool[] trainable) -> ()",
+)
+def emb_update_pooled_cat(
+    tables: list[str],
+    ids: list[torch.Tensor],
+    offsets: list[torch.Tensor | None],
+    grad: torch.Tensor,
+    bag_size: list[int],
+    mean: list[bool],
+    trainable: list[bool],
+) -> None:
+    """``emb_pool_cat``'s update: each trainable table the gradient's columns of its bags."""
+    send_cat_gradients(tables, ids, offsets, _pools(bag_size, mean), trainable, grad)
+
+
+@emb_update_pooled_cat.register_fake
+def _(tables, ids, offsets, grad, bag_size, mean, trainable):
     return None

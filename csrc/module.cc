@@ -64,6 +64,20 @@ void expect_bags(const Table& t, int64_t n, int64_t bag_size, const A& rows, con
     throw std::invalid_argument(std::string(name) + " must have shape [number of bags, dim]");
 }
 
+// The row stride of [bags, dim] rows whose columns are contiguous (a column slice of a
+// wider array will do); rows that overlap or strided columns are refused.
+template <class A>
+int64_t expect_row_stride(const Table& t, const A& rows, const char* name) {
+  if (t.dim() > 1 && rows.stride(1) != 1)
+    throw std::invalid_argument(std::string(name) + " must have contiguous columns");
+  if (rows.shape(0) < 2) return t.dim();
+  const int64_t stride = static_cast<int64_t>(rows.stride(0));
+  if (stride < t.dim())
+    throw std::invalid_argument(std::string(name) + "'s rows must not overlap (row stride " +
+                                std::to_string(stride) + " < dim " + std::to_string(t.dim()) + ")");
+  return stride;
+}
+
 }  // namespace
 
 NB_MODULE(_native, m) {
@@ -191,14 +205,18 @@ NB_MODULE(_native, m) {
       "Per-slot row counts and sums of row hashes of the selected slots (migration checksums)");
   def_checked(
       table, "pool",
-      [](Table& t, HostKeys keys, int64_t bag_size, bool mean, Host<float, nb::ndim<2>> out) {
+      [](Table& t, HostKeys keys, int64_t bag_size, bool mean,
+         recstore::arrays::Array<float, nb::ndim<2>, nb::device::cpu> out) {
+        // out may be a column slice of a wider output (rows strided, columns not)
         const int64_t n = count(keys);
         expect_bags(t, n, bag_size, out, "out");
+        const int64_t stride = expect_row_stride(t, out, "out");
         nb::gil_scoped_release release;
-        if (n) t.pool(n, keys.data(), bag_size, mean, out.data());
+        if (n) t.pool(n, keys.data(), bag_size, mean, out.data(), stride);
       },
       "keys"_a.noconvert(), "bag_size"_a, "mean"_a, "out"_a.noconvert(),
-      "Sum (mean) of each bag of bag_size consecutive keys' rows (float32 tables)");
+      "Sum (mean) of each bag of bag_size consecutive keys' rows into out's rows "
+      "(float32 tables; out's rows may be strided, its columns not)");
   def_checked(
       table, "update_bags",
       [](Table& t, HostKeys keys, int64_t bag_size,
@@ -207,9 +225,7 @@ NB_MODULE(_native, m) {
         // grads may be a column slice of a wider gradient (rows strided, columns not)
         const int64_t n = count(keys);
         expect_bags(t, n, bag_size, grads, "grads");
-        if (t.dim() > 1 && grads.stride(1) != 1)
-          throw std::invalid_argument("grads must have contiguous rows");
-        const int64_t stride = grads.shape(0) > 0 ? static_cast<int64_t>(grads.stride(0)) : 0;
+        const int64_t stride = expect_row_stride(t, grads, "grads");
         nb::gil_scoped_release release;
         t.update_bags(n, keys.data(), bag_size, grads.data(), stride, static_cast<float>(scale),
                       static_cast<float>(lr));

@@ -119,8 +119,10 @@ class Table {
               bool screened = false);
   // Fixed-size bags of a float32 table (table_bags.cc): out[b] ([n / bag_size, dim]) is
   // the sum (mean: average) of the rows of keys[b * bag_size, (b + 1) * bag_size);
-  // missing rows are inserted from the initializer first, as pull() does.
-  void pool(int64_t n, const int64_t* keys, int64_t bag_size, bool mean, float* out);
+  // missing rows are inserted from the initializer first, as pull() does. out rows are
+  // out_stride floats apart (a column slice of a wider output: no concatenating copy).
+  void pool(int64_t n, const int64_t* keys, int64_t bag_size, bool mean, float* out,
+            int64_t out_stride);
   // The update of those bags' lookups: every key of bag b gets scale * grads[b] (fp32),
   // summed per row in position order, then the optimizer, exactly as update() of the
   // per-occurrence rows would.
@@ -216,7 +218,8 @@ class Table {
   void apply_update(int64_t n, const int64_t* rows, const void* grads, int grad_dtype,
                     int64_t bag_size, float scale, float lr, int64_t grad_stride = 0);
   // Sums (mean: averages) the rows of each bag of bag_size positions into out.
-  void pool_rows(int64_t n, const int64_t* rows, int64_t bag_size, bool mean, float* out) const;
+  void pool_rows(int64_t n, const int64_t* rows, int64_t bag_size, bool mean, float* out,
+                 int64_t out_stride) const;
   // Copies values (and state when given) of the last position of every row.
   void write_rows(int64_t n, const int64_t* rows, const void* values, const float* state);
   // Lock held: rows of all keys, gathered into out when every key is resident;

@@ -32,8 +32,8 @@ void check_bags(int64_t n, int64_t bag_size, int dtype) {
 
 }  // namespace
 
-void Table::pool_rows(int64_t n, const int64_t* rows, int64_t bag_size, bool mean,
-                      float* out) const {
+void Table::pool_rows(int64_t n, const int64_t* rows, int64_t bag_size, bool mean, float* out,
+                      int64_t out_stride) const {
   const int64_t dim = opt_.dim, rb = row_bytes_;
   const float inv = 1.0f / static_cast<float>(bag_size);
   parallel_for(n / bag_size, kBagsPerChunk, [&](int64_t b, int64_t e) {
@@ -41,7 +41,7 @@ void Table::pool_rows(int64_t n, const int64_t* rows, int64_t bag_size, bool mea
     for (int64_t i = first; i < std::min(last, first + kPoolAhead); ++i)
       prefetch_row(row_values(rows[i]), rb);
     for (int64_t bag = b; bag < e; ++bag) {
-      float* acc = out + bag * dim;
+      float* acc = out + bag * out_stride;
       for (int64_t j = 0; j < dim; ++j) acc[j] = 0.0f;
       for (int64_t i = bag * bag_size; i < (bag + 1) * bag_size; ++i) {
         if (i + kPoolAhead < last) prefetch_row(row_values(rows[i + kPoolAhead]), rb);
@@ -54,7 +54,8 @@ void Table::pool_rows(int64_t n, const int64_t* rows, int64_t bag_size, bool mea
   });
 }
 
-void Table::pool(int64_t n, const int64_t* keys, int64_t bag_size, bool mean, float* out) {
+void Table::pool(int64_t n, const int64_t* keys, int64_t bag_size, bool mean, float* out,
+                 int64_t out_stride) {
   check_bags(n, bag_size, opt_.dtype);
   validate_ids(n, keys);
   int64_t* rows = scratch_rows(n);
@@ -64,13 +65,13 @@ void Table::pool(int64_t n, const int64_t* keys, int64_t bag_size, bool mean, fl
     bool resident = true;
     for (int64_t i = 0; i < n && resident; ++i) resident = rows[i] >= 0;
     if (resident) {
-      pool_rows(n, rows, bag_size, mean, out);
+      pool_rows(n, rows, bag_size, mean, out, out_stride);
       return;
     }
   }
   std::unique_lock<std::shared_mutex> lock(mutex_);
   resolve_for_write(n, keys, rows, true);
-  pool_rows(n, rows, bag_size, mean, out);
+  pool_rows(n, rows, bag_size, mean, out, out_stride);
 }
 
 void Table::update_bags(int64_t n, const int64_t* keys, int64_t bag_size, const float* grads,

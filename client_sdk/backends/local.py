@@ -198,11 +198,15 @@ class LocalBackend:
             return False
         return table.device == "cpu" and table.dtype == DType.float32
 
-    def pool_bags(self, name: str, keys: torch.Tensor, bag_size: int, mean: bool) -> torch.Tensor:
-        """Each bag of ``bag_size`` consecutive keys' rows, summed (``mean``: averaged)."""
+    def pool_bags(
+        self, name: str, keys: torch.Tensor, bag_size: int, mean: bool,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """Each bag of ``bag_size`` consecutive keys' rows, summed (``mean``: averaged), into
+        ``out``'s rows when given (a column slice of a wider output will do)."""
         table = self.table(name)
         try:
-            out: torch.Tensor = table.pool(keys, bag_size, mean)
+            out = table.pool(keys, bag_size, mean, out)
         except RecStoreError as error:
             raise _backend_error(error, name) from error
         return out

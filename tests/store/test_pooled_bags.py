@@ -78,6 +78,38 @@ def test_update_bags_takes_a_column_slice_of_a_wider_gradient() -> None:
     torch.testing.assert_close(sliced.pull(everything), copied.pull(everything), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("mean", [False, True])
+def test_pool_writes_a_column_slice_of_a_wider_output(mean: bool) -> None:
+    """A table's bags pooled into its columns of a concatenated output: rows strided, the
+    other columns untouched, the sums those of the rows pulled (the oracle)."""
+    table = _table()
+    ids = _ids()
+    wide = torch.full((BAGS, 3 * DIM), 7.0)
+    returned = table.pool(ids, BAG, mean, wide[:, DIM : 2 * DIM])
+    rows = table.pull(ids).view(BAGS, BAG, DIM)
+    expected = rows.mean(1) if mean else rows.sum(1)
+    assert returned.data_ptr() == wide[:, DIM:].data_ptr()
+    torch.testing.assert_close(wide[:, DIM : 2 * DIM], expected, atol=1e-6, rtol=0)
+    assert bool((wide[:, :DIM] == 7.0).all()) and bool((wide[:, 2 * DIM :] == 7.0).all())
+
+
+@pytest.mark.parametrize(
+    ("out", "error", "message"),
+    [
+        (lambda: torch.zeros(BAGS, 2 * DIM)[:, ::2], InvalidArgument, "contiguous columns"),
+        (lambda: torch.zeros(BAGS * DIM).as_strided((BAGS, DIM), (1, 1)), InvalidArgument,
+         "overlap"),
+        (lambda: torch.zeros(BAGS + 1, 2 * DIM)[:, :DIM], InvalidArgument, "shape"),
+        (lambda: torch.zeros(BAGS, DIM, dtype=torch.float64), TypeError, "float32"),
+    ],
+)  # fmt: skip
+def test_bad_pool_outputs_are_refused_and_change_nothing(out: Any, error: Any, message: str):
+    table = _table()
+    with pytest.raises(error, match=message):
+        table.pool(_ids(), BAG, False, out())
+    assert table.size == 0
+
+
 def test_non_finite_bag_gradients_follow_the_policy_and_change_nothing() -> None:
     table = _table()
     ids = _ids()

@@ -264,12 +264,15 @@ class Table:
         return rate
 
     # -- fixed-size bags (float32 CPU tables) ----------------------------------
-    def pool(self, keys: Any, bag_size: int, mean: bool = False) -> Any:
+    def pool(self, keys: Any, bag_size: int, mean: bool = False, out: Any = None) -> Any:
         """Sum (``mean``: average) of the rows of each bag of ``bag_size`` consecutive keys,
-        rows inserted as ``pull`` does: [len(keys) // bag_size, dim]."""
-        bags = len(keys) // bag_size if bag_size > 0 else 0
-        # float32 sums (the engine refuses other tables with a clear error)
-        out = new_rows(bags, self.dim, DType.float32, is_torch(keys), self.device)
+        rows inserted as ``pull`` does: [len(keys) // bag_size, dim]. ``out``: float32 rows
+        of that shape to write instead; its rows may be strided (a column slice of a wider
+        output), its columns not."""
+        if out is None:
+            bags = len(keys) // bag_size if bag_size > 0 else 0
+            # float32 sums (the engine refuses other tables with a clear error)
+            out = new_rows(bags, self.dim, DType.float32, is_torch(keys), self.device)
         self._batch(self._engine.pool, keys, bag_size, mean, out)
         return out
 
