@@ -71,6 +71,9 @@ class CudaTable {
     return !opt_.direct && (opt_.eviction != kEvictNone || opt_.ttl_seconds > 0);
   }
   double now() const;
+  // assign (state null) and import_rows (values and optimizer state) in one path.
+  void write_rows(int64_t n, const int64_t* keys, const void* values, const float* state,
+                  uintptr_t stream);
 
   TableOptions opt_;
   int device_ = 0;

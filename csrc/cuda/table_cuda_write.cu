@@ -17,12 +17,24 @@ size_t row_bytes_of(const TableOptions& opt) {
 }  // namespace
 
 void CudaTable::assign(int64_t n, const int64_t* keys, const void* values, uintptr_t stream) {
+  write_rows(n, keys, values, nullptr, stream);
+}
+
+void CudaTable::import_rows(int64_t n, const int64_t* keys, const void* values,
+                            const float* state, uintptr_t stream) {
+  write_rows(n, keys, values, state, stream);
+}
+
+void CudaTable::write_rows(int64_t n, const int64_t* keys, const void* values,
+                           const float* state, uintptr_t stream) {
   CallGuard guard(mutex_, *st_, device_, stream);
   const cudaStream_t s = guard.stream();
   DeviceIn<int64_t> k(keys, static_cast<size_t>(n), device_, s);
   DeviceIn<unsigned char> v(values, static_cast<size_t>(n) * row_bytes_of(opt_), device_, s);
+  DeviceIn<float> w(state, static_cast<size_t>(n * state_w_), device_, s);  // null for assign
   CudaOps::validate_ids(*this, n, k.get(), s);
-  const DeviceBatch batch = CudaOps::screen(*this, n, k.get(), v.get(), opt_.dtype, nullptr,
+  // The values are screened; imported optimizer state is the optimizer's own output.
+  const DeviceBatch batch = CudaOps::screen(*this, n, k.get(), v.get(), opt_.dtype, w.get(),
                                             "value", s);
   n = batch.n;
   Scratch<int64_t> rows(n, s);
@@ -36,32 +48,7 @@ void CudaTable::assign(int64_t n, const int64_t* keys, const void* values, uintp
   segment_pick(groups.order.get(), groups.offsets.get(), groups.count, true, rows.get(),
                pos.get(), target.get(), s);
   scatter(target.get(), pos.get(), groups.count, batch.data, CudaOps::rows_view(*this), s);
-  RS_CUDA_CHECK(cudaStreamSynchronize(s));
-}
-
-void CudaTable::import_rows(int64_t n, const int64_t* keys, const void* values,
-                            const float* state, uintptr_t stream) {
-  CallGuard guard(mutex_, *st_, device_, stream);
-  const cudaStream_t s = guard.stream();
-  DeviceIn<int64_t> k(keys, static_cast<size_t>(n), device_, s);
-  DeviceIn<unsigned char> v(values, static_cast<size_t>(n) * row_bytes_of(opt_), device_, s);
-  DeviceIn<float> w(state, static_cast<size_t>(n * state_w_), device_, s);
-  CudaOps::validate_ids(*this, n, k.get(), s);
-  // The rows' values are screened; their optimizer state is the optimizer's own output.
-  const DeviceBatch batch = CudaOps::screen(*this, n, k.get(), v.get(), opt_.dtype, w.get(),
-                                            "value", s);
-  n = batch.n;
-  Scratch<int64_t> rows(n, s);
-  CudaOps::resolve_for_write(*this, n, batch.keys, rows.get(), false,
-                             tracks_rows() ? now() : 0.0, s);
-  if (n == 0) return;
-  UniqueKeys groups = unique_keys(batch.keys, n, s);
-  Scratch<int32_t> pos(groups.count, s);
-  Scratch<int64_t> target(groups.count, s);
-  segment_pick(groups.order.get(), groups.offsets.get(), groups.count, true, rows.get(),
-               pos.get(), target.get(), s);
-  scatter(target.get(), pos.get(), groups.count, batch.data, CudaOps::rows_view(*this), s);
-  if (state_w_ > 0)
+  if (state != nullptr && state_w_ > 0)
     scatter(target.get(), pos.get(), groups.count, batch.state, CudaOps::state_view(*this), s);
   RS_CUDA_CHECK(cudaStreamSynchronize(s));
 }

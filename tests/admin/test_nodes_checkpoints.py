@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -13,8 +14,53 @@ from recstore.admin.models import NodeRecord, TableRecord
 from recstore.core import SlotMap
 
 
+@dataclass(frozen=True)
+class Users:
+    """The table "users" (float16, 2 shards) and the two callers these tests act as: the
+    admin, who reads and requests, and the provisioner, who registers nodes and writes
+    status."""
+
+    client: TestClient
+    admin: dict[str, str]
+    provisioner: dict[str, str]
+    table: str = "users"
+
+    def read(self, path: str) -> Any:
+        """The JSON body of a GET as the admin."""
+        return self.client.get(path, headers=self.admin).json()
+
+    def row(self) -> Any:
+        """The table as the API serves it."""
+        return self.read(f"/api/v1/tables/{self.table}")
+
+    def register(
+        self, shard: int, port: int, host: str = "127.0.0.1", headers: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """Register shard ``shard`` at host:port (metrics at port + 1), as the provisioner."""
+        r = self.client.post(
+            "/api/v1/nodes",
+            json={
+                "table": self.table,
+                "shard_index": shard,
+                "endpoint": f"{host}:{port}",
+                "metrics_endpoint": f"{host}:{port + 1}",
+            },
+            headers=headers or self.provisioner,
+        )
+        assert r.status_code in (200, 201), r.text
+        return r.json()
+
+    def put_status(self, status: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
+        """PUT the table's status, as the provisioner unless ``headers`` say otherwise."""
+        return self.client.put(
+            f"/api/v1/tables/{self.table}/status", json=status, headers=headers or self.provisioner
+        )
+
+
 @pytest.fixture
-def table(client: TestClient, admin_headers: dict[str, str]) -> str:
+def users(
+    client: TestClient, admin_headers: dict[str, str], provisioner_headers: dict[str, str]
+) -> Users:
     spec = {
         "name": "users",
         "numEmbeddings": 100,
@@ -23,38 +69,16 @@ def table(client: TestClient, admin_headers: dict[str, str]) -> str:
         "shards": 2,
     }
     assert client.post("/api/v1/tables", json=spec, headers=admin_headers).status_code == 201
-    return "users"
+    return Users(client, admin_headers, provisioner_headers)
 
 
-def register(
-    client: TestClient, headers: dict[str, str], shard: int, port: int, host: str = "127.0.0.1"
-) -> dict[str, Any]:
-    r = client.post(
-        "/api/v1/nodes",
-        json={
-            "table": "users",
-            "shard_index": shard,
-            "endpoint": f"{host}:{port}",
-            "metrics_endpoint": f"{host}:{port + 1}",
-        },
-        headers=headers,
-    )
-    assert r.status_code in (200, 201), r.text
-    return r.json()
-
-
-def test_discovery_from_node_registrations(
-    client: TestClient,
-    admin_headers: dict[str, str],
-    provisioner_headers: dict[str, str],
-    table: str,
-) -> None:
+def test_discovery_from_node_registrations(users: Users) -> None:
     # Registered out of order: discovery answers in shard order.
-    register(client, provisioner_headers, 1, 6001)
-    r = client.get(f"/api/v1/tables/{table}/discovery", headers=admin_headers)
+    users.register(1, 6001)
+    r = users.client.get(f"/api/v1/tables/{users.table}/discovery", headers=users.admin)
     assert r.status_code == 503 and "[0]" in r.json()["detail"] and r.headers["retry-after"]
-    register(client, provisioner_headers, 0, 5001)
-    found = client.get(f"/api/v1/tables/{table}/discovery", headers=admin_headers).json()
+    users.register(0, 5001)
+    found = users.read(f"/api/v1/tables/{users.table}/discovery")
     assert found["endpoints"] == ["127.0.0.1:5001", "127.0.0.1:6001"]
     assert found["dtype"] == "float16" and found["embedding_dim"] == 8
     assert found["num_embeddings"] == 100 and found["shards"] == 2
@@ -62,51 +86,35 @@ def test_discovery_from_node_registrations(
     assert found["spec"]["dtype"] == "float16" and found["name"] == "users"
 
 
-def test_reregistration_updates_in_place(
-    client: TestClient,
-    admin_headers: dict[str, str],
-    provisioner_headers: dict[str, str],
-    table: str,
-) -> None:
-    first = register(client, provisioner_headers, 0, 5001)
-    r = client.post(
+def test_reregistration_updates_in_place(users: Users) -> None:
+    first = users.register(0, 5001)
+    r = users.client.post(
         "/api/v1/nodes",
-        json={"table": table, "shard_index": 0, "endpoint": "10.0.0.9:5001"},
-        headers=provisioner_headers,
+        json={"table": users.table, "shard_index": 0, "endpoint": "10.0.0.9:5001"},
+        headers=users.provisioner,
     )
     assert r.status_code == 200 and r.json()["id"] == first["id"]
     assert r.json()["endpoint"] == "10.0.0.9:5001"
-    assert client.get("/api/v1/nodes", headers=admin_headers).json()["total"] == 1
+    assert users.read("/api/v1/nodes")["total"] == 1
 
 
-def test_heartbeat_sizes_and_readiness(
-    client: TestClient,
-    admin_headers: dict[str, str],
-    provisioner_headers: dict[str, str],
-    table: str,
-) -> None:
-    node = register(client, provisioner_headers, 0, 5001)
-    register(client, provisioner_headers, 1, 6001)
-    r = client.post(
-        f"/api/v1/nodes/{node['id']}/heartbeat",
-        json={"ready": True, "rows": 42, "memory_bytes": 4096},
-        headers=provisioner_headers,
+def test_heartbeat_sizes_and_readiness(users: Users) -> None:
+    node = users.register(0, 5001)
+    users.register(1, 6001)
+    beat = f"/api/v1/nodes/{node['id']}/heartbeat"
+    r = users.client.post(
+        beat, json={"ready": True, "rows": 42, "memory_bytes": 4096}, headers=users.provisioner
     )
     assert r.status_code == 200 and r.json()["ready"] is True and r.json()["last_heartbeat"]
-    client.post(
-        f"/api/v1/nodes/{node['id']}/heartbeat",
-        json={"ready": True, "rows": 50, "memory_bytes": 5000},
-        headers=provisioner_headers,
+    users.client.post(
+        beat, json={"ready": True, "rows": 50, "memory_bytes": 5000}, headers=users.provisioner
     )
-    got = client.get(f"/api/v1/tables/{table}", headers=admin_headers).json()
+    got = users.row()
     assert got["rows"] == 50 and got["memory_bytes"] == 5000
-    ready = client.get("/api/v1/nodes?ready=true", headers=admin_headers).json()
+    ready = users.read("/api/v1/nodes?ready=true")
     assert [n["shard_index"] for n in ready["items"]] == [0]
     # Only the change of readiness is audited, not every beat.
-    actions = [
-        e["action"]
-        for e in client.get(f"/api/v1/events?table={table}", headers=admin_headers).json()["items"]
-    ]
+    actions = [e["action"] for e in users.read(f"/api/v1/events?table={users.table}")["items"]]
     assert actions.count("node.ready") == 1 and actions.count("node.register") == 2
 
 
@@ -126,47 +134,31 @@ def test_heartbeat_sizes_and_readiness(
     ],
 )
 def test_bad_registration_writes_nothing(
-    client: TestClient,
-    admin_headers: dict[str, str],
-    provisioner_headers: dict[str, str],
-    table: str,
-    body: dict[str, Any],
-    status: int,
-    fragment: str,
+    users: Users, body: dict[str, Any], status: int, fragment: str
 ) -> None:
-    r = client.post("/api/v1/nodes", json=body, headers=provisioner_headers)
+    r = users.client.post("/api/v1/nodes", json=body, headers=users.provisioner)
     assert r.status_code == status and fragment in r.text
-    assert client.get("/api/v1/nodes", headers=admin_headers).json()["total"] == 0
+    assert users.read("/api/v1/nodes")["total"] == 0
 
 
-def test_bad_heartbeat_and_unknown_node(
-    client: TestClient,
-    admin_headers: dict[str, str],
-    provisioner_headers: dict[str, str],
-    table: str,
-) -> None:
-    node = register(client, provisioner_headers, 0, 5001)
-    r = client.post(
+def test_bad_heartbeat_and_unknown_node(users: Users) -> None:
+    node = users.register(0, 5001)
+    r = users.client.post(
         f"/api/v1/nodes/{node['id']}/heartbeat",
         json={"ready": True, "rows": -1},
-        headers=provisioner_headers,
+        headers=users.provisioner,
     )
     assert r.status_code == 422
-    assert client.get(f"/api/v1/nodes/{node['id']}", headers=admin_headers).json()["rows"] == 0
-    r = client.post(
-        "/api/v1/nodes/9999/heartbeat", json={"ready": True}, headers=provisioner_headers
+    assert users.read(f"/api/v1/nodes/{node['id']}")["rows"] == 0
+    r = users.client.post(
+        "/api/v1/nodes/9999/heartbeat", json={"ready": True}, headers=users.provisioner
     )
     assert r.status_code == 404
 
 
-def test_status_then_discovery_of_registered_nodes(
-    client: TestClient,
-    admin_headers: dict[str, str],
-    provisioner_headers: dict[str, str],
-    table: str,
-) -> None:
+def test_status_then_discovery_of_registered_nodes(users: Users) -> None:
     for shard in (0, 1):
-        register(client, provisioner_headers, shard, 50051, host=f"users-{shard}.users")
+        users.register(shard, 50051, host=f"users-{shard}.users")
     status = {
         "phase": "Ready",
         "conditions": [{"type": "Ready", "status": "True", "reason": "AllShardsReady"}],
@@ -178,54 +170,49 @@ def test_status_then_discovery_of_registered_nodes(
         "slotMapEpoch": 1,
         "lastCheckpoint": None,
     }
-    r = client.put(f"/api/v1/tables/{table}/status", json=status, headers=provisioner_headers)
+    r = users.put_status(status)
     assert r.status_code == 200, r.text
     assert r.json()["status"]["phase"] == "Ready"
     assert r.json()["status"]["conditions"][0]["reason"] == "AllShardsReady"
-    found = client.get(f"/api/v1/tables/{table}/discovery", headers=admin_headers).json()
+    found = users.read(f"/api/v1/tables/{users.table}/discovery")
     assert found["endpoints"] == ["users-0.users:50051", "users-1.users:50051"]
 
 
 @pytest.mark.parametrize("role", ["viewer", "editor", "admin"])
 def test_only_the_provisioner_writes_status_or_registers_nodes(
-    client: TestClient,
-    admin_headers: dict[str, str],
-    provisioner_headers: dict[str, str],
-    tokens: dict[str, str],
-    table: str,
-    role: str,
+    tokens: dict[str, str], users: Users, role: str
 ) -> None:
     """An editor (or admin) token cannot point trainers at another address."""
-    register(client, provisioner_headers, 0, 5001)
-    before = client.get(f"/api/v1/tables/{table}", headers=admin_headers).json()
+    users.register(0, 5001)
+    before = users.row()
     headers = {"Authorization": f"Bearer {tokens[role]}"}
     hijack = {"phase": "Ready", "shards": [{"index": 0, "endpoint": "evil.example:50051"}]}
-    r = client.put(f"/api/v1/tables/{table}/status", json=hijack, headers=headers)
+    r = users.put_status(hijack, headers)
     assert r.status_code == 403 and "provisioner" in r.json()["detail"]
-    r = client.post(
+    r = users.client.post(
         "/api/v1/nodes",
-        json={"table": table, "shard_index": 0, "endpoint": "evil.example:50051"},
+        json={"table": users.table, "shard_index": 0, "endpoint": "evil.example:50051"},
         headers=headers,
     )
     assert r.status_code == 403 and "provisioner" in r.json()["detail"]
-    assert client.get(f"/api/v1/tables/{table}", headers=admin_headers).json() == before
-    nodes = client.get("/api/v1/nodes", headers=admin_headers).json()["items"]
+    assert users.row() == before
+    nodes = users.read("/api/v1/nodes")["items"]
     assert [n["endpoint"] for n in nodes] == ["127.0.0.1:5001"]
 
 
 def test_a_provisioner_token_minted_through_the_api_writes_status(
-    client: TestClient, admin_headers: dict[str, str], tokens: dict[str, str], table: str
+    tokens: dict[str, str], users: Users
 ) -> None:
     minted = {"Authorization": f"Bearer {tokens['provisioner']}"}
-    node = register(client, minted, 0, 5001)
+    node = users.register(0, 5001, headers=minted)
     assert node["provisioned"] and node["registered_by"] == "provisioner-user (token 4)"
     status = {"phase": "Ready", "shards": [{"index": 0, "endpoint": "127.0.0.1:5001"}]}
-    r = client.put(f"/api/v1/tables/{table}/status", json=status, headers=minted)
+    r = users.put_status(status, minted)
     assert r.status_code == 200, r.text
     # It reads, but it cannot create tables.
-    assert client.get("/api/v1/tables", headers=minted).status_code == 200
+    assert users.client.get("/api/v1/tables", headers=minted).status_code == 200
     spec = {"name": "other", "numEmbeddings": 1, "embeddingDim": 1}
-    assert client.post("/api/v1/tables", json=spec, headers=minted).status_code == 403
+    assert users.client.post("/api/v1/tables", json=spec, headers=minted).status_code == 403
 
 
 @pytest.mark.parametrize(
@@ -236,61 +223,42 @@ def test_a_provisioner_token_minted_through_the_api_writes_status(
     ],
 )
 def test_status_endpoint_of_no_registered_node_is_refused(
-    client: TestClient,
-    admin_headers: dict[str, str],
-    provisioner_headers: dict[str, str],
-    table: str,
-    shards: list[dict[str, Any]],
-    fragment: str,
+    users: Users, shards: list[dict[str, Any]], fragment: str
 ) -> None:
-    register(client, provisioner_headers, 0, 5001)
-    before = client.get(f"/api/v1/tables/{table}", headers=admin_headers).json()
-    r = client.put(
-        f"/api/v1/tables/{table}/status",
-        json={"phase": "Ready", "shards": shards},
-        headers=provisioner_headers,
-    )
+    users.register(0, 5001)
+    before = users.row()
+    r = users.put_status({"phase": "Ready", "shards": shards})
     assert r.status_code == 422 and fragment in r.json()["detail"], r.text
-    assert client.get(f"/api/v1/tables/{table}", headers=admin_headers).json() == before
+    assert users.row() == before
 
 
 def test_nodes_of_unknown_registrars_are_not_discovery_endpoints(
-    client: TestClient,
-    app: FastAPI,
-    admin_headers: dict[str, str],
-    provisioner_headers: dict[str, str],
-    table: str,
+    users: Users, app: FastAPI
 ) -> None:
     """Rows from before registrars were recorded (e.g. an editor's) are trusted for nothing."""
     for shard, port in ((0, 5001), (1, 6001)):
-        register(client, provisioner_headers, shard, port)
+        users.register(shard, port)
     with app.state.context.sessions() as session:
         session.execute(update(NodeRecord).where(NodeRecord.shard_index == 1).values(
             registered_role=None, registered_by=None
         ))  # fmt: skip
         session.commit()
-    r = client.get(f"/api/v1/tables/{table}/discovery", headers=admin_headers)
+    r = users.client.get(f"/api/v1/tables/{users.table}/discovery", headers=users.admin)
     assert r.status_code == 503 and "[1]" in r.json()["detail"]
     status = {"phase": "Ready", "shards": [{"index": 1, "endpoint": "127.0.0.1:6001"}]}
-    r = client.put(f"/api/v1/tables/{table}/status", json=status, headers=provisioner_headers)
+    r = users.put_status(status)
     assert r.status_code == 422 and "no node is registered for shard 1" in r.json()["detail"]
 
 
-def test_a_stored_status_naming_another_address_is_not_served(
-    client: TestClient,
-    app: FastAPI,
-    admin_headers: dict[str, str],
-    provisioner_headers: dict[str, str],
-    table: str,
-) -> None:
+def test_a_stored_status_naming_another_address_is_not_served(users: Users, app: FastAPI) -> None:
     """A status written before endpoints were checked (by an editor, say) sends no one there."""
     for shard, port in ((0, 5001), (1, 6001)):
-        register(client, provisioner_headers, shard, port)
+        users.register(shard, port)
     hijacked = [{"index": 0, "endpoint": "evil.example:50051", "ready": True}]
     with app.state.context.sessions() as session:
         session.execute(update(TableRecord).values(status_shards=hijacked))
         session.commit()
-    found = client.get(f"/api/v1/tables/{table}/discovery", headers=admin_headers).json()
+    found = users.read(f"/api/v1/tables/{users.table}/discovery")
     assert found["endpoints"] == ["127.0.0.1:5001", "127.0.0.1:6001"]
 
 
@@ -304,101 +272,66 @@ def test_a_stored_status_naming_another_address_is_not_served(
         {"phase": "Ready", "observedGeneration": -1},
     ],
 )
-def test_bad_status_changes_nothing(
-    client: TestClient,
-    admin_headers: dict[str, str],
-    provisioner_headers: dict[str, str],
-    table: str,
-    status: dict[str, Any],
-) -> None:
-    before = client.get(f"/api/v1/tables/{table}", headers=admin_headers).json()
-    r = client.put(f"/api/v1/tables/{table}/status", json=status, headers=provisioner_headers)
+def test_bad_status_changes_nothing(users: Users, status: dict[str, Any]) -> None:
+    before = users.row()
+    r = users.put_status(status)
     assert r.status_code == 422
-    assert client.get(f"/api/v1/tables/{table}", headers=admin_headers).json() == before
+    assert users.row() == before
 
 
-def test_checkpoint_request_and_completion(
-    client: TestClient,
-    admin_headers: dict[str, str],
-    provisioner_headers: dict[str, str],
-    table: str,
-) -> None:
-    r = client.post(
-        f"/api/v1/tables/{table}/checkpoints",
-        json={"note": "before retrain"},
-        headers=admin_headers,
-    )
+def test_checkpoint_request_and_completion(users: Users) -> None:
+    checkpoints = f"/api/v1/tables/{users.table}/checkpoints"
+    r = users.client.post(checkpoints, json={"note": "before retrain"}, headers=users.admin)
     assert r.status_code == 202
     checkpoint = r.json()
-    assert checkpoint["state"] == "Requested" and checkpoint["table"] == table
-    client.post(f"/api/v1/tables/{table}/checkpoints", headers=admin_headers)
-    listed = client.get(f"/api/v1/tables/{table}/checkpoints", headers=admin_headers).json()
+    assert checkpoint["state"] == "Requested" and checkpoint["table"] == users.table
+    users.client.post(checkpoints, headers=users.admin)
+    listed = users.read(checkpoints)
     assert listed["total"] == 2 and listed["items"][1]["id"] == checkpoint["id"]
 
     last = {"id": checkpoint["id"], "path": "/data/ckpt/3", "time": "2026-01-01T00:00:00Z"}
-    client.put(
-        f"/api/v1/tables/{table}/status",
-        json={"phase": "Ready", "lastCheckpoint": last},
-        headers=provisioner_headers,
-    )
-    done = client.get(
-        f"/api/v1/tables/{table}/checkpoints?state=Completed", headers=admin_headers
-    ).json()
+    users.put_status({"phase": "Ready", "lastCheckpoint": last})
+    done = users.read(f"{checkpoints}?state=Completed")
     assert [c["id"] for c in done["items"]] == [checkpoint["id"]]
     assert done["items"][0]["completed_at"] is not None
-    got = client.get(f"/api/v1/tables/{table}", headers=admin_headers).json()
-    assert got["status"]["lastCheckpoint"] == last
+    assert users.row()["status"]["lastCheckpoint"] == last
 
 
-def test_events_filter_and_paginate(
-    client: TestClient, admin_headers: dict[str, str], table: str, tokens: dict[str, str]
-) -> None:
+def test_events_filter_and_paginate(users: Users, tokens: dict[str, str]) -> None:
     editor = {"Authorization": f"Bearer {tokens['editor']}"}
-    client.post(f"/api/v1/tables/{table}/checkpoints", headers=editor)
-    client.patch(f"/api/v1/tables/{table}", json={"shards": 3}, headers=editor)
-    mine = client.get("/api/v1/events?actor=editor-user (token 2)", headers=admin_headers).json()
+    users.client.post(f"/api/v1/tables/{users.table}/checkpoints", headers=editor)
+    users.client.patch(f"/api/v1/tables/{users.table}", json={"shards": 3}, headers=editor)
+    mine = users.read("/api/v1/events?actor=editor-user (token 2)")
     assert [e["action"] for e in mine["items"]] == ["table.update", "checkpoint.request"]
-    by_table = client.get(
-        f"/api/v1/events?table={table}&limit=1&offset=1", headers=admin_headers
-    ).json()
+    by_table = users.read(f"/api/v1/events?table={users.table}&limit=1&offset=1")
     assert by_table["total"] == 3 and len(by_table["items"]) == 1
     assert by_table["items"][0]["action"] == "checkpoint.request"
 
 
-def test_deleting_a_table_removes_its_nodes_and_checkpoints(
-    client: TestClient,
-    admin_headers: dict[str, str],
-    provisioner_headers: dict[str, str],
-    table: str,
-) -> None:
-    register(client, provisioner_headers, 0, 5001)
-    client.post(f"/api/v1/tables/{table}/checkpoints", headers=admin_headers)
-    assert client.delete(f"/api/v1/tables/{table}", headers=admin_headers).status_code == 204
-    assert client.get("/api/v1/nodes", headers=admin_headers).json()["total"] == 0
-    node_delete = client.delete("/api/v1/nodes/1", headers=admin_headers)
+def test_deleting_a_table_removes_its_nodes_and_checkpoints(users: Users) -> None:
+    client, table, admin = users.client, users.table, users.admin
+    users.register(0, 5001)
+    client.post(f"/api/v1/tables/{table}/checkpoints", headers=admin)
+    assert client.delete(f"/api/v1/tables/{table}", headers=admin).status_code == 204
+    assert users.read("/api/v1/nodes")["total"] == 0
+    node_delete = client.delete("/api/v1/nodes/1", headers=admin)
     assert node_delete.status_code == 404
 
 
-def test_every_change_names_its_resource_in_the_audit_log(
-    client: TestClient,
-    admin_headers: dict[str, str],
-    provisioner_headers: dict[str, str],
-    table: str,
-) -> None:
-    node = register(client, provisioner_headers, 0, 5001)
+def test_every_change_names_its_resource_in_the_audit_log(users: Users) -> None:
+    client, table, admin = users.client, users.table, users.admin
+    node = users.register(0, 5001)
     beat = f"/api/v1/nodes/{node['id']}/heartbeat"
-    client.post(beat, json={"ready": True}, headers=provisioner_headers)
-    client.post(beat, json={"ready": False}, headers=provisioner_headers)
-    checkpoint = client.post(f"/api/v1/tables/{table}/checkpoints", headers=admin_headers).json()
-    client.put(
-        f"/api/v1/tables/{table}/status", json={"phase": "Ready"}, headers=provisioner_headers
-    )
-    client.patch(f"/api/v1/tables/{table}", json={"optimizer": {"lr": 0.5}}, headers=admin_headers)
-    token = client.post("/api/v1/tokens", json={"name": "ci"}, headers=admin_headers).json()
-    client.delete(f"/api/v1/tokens/{token['id']}", headers=admin_headers)
-    client.delete(f"/api/v1/nodes/{node['id']}", headers=admin_headers)
-    client.delete(f"/api/v1/tables/{table}", headers=admin_headers)
-    events = client.get("/api/v1/events?limit=500", headers=admin_headers).json()["items"]
+    client.post(beat, json={"ready": True}, headers=users.provisioner)
+    client.post(beat, json={"ready": False}, headers=users.provisioner)
+    checkpoint = client.post(f"/api/v1/tables/{table}/checkpoints", headers=admin).json()
+    users.put_status({"phase": "Ready"})
+    client.patch(f"/api/v1/tables/{table}", json={"optimizer": {"lr": 0.5}}, headers=admin)
+    token = client.post("/api/v1/tokens", json={"name": "ci"}, headers=admin).json()
+    client.delete(f"/api/v1/tokens/{token['id']}", headers=admin)
+    client.delete(f"/api/v1/nodes/{node['id']}", headers=admin)
+    client.delete(f"/api/v1/tables/{table}", headers=admin)
+    events = users.read("/api/v1/events?limit=500")["items"]
     named = [
         (e["action"], e["resource_type"], e["resource_name"], e["table_name"])
         for e in reversed(events)

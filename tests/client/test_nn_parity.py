@@ -11,6 +11,7 @@ final rows must agree. Small tables and few steps keep the matrix fast.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -59,6 +60,28 @@ def _batch(step: int, layout: str, last: bool, weighted: bool, dtype: torch.dtyp
     return batch
 
 
+def _train_side_by_side(
+    reference: torch.nn.Module,
+    module: torch.nn.Module,
+    make_optimizer: Callable[[Iterator[torch.nn.Parameter]], torch.optim.Optimizer],
+    inputs: Callable[[int], dict],
+) -> None:
+    """STEPS steps of the torch module (torch.optim) and its RecStore twin (server-side
+    optimizer) towards the same target on ``inputs(step)``: the outputs agree at every
+    step and the rows at the end."""
+    torch_optimizer = make_optimizer(reference.parameters())
+    for step in range(STEPS):
+        batch = inputs(step)
+        expected, out = reference(**batch), module(**batch)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=0, msg=f"step {step}")
+        target = torch.linspace(-1, 1, out.numel()).view_as(out)
+        torch_optimizer.zero_grad()
+        ((expected - target) ** 2).sum().backward()
+        torch_optimizer.step()
+        ((out - target) ** 2).sum().backward()
+    torch.testing.assert_close(module.weight, reference.weight.detach(), atol=1e-5, rtol=0)
+
+
 def _with_optimizers(*axes: list) -> list[tuple]:
     """The full product of ``axes``, each combination with one optimizer: by the parity of
     its value indices, so each optimizer meets every pair of values of any two axes (the
@@ -101,17 +124,9 @@ def test_bags_match_torch(any_client, case) -> None:
         NUM, DIM, _weight=weights.clone(), name=unique_name("parity"), client=any_client,
         optimizer=server_optimizer, **options,
     )  # fmt: skip
-    torch_optimizer = make_optimizer(reference.parameters())
-    for step in range(STEPS):
-        batch = _batch(step, layout, last, weighted, dtype)
-        expected, out = reference(**batch), module(**batch)
-        torch.testing.assert_close(out, expected, atol=1e-5, rtol=0, msg=f"step {step}")
-        target = torch.linspace(-1, 1, out.numel()).view_as(out)
-        torch_optimizer.zero_grad()
-        ((expected - target) ** 2).sum().backward()
-        torch_optimizer.step()
-        ((out - target) ** 2).sum().backward()
-    torch.testing.assert_close(module.weight, reference.weight.detach(), atol=1e-5, rtol=0)
+    _train_side_by_side(
+        reference, module, make_optimizer, lambda step: _batch(step, layout, last, weighted, dtype)
+    )
 
 
 EMBEDDING_CASES = _with_optimizers(
@@ -133,15 +148,9 @@ def test_embeddings_match_torch(
         NUM, DIM, _weight=weights.clone(), name=unique_name("parity"), client=any_client,
         optimizer=server_optimizer, **options,
     )  # fmt: skip
-    torch_optimizer = make_optimizer(reference.parameters())
-    for step in range(STEPS):
+
+    def inputs(step: int) -> dict:
         ids = _batch(step, "2d", False, False, dtype)["input"]
-        ids = ids.view(-1) if shape == "1d" else ids
-        expected, out = reference(ids), module(ids)
-        torch.testing.assert_close(out, expected, atol=1e-5, rtol=0, msg=f"step {step}")
-        target = torch.linspace(-1, 1, out.numel()).view_as(out)
-        torch_optimizer.zero_grad()
-        ((expected - target) ** 2).sum().backward()
-        torch_optimizer.step()
-        ((out - target) ** 2).sum().backward()
-    torch.testing.assert_close(module.weight, reference.weight.detach(), atol=1e-5, rtol=0)
+        return {"input": ids.view(-1) if shape == "1d" else ids}
+
+    _train_side_by_side(reference, module, make_optimizer, inputs)

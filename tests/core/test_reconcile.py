@@ -56,25 +56,15 @@ def test_declaration_defaults_and_name():
     assert gpu.placement.gpus == 2
 
 
+#: the end of a CPU node's arguments with the default checkpoint policy
+CPU_DEFAULT_TAIL = ["--device", "cpu", "--durability", "checkpoint", "--checkpoint-interval", "0",
+                    "--keep-checkpoints", "3", "--host", "0.0.0.0"]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("fields", "options", "expected_tail"),
     [
-        (
-            {},
-            {},
-            [
-                "--device",
-                "cpu",
-                "--durability",
-                "checkpoint",
-                "--checkpoint-interval",
-                "0",
-                "--keep-checkpoints",
-                "3",
-                "--host",
-                "0.0.0.0",
-            ],
-        ),
+        ({}, {}, CPU_DEFAULT_TAIL),
         (
             {
                 "storage": "gpu",
@@ -97,22 +87,8 @@ def test_declaration_defaults_and_name():
                 "/t/token",
             ],
         ),
-        (  # GPUs in the placement do not move a host-memory table onto them
-            {"placement": {"gpus": 1}},
-            {},
-            [
-                "--device",
-                "cpu",
-                "--durability",
-                "checkpoint",
-                "--checkpoint-interval",
-                "0",
-                "--keep-checkpoints",
-                "3",
-                "--host",
-                "0.0.0.0",
-            ],
-        ),
+        # GPUs in the placement do not move a host-memory table onto them
+        ({"placement": {"gpus": 1}}, {}, CPU_DEFAULT_TAIL),
     ],
 )
 def test_ps_node_args(fields, options, expected_tail):

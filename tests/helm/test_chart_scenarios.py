@@ -33,135 +33,106 @@ OWN_SCHEMA_KINDS = {"ServiceMonitor", "Certificate", "EmbeddingTable"}
 
 _DURATION = {"type": "string", "pattern": "^([0-9]+(ms|s|m|h))+$"}
 _STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
-_SECRET_KEY = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["name", "key"],
-    "properties": {"name": {"type": "string"}, "key": {"type": "string"}},
-}
-_METADATA = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["name", "namespace"],
-    "properties": {
-        "name": {"type": "string"},
-        "namespace": {"type": "string"},
-        "labels": _STRING_MAP,
-    },
-}
+
+
+def _closed(properties: dict[str, Any], *required: str) -> dict[str, Any]:
+    """An object schema that refuses any field it does not name (a typo fails validation)."""
+    schema: dict[str, Any] = {"type": "object", "additionalProperties": False}
+    if required:
+        schema["required"] = list(required)
+    schema["properties"] = properties
+    return schema
+
+
+def _resource(api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A closed schema of one object of ``kind``: apiVersion, kind, metadata and ``spec``."""
+    metadata = _closed(
+        {"name": {"type": "string"}, "namespace": {"type": "string"}, "labels": _STRING_MAP},
+        "name",
+        "namespace",
+    )
+    return _closed(
+        {
+            "apiVersion": {"const": api_version},
+            "kind": {"const": kind},
+            "metadata": metadata,
+            "spec": spec,
+        },
+        "apiVersion",
+        "kind",
+        "metadata",
+        "spec",
+    )
+
+
+_SECRET_KEY = _closed({"name": {"type": "string"}, "key": {"type": "string"}}, "name", "key")
 #: The part of cert-manager.io/v1 Certificate the chart uses, closed to typos.
-CERTIFICATE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "cert-manager.io/v1"},
-        "kind": {"const": "Certificate"},
-        "metadata": _METADATA,
-        "spec": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["secretName", "issuerRef", "dnsNames"],
-            "properties": {
-                "secretName": {"type": "string", "minLength": 1},
-                "duration": _DURATION,
-                "renewBefore": _DURATION,
-                "privateKey": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "properties": {
-                        "algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]},
-                        "size": {"type": "integer"},
-                        "rotationPolicy": {"enum": ["Never", "Always"]},
-                    },
-                },
-                "usages": {
-                    "type": "array",
-                    "items": {"enum": ["server auth", "client auth", "digital signature"]},
-                },
-                "dnsNames": {"type": "array", "minItems": 1, "items": {"type": "string"}},
-                "issuerRef": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "required": ["name"],
-                    "properties": {
-                        "name": {"type": "string", "minLength": 1},
-                        "kind": {"enum": ["Issuer", "ClusterIssuer"]},
-                        "group": {"type": "string"},
-                    },
-                },
+CERTIFICATE_SCHEMA = _resource(
+    "cert-manager.io/v1",
+    "Certificate",
+    _closed(
+        {
+            "secretName": {"type": "string", "minLength": 1},
+            "duration": _DURATION,
+            "renewBefore": _DURATION,
+            "privateKey": _closed(
+                {
+                    "algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]},
+                    "size": {"type": "integer"},
+                    "rotationPolicy": {"enum": ["Never", "Always"]},
+                }
+            ),
+            "usages": {
+                "type": "array",
+                "items": {"enum": ["server auth", "client auth", "digital signature"]},
             },
+            "dnsNames": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+            "issuerRef": _closed(
+                {
+                    "name": {"type": "string", "minLength": 1},
+                    "kind": {"enum": ["Issuer", "ClusterIssuer"]},
+                    "group": {"type": "string"},
+                },
+                "name",
+            ),
         },
+        "secretName",
+        "issuerRef",
+        "dnsNames",
+    ),
+)
+_SCRAPE_ENDPOINT = _closed(
+    {
+        "port": {"type": "string"},
+        "path": {"type": "string", "pattern": "^/"},
+        "interval": _DURATION,
+        "scrapeTimeout": _DURATION,
+        "scheme": {"enum": ["http", "https"]},
+        "tlsConfig": _closed(
+            {"ca": _closed({"secret": _SECRET_KEY}), "serverName": {"type": "string"}}
+        ),
     },
-}
+    "port",
+)
 #: The part of monitoring.coreos.com/v1 ServiceMonitor the chart uses, closed to typos.
-SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1"},
-        "kind": {"const": "ServiceMonitor"},
-        "metadata": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["name", "namespace"],
-            "properties": {
-                "name": {"type": "string"},
-                "namespace": {"type": "string"},
-                "labels": _STRING_MAP,
-            },
+SERVICE_MONITOR_SCHEMA = _resource(
+    "monitoring.coreos.com/v1",
+    "ServiceMonitor",
+    _closed(
+        {
+            "selector": _closed({"matchLabels": _STRING_MAP}),
+            "namespaceSelector": _closed(
+                {
+                    "matchNames": {"type": "array", "items": {"type": "string"}},
+                    "any": {"type": "boolean"},
+                }
+            ),
+            "endpoints": {"type": "array", "minItems": 1, "items": _SCRAPE_ENDPOINT},
         },
-        "spec": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["selector", "endpoints"],
-            "properties": {
-                "selector": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "properties": {"matchLabels": _STRING_MAP},
-                },
-                "namespaceSelector": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "properties": {
-                        "matchNames": {"type": "array", "items": {"type": "string"}},
-                        "any": {"type": "boolean"},
-                    },
-                },
-                "endpoints": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": {
-                        "type": "object",
-                        "additionalProperties": False,
-                        "required": ["port"],
-                        "properties": {
-                            "port": {"type": "string"},
-                            "path": {"type": "string", "pattern": "^/"},
-                            "interval": _DURATION,
-                            "scrapeTimeout": _DURATION,
-                            "scheme": {"enum": ["http", "https"]},
-                            "tlsConfig": {
-                                "type": "object",
-                                "additionalProperties": False,
-                                "properties": {
-                                    "ca": {
-                                        "type": "object",
-                                        "additionalProperties": False,
-                                        "properties": {"secret": _SECRET_KEY},
-                                    },
-                                    "serverName": {"type": "string"},
-                                },
-                            },
-                        },
-                    },
-                },
-            },
-        },
-    },
-}
+        "selector",
+        "endpoints",
+    ),
+)
 
 
 def _validate_strict(obj: dict[str, Any], kube_version: str) -> None:

@@ -14,38 +14,14 @@ import httpx
 import kmock
 import pytest
 
+from .cluster_objects import PODS, STS, condition, get, status_of, table
 from .conftest import ET, NS, ApiServer, FakePS, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
-STS = f"/apis/apps/v1/namespaces/{NS}/statefulsets"
 SVC = f"/api/v1/namespaces/{NS}/services"
 PDB = f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets"
-PODS = f"/api/v1/namespaces/{NS}/pods"
 MERGE = {"Content-Type": "application/merge-patch+json"}
-
-
-def table(name: str = "clicks", **spec: Any) -> dict[str, Any]:
-    body = {"numEmbeddings": 1000, "embeddingDim": 16, "shards": 2, **spec}
-    return {
-        "apiVersion": "recstore.io/v1alpha1",
-        "kind": "EmbeddingTable",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": body,
-    }
-
-
-async def get(api: httpx.AsyncClient, url: str) -> dict[str, Any] | None:
-    response = await api.get(url)
-    return response.json() if response.status_code == 200 else None
-
-
-async def status_of(api: httpx.AsyncClient, name: str = "clicks") -> dict[str, Any]:
-    return ((await get(api, f"{ET}/{name}")) or {}).get("status") or {}
-
-
-def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
-    return next(c for c in status.get("conditions", []) if c["type"] == kind)
 
 
 async def run_shards(api: httpx.AsyncClient, name: str, shards: int) -> None:

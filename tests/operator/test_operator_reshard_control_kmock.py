@@ -22,10 +22,10 @@ from recstore.core.migration_run import MigrationFailed, MigrationRun
 from recstore.core.spec import TableSpec
 from recstore.operator.config import OperatorConfig
 
+from .cluster_objects import STS
 from .conftest import ET, NS, ApiServer, wait_for
 from .test_operator_reshard_kmock import (  # noqa: F401 (fleet and port are fixtures)
     SPEC,
-    STS,
     Operator,
     Pods,
     _body,

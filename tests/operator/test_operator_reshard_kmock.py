@@ -13,6 +13,7 @@ status; an operator stopped mid-move and started again finishes the move.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 from collections.abc import AsyncIterator
@@ -33,12 +34,11 @@ from recstore.operator.config import OperatorConfig
 from recstore.operator.handlers import register
 from recstore.ps.server import ServerHandle, start_in_thread
 
+from .cluster_objects import PODS, STS
 from .conftest import ET, NS, PS_TOKEN, ApiServer, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-STS = f"/apis/apps/v1/namespaces/{NS}/statefulsets"
-PODS = f"/api/v1/namespaces/{NS}/pods"
 ROWS, DIM = 2000, 4
 SPEC = {
     "name": "live", "numEmbeddings": ROWS, "embeddingDim": DIM, "shards": 2,
@@ -281,15 +281,27 @@ async def _play_statefulset(api: httpx.AsyncClient, pods: Pods, seen: list[str])
         await asyncio.sleep(0.05)
 
 
-async def test_grow_then_shrink_online_with_a_trainer_running(
-    fleet: tuple[Operator, Pods], api: httpx.AsyncClient, admin_server: kmock.RawHandler
-) -> None:
-    _operator, pods = fleet
+@contextlib.asynccontextmanager
+async def _trainer_on_the_live_table(
+    api: httpx.AsyncClient, pods: Pods, admin_server: kmock.RawHandler
+) -> AsyncIterator[tuple[Trainer, list[str]]]:
+    """The table Ready on 2 shards, a trainer writing to it and the StatefulSet controller
+    played all along: yields the trainer and the controller's log of pods started and stopped."""
     await _start_table(api, pods)
     trainer = await asyncio.to_thread(Trainer, str(admin_server.url))
     seen: list[str] = []
     controller = asyncio.create_task(_play_statefulset(api, pods, seen))
     try:
+        yield trainer, seen
+    finally:
+        controller.cancel()
+
+
+async def test_grow_then_shrink_online_with_a_trainer_running(
+    fleet: tuple[Operator, Pods], api: httpx.AsyncClient, admin_server: kmock.RawHandler
+) -> None:
+    _operator, pods = fleet
+    async with _trainer_on_the_live_table(api, pods, admin_server) as (trainer, seen):
         phases: set[str] = set()
 
         async def grown() -> Any:
@@ -312,8 +324,6 @@ async def test_grow_then_shrink_online_with_a_trainer_running(
         # shrunk last: shard 2 was removed once the stored map no longer named it
         assert seen == ["up 2 at 2", "down 2 at 2"]
         await trainer.finish()
-    finally:
-        controller.cancel()
     condition = next(
         c for c in (await _body(api))["status"]["conditions"] if c["type"] == "Resharding"
     )
@@ -324,11 +334,7 @@ async def test_an_operator_restarted_mid_move_finishes_it_from_the_status(
     fleet: tuple[Operator, Pods], api: httpx.AsyncClient, admin_server: kmock.RawHandler
 ) -> None:
     operator, pods = fleet
-    await _start_table(api, pods)
-    trainer = await asyncio.to_thread(Trainer, str(admin_server.url))
-    seen: list[str] = []
-    controller = asyncio.create_task(_play_statefulset(api, pods, seen))
-    try:
+    async with _trainer_on_the_live_table(api, pods, admin_server) as (trainer, seen):
         await _reshard(api, 3)
 
         async def part_moved() -> Any:
@@ -345,6 +351,4 @@ async def test_an_operator_restarted_mid_move_finishes_it_from_the_status(
             status["migrationJob"]["batches"]
         )
         await trainer.finish()
-    finally:
-        controller.cancel()
     assert seen == ["up 2 at 2"]

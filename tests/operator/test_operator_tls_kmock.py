@@ -22,12 +22,11 @@ from recstore.core.tls import ClientTls, ServerTls
 from recstore.operator.config import OperatorConfig
 from recstore.v1 import ps_pb2_grpc
 
+from .cluster_objects import PODS, STS, condition, get, status_of, table
 from .conftest import ET, NS, ApiServer, FakePS, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
-STS = f"/apis/apps/v1/namespaces/{NS}/statefulsets"
-PODS = f"/api/v1/namespaces/{NS}/pods"
 DEFAULT_IMAGE = "registry.example/recstore-ps:1.0"
 
 
@@ -74,31 +73,8 @@ def operator_config(
     )
 
 
-def _table(name: str = "clicks", **spec: Any) -> dict[str, Any]:
-    body = {"numEmbeddings": 1000, "embeddingDim": 16, "shards": 2, **spec}
-    return {
-        "apiVersion": "recstore.io/v1alpha1",
-        "kind": "EmbeddingTable",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": body,
-    }
-
-
-async def _get(api: httpx.AsyncClient, url: str) -> dict[str, Any] | None:
-    response = await api.get(url)
-    return response.json() if response.status_code == 200 else None
-
-
-async def _status(api: httpx.AsyncClient, name: str = "clicks") -> dict[str, Any]:
-    return ((await _get(api, f"{ET}/{name}")) or {}).get("status") or {}
-
-
-def _condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
-    return next(c for c in status.get("conditions", []) if c["type"] == kind)
-
-
 async def _pod(api: httpx.AsyncClient, name: str, index: int, status: dict[str, Any]) -> None:
-    sts = await _get(api, f"{STS}/{name}-ps")
+    sts = await get(api, f"{STS}/{name}-ps")
     assert sts is not None
     labels = {**sts["spec"]["selector"]["matchLabels"], "apps.kubernetes.io/pod-index": str(index)}
     pod = {
@@ -120,8 +96,8 @@ READY = {
 async def test_tables_are_created_over_mutual_tls_on_pods_serving_the_secret(
     operator: Any, api: httpx.AsyncClient, fake_ps: FakePS
 ) -> None:
-    (await api.post(ET, json=_table())).raise_for_status()
-    sts = await wait_for(lambda: _get(api, f"{STS}/clicks-ps"), what="StatefulSet")
+    (await api.post(ET, json=table())).raise_for_status()
+    sts = await wait_for(lambda: get(api, f"{STS}/clicks-ps"), what="StatefulSet")
     pod = sts["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False
     assert {"name": "tls", "secret": {"secretName": "recstore-tls", "items": [
@@ -137,14 +113,14 @@ async def test_a_disallowed_image_fails_the_table_and_starts_nothing(
     operator: Any, api: httpx.AsyncClient, api_server: ApiServer
 ) -> None:
     image = "evil.example/miner:latest"
-    (await api.post(ET, json=_table(placement={"image": image}))).raise_for_status()
+    (await api.post(ET, json=table(placement={"image": image}))).raise_for_status()
 
     async def failed() -> Any:
-        status = await _status(api)
+        status = await status_of(api)
         return status if status.get("phase") == "Failed" else None
 
     status = await wait_for(failed, what="phase Failed")
-    spec_valid = _condition(status, "SpecValid")
+    spec_valid = condition(status, "SpecValid")
     assert spec_valid["status"] == "False"
     assert f"spec.placement.image {image!r} is not allowed" in spec_valid["message"]
     assert (await api.get(STS)).json()["items"] == []
@@ -153,15 +129,15 @@ async def test_a_disallowed_image_fails_the_table_and_starts_nothing(
 
 async def test_an_allowed_image_runs(operator: Any, api: httpx.AsyncClient) -> None:
     image = "registry.example/approved/recstore-ps:2.0"
-    (await api.post(ET, json=_table(placement={"image": image}))).raise_for_status()
-    sts = await wait_for(lambda: _get(api, f"{STS}/clicks-ps"), what="StatefulSet")
+    (await api.post(ET, json=table(placement={"image": image}))).raise_for_status()
+    sts = await wait_for(lambda: get(api, f"{STS}/clicks-ps"), what="StatefulSet")
     assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == image
 
 
 async def test_the_admin_api_sees_the_operators_own_token_even_rotated(
     operator: Any, api: httpx.AsyncClient, admin_server: kmock.RawHandler, token_file: Path
 ) -> None:
-    (await api.post(ET, json=_table())).raise_for_status()
+    (await api.post(ET, json=table())).raise_for_status()
 
     def put_with(token: str) -> bool:
         return any(
@@ -171,7 +147,7 @@ async def test_the_admin_api_sees_the_operators_own_token_even_rotated(
 
     await wait_for(lambda: put_with("operator-own-token"), what="a status PUT with the token")
     token_file.write_text("rotated-token")  # e.g. the Secret updated in place
-    await wait_for(lambda: _get(api, f"{STS}/clicks-ps"), what="StatefulSet")
+    await wait_for(lambda: get(api, f"{STS}/clicks-ps"), what="StatefulSet")
     await _pod(api, "clicks", 0, READY)  # a status change: the next PUT
     await wait_for(lambda: put_with("rotated-token"), what="a status PUT with the new token")
 
@@ -179,8 +155,8 @@ async def test_the_admin_api_sees_the_operators_own_token_even_rotated(
 async def test_an_unschedulable_shard_fails_the_table_with_the_schedulers_message(
     operator: Any, api: httpx.AsyncClient
 ) -> None:
-    (await api.post(ET, json=_table())).raise_for_status()
-    await wait_for(lambda: _get(api, f"{STS}/clicks-ps"), what="StatefulSet")
+    (await api.post(ET, json=table())).raise_for_status()
+    await wait_for(lambda: get(api, f"{STS}/clicks-ps"), what="StatefulSet")
     message = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
     unschedulable = {
         "phase": "Pending",
@@ -193,10 +169,10 @@ async def test_an_unschedulable_shard_fails_the_table_with_the_schedulers_messag
     await _pod(api, "clicks", 1, unschedulable)
 
     async def failed() -> Any:
-        status = await _status(api)
+        status = await status_of(api)
         return status if status.get("phase") == "Failed" else None
 
     status = await wait_for(failed, what="phase Failed with the scheduler's message")
-    ready = _condition(status, "Ready")
+    ready = condition(status, "Ready")
     assert ready["reason"] == "NodeRefused"
     assert ready["message"] == f"shard 1 cannot be scheduled: {message}"

@@ -72,6 +72,18 @@ class Writes:
         self.update(np.arange(0, 10 * step + 10, 3))
 
 
+def written(client: Client, *checkpoint_ids: str) -> Writes:
+    """The table created, then r0, a save as the first id, r1, a save as the next, ... and
+    one r more after the last save; the writes (and their oracle) returned."""
+    client.create(table_spec())
+    writes = Writes(client)
+    for step, checkpoint_id in enumerate(checkpoint_ids):
+        writes.r(step)
+        client.save(checkpoint_id)
+    writes.r(len(checkpoint_ids))
+    return writes
+
+
 KEYS = np.arange(30)
 
 
@@ -95,13 +107,7 @@ def test_wal_node_passes_over_a_damaged_checkpoint_and_keeps_every_write(
 ) -> None:
     node = spawn(tmp_path, *WAL)
     client = Client(node.address)
-    client.create(table_spec())
-    writes = Writes(client)
-    writes.r(0)
-    client.save("A")
-    writes.r(1)
-    client.save("B")
-    writes.r(2)
+    writes = written(client, "A", "B")
     node.kill()
     damage(tmp_path, "B")
     restarted = spawn(tmp_path, *WAL)
@@ -121,13 +127,7 @@ def test_wal_node_with_every_checkpoint_damaged_refuses_the_table(
 ) -> None:
     node = spawn(tmp_path, *WAL)
     client = Client(node.address)
-    client.create(table_spec())
-    writes = Writes(client)
-    writes.r(0)
-    client.save("A")
-    writes.r(1)
-    client.save("B")
-    writes.r(2)
+    written(client, "A", "B")
     node.kill()
     damage(tmp_path, "A", part)
     damage(tmp_path, "B", part)
@@ -264,13 +264,7 @@ def test_load_of_a_damaged_checkpoint_is_refused_and_changes_nothing(
     tmp_path: Path, start: Any, part: str
 ) -> None:
     handle, client = start("wal")
-    client.create(table_spec())
-    writes = Writes(client)
-    writes.r(0)
-    client.save("A")
-    writes.r(1)
-    client.save("B")
-    writes.r(2)
+    writes = written(client, "A", "B")
     damage(tmp_path, "A", part)
     with pytest.raises(grpc.RpcError) as refused:
         client.call("Load", ps_pb2.LoadRequest(checkpoint_id="A"))
@@ -286,11 +280,7 @@ def test_a_checkpoint_that_does_not_verify_after_writing_keeps_the_log(
     tmp_path: Path, start: Any, monkeypatch: Any
 ) -> None:
     _, client = start("wal")
-    client.create(table_spec())
-    writes = Writes(client)
-    writes.r(0)
-    client.save("A")
-    writes.r(1)
+    writes = written(client, "A")
     commit = checkpoint.CheckpointWriter.commit
 
     def torn_commit(self: checkpoint.CheckpointWriter) -> checkpoint.CheckpointInfo:
@@ -317,9 +307,7 @@ def test_a_final_checkpoint_that_does_not_verify_still_releases_the_data_dir(
     from recstore.ps.serving import FinalCheckpointFailed
 
     handle, client = start("wal")
-    client.create(table_spec())
-    writes = Writes(client)
-    writes.r(0)
+    writes = written(client)
     commit = checkpoint.CheckpointWriter.commit
 
     def torn_commit(self: checkpoint.CheckpointWriter) -> checkpoint.CheckpointInfo:
@@ -359,11 +347,7 @@ def test_after_a_load_no_checkpoint_before_it_is_a_base_for_the_log(
     tmp_path: Path, start: Any
 ) -> None:
     _, client = start("wal")
-    client.create(table_spec())
-    writes = Writes(client)
-    writes.r(0)
-    client.save("A")
-    writes.r(1)
+    written(client, "A")
     client.save("B")
     client.call("Load", ps_pb2.LoadRequest(checkpoint_id="A"))
     loaded = Writes(None)  # the same r0 as the node's: its oracle is at A
@@ -388,11 +372,7 @@ def test_a_load_of_a_valid_checkpoint_ends_a_refusal(tmp_path: Path, start: Any)
     from recstore.ps import wal_segments
 
     _, client = start("wal")
-    client.create(table_spec())
-    writes = Writes(client)
-    writes.r(0)
-    client.save("A")
-    writes.r(1)
+    writes = written(client, "A")
     at_b = client.save("B")
     expected = writes.oracle.find(KEYS)[0]
     writes.r(2)

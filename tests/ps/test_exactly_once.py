@@ -41,13 +41,6 @@ def deltas(count: int, start: int = 1) -> np.ndarray:
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[ServerHandle]:
-    handle = start_in_thread(data_dir=tmp_path / "node")
-    yield handle
-    handle.stop(final_checkpoint=False)
-
-
-@pytest.fixture
 def proxy(node: ServerHandle) -> Iterator[DropProxy]:
     p = DropProxy(node.address)
     yield p

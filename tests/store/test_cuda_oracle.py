@@ -18,21 +18,12 @@ import numpy as np
 import pytest
 import torch
 
-from recstore import _native
 from recstore.core import CapacityExhausted, DType, InvalidArgument, NonFiniteValues, TableSpec
 from recstore.store import Table
 
+from .cuda_device import CUDA_ONLY, to_raw
 
-def _cuda_ready() -> bool:
-    return bool(
-        torch.cuda.is_available() and _native.built_with_cuda() and _native.cuda_available()
-    )
-
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not _cuda_ready(), reason="needs a CUDA device"),
-]
+pytestmark = CUDA_ONLY
 
 DTYPES = ["float32", "float16", "bfloat16"]
 OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam"]
@@ -40,16 +31,6 @@ TORCH_RAW = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 
 
 # ---------------------------------------------------------------- conversions
-def to_raw(x: Any) -> np.ndarray:
-    """A table buffer (numpy or torch, any device) as numpy raw storage."""
-    if isinstance(x, np.ndarray):
-        return x
-    t = x.detach().cpu()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(np.uint16)
-    return t.numpy()
-
-
 def as_fp32(raw: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bfloat16":
         return (raw.astype(np.uint32) << 16).view(np.float32)

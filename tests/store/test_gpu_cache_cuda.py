@@ -22,34 +22,16 @@ from recstore.store import Table
 from recstore.store.buffers import NUMPY_DTYPES
 from recstore.store.options import native_cache_options, native_options
 
+from .cuda_device import CUDA_ONLY, to_raw
 from .test_gpu_cache import OPTIMIZERS, assert_same_tables, keys_of, rows, spec_of
 
-
-def _cuda_ready() -> bool:
-    return bool(
-        torch.cuda.is_available() and _native.built_with_cuda() and _native.cuda_available()
-    )
-
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not _cuda_ready(), reason="needs a CUDA device"),
-]
+pytestmark = CUDA_ONLY
 
 
 def twins(spec: TableSpec) -> tuple[Any, Any]:
     options = native_options(spec, 0, 1, _native)
     cache = native_cache_options(spec, 0, 1, _native)
     return _native.CacheTable(options, cache), _native.CudaCacheTable(options, cache, 0)
-
-
-def raw(x: Any) -> np.ndarray:
-    if isinstance(x, np.ndarray):
-        return x
-    t = x.detach().cpu()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(np.uint16)
-    return t.numpy()
 
 
 def on_gpu(a: np.ndarray) -> torch.Tensor:
@@ -92,7 +74,7 @@ def test_the_cuda_tier_matches_its_cpu_twin(optimizer: str, dtype: str) -> None:
                 (len(ids), spec.embedding_dim), device="cuda", dtype=getattr(torch, dtype)
             )
             gpu.pull(torch.from_numpy(ids).cuda(), out)
-            got = raw(out)
+            got = to_raw(out)
         assert np.array_equal(got, want), f"step {step}"
         grads = rng.standard_normal((len(ids), spec.embedding_dim)).astype(np.float32)
         cpu.update(ids, grads, 0.05)
