@@ -20,10 +20,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 import recstore.client.ops as _ops  # registers torch.ops.recstore.*
 from recstore.client.lookup import read_rows
+from recstore.client.nve.bag_pooling import pool_bags
 from recstore.client.nve.batched import TablesLookup, send_updates, update_chunks
 from recstore.client.nve.cache_report import CacheReporter
 from recstore.client.nve.cached import CachedTable, CacheReport, log
@@ -32,7 +32,7 @@ from recstore.client.nve.device_cache import DeviceRowCache, tier_sets
 from recstore.client.nve.device_cache_tiers import DeviceCachedTable
 from recstore.client.nve.metrics import track
 from recstore.client.nve.storage import RemoteTable, host_rows
-from recstore.client.tensors import check_module_id_dtype, unique_keys
+from recstore.client.tensors import check_module_id_dtype, id_bounds, unique_keys
 
 _layer_ids = itertools.count()
 assert _ops.NAMESPACE == "recstore"
@@ -159,7 +159,8 @@ class _NVELayer(torch.nn.Module):
             )
         check_module_id_dtype(keys)
         flat = keys.reshape(-1).to("cpu", torch.int64)
-        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.num_embeddings):
+        smallest, largest = id_bounds(flat) if flat.numel() else (0, 0)
+        if smallest < 0 or largest >= self.num_embeddings:
             raise IndexError(f"keys must lie in [0, {self.num_embeddings})")
         return flat
 
@@ -302,10 +303,4 @@ class NVEmbeddingBag(_NVELayer):
     ) -> torch.Tensor:
         """Bags of ``rows[indices]`` pooled (``rows``: the lookup's distinct keys' rows);
         torch's backward sums each row's gradient. The lookup counted, logged when due."""
-        rows = self._end_lookup(rows)
-        if offsets is not None:
-            offsets = offsets.to(rows.device)
-        return F.embedding_bag(
-            indices.to(rows.device), rows, offsets, mode=self.mode,
-            per_sample_weights=per_sample_weights,
-        )  # fmt: skip
+        return pool_bags(self._end_lookup(rows), indices, offsets, self.mode, per_sample_weights)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from recstore.core import InvalidArgument, wire
 from recstore.ps import codec
@@ -144,3 +145,28 @@ def test_malformed_requests_are_invalid_argument(data: bytes) -> None:
     for decode in (wire.decode_multi_pull_carrying, wire.decode_multi_update_request):
         with pytest.raises(InvalidArgument):
             decode(data)
+
+
+def test_a_whole_payload_converts_to_bfloat16_as_torch_rounds_it() -> None:
+    """Every rounding case at once, in a payload long enough for the parallel loop."""
+    rng = np.random.default_rng(3)
+    bits = rng.integers(0, 2**32, 1 << 17, dtype=np.uint64).astype(np.uint32)
+    bits[:8] = [
+        0x3F808000,
+        0x3F818000,
+        0x7F800000,
+        0xFF800000,
+        0x80000000,
+        0x00000001,
+        0x7F7FFFFF,
+        0x7F800001,
+    ]  # ties, infinities, -0, subnormal, overflow, sNaN
+    values = bits.view(np.float32).reshape(-1, 64)
+    bf16 = np.empty(values.shape, np.uint16)
+    codec.convert_rows(values, "float32", bf16, "bfloat16")
+    expected = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy()
+    nan = np.isnan(values)
+    assert np.array_equal(bf16[~nan], expected.view(np.uint16)[~nan])
+    back = np.empty(values.shape, np.float32)
+    codec.convert_rows(bf16, "bfloat16", back, "float32")
+    assert np.isnan(back[nan]).all() and nan.any()
