@@ -15,12 +15,13 @@ its last ``--window`` share of lookups (the cache warmed on the rest; MIN
 still sees the whole trace). Target: >= 0.9x MIN at every size.
 
 Usage: python bench/cache_hit_bench.py [--trace 4000000] [--batch 4096] [--window 0.5]
+       [--alphas 0.8 1.05 1.2] [--fractions 0.01 0.05 0.1 0.25]
+The long run (docs/sdk.md quotes it): --trace 40000000 --skip-curve --skip-cost.
 """
 
 from __future__ import annotations
 
 import argparse
-import heapq
 import sys
 import time
 from pathlib import Path
@@ -50,62 +51,25 @@ def zipf_trace(alpha: float, length: int, rows: int, seed: int) -> np.ndarray:
 def lookups(trace: np.ndarray, batch: int) -> tuple[list[np.ndarray], np.ndarray]:
     """Each lookup's distinct ids in first-seen order (what a layer hands its cache), and
     per distinct access (concatenated) how often the id occurs in its lookup."""
-    out, counts = [], []
-    for start in range(0, len(trace), batch):
-        ids = trace[start : start + batch]
-        _, first, count = np.unique(ids, return_index=True, return_counts=True)
-        order = np.argsort(first)
-        out.append(ids[first[order]])
-        counts.append(count[order])
-    return out, np.concatenate(counts)
+    lookup_of = np.arange(len(trace), dtype=np.int64) // batch
+    # one sort of (lookup, id) pairs finds every lookup's distinct ids at once
+    _, first, count = np.unique(
+        lookup_of * (int(trace.max(initial=0)) + 1) + trace, return_index=True, return_counts=True
+    )
+    order = np.argsort(first, kind="stable")
+    first, count = first[order], count[order]
+    ends = np.searchsorted(lookup_of[first], np.arange(1, -(-len(trace) // batch) + 1))
+    return np.split(trace[first], ends[:-1]), count
 
 
 # -- the offline optimum --------------------------------------------------------------
-def next_uses(sequence: np.ndarray) -> np.ndarray:
-    """For each access, the position of the next access to the same id (len: never)."""
-    n = len(sequence)
-    order = np.lexsort((np.arange(n), sequence))
-    nxt = np.full(n, n, dtype=np.int64)
-    same = sequence[order[1:]] == sequence[order[:-1]]
-    nxt[order[:-1][same]] = order[1:][same]
-    return nxt
-
-
 def belady_hit_mask(sequence: np.ndarray, capacity: int) -> np.ndarray:
     """Which accesses hit under Belady's MIN with bypass: evict (or never admit) the id
-    used farthest ahead.
+    used farthest ahead. The engine runs it (a next-use array and a heap whose stale
+    entries are dropped, so memory stays bounded on traces of tens of millions)."""
+    from recstore import _native
 
-    A max-heap of (next use, id) with lazy deletion: a popped entry whose next use
-    is not the id's current one is stale and skipped.
-    """
-    nxt = next_uses(sequence)
-    never = len(sequence)
-    cached: dict[int, int] = {}
-    heap: list[tuple[int, int]] = []
-    hit = np.zeros(len(sequence), dtype=np.bool_)
-    for position, (key, use) in enumerate(zip(sequence.tolist(), nxt.tolist(), strict=True)):
-        if key in cached:
-            hit[position] = True
-            cached[key] = use
-            heapq.heappush(heap, (-use, key))
-            continue
-        if use == never or capacity == 0:
-            continue  # never used again: not worth a slot
-        if len(cached) < capacity:
-            cached[key] = use
-            heapq.heappush(heap, (-use, key))
-            continue
-        while True:
-            far, victim = heap[0]
-            if cached.get(victim) == -far:
-                break
-            heapq.heappop(heap)
-        if -far > use:
-            heapq.heappop(heap)
-            del cached[victim]
-            cached[key] = use
-            heapq.heappush(heap, (-use, key))
-    return hit
+    return np.asarray(_native.belady_hit_mask(sequence, capacity)).view(np.bool_)
 
 
 def belady_hits(sequence: np.ndarray, capacity: int) -> int:
@@ -144,12 +108,12 @@ def _scores(hit: np.ndarray, counts: np.ndarray, window: slice) -> dict[str, flo
 
 def hit_rates(args: argparse.Namespace) -> list[dict[str, object]]:
     results = []
-    for alpha in ALPHAS:
+    for alpha in args.alphas:
         batches, counts = lookups(zipf_trace(alpha, args.trace, ROWS, seed=1), args.batch)
         sequence = np.concatenate(batches)
         first = int(len(batches) * (1 - args.window))
         window = slice(sum(len(b) for b in batches[:first]), len(sequence))
-        for fraction in FRACTIONS:
+        for fraction in args.fractions:
             row: dict[str, object] = {
                 "alpha": alpha, "fraction": fraction, "accesses": len(sequence),
                 "ids": int(counts.sum()),
@@ -262,6 +226,10 @@ def _print(row: dict[str, object]) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", type=int, default=4_000_000, help="ids per hit-rate trace")
+    parser.add_argument("--alphas", type=float, nargs="+", default=ALPHAS, help="Zipf exponents")
+    parser.add_argument(
+        "--fractions", type=float, nargs="+", default=FRACTIONS, help="cache sizes, share of rows"
+    )
     parser.add_argument("--batch", type=int, default=4096, help="ids per lookup")
     parser.add_argument(
         "--window", type=float, default=0.5, help="share of lookups scored warm (the last ones)"

@@ -7,6 +7,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -15,6 +16,7 @@
 
 #include "arrays.h"
 #include "host_row_cache.h"
+#include "offline_min.h"
 
 namespace recstore::host_row_cache_bindings {
 
@@ -132,6 +134,29 @@ inline void bind(nb::module_& m) {
       },
       "miss_of"_a.noconvert(), "out"_a.noconvert(), "misses"_a.noconvert(), "rows"_a.noconvert(),
       "step"_a, "chunk"_a);
+  // the offline optimum the cache is measured against (bench/cache_hit_bench.py)
+  recstore::arrays::def_checked_function(
+      m, "belady_hit_mask",
+      [](HostKeys keys, int64_t capacity) {
+        const int64_t n = count(keys);
+        if (capacity < 0)
+          throw nb::value_error(("capacity must be >= 0, got " + std::to_string(capacity)).c_str());
+        int64_t universe = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          if (keys.data()[i] < 0)
+            throw nb::value_error(("keys must be >= 0, got " + std::to_string(keys.data()[i]) +
+                                   " at " + std::to_string(i))
+                                      .c_str());
+          universe = std::max(universe, keys.data()[i] + 1);
+        }
+        std::vector<uint8_t> hit(static_cast<size_t>(n));
+        {
+          nb::gil_scoped_release release;
+          belady_min(n, keys.data(), universe, capacity, hit.data());
+        }
+        return vector_array(std::move(hit));
+      },
+      "keys"_a.noconvert(), "capacity"_a);
 }
 
 }  // namespace recstore::host_row_cache_bindings

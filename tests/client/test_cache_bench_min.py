@@ -1,7 +1,9 @@
-"""bench/cache_hit_bench.py's Belady MIN (heap, lazy deletion) against a brute-force MIN."""
+"""bench/cache_hit_bench.py's Belady MIN (the engine's: a heap with lazy deletion whose stale
+entries are dropped) against a brute-force MIN, and the bench's lookups and scores."""
 
 from __future__ import annotations
 
+import bisect
 import importlib.util
 from pathlib import Path
 
@@ -17,13 +19,15 @@ SPEC.loader.exec_module(cache_hit_bench)
 
 
 def _brute_force_min(sequence: list[int], capacity: int) -> int:
-    """MIN with bypass, by a scan for the farthest next use at every miss."""
+    """MIN with bypass, by a search for the farthest next use at every miss."""
+    positions: dict[int, list[int]] = {}
+    for position, key in enumerate(sequence):
+        positions.setdefault(key, []).append(position)
 
     def next_use(key: int, after: int) -> int:
-        for position in range(after + 1, len(sequence)):
-            if sequence[position] == key:
-                return position
-        return len(sequence)
+        later = positions[key]
+        at = bisect.bisect_right(later, after)
+        return later[at] if at < len(later) else len(sequence)
 
     cached: set[int] = set()
     hits = 0
@@ -53,14 +57,33 @@ def test_heap_min_matches_the_brute_force(capacity: int) -> None:
         assert cache_hit_bench.belady_hits(sequence, capacity) == expected
 
 
-def test_next_uses() -> None:
-    assert cache_hit_bench.next_uses(np.array([5, 6, 5, 5, 7])).tolist() == [2, 5, 3, 5, 5]
+@pytest.mark.parametrize("capacity", [1, 4])
+def test_min_stays_exact_when_its_stale_heap_entries_are_dropped(capacity: int) -> None:
+    # hits of a few hot keys push an entry each: past ~4 x capacity + 1024 entries
+    # the heap is compacted, many times over on this sequence
+    rng = np.random.default_rng(7)
+    sequence = np.where(rng.random(20_000) < 0.9, rng.integers(0, 3, 20_000),
+                        rng.integers(3, 400, 20_000)).astype(np.int64)  # fmt: skip
+    expected = _brute_force_min(sequence.tolist(), capacity)
+    assert cache_hit_bench.belady_hits(sequence, capacity) == expected
+
+
+def test_min_refuses_bad_input() -> None:
+    with pytest.raises(ValueError, match="keys must be >= 0, got -1 at 1"):
+        cache_hit_bench.belady_hits(np.array([3, -1], dtype=np.int64), 2)
+    with pytest.raises(ValueError, match="capacity must be >= 0, got -2"):
+        cache_hit_bench.belady_hits(np.array([3, 1], dtype=np.int64), -2)
+    with pytest.raises(TypeError, match="keys"):
+        cache_hit_bench.belady_hits(np.array([3, 1], dtype=np.int32), 2)
 
 
 def test_lookups_hand_the_cache_each_distinct_id_once_with_its_count() -> None:
     batches, counts = cache_hit_bench.lookups(np.array([4, 2, 4, 4, 9, 2, 9, 7]), 4)
     assert [b.tolist() for b in batches] == [[4, 2], [9, 2, 7]]
     assert counts.tolist() == [3, 1, 2, 1, 1]
+    batches, counts = cache_hit_bench.lookups(np.array([5, 5, 1, 0, 1, 1, 8], dtype=np.int64), 3)
+    assert [b.tolist() for b in batches] == [[5, 1], [0, 1], [8]]
+    assert counts.tolist() == [2, 1, 1, 2, 1]
 
 
 def test_scores_weigh_each_hit_by_its_occurrences_and_count_the_window_alone() -> None:
