@@ -25,6 +25,7 @@ import json
 import multiprocessing
 import os
 import queue
+import shutil
 import statistics
 import subprocess
 import sys
@@ -175,8 +176,15 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--batch-slots", type=int, default=1024)
     args = parser.parse_args()
-
     root = Path(tempfile.mkdtemp(prefix="reshard-bench-"))
+    try:
+        bench(args, root)
+    finally:  # the nodes' data and checkpoints: hundreds of MB a run
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def bench(args: argparse.Namespace, root: Path) -> None:
+    """Start the nodes under ``root``, fill the table, move it while the trainer runs."""
     nodes = [NodeProcess(root / f"n{i}", i, 2 if i < 2 else 3) for i in range(3)]
     endpoints = [n.address for n in nodes]
     clients = [ControlClient(e, timeout=STEP_TIMEOUT_S) for e in endpoints]
