@@ -24,8 +24,9 @@ from recstore.core.limits import ROW_CHUNK_BYTES
 from recstore.core.migration_wire import Checksums, RowBatch
 from recstore.ps import capacity, codec, dedup_log, held_slots, migration, row_transfer
 from recstore.ps.changes import distinct
+from recstore.ps.hosted_table import HostedTable, owned_slots
 from recstore.ps.migration import MigrationConflict, keys_in, migrating_slots, rows_of
-from recstore.ps.node import HostedTable, Node, Write, WriteAck, owned_slots
+from recstore.ps.node import Node, Write, WriteAck
 from recstore.ps.wal import OP_IMPORT
 from recstore.store import Table
 from recstore.store.table import Chunk

@@ -24,9 +24,7 @@ from recstore.core.wire import Buffer
 from recstore.ps import codec
 from recstore.ps.dedup import Entry
 from recstore.ps.hosted_table import HostedTable, check_owned
-from recstore.ps.hosted_table import owned_slots as owned_slots  # migration_ops imports it here
 from recstore.ps.node_tables import NodeTables
-from recstore.ps.node_tables import Refusal as Refusal  # the servicer imports it here
 from recstore.ps.table_wal import Appended, TableWal
 from recstore.ps.wal import (
     KEYS_ONLY,

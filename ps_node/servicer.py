@@ -45,10 +45,12 @@ from recstore.ps import (
 )  # fmt: skip
 from recstore.ps.checkpoint import CheckpointInfo
 from recstore.ps.checkpoint_read import list_checkpoints
+from recstore.ps.hosted_table import HostedTable
 from recstore.ps.metrics import Metrics
 from recstore.ps.migration import mask_ranges
 from recstore.ps.multi import Served
-from recstore.ps.node import HostedTable, Node, Refusal, WriteAck
+from recstore.ps.node import Node, WriteAck
+from recstore.ps.node_tables import Refusal
 from recstore.ps.offload import Offload
 from recstore.ps.status import status_of, trailing_metadata_of
 from recstore.v1 import ps_pb2, ps_pb2_grpc
