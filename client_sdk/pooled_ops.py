@@ -58,19 +58,29 @@ def _(anchor, tables, ids, offsets, bag_size, mean, trainable):
     return out
 
 
-def _pool_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    _, ctx.tables, ids, offsets, ctx.bag_size, ctx.mean, ctx.trainable = inputs
-    ctx.set_materialize_grads(False)  # an unused output gets no gradient, hence no update
-    ctx.mark_non_differentiable(*(r for r, t in zip(output, ctx.trainable, strict=True) if not t))
+def _save_bags(ctx: Any, ids: list[torch.Tensor], offsets: list[torch.Tensor | None]) -> None:
+    """Keep a pool call's ids and offsets for its backward (a missing offsets is no tensor)."""
     ctx.has_offsets = [o is not None for o in offsets]
     ctx.save_for_backward(*ids, *(o for o in offsets if o is not None))
 
 
-def _pool_backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> tuple[Any, ...]:
-    count = len(ctx.tables)
+def _saved_bags(ctx: Any, count: int) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """The ids and offsets ``_save_bags`` kept, one of each per table."""
     saved = ctx.saved_tensors
     ids, rest = list(saved[:count]), iter(saved[count:])
-    offsets = [next(rest) if has else None for has in ctx.has_offsets]
+    return ids, [next(rest) if has else None for has in ctx.has_offsets]
+
+
+def _pool_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    _, ctx.tables, ids, offsets, ctx.bag_size, ctx.mean, ctx.trainable = inputs
+    ctx.set_materialize_grads(False)  # an unused output gets no gradient, hence no update
+    ctx.mark_non_differentiable(*(r for r, t in zip(output, ctx.trainable, strict=True) if not t))
+    _save_bags(ctx, ids, offsets)
+
+
+def _pool_backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> tuple[Any, ...]:
+    count = len(ctx.tables)
+    ids, offsets = _saved_bags(ctx, count)
     picked = [i for i, g in enumerate(grads) if g is not None and ctx.trainable[i]]
     if picked:
         emb_update_pooled_many(
@@ -144,15 +154,12 @@ def _cat_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     _, ctx.tables, ids, offsets, ctx.bag_size, ctx.mean, ctx.trainable = inputs
     if not any(ctx.trainable):
         ctx.mark_non_differentiable(output)
-    ctx.has_offsets = [o is not None for o in offsets]
-    ctx.save_for_backward(*ids, *(o for o in offsets if o is not None))
+    _save_bags(ctx, ids, offsets)
 
 
 def _cat_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
     count = len(ctx.tables)
-    saved = ctx.saved_tensors
-    ids, rest = list(saved[:count]), iter(saved[count:])
-    offsets = [next(rest) if has else None for has in ctx.has_offsets]
+    ids, offsets = _saved_bags(ctx, count)
     emb_update_pooled_cat(ctx.tables, ids, offsets, grad, ctx.bag_size, ctx.mean, ctx.trainable)
     no_offsets = [None] * count if all(ctx.has_offsets) else None  # see _pool_backward
     return None, None, [None] * count, no_offsets, None, None, None
