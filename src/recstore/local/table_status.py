@@ -43,9 +43,19 @@ def ensure(table: LocalTable, shard: int, client: ShardClient, now: float) -> bo
             table.retry.failed(now)
             return False
         if created:
-            table.refused = table.refused_reason = None
-            table.retry.succeeded()
+            _forget_refusal(table)
         return created
+
+
+def clear_refusal(table: LocalTable) -> None:
+    """Forget a node's refusal once every shard serves the table: it no longer holds."""
+    with table.ensuring:
+        _forget_refusal(table)
+
+
+def _forget_refusal(table: LocalTable) -> None:
+    table.refused = table.refused_reason = None
+    table.retry.succeeded()
 
 
 def report(table: LocalTable, reporter: Reporter, now: float) -> None:
@@ -75,6 +85,8 @@ def _report_locked(table: LocalTable, reporter: Reporter, now: float) -> None:
         if node_id is not None:
             rows, memory = (stats.rows, stats.memory_bytes) if stats is not None else (0, 0)
             reporter.heartbeat(node_id, stats is not None, rows, memory)
+    if table.refused is not None and all(s.ready for s in shards):
+        clear_refusal(table)  # e.g. a stats call timed out on a node that had the table
     status = compute_status(
         problem=None,
         declared_shards=table.spec.shards,
