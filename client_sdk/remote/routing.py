@@ -156,9 +156,18 @@ class RoutedCall(Generic[T]):
             if node_epoch < epoch and behind.wait():
                 pass  # the new owner is not activated yet (a move's commit): same map again
             elif rerouted < MAX_REROUTES:
-                rerouted += 1
                 self._router.reroute(node_epoch, epoch)
-                epoch = self._router.slot_map.epoch
+                if self._router.slot_map.epoch != epoch:
+                    rerouted += 1
+                    epoch = self._router.slot_map.epoch
+                elif not behind.wait():
+                    # the map's source has nothing newer: the slots are held by a move
+                    # (sealed, or a restarted source still sealed until the move is
+                    # finished or aborted) for longer than a client waits
+                    raise RuntimeError(
+                        f"keys still refused by their shards at slot-map epoch {epoch} after "
+                        f"{BEHIND_WAIT_S:g} s: their slots are held by a move that did not end"
+                    )
             else:  # every request sent was collected: nothing runs behind the caller
                 raise RuntimeError(
                     f"keys still refused by their shards after {MAX_REROUTES} slot-map refreshes"

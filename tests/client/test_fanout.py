@@ -8,8 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from recstore.client.remote.routing import ShardRouter, plan_requests
-from recstore.core import SlotMap, SlotRange, WrongShard
+from recstore.client.remote import routing
+from recstore.client.remote.routing import MAX_REROUTES, ShardRouter, plan_requests
+from recstore.core import NUM_SLOTS, SlotMap, SlotRange, WrongShard
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +139,61 @@ def test_router_waits_for_a_new_owner_behind_its_map(pool) -> None:
     router.run(keys, call)
     assert refusals[0] == 8 and refreshed == []  # more refusals than reroutes, no refresh
     assert sorted(served[0] + served[1]) == keys.tolist()  # every key applied exactly once
+
+
+def test_router_waits_for_a_sealed_source_while_its_map_stays(pool) -> None:
+    """A source holding a move's slots sealed (or restarted still sealed, until the
+    provisioner aborts or finishes the batch) refuses them at the client's own epoch,
+    and the map's source has nothing newer: more such refusals than reroutes wait the
+    move out, and every key is applied once, by the owner the map names."""
+    slot_map = SlotMap.initial(2)
+    keys = np.arange(2000, dtype=np.int64)
+    served: list[int] = []
+    refusals = [0]
+    lock = threading.Lock()
+
+    def call(shard: int, positions: np.ndarray, epoch: int) -> None:
+        with lock:
+            if shard == 0 and refusals[0] < 3 * MAX_REROUTES:
+                refusals[0] += 1
+                raise WrongShard("the slots of these keys are being moved", epoch=1)
+            served.extend(keys[positions].tolist())
+
+    refreshed: list[int] = []
+
+    def refresh(epoch: int) -> SlotMap:
+        refreshed.append(epoch)
+        return slot_map
+
+    router = ShardRouter(slot_map, pool, max_rows=10_000, refresh=refresh)
+    router.run(keys, call)
+    assert refusals[0] == 3 * MAX_REROUTES and refreshed == [1] * refusals[0]
+    assert sorted(served) == keys.tolist()
+
+
+def test_router_gives_up_on_slots_held_past_its_patience(pool, monkeypatch) -> None:
+    monkeypatch.setattr(routing, "BEHIND_WAIT_S", 0.2)
+    slot_map = SlotMap.initial(1)
+
+    def call(shard: int, positions: np.ndarray, epoch: int) -> None:
+        raise WrongShard("the slots of these keys are being moved", epoch=1)
+
+    router = ShardRouter(slot_map, pool, max_rows=10, refresh=lambda epoch: slot_map)
+    with pytest.raises(RuntimeError, match="held by a move that did not end"):
+        router.run(np.arange(3), call)
+
+
+def test_router_gives_up_when_every_newer_map_is_refused(pool) -> None:
+    def call(shard: int, positions: np.ndarray, epoch: int) -> None:
+        raise WrongShard("not owned", epoch=epoch)  # always the map the client just got
+
+    def refresh(epoch: int) -> SlotMap:
+        return SlotMap(epoch + 1, (SlotRange(0, NUM_SLOTS, 0),))
+
+    router = ShardRouter(SlotMap.initial(1), pool, max_rows=10, refresh=refresh)
+    with pytest.raises(RuntimeError, match=f"after {MAX_REROUTES} slot-map refreshes"):
+        router.run(np.arange(3), call)
+    assert router.slot_map.epoch == 1 + MAX_REROUTES
 
 
 def test_router_without_refresh_source_raises(pool) -> None:
