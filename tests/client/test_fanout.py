@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -82,6 +83,17 @@ def _moved_map(epoch: int) -> SlotMap:
     )
 
 
+def _refreshing_to(slot_map: SlotMap) -> tuple[list[int], Callable[[int], SlotMap]]:
+    """A slot-map source that always answers ``slot_map``, and the epochs it was asked with."""
+    asked: list[int] = []
+
+    def refresh(epoch: int) -> SlotMap:
+        asked.append(epoch)
+        return slot_map
+
+    return asked, refresh
+
+
 def test_router_resends_only_refused_keys_after_refresh(pool) -> None:
     old, new = SlotMap.initial(2), _moved_map(2)
     keys = np.arange(5000, dtype=np.int64)
@@ -97,12 +109,7 @@ def test_router_resends_only_refused_keys_after_refresh(pool) -> None:
         with lock:
             served[shard].extend(sent.tolist())
 
-    refreshed: list[int] = []
-
-    def refresh(epoch: int) -> SlotMap:
-        refreshed.append(epoch)
-        return new
-
+    refreshed, refresh = _refreshing_to(new)
     router = ShardRouter(old, pool, max_rows=10_000, refresh=refresh)
     router.run(keys, call)
     assert refreshed == [2]
@@ -129,12 +136,7 @@ def test_router_waits_for_a_new_owner_behind_its_map(pool) -> None:
                 raise WrongShard("not owned", epoch=1)
             served[shard].extend(sent.tolist())
 
-    refreshed: list[int] = []
-
-    def refresh(epoch: int) -> SlotMap:
-        refreshed.append(epoch)
-        return new
-
+    refreshed, refresh = _refreshing_to(new)
     router = ShardRouter(new, pool, max_rows=10_000, refresh=refresh)
     router.run(keys, call)
     assert refusals[0] == 8 and refreshed == []  # more refusals than reroutes, no refresh
@@ -159,12 +161,7 @@ def test_router_waits_for_a_sealed_source_while_its_map_stays(pool) -> None:
                 raise WrongShard("the slots of these keys are being moved", epoch=1)
             served.extend(keys[positions].tolist())
 
-    refreshed: list[int] = []
-
-    def refresh(epoch: int) -> SlotMap:
-        refreshed.append(epoch)
-        return slot_map
-
+    refreshed, refresh = _refreshing_to(slot_map)
     router = ShardRouter(slot_map, pool, max_rows=10_000, refresh=refresh)
     router.run(keys, call)
     assert refusals[0] == 3 * MAX_REROUTES and refreshed == [1] * refusals[0]
