@@ -8,7 +8,10 @@ and starts the next one on the same state dir and port, which aborts or
 finishes that batch from what was stored and goes on to stop at the next step.
 Its nodes stop when it dies (``--parent-pid``) and come back with the rows of
 their data directories (WAL durability). A trainer runs all along; its update
-in flight at a kill is resent once the nodes are back, and applied once.
+in flight at a kill is resent once the nodes are back, and applied once. Each
+new run finishes or aborts the batch it found, then waits for the test's
+go-ahead before the next batch: that update must be through first, since the
+run then seals slots it may touch and freezes holding them.
 
 One move of more batches than steps, one kill per batch, covers all nine steps
 (begin, snapshot, catch-up, seal, tail, verify, commit, activate, cleanup) with
@@ -57,7 +60,7 @@ class Stopping:
         (state / "up").unlink(missing_ok=True)
         self.process = subprocess.Popen(
             [sys.executable, str(HELPER), str(state), str(port), str(batch), step],
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=open(state.parent / f"up-{batch}.log", "wb"),  # noqa: SIM115
         )
@@ -67,12 +70,20 @@ class Stopping:
                          "the platform up")  # fmt: skip
         assert self.process.poll() is None, f"`recstore up` exited ({self.process.returncode})"
 
+    def go(self) -> None:
+        """Let the runner begin its batch (it waits for this after resuming)."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(b"go\n")
+        self.process.stdin.flush()
+
     def reached(self) -> bool:
         return self.stopped.exists() and self.stopped.read_text() == self.at
 
     def kill(self) -> None:
         os.kill(self.process.pid, signal.SIGKILL)
         self.process.wait(timeout=30)
+        if self.process.stdin is not None:
+            self.process.stdin.close()
 
 
 def test_the_provisioner_killed_at_each_step_of_a_move(
@@ -90,6 +101,7 @@ def test_the_provisioner_killed_at_each_step_of_a_move(
         trainer = Trainer(up.url, token, "kill-provisioner")
         api.http.patch(f"/tables/{NAME}", json={"shards": 3}).raise_for_status()
         api.http.close()
+        up.go()
         for batch in range(1, len(STEPS) + 1):
             helpers.wait_for(up.reached, 300, f"the move at {up.at}")
             trainer.hold()  # no new update until the next platform is up
@@ -98,6 +110,7 @@ def test_the_provisioner_killed_at_each_step_of_a_move(
                 break
             up = Stopping(state, port, batch, STEPS[batch], helpers)
             trainer.pause()  # the update in flight at the kill is through
+            up.go()
             trainer.resume()
     finally:
         if up.process.poll() is None:
