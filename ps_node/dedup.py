@@ -19,8 +19,10 @@ acknowledgement (rows per update item) and the slots its keys touched:
   before, which needs more than ``capacity`` other clients' evictions between
   a send and its resend.
 
-Online resharding moves the entries with their slots: ``entries_touching``
-lists those of the slots that move, ``absorb`` takes them on the target. The
+Online resharding moves the entries with their slots: ``changes_touching``
+lists those of the slots that move added or changed since a version of the
+window (so the catch-up rounds carry most of them and the seal's tail only
+the rest), ``absorb`` takes them on the target. The
 write-ahead log keeps the window across a restart (``recstore.ps.dedup_log``).
 Pure logic, thread-safe.
 """
@@ -91,6 +93,9 @@ class DedupWindow:
         self._done: OrderedDict[RequestId, Entry] = OrderedDict()  # oldest first
         self._applying: set[RequestId] = set()
         self._low_water: OrderedDict[str, int] = OrderedDict()  # client -> highest evicted seq
+        #: the window's version: one more at every entry added or merged
+        self.version = 0
+        self._changed: OrderedDict[RequestId, int] = OrderedDict()  # id -> version, oldest first
         #: how many ``begin`` calls are waiting for an id being applied (tests watch it)
         self.waiting = 0
 
@@ -151,9 +156,23 @@ class DedupWindow:
 
     def entries_touching(self, slot_mask: np.ndarray) -> list[Entry]:
         """Entries whose keys touched any slot where ``slot_mask`` (bool per slot) is set."""
+        return self.changes_touching(slot_mask, 0)[0]
+
+    def changes_touching(self, slot_mask: np.ndarray, since: int) -> tuple[list[Entry], int]:
+        """Entries added or changed after version ``since`` whose keys touched a slot of
+        ``slot_mask``, oldest change first, and the version now (the next call's ``since``).
+        Reads only the entries changed since, newest first."""
         mask = np.asarray(slot_mask, dtype=bool)
         with self._cond:
-            return [e for e in self._done.values() if len(e.slots) and mask[e.slots].any()]
+            found = []
+            for request_id, version in reversed(self._changed.items()):
+                if version <= since:
+                    break
+                entry = self._done[request_id]
+                if len(entry.slots) and mask[entry.slots].any():
+                    found.append(entry)
+            found.reverse()
+            return found, self.version
 
     def absorb(self, entries: Iterable[Entry]) -> None:
         """Take entries of another window (a slot move) or of the log (a restart).
@@ -167,6 +186,9 @@ class DedupWindow:
             self._cond.notify_all()
 
     def _add(self, entry: Entry) -> None:
+        self.version += 1
+        self._changed[entry.request_id] = self.version
+        self._changed.move_to_end(entry.request_id)
         held = self._done.get(entry.request_id)
         if held is not None:
             self._done[entry.request_id] = held.merged(entry)
@@ -174,6 +196,7 @@ class DedupWindow:
         self._done[entry.request_id] = entry
         while len(self._done) > self.capacity:
             evicted, _ = self._done.popitem(last=False)
+            del self._changed[evicted]
             mark = max(self._low_water.pop(evicted.client, 0), evicted.seq)
             self._low_water[evicted.client] = mark  # most recent last
             while len(self._low_water) > self.capacity:

@@ -60,6 +60,8 @@ class Outgoing:
     sealed_at: float = 0.0  # time.monotonic() of the seal: the write pause starts there
     inside: int = 0  # admitted requests touching the slots, not yet finished
     snapshot: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # sorted keys
+    #: the de-dup window's version whose entries of the slots went out already (0: none)
+    window_sent: int = 0
 
 
 def migrating_slots(ranges: list[tuple[int, int]]) -> np.ndarray:
@@ -133,7 +135,10 @@ class Migrations:
             current = self.outgoing.get(name)
             if current is not None:
                 if np.array_equal(current.slots, slots) and current.target == target:
-                    return  # a resent begin: the same move, keep its changes
+                    # a resent begin: the same move, keep its changes; the target may have
+                    # lost the de-dup entries sent (restarted without a log): all again
+                    current.window_sent = 0
+                    return
                 raise MigrationConflict(f"table {name!r} is already moving slots out")
             self.outgoing[name] = Outgoing(slots, target, ChangeTracker(slots))
 

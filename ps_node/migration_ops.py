@@ -85,11 +85,21 @@ def is_sealed(node: Node, name: str) -> bool:
 
 
 def catch_up(node: Node, name: str) -> RowBatch:
-    """Rows changed since the previous call (a page; ``next_offset`` 1: more are pending)."""
+    """Rows changed since the previous call (a page; ``next_offset`` 1: more are pending),
+    with the de-dup entries of the slots recorded since."""
     hosted = node.get(name)
     keys, more = _changed_page(node, name, node.migrations.changes(name))
     chunk, gone = rows_of(hosted.table, keys)
-    return _batch(chunk, gone, None, more)
+    count, window = _window_since(hosted, node.migrations.outgoing_of(name))
+    batch = _batch(chunk, gone, None, more)
+    return dataclasses.replace(batch, dedup_entries=window, dedup_entry_count=count)
+
+
+def _window_since(hosted: HostedTable, out: migration.Outgoing) -> tuple[int, bytes]:
+    """The de-dup entries of the moving slots not sent yet, encoded: the window moves with
+    the slots, most of it in the catch-up rounds, so the seal's tail carries only the rest."""
+    entries, out.window_sent = hosted.window.changes_touching(out.slots, out.window_sent)
+    return dedup_log.encode_entries(entries)
 
 
 def seal(node: Node, name: str, timeout: float, with_checksums: bool = False) -> RowBatch:
@@ -104,8 +114,8 @@ def seal(node: Node, name: str, timeout: float, with_checksums: bool = False) ->
     with ThreadPoolExecutor(1, thread_name_prefix="seal-record") as disk:
         durable = disk.submit(held_slots.remember, node, name, out, hosted.entry.slot_map.epoch)
         chunk, gone = rows_of(hosted.table, keys)
-        # the de-dup window moves with the slots: no update of them runs while sealed
-        count, window = dedup_log.encode_entries(hosted.window.entries_touching(out.slots))
+        # the rest of the de-dup window: no update of the slots runs while sealed
+        count, window = _window_since(hosted, out)
         tail = _batch(chunk, gone, keys_in(hosted.table, out.slots), more)
         sums = _checksums(hosted.table, out.slots) if with_checksums else None
         durable.result()

@@ -106,6 +106,25 @@ def test_entries_touching_and_absorb_move_entries_with_their_slots() -> None:
     assert target.entries()[0].slots.tolist() == [5, 7, 9]
 
 
+def test_changes_touching_lists_what_changed_since_a_version() -> None:
+    window = DedupWindow(capacity=3)
+    moving = np.zeros(16384, bool)
+    moving[[5, 9]] = True
+    applied(window, entry(1, slots=(5,)))
+    applied(window, entry(2, slots=(100,)))  # another slot: never listed
+    first, version = window.changes_touching(moving, 0)
+    assert [e.request_id.seq for e in first] == [1] and version == 2
+    assert window.changes_touching(moving, version) == ([], version)
+    window.absorb([entry(1, slots=(9,))])  # a merge changes entry 1: listed again, merged
+    applied(window, entry(3, slots=(9,)))
+    changed, later = window.changes_touching(moving, version)
+    assert [(e.request_id.seq, e.slots.tolist()) for e in changed] == [(1, [5, 9]), (3, [9])]
+    applied(window, entry(4, slots=(5,)))  # evicts entry 1: a merge does not make it younger
+    assert [e.request_id.seq for e in window.changes_touching(moving, later)[0]] == [4]
+    assert [e.request_id.seq for e in window.changes_touching(moving, 0)[0]] == [3, 4]
+    assert [e.request_id.seq for e in window.entries()] == [2, 3, 4]
+
+
 def test_begin_all_refuses_an_id_known_to_some_tables_only() -> None:
     first, second = DedupWindow(), DedupWindow()
     applied(first, entry(1))

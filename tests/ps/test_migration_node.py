@@ -164,3 +164,35 @@ def test_the_dedup_window_moves_with_the_slots(pair) -> None:  # type: ignore[no
     ack = target.update("t", key.tobytes(), _ones(1), "float32", DIM, None, named)  # the resend
     assert ack.rows == 1
     np.testing.assert_array_equal(target.get("t").table.export_keys(key).values, before)
+
+
+def _named(client: str, seq: int) -> Named:
+    return Named(RequestId(client, seq), b"d" * DIGEST_BYTES, b"", ())
+
+
+def test_catch_up_rounds_carry_the_dedup_window_and_the_tail_only_the_rest(pair) -> None:  # type: ignore[no-untyped-def]
+    """Most of the window travels before the seal; every entry still reaches the target
+    once the tail is in, and a resent begin sends all of them again."""
+    source, target, batch = pair
+    keys = _in_batch(batch)[:3]
+    outside = KEYS[~batch.mask()[slot_of(KEYS)] & (SlotMap.initial(2).shard_of(KEYS) == 0)][:1]
+    source.update("t", keys[:1].tobytes(), _ones(1), "float32", DIM, None, _named("a", 1))
+    source.update("t", outside.tobytes(), _ones(1), "float32", DIM, None, _named("a", 2))
+    migration_ops.begin_import(target, "t", list(batch.ranges))
+    migration_ops.begin_outgoing(source, "t", list(batch.ranges), batch.target)
+    migration_ops.import_rows(target, "t", migration_ops.snapshot_page(source, "t", 0, 0))
+    first = migration_ops.catch_up(source, "t")
+    assert first.dedup_entry_count == 1  # seq 1; seq 2 touched no moving slot
+    migration_ops.import_rows(target, "t", first)
+    assert migration_ops.catch_up(source, "t").dedup_entry_count == 0  # nothing new
+    source.update("t", keys[1:2].tobytes(), _ones(1), "float32", DIM, None, _named("a", 3))
+    migration_ops.begin_outgoing(source, "t", list(batch.ranges), batch.target)  # resent
+    again = migration_ops.catch_up(source, "t")
+    assert again.dedup_entry_count == 2  # seq 1 and 3: the resent begin starts over
+    migration_ops.import_rows(target, "t", again)
+    source.update("t", keys[2:3].tobytes(), _ones(1), "float32", DIM, None, _named("b", 1))
+    tail = migration_ops.seal(source, "t", timeout=5)
+    assert tail.dedup_entry_count == 1  # only b/1 is left for the pause
+    migration_ops.import_rows(target, "t", tail)
+    held = {(e.request_id.client, e.request_id.seq) for e in target.get("t").window.entries()}
+    assert held == {("a", 1), ("a", 3), ("b", 1)}

@@ -42,7 +42,7 @@ class RowBatch:
     gone: np.ndarray  # int64[]
     present: np.ndarray | None = None
     next_offset: int = 0
-    dedup_entries: bytes = b""  # a seal's tail: de-dup window entries of the slots (encoded)
+    dedup_entries: bytes = b""  # catch-up rounds, a tail: de-dup entries of the slots (encoded)
     dedup_entry_count: int = 0
     checksums: Checksums | None = None  # a seal's tail, when asked: the sealed slots'
 
