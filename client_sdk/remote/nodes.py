@@ -57,8 +57,12 @@ RESENDS_ENV = "RECSTORE_UPDATE_RESENDS"
 DEFAULT_RESENDS = 3
 #: methods whose every request writes (a MultiPull writes when it carries updates)
 WRITING_METHODS = frozenset({"Update", "MultiUpdate"})
-#: failures after which a request may or may not have been applied
-AMBIGUOUS_CODES = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE})
+#: failures after which a request may or may not have been applied. CANCELLED: this
+#: client never cancels a write it waits for, so the node did (a node stopping cancels
+#: the calls still running when its drain ends), at any point of the call
+AMBIGUOUS_CODES = frozenset({
+    grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+})  # fmt: skip
 
 
 def resends_from_env() -> int:

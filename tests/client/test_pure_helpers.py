@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import grpc
 import numpy as np
 import pytest
 import torch
@@ -14,7 +15,7 @@ from recstore.client.errors import (
     WriteNotApplied,
 )
 from recstore.client.initial_data import chunk_bounds
-from recstore.client.remote.nodes import map_rpc_error
+from recstore.client.remote.nodes import ambiguous, map_rpc_error
 from recstore.client.remote.tables import parse_discovery, parse_endpoints
 from recstore.client.specs import build_spec, check_learning_rate, optimizer_spec, same_layout
 from recstore.client.tensors import (
@@ -242,6 +243,34 @@ def test_rpc_errors_map_to_sdk_errors(code, metadata, expected) -> None:
         assert error.code == code
     if isinstance(error, WriteNotApplied | WriteAppliedNotDurable):
         assert error.applied is (expected is WriteAppliedNotDurable)
+
+
+class _Failed(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._code, self._metadata = code, metadata
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+
+@pytest.mark.parametrize(
+    ("code", "metadata", "resent"),
+    [
+        (grpc.StatusCode.UNAVAILABLE, (), True),  # the connection dropped
+        (grpc.StatusCode.DEADLINE_EXCEEDED, (), True),
+        (grpc.StatusCode.CANCELLED, (), True),  # a stopping node cancelled it after its drain
+        (grpc.StatusCode.UNAVAILABLE, (("x-recstore-applied", "false"),), False),  # said
+        (grpc.StatusCode.DATA_LOSS, (("x-recstore-applied", "true"),), False),
+        (grpc.StatusCode.FAILED_PRECONDITION, (("x-recstore-epoch", "3"),), False),  # router's
+        (grpc.StatusCode.INVALID_ARGUMENT, (), False),
+        (grpc.StatusCode.ABORTED, (), False),  # outside the window: must not be sent again
+    ],
+)
+def test_only_writes_of_unknown_outcome_are_resent(code, metadata, resent) -> None:
+    assert ambiguous(_Failed(code, metadata)) is resent
 
 
 @pytest.mark.parametrize(
