@@ -93,8 +93,7 @@ class DedupWindow:
         self._done: OrderedDict[RequestId, Entry] = OrderedDict()  # oldest first
         self._applying: set[RequestId] = set()
         self._low_water: OrderedDict[str, int] = OrderedDict()  # client -> highest evicted seq
-        #: the window's version: one more at every entry added or merged
-        self.version = 0
+        self._version = 0  # one more at every entry added or merged
         self._changed: OrderedDict[RequestId, int] = OrderedDict()  # id -> version, oldest first
         #: how many ``begin`` calls are waiting for an id being applied (tests watch it)
         self.waiting = 0
@@ -172,7 +171,7 @@ class DedupWindow:
                 if len(entry.slots) and mask[entry.slots].any():
                     found.append(entry)
             found.reverse()
-            return found, self.version
+            return found, self._version
 
     def absorb(self, entries: Iterable[Entry]) -> None:
         """Take entries of another window (a slot move) or of the log (a restart).
@@ -186,8 +185,8 @@ class DedupWindow:
             self._cond.notify_all()
 
     def _add(self, entry: Entry) -> None:
-        self.version += 1
-        self._changed[entry.request_id] = self.version
+        self._version += 1
+        self._changed[entry.request_id] = self._version
         self._changed.move_to_end(entry.request_id)
         held = self._done.get(entry.request_id)
         if held is not None:

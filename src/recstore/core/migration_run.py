@@ -239,7 +239,8 @@ class MigrationRun:
         paused: float,
         moved_bytes: int,
     ) -> MigrationJob:
-        """After the commit: activate the target, tell every node, the source last; clean up."""
+        """After the commit: the new map to the target and the source at once, then to every
+        other node; clean up on the source."""
         batch, expected = job.batch, committed.epoch - 1
         self._step("activate", job)
         # target and source learn the map at once: a write the source refuses before the
