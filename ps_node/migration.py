@@ -34,6 +34,7 @@ import numpy as np
 
 from recstore.core import NUM_SLOTS, InvalidArgument, RecStoreError, WrongShard, hash_keys, slot_of
 from recstore.core.migration import ranges_mask
+from recstore.core.migration_wire import Checksums
 from recstore.core.routing import fmix_in_place
 from recstore.ps.changes import ChangeTracker
 from recstore.store import Table
@@ -82,6 +83,8 @@ class Migrations:
         self._cond = threading.Condition()
         self.outgoing: dict[str, Outgoing] = {}
         self.importing: dict[str, np.ndarray] = {}
+        #: the importing slots' checksums after the last import, while they still hold
+        self.imported_sums: dict[str, ImportedChecksums] = {}
 
     # -- the data path ------------------------------------------------------------
     @contextlib.contextmanager
@@ -186,6 +189,7 @@ class Migrations:
         with self._cond:
             self.check_import(name, slots, owned)
             self.importing[name] = slots
+            self.imported_sums.pop(name, None)
 
     def importing_slots(self, name: str) -> np.ndarray:
         slots = self.importing.get(name)
@@ -195,7 +199,42 @@ class Migrations:
 
     def end_import(self, name: str) -> np.ndarray | None:
         with self._cond:
+            self.imported_sums.pop(name, None)
             return self.importing.pop(name, None)
+
+
+@dataclass(frozen=True)
+class ImportedChecksums:
+    """A target's checksums of its importing slots after an import, with what vouches that
+    they still hold: the same engine, and the same count of removals in it (``removals``)."""
+
+    table: Table
+    slots: np.ndarray
+    removals: tuple[int, ...]
+    sums: Checksums
+
+    def still_valid(self, table: Table, slots: np.ndarray) -> bool:
+        now = removals(table)
+        return (
+            table is self.table and now is not None and now == self.removals
+            and np.array_equal(slots, self.slots)
+        )  # fmt: skip
+
+
+def removals(table: Table) -> tuple[int, ...] | None:
+    """The engine's counts of rows it removed (evicted, expired, erased).
+
+    Slots a node does not own are refused to clients and written only by imports, so
+    while no import runs only a removal can change their rows: equal counts mean
+    their checksums are unchanged. None when counts cannot vouch for that: rows that
+    expire by time alone (a TTL) drop out of checksums uncounted, and an engine that
+    keeps no counts.
+    """
+    if table.spec.keys.ttl_seconds is not None:
+        return None
+    stats = table.stats()
+    counts = [stats.get(k) for k in ("evictions", "expirations", "erasures")]
+    return None if None in counts else tuple(int(c) for c in counts)  # type: ignore[arg-type]
 
 
 # -- rows of slots ----------------------------------------------------------------
@@ -208,6 +247,21 @@ def mask_ranges(slots: np.ndarray) -> list[tuple[int, int]]:
 def keys_in(table: Table, slots: np.ndarray) -> np.ndarray:
     """Resident keys of ``table`` whose slot is in ``slots``."""
     return table.keys_in_slots(slots)
+
+
+def keys_not_in(resident: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """The ``resident`` keys (distinct) missing from ``present`` (a seal's tail).
+
+    Almost always there are none: the sets are then the same size with the same
+    sum of key hashes (order-free, like the slot checksums), checked in two
+    passes; only sets that differ pay for the sort of a set difference.
+    """
+    if len(resident) == len(present):
+        with np.errstate(over="ignore"):
+            if hash_keys(resident).sum(dtype=np.uint64) == hash_keys(present).sum(dtype=np.uint64):
+                return resident[:0]
+    # repeats in present could not mislead this either
+    return np.setdiff1d(resident, present, assume_unique=True)
 
 
 def rows_of(table: Table, keys: np.ndarray) -> tuple[Chunk, np.ndarray]:

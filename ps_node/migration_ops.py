@@ -170,6 +170,7 @@ def import_rows(node: Node, name: str, rows: RowBatch) -> WriteAck:
         if len(keys) and not slots[slot_of(keys)].all():
             raise InvalidArgument(f"table {name!r}: a {what} lies outside the importing slots")
     with hosted.lock:
+        node.migrations.imported_sums.pop(name, None)
         ack = WriteAck(0)
         if len(rows.keys):
             apply = functools.partial(hosted.table.import_chunk, rows.keys, rows.values, rows.state)
@@ -180,9 +181,9 @@ def import_rows(node: Node, name: str, rows: RowBatch) -> WriteAck:
             (ack,) = node.write_logged([write])
         erased = rows.gone
         if rows.present is not None:
-            # resident keys are distinct; repeats in present could not mislead this either
-            extra = np.setdiff1d(keys_in(hosted.table, slots), rows.present, assume_unique=True)
-            erased = distinct(np.concatenate((erased, extra)))
+            extra = migration.keys_not_in(keys_in(hosted.table, slots), rows.present)
+            if len(extra):
+                erased = distinct(np.concatenate((erased, extra)))
         if len(erased):  # logged after the rows: its record settles both
             _, erase_ack = row_transfer.erase_logged(node, hosted, erased)
             ack = WriteAck(ack.rows, erase_ack.wal, erase_ack.seq)
@@ -211,11 +212,30 @@ def checksums(node: Node, name: str, ranges: list[tuple[int, int]]) -> Checksums
 
 
 def importing_checksums(node: Node, name: str) -> Checksums:
-    """Checksums of the slots this node imports (the target's, to verify a tail)."""
+    """Checksums of the slots this node imports (the target's, to verify a tail), kept
+    for the activation while nothing changes them."""
     hosted = node.get(name)
     slots = node.migrations.importing_slots(name)
     with hosted.lock:  # no import half applied
-        return _checksums(hosted.table, slots)
+        # counted before the pass: a removal during it makes the activation hash again
+        removed = migration.removals(hosted.table)
+        sums = _checksums(hosted.table, slots)
+        if removed is not None:
+            kept = migration.ImportedChecksums(hosted.table, slots, removed, sums)
+            node.migrations.imported_sums[name] = kept
+        return sums
+
+
+def _checksums_at_install(
+    node: Node, name: str, hosted: HostedTable, slots: np.ndarray
+) -> Checksums:
+    """The target's checksums at the install (caller holds the table's lock): those of the
+    last import when nothing has changed the slots since, which spares a pass over the
+    batch's rows inside the write pause."""
+    kept = node.migrations.imported_sums.get(name)
+    if kept is not None and kept.still_valid(hosted.table, slots):
+        return kept.sums
+    return _checksums(hosted.table, slots)
 
 
 def set_slot_map(node: Node, name: str, expected_epoch: int, slot_map: SlotMap) -> bool:
@@ -271,7 +291,7 @@ def activate(
             entry = dataclasses.replace(hosted.entry, slot_map=slot_map)
             # the map's fsyncs run while a target's checksums are taken (in the same hold)
             durable = disk.submit(node.save_catalogue, {name: entry})
-            sums = None if wanted is None else _checksums(hosted.table, wanted)
+            sums = None if wanted is None else _checksums_at_install(node, name, hosted, wanted)
             hosted.entry = entry
             hosted.owned_slots = owned = owned_slots(slot_map, node.shard_index)
             out = node.migrations.outgoing.get(name)

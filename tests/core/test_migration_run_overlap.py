@@ -1,10 +1,10 @@
 """The migration runner overlaps calls to different nodes where the protocol allows it.
 
 Snapshot pages are pipelined (the source reads the next page while the target
-writes this one) and, from nodes that do not send their checksums along with
-the tail, the two verify checksums are asked for at once. Fake nodes check the
-overlap with events: a call that must overlap another waits for it to have
-started, and fails the move when it never does (the sequential runner).
+writes this one), and the source hashes its sealed slots while the target
+imports the tail. Fake nodes check the overlap with events: a call that must
+overlap another waits for it to have started, and fails the move when it never
+does (the sequential runner).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ class Overlaps:
     """Events the fake nodes set and wait on."""
 
     second_page_asked: threading.Event = field(default_factory=threading.Event)
-    target_checksums_started: threading.Event = field(default_factory=threading.Event)
+    source_checksums_started: threading.Event = field(default_factory=threading.Event)
+    tail_imported: bool = False
 
 
 class MemoryStore:
@@ -76,16 +77,20 @@ class FakeNode:
             first_page = not request.rows.tail and request.rows.next_offset == 1
             if first_page and not self.overlaps.second_page_asked.wait(OVERLAP_WAIT_S):
                 raise NotOverlapped("the next page was not read while this one was written")
+            if request.rows.tail:
+                if not self.overlaps.source_checksums_started.wait(OVERLAP_WAIT_S):
+                    raise NotOverlapped("the source's checksums did not run beside the tail")
+                self.overlaps.tail_imported = True
             return None if request.with_checksums else 0  # a node that sends no checksums
         if rpc.method == "SealSlots":
             return ps_pb2.MigrationRows(tail=True)
         if rpc.method == "GetTableStats":  # the capacity check before the move: no spec
             return TableStats("t", 0, 0, 0, "float32", 1, None, 0, 1, None)
         if rpc.method == "SlotChecksums":
-            if self.role == "target":
-                self.overlaps.target_checksums_started.set()
-            elif not self.overlaps.target_checksums_started.wait(OVERLAP_WAIT_S):
-                raise NotOverlapped("the target's checksums did not run beside the source's")
+            if self.role == "source":
+                self.overlaps.source_checksums_started.set()
+            else:  # a target that sent none with the tail is asked once it is imported
+                assert self.overlaps.tail_imported
             slots = np.arange(1, dtype=np.int64)
             return Checksums(slots, np.zeros(1, np.int64), np.zeros(1, np.uint64))
         if rpc.method == "SetSlotMap":
@@ -93,7 +98,7 @@ class FakeNode:
         return {"MigrateBegin": 0, "MigrateCleanup": 0, "MigrateAbort": True}[rpc.method]
 
 
-def test_snapshot_pages_are_pipelined_and_verify_checksums_run_at_once() -> None:
+def test_snapshot_pages_are_pipelined_and_the_source_hashes_while_the_tail_is_imported() -> None:
     overlaps = Overlaps()
     initial = SlotMap.initial(1)
     job = MigrationJob.start("t", initial, 2, 1 << 14)  # one batch: shard 0 -> shard 1
@@ -118,10 +123,10 @@ def test_at_once_returns_in_order_and_raises_after_all_finished() -> None:
         finished.set()
         raise ValueError("node said no")
 
-    assert at_once(lambda: 1, slow) == [1, 2]
     try:
-        at_once(slow, failing)
+        at_once(slow, failing)  # slow returns only once failing has run beside it
     except ValueError as error:
         assert "node said no" in str(error)
     else:
         raise AssertionError("the error was not raised")
+    assert at_once(slow, lambda: 1) == [2, 1]

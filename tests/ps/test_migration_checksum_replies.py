@@ -1,10 +1,12 @@
 """A batch's checksums travel in the replies of the calls its write pause makes anyway.
 
-The seal's reply carries the source's checksums (taken once the requests inside
-had drained), the last tail import's the target's, and the target's SetSlotMap
-the target's at the install, taken in the same hold of the table; so a batch
-makes no SlotChecksums call of its own. Checked on one node pair in process and
-on a fleet on loopback with a trainer running.
+The last tail import's reply carries the target's checksums, and the target's
+SetSlotMap the target's at the install, taken in the same hold of the table
+(the import's, when no row removal could have changed the slots since). The
+source hashes its sealed slots in a SlotChecksums call that runs beside the
+tail's import; a seal can also return them in its reply (``with_checksums``).
+Checked on one node pair in process and on a fleet on loopback with a trainer
+running.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from recstore.core import SlotMap
 from recstore.core.control import ControlClient, Rpc
 from recstore.core.migration import MigrationJob, SlotBatch, moved
 from recstore.core.migration_wire import checksums_in, rows_from_proto, rows_to_proto
-from recstore.ps import migration_ops
+from recstore.ps import migration, migration_ops
 from recstore.ps.node import Node
 from recstore.v1 import ps_pb2
 
@@ -95,6 +97,74 @@ def test_a_row_changed_on_the_target_before_the_install_shows_in_its_checksums(p
     assert at_install is not None and len(sealed.differing(at_install)) == 1
 
 
+def _count_passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    passes = [0]
+    real = migration.slot_checksums
+
+    def counted(table: Any, slots: np.ndarray) -> Any:
+        passes[0] += 1
+        return real(table, slots)
+
+    monkeypatch.setattr(migration, "slot_checksums", counted)
+    return passes
+
+
+def test_the_install_reuses_the_imports_checksums_while_nothing_removed_a_row(
+    pair: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source, target, batch = pair
+    sealed = _copy_and_seal(source, target, batch).checksums
+    imported = migration_ops.importing_checksums(target, "t")
+    passes = _count_passes(monkeypatch)
+    committed = moved(SlotMap.initial(2), batch)
+    at_install = migration_ops.activate(target, "t", 1, committed, list(batch.ranges)).checksums
+    assert at_install is not None and passes[0] == 0
+    assert not sealed.differing(at_install) and not imported.differing(at_install)
+    # installed: the slots are the target's now, so a resent install hashes them again
+    resent = migration_ops.activate(target, "t", 1, committed, list(batch.ranges)).checksums
+    assert resent is not None and passes[0] == 1 and not sealed.differing(resent)
+
+
+def test_a_row_removed_after_the_import_makes_the_install_hash_again(
+    pair: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source, target, batch = pair
+    sealed = _copy_and_seal(source, target, batch).checksums
+    migration_ops.importing_checksums(target, "t")
+    table = target.get("t").table
+    assert table.erase(table.keys_in_slots(batch.mask())[:1]) == 1  # as an eviction would
+    passes = _count_passes(monkeypatch)
+    committed = moved(SlotMap.initial(2), batch)
+    at_install = migration_ops.activate(target, "t", 1, committed, list(batch.ranges)).checksums
+    assert at_install is not None and passes[0] == 1
+    assert len(sealed.differing(at_install)) == 1
+
+
+def test_an_import_after_the_checksums_makes_the_install_hash_again(
+    pair: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source, target, batch = pair
+    tail = _copy_and_seal(source, target, batch)
+    migration_ops.importing_checksums(target, "t")
+    migration_ops.import_rows(target, "t", tail)  # resent: the same rows again
+    passes = _count_passes(monkeypatch)
+    committed = moved(SlotMap.initial(2), batch)
+    at_install = migration_ops.activate(target, "t", 1, committed, list(batch.ranges)).checksums
+    assert at_install is not None and passes[0] == 1 and not tail.checksums.differing(at_install)
+
+
+def test_a_table_whose_rows_expire_by_time_always_hashes_at_the_install(tmp_path: Path) -> None:
+    table = spec("t", num_embeddings=100, embedding_dim=DIM, shards=2,
+                 keys={"mode": "hashed", "ttl_seconds": 3600})  # fmt: skip
+    node = Node(tmp_path / "n", shard_index=0, num_shards=2)
+    node.create_table(table, SlotMap.initial(2))
+    assert migration.removals(node.get("t").table) is None
+    untimed = Node(tmp_path / "m", shard_index=0, num_shards=2)
+    untimed.create_table(spec("u", num_embeddings=100, embedding_dim=DIM, shards=2),
+                         SlotMap.initial(2))  # fmt: skip
+    assert migration.removals(untimed.get("u").table) == (0, 0, 0)
+
+
 def test_replies_without_checksums_read_as_none() -> None:
     assert checksums_in(ps_pb2.MigrationRows()) is None
     assert checksums_in(ps_pb2.MigrateImportResponse(rows=3)) is None
@@ -112,7 +182,7 @@ class Counting:
         return self.client.call(rpc, **kwargs)
 
 
-def test_a_move_makes_no_checksum_call_of_its_own(tmp_path: Path) -> None:
+def test_a_move_asks_only_the_source_for_its_checksums(tmp_path: Path) -> None:
     fleet = Fleet(tmp_path, 3, 2)
     try:
         trainer = Trainer(fleet.endpoints, fleet.spec.name)
@@ -124,8 +194,9 @@ def test_a_move_makes_no_checksum_call_of_its_own(tmp_path: Path) -> None:
         job = MigrationJob.start(fleet.spec.name, fleet.store.slot_map(), 3, batch_slots=2000)
         done = run.run(job)
         trainer.finish()
-        assert "SlotChecksums" not in calls
         assert len(run.records) == len(done.batches) > 1
+        # the source's, beside each tail's import; the target's came in replies
+        assert calls["SlotChecksums"] == len(done.batches)
         for record in run.records:
             assert record.seal_checksums.rows.sum() > 0
             assert not record.seal_checksums.differing(record.activation_checksums)

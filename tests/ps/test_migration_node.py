@@ -17,7 +17,7 @@ from recstore.core import InvalidArgument, SlotMap, WrongShard, slot_of
 from recstore.core.migration import SlotBatch, moved
 from recstore.core.migration_wire import RowBatch
 from recstore.core.request_id import DIGEST_BYTES, Named, RequestId
-from recstore.ps import migration_ops
+from recstore.ps import migration, migration_ops
 from recstore.ps.changes import ChangeTracker
 from recstore.ps.migration import MigrationConflict, SealTimeout
 from recstore.ps.migration_ops import SlotMapConflict
@@ -196,3 +196,38 @@ def test_catch_up_rounds_carry_the_dedup_window_and_the_tail_only_the_rest(pair)
     migration_ops.import_rows(target, "t", tail)
     held = {(e.request_id.client, e.request_id.seq) for e in target.get("t").window.entries()}
     assert held == {("a", 1), ("a", 3), ("b", 1)}
+
+
+@pytest.mark.parametrize(
+    ("resident", "present", "extra"),
+    [
+        ([], [], []),
+        ([3, 1, 2], [2, 3, 1], []),  # the same keys in another order
+        ([3, 1, 2], [2, 3], [1]),  # one more here
+        ([3, 1, 2], [2, 3, 4], [1]),  # as many, not the same
+        ([3, 1], [3, 3, 1], []),  # repeats in present
+        ([5], [], [5]),
+    ],
+)
+def test_keys_not_in_finds_the_resident_keys_the_tail_does_not_list(
+    resident: list[int], present: list[int], extra: list[int]
+) -> None:
+    got = migration.keys_not_in(np.array(resident, np.int64), np.array(present, np.int64))
+    assert sorted(got.tolist()) == extra
+
+
+def test_the_tail_drops_target_rows_the_source_no_longer_has(pair) -> None:  # type: ignore[no-untyped-def]
+    """Keys the tail does not list go from the target, even when nothing told it they
+    went (the rows erased under the node here, so no tracker saw it)."""
+    source, target, batch = pair
+    keys = _in_batch(batch)
+    migration_ops.begin_import(target, "t", list(batch.ranges))
+    migration_ops.begin_outgoing(source, "t", list(batch.ranges), batch.target)
+    migration_ops.import_rows(target, "t", migration_ops.snapshot_page(source, "t", 0, 0))
+    assert source.get("t").table.erase(keys[:1]) == 1
+    assert target.get("t").table.erase(keys[1:2]) == 1  # as many rows on each, not the same
+    tail = migration_ops.seal(source, "t", timeout=5)
+    migration_ops.import_rows(target, "t", tail)
+    resident = target.get("t").table.keys_in_slots(batch.mask())
+    assert keys[0] not in resident and keys[1] not in resident
+    assert len(resident) == len(keys) - 2

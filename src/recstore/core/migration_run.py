@@ -6,16 +6,17 @@ the slot map live durably, with the compare-and-swap commit); this runs each
 batch of ``recstore.core.migration``'s plan:
 
   begin (target importing, source tracking) -> snapshot pages -> catch-up
-  rounds -> seal (the tail, with the source's checksums) -> import it (with the
-  target's) -> checksums equal? -> commit (CAS e -> e+1) -> the new map to the
-  target (its checksums at the install equal the seal's) and the source (it now
-  refuses the slots) at once -> every other node (the epoch) -> cleanup on the
-  source.
+  rounds -> seal (the tail) -> import it (with the target's checksums) while
+  the source hashes its sealed slots -> checksums equal? -> commit (CAS e ->
+  e+1) -> the new map to the target (its checksums at the install equal the
+  seal's) and the source (it now refuses the slots) at once -> every other
+  node (the epoch) -> cleanup on the source.
 
-Everything from the seal to the source's refusal is the batch's write pause,
-so the checksums travel in the replies of the calls it makes anyway. The copy
-before it runs on background threads (``recstore.core.background``): the
-trainers' requests and the pause go first.
+Everything from the seal to the source's refusal is the batch's write pause:
+the target's checksums travel in the reply of the import it makes anyway, and
+the two nodes hash their copies at the same time. The copy before it runs on
+background threads (``recstore.core.background``): the trainers' requests and
+the pause go first.
 
 A failure before the commit aborts the batch: the source unseals and stays
 authoritative, the target drops what it imported. After the commit the batch
@@ -45,7 +46,6 @@ from recstore.core.migration_wire import (
     abort_rpc,
     activate_rpc,
     begin_rpc,
-    checksums_in,
     checksums_rpc,
     cleanup_rpc,
     import_checked_rpc,
@@ -137,18 +137,21 @@ class MigrationRun:
                 moved_bytes = copier.submit(self._copy, job, source, target).result()
             self._step("seal", job)
             paused = time.perf_counter()
-            # the seal's reply carries the source's checksums, the last import's the
-            # target's: no round trip of their own while the slots are sealed
-            tail = source.call(seal_rpc(self.table, self.seal_timeout, with_checksums=True))
+            tail = source.call(seal_rpc(self.table, self.seal_timeout))
             job = job.at(Phase.sealed)
             self.store.save_job(job)
             self._step("tail", job)
-            imported, tail_bytes = self._import_tail(source, target, tail)
+            # the source hashes its sealed slots while the target imports the tail (the
+            # last import's reply carries the target's checksums): two passes over the
+            # batch's rows side by side, not one after the other
+            (imported, tail_bytes), sealed = at_once(
+                lambda: self._import_tail(source, target, tail),
+                lambda: source.call(checksums_rpc(self.table, batch.ranges)),
+            )
             moved_bytes += tail_bytes
             self._step("verify", job)
-            sealed, imported = self._both_checksums(
-                source, target, batch.ranges, checksums_in(tail), imported
-            )
+            if imported is None:  # a target that does not send them along
+                imported = target.call(checksums_rpc(self.table, batch.ranges))
             differing = sealed.differing(imported)
             if differing:
                 raise MigrationFailed(
@@ -210,26 +213,6 @@ class MigrationRun:
                 return target.call(import_checked_rpc(self.table, rows)), moved_bytes
             target.call(import_rpc(self.table, rows))
             rows = source.call(rows_rpc(self.table, changes=True))
-
-    def _both_checksums(
-        self,
-        source: ControlClient,
-        target: ControlClient,
-        ranges: Sequence[tuple[int, int]],
-        sealed: Checksums | None,
-        imported: Checksums | None,
-    ) -> tuple[Checksums, Checksums]:
-        """The checksums of both copies: those the replies carried, the rest asked for at once
-        (from nodes that do not send them along)."""
-        if sealed is not None and imported is not None:
-            return sealed, imported
-        source_sums, target_sums = at_once(
-            lambda: source.call(checksums_rpc(self.table, ranges)) if sealed is None else sealed,
-            lambda: (
-                target.call(checksums_rpc(self.table, ranges)) if imported is None else imported
-            ),
-        )
-        return source_sums, target_sums
 
     def _finish(
         self,
