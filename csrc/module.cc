@@ -242,6 +242,18 @@ NB_MODULE(_native, m) {
       "selected"_a.noconvert(), "counts"_a.noconvert(), "sums"_a.noconvert(),
       "Per-slot row counts and sums of row hashes of the selected slots (migration checksums)");
   def_checked(
+      table, "row_hashes",
+      [](Table& t, HostKeys keys, Host<uint64_t, nb::ndim<1>> hashes,
+         Host<bool, nb::ndim<1>> found) {
+        const int64_t n = count(keys);
+        expect_length(hashes, "hashes", n);
+        expect_length(found, "found", n);
+        nb::gil_scoped_release release;
+        if (n) t.row_hashes(n, keys.data(), hashes.data(), reinterpret_cast<uint8_t*>(found.data()));
+      },
+      "keys"_a.noconvert(), "hashes"_a.noconvert(), "found"_a.noconvert(),
+      "The migration row hash of each key's row, and whether it is resident");
+  def_checked(
       table, "pool",
       [](Table& t, HostKeys keys, int64_t bag_size, bool mean,
          recstore::arrays::Array<float, nb::ndim<2>, nb::device::cpu> out) {

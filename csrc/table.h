@@ -148,6 +148,9 @@ class Table {
   // (kNumSlots entries each; unselected slots stay 0). Rows export_rows would skip
   // (expired) are left out.
   void slot_checksums(const uint8_t* selected, int64_t* counts, uint64_t* sums) const;
+  // The row hash (as in slot_checksums) of each of keys[n] into hashes[n], with found[n]
+  // 1 where the key is resident (not expired); absent keys get 0 and found 0.
+  void row_hashes(int64_t n, const int64_t* keys, uint64_t* hashes, uint8_t* found) const;
   // Insert or overwrite rows with their values (table dtype) and optimizer state.
   void import_rows(int64_t n, const int64_t* keys, const void* values, const float* state);
 
@@ -189,6 +192,8 @@ class Table {
   // Row of key, or -1 (expired rows count as resident here).
   int64_t lookup(int64_t key) const;
   void lookup_all(int64_t n, const int64_t* keys, int64_t* rows) const;
+  // Row hashes of rows[n] under keys[n] into out[n] (table_slots.cc); lock held.
+  void hash_rows(size_t n, const int64_t* keys, const int64_t* rows, uint64_t* out) const;
   // Exclusive lock held: give every key a row, inserting missing keys (initialised when
   // `initialise`), re-initialising expired ones, evicting when needed; then touch all.
   // Throws CapacityError before any change when the rows do not fit.

@@ -46,34 +46,41 @@ std::vector<int64_t> Table::keys_in_slots(const uint8_t* selected) const {
   return out;
 }
 
+void Table::hash_rows(size_t n, const int64_t* keys, const int64_t* rows, uint64_t* out) const {
+  const int64_t state_bytes = state_w_ * static_cast<int64_t>(sizeof(float));
+  const int64_t words = (row_bytes_ + state_bytes + 7) / 8;
+  // each lane's row bytes, values then state, zero-padded to whole words
+  std::vector<uint64_t> bytes(static_cast<size_t>(kLanes * std::max<int64_t>(words, 1)));
+  for (size_t g = 0; g < n; g += kLanes) {
+    const int lanes = static_cast<int>(std::min<size_t>(kLanes, n - g));
+    uint64_t h[kLanes];
+    for (int l = 0; l < kLanes; ++l) {
+      const size_t i = g + static_cast<size_t>(std::min(l, lanes - 1));  // idle lanes repeat
+      h[l] = fmix64(static_cast<uint64_t>(keys[i]));
+      if (!words) continue;
+      uint64_t* lane = &bytes[static_cast<size_t>(l * words)];
+      lane[words - 1] = 0;  // the padding of the last word
+      auto* dst = reinterpret_cast<unsigned char*>(lane);
+      std::memcpy(dst, row_values(rows[i]), static_cast<size_t>(row_bytes_));
+      if (state_bytes) std::memcpy(dst + row_bytes_, row_state(rows[i]), static_cast<size_t>(state_bytes));
+    }
+    for (int64_t j = 0; j < words; ++j)
+      for (int l = 0; l < kLanes; ++l) h[l] = fmix64(h[l] ^ bytes[static_cast<size_t>(l * words + j)]);
+    for (int l = 0; l < lanes; ++l) out[g + static_cast<size_t>(l)] = h[l];
+  }
+}
+
 void Table::slot_checksums(const uint8_t* selected, int64_t* counts, uint64_t* sums) const {
   std::memset(counts, 0, sizeof(int64_t) * kNumSlots);
   std::memset(sums, 0, sizeof(uint64_t) * kNumSlots);
   std::shared_lock<std::shared_mutex> lock(mutex_);
   const double t = opt_.ttl_seconds > 0 ? now() : 0.0;
-  const int64_t state_bytes = state_w_ * static_cast<int64_t>(sizeof(float));
   const int64_t positions =
       opt_.direct ? opt_.capacity : static_cast<int64_t>(index_->num_slots());
   const IndexSlot* index = opt_.direct ? nullptr : index_->slots();
-  const int64_t words = (row_bytes_ + state_bytes + 7) / 8;
   parallel_for(positions, kWalkChunk, [&](int64_t b, int64_t e) {
-    // each lane's row bytes, values then state, zero-padded to whole words
-    std::vector<uint64_t> bytes(static_cast<size_t>(kLanes * std::max<int64_t>(words, 1)));
-    int64_t keys[kLanes] = {};
-    uint32_t lane_slot[kLanes] = {};
-    int lanes = 0;
-    auto hash_lanes = [&] {
-      uint64_t h[kLanes];
-      for (int l = 0; l < kLanes; ++l) h[l] = fmix64(static_cast<uint64_t>(keys[l]));
-      for (int64_t j = 0; j < words; ++j)
-        for (int l = 0; l < kLanes; ++l) h[l] = fmix64(h[l] ^ bytes[l * words + j]);
-      // blocks of other threads may hit the same slot; both sums commute
-      for (int l = 0; l < lanes; ++l) {
-        __atomic_fetch_add(&counts[lane_slot[l]], int64_t{1}, __ATOMIC_RELAXED);
-        __atomic_fetch_add(&sums[lane_slot[l]], h[l], __ATOMIC_RELAXED);
-      }
-      lanes = 0;
-    };
+    // the block's selected rows, then their hashes
+    std::vector<int64_t> keys, rows;
     for (int64_t i = b; i < e; ++i) {
       int64_t key, row;
       if (index) {
@@ -84,20 +91,50 @@ void Table::slot_checksums(const uint8_t* selected, int64_t* counts, uint64_t* s
         if (!present_[static_cast<size_t>(i)]) continue;
         key = row = i;
       }
-      const uint32_t slot = slot_of(key);
-      if (!selected[slot] || (opt_.ttl_seconds > 0 && expired(row, t))) continue;
-      if (words) {
-        uint64_t* lane = &bytes[static_cast<size_t>(lanes * words)];
-        lane[words - 1] = 0;  // the padding of the last word
-        auto* dst = reinterpret_cast<unsigned char*>(lane);
-        std::memcpy(dst, row_values(row), static_cast<size_t>(row_bytes_));
-        if (state_bytes) std::memcpy(dst + row_bytes_, row_state(row), static_cast<size_t>(state_bytes));
-      }
-      keys[lanes] = key;
-      lane_slot[lanes] = slot;
-      if (++lanes == kLanes) hash_lanes();
+      if (!selected[slot_of(key)] || (opt_.ttl_seconds > 0 && expired(row, t))) continue;
+      keys.push_back(key);
+      rows.push_back(row);
     }
-    if (lanes) hash_lanes();
+    std::vector<uint64_t> hashes(keys.size());
+    hash_rows(keys.size(), keys.data(), rows.data(), hashes.data());
+    // blocks of other threads may hit the same slot; both sums commute
+    for (size_t k = 0; k < keys.size(); ++k) {
+      const uint32_t slot = slot_of(keys[k]);
+      __atomic_fetch_add(&counts[slot], int64_t{1}, __ATOMIC_RELAXED);
+      __atomic_fetch_add(&sums[slot], hashes[k], __ATOMIC_RELAXED);
+    }
+  });
+}
+
+void Table::row_hashes(int64_t n, const int64_t* keys, uint64_t* hashes, uint8_t* found) const {
+  std::vector<int64_t> rows(static_cast<size_t>(n));
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  if (opt_.direct) {  // any key may be asked: one outside the rows is absent
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t k = keys[i];
+      rows[static_cast<size_t>(i)] =
+          k >= 0 && k < opt_.capacity && present_[static_cast<size_t>(k)] ? k : -1;
+    }
+  } else {
+    lookup_all(n, keys, rows.data());
+  }
+  const double t = opt_.ttl_seconds > 0 ? now() : 0.0;
+  parallel_for(n, kWalkChunk, [&](int64_t b, int64_t e) {
+    std::vector<int64_t> have_keys, have_rows;
+    std::vector<int64_t> at;
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t row = rows[static_cast<size_t>(i)];
+      const bool resident = row >= 0 && !(opt_.ttl_seconds > 0 && expired(row, t));
+      found[i] = resident ? 1 : 0;
+      hashes[i] = 0;
+      if (!resident) continue;
+      have_keys.push_back(keys[i]);
+      have_rows.push_back(row);
+      at.push_back(i);
+    }
+    std::vector<uint64_t> got(have_keys.size());
+    hash_rows(have_keys.size(), have_keys.data(), have_rows.data(), got.data());
+    for (size_t k = 0; k < at.size(); ++k) hashes[at[k]] = got[k];
   });
 }
 

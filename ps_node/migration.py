@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -39,6 +40,9 @@ from recstore.core.routing import fmix_in_place
 from recstore.ps.changes import ChangeTracker
 from recstore.store import Table
 from recstore.store.table import Chunk
+
+if TYPE_CHECKING:  # import_sums builds on this module
+    from recstore.ps.import_sums import RunningSums
 
 #: the longest a request waits on a sealed slot before it is refused (nothing applied)
 HOLD_LIMIT_S = 5.0
@@ -85,6 +89,8 @@ class Migrations:
         self.importing: dict[str, np.ndarray] = {}
         #: the importing slots' checksums after the last import, while they still hold
         self.imported_sums: dict[str, ImportedChecksums] = {}
+        #: the importing slots' checksums, kept as rows arrive (recstore.ps.import_sums)
+        self.import_sums: dict[str, RunningSums] = {}
 
     # -- the data path ------------------------------------------------------------
     @contextlib.contextmanager
@@ -190,6 +196,7 @@ class Migrations:
             self.check_import(name, slots, owned)
             self.importing[name] = slots
             self.imported_sums.pop(name, None)
+            self.import_sums.pop(name, None)
 
     def importing_slots(self, name: str) -> np.ndarray:
         slots = self.importing.get(name)
@@ -200,6 +207,7 @@ class Migrations:
     def end_import(self, name: str) -> np.ndarray | None:
         with self._cond:
             self.imported_sums.pop(name, None)
+            self.import_sums.pop(name, None)
             return self.importing.pop(name, None)
 
 

@@ -22,7 +22,15 @@ import numpy as np
 from recstore.core import InvalidArgument, SlotMap, slot_of
 from recstore.core.limits import ROW_CHUNK_BYTES
 from recstore.core.migration_wire import Checksums, RowBatch
-from recstore.ps import capacity, codec, dedup_log, held_slots, migration, row_transfer
+from recstore.ps import (
+    capacity,
+    codec,
+    dedup_log,
+    held_slots,
+    import_sums,
+    migration,
+    row_transfer,
+)
 from recstore.ps.changes import distinct
 from recstore.ps.hosted_table import HostedTable, owned_slots
 from recstore.ps.migration import MigrationConflict, keys_in, migrating_slots, rows_of
@@ -156,6 +164,19 @@ def begin_import(node: Node, name: str, ranges: list[tuple[int, int]]) -> None:
     node.migrations.check_import(name, slots, hosted.owned_slots)
     capacity.reserve_for_import(node, name, slots)
     node.migrations.begin_import(name, slots, hosted.owned_slots)
+    with hosted.lock:  # one pass now, so that the tail's checksums cost the tail's rows
+        running = import_sums.start(hosted.table, slots)
+        if running is not None:
+            node.migrations.import_sums[name] = running
+
+
+def _running_sums(node: Node, name: str, hosted: HostedTable) -> import_sums.RunningSums | None:
+    """The importing slots' running sums while they still hold (caller holds the lock)."""
+    running = node.migrations.import_sums.get(name)
+    if running is not None and not running.holds(hosted.table):
+        node.migrations.import_sums.pop(name, None)
+        return None
+    return running
 
 
 def import_rows(node: Node, name: str, rows: RowBatch) -> WriteAck:
@@ -171,6 +192,10 @@ def import_rows(node: Node, name: str, rows: RowBatch) -> WriteAck:
             raise InvalidArgument(f"table {name!r}: a {what} lies outside the importing slots")
     with hosted.lock:
         node.migrations.imported_sums.pop(name, None)
+        running = _running_sums(node, name, hosted)
+        touched = distinct(np.concatenate((rows.keys, rows.gone)))
+        if running is not None:
+            running.take_out(touched)
         ack = WriteAck(0)
         if len(rows.keys):
             apply = functools.partial(hosted.table.import_chunk, rows.keys, rows.values, rows.state)
@@ -183,10 +208,17 @@ def import_rows(node: Node, name: str, rows: RowBatch) -> WriteAck:
         if rows.present is not None:
             extra = migration.keys_not_in(keys_in(hosted.table, slots), rows.present)
             if len(extra):
+                if running is not None:  # untouched by this import: their hashes as they were
+                    running.take_out(extra[~np.isin(extra, touched)])
                 erased = distinct(np.concatenate((erased, extra)))
         if len(erased):  # logged after the rows: its record settles both
-            _, erase_ack = row_transfer.erase_logged(node, hosted, erased)
+            gone_rows, erase_ack = row_transfer.erase_logged(node, hosted, erased)
             ack = WriteAck(ack.rows, erase_ack.wal, erase_ack.seq)
+            if running is not None:
+                running.erased(gone_rows)
+        if running is not None:
+            running.put_in(touched)
+            _running_sums(node, name, hosted)  # dropped if anything else removed a row
     if rows.dedup_entry_count:
         entries = dedup_log.decode_entries(rows.dedup_entries, 0, rows.dedup_entry_count)
         node.absorb_window(name, entries)
@@ -219,7 +251,11 @@ def importing_checksums(node: Node, name: str) -> Checksums:
     with hosted.lock:  # no import half applied
         # counted before the pass: a removal during it makes the activation hash again
         removed = migration.removals(hosted.table)
-        sums = _checksums(hosted.table, slots)
+        running = _running_sums(node, name, hosted)
+        if running is not None and np.array_equal(running.slots, slots):
+            sums = running.checksums()
+        else:
+            sums = _checksums(hosted.table, slots)
         if removed is not None:
             kept = migration.ImportedChecksums(hosted.table, slots, removed, sums)
             node.migrations.imported_sums[name] = kept

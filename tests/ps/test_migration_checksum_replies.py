@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from recstore.core import SlotMap
+from recstore.core import SlotMap, slot_of
 from recstore.core.control import ControlClient, Rpc
 from recstore.core.migration import MigrationJob, SlotBatch, moved
 from recstore.core.migration_wire import checksums_in, rows_from_proto, rows_to_proto
@@ -203,3 +203,53 @@ def test_a_move_asks_only_the_source_for_its_checksums(tmp_path: Path) -> None:
         trainer.check()
     finally:
         fleet.stop()
+
+
+def test_the_target_keeps_its_checksums_as_rows_arrive(
+    pair: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Snapshot pages, changed rows, keys gone and keys left from an earlier try: the
+    running sums equal a full pass at the tail, and the tail's checksums take none."""
+    source, target, batch = pair
+    ranges, keys = list(batch.ranges), KEYS[batch.mask()[slot_of(KEYS)]]
+    target.get("t").table.import_chunk(  # left by an earlier try, unknown to the source
+        *_rows_of(source, keys[:2])
+    )
+    migration_ops.begin_import(target, "t", ranges)
+    migration_ops.begin_outgoing(source, "t", ranges, batch.target)
+    migration_ops.import_rows(target, "t", migration_ops.snapshot_page(source, "t", 0, 0))
+    grads = np.ones((3, DIM), np.float32).tobytes()
+    source.update("t", keys[3:6].tobytes(), grads, "float32", DIM, None)
+    migration_ops.import_rows(target, "t", migration_ops.catch_up(source, "t"))
+    assert source.get("t").table.erase(keys[6:7]) == 1  # gone, and no tracker saw it
+    assert source.get("t").table.erase(keys[7:8]) == 1
+    source.migrations.record("t", keys[7:8])  # gone, and tracked (as an eviction is)
+    passes = _count_passes(monkeypatch)
+    tail = migration_ops.seal(source, "t", timeout=5)
+    migration_ops.import_rows(target, "t", tail)
+    kept = migration_ops.importing_checksums(target, "t")
+    assert passes[0] == 0
+    full = migration_ops.checksums(target, "t", ranges)
+    assert passes[0] == 1 and not kept.differing(full)
+    assert not kept.differing(migration_ops.checksums(source, "t", ranges))
+
+
+def test_a_row_removed_during_the_import_makes_the_tail_hash_in_full(
+    pair: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source, target, batch = pair
+    ranges = list(batch.ranges)
+    migration_ops.begin_import(target, "t", ranges)
+    migration_ops.begin_outgoing(source, "t", ranges, batch.target)
+    migration_ops.import_rows(target, "t", migration_ops.snapshot_page(source, "t", 0, 0))
+    table = target.get("t").table
+    assert table.erase(table.keys_in_slots(batch.mask())[:1]) == 1  # as an eviction would
+    passes = _count_passes(monkeypatch)
+    sums = migration_ops.importing_checksums(target, "t")
+    assert passes[0] == 1
+    assert len(sums.differing(migration_ops.checksums(source, "t", ranges))) == 1
+
+
+def _rows_of(node: Node, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    chunk = node.get("t").table.export_keys(keys)
+    return chunk.keys, chunk.values, chunk.state

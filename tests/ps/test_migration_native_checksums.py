@@ -2,7 +2,8 @@
 
 ``Table.native_slot_checksums`` (csrc/table_slots.cc) must give exactly the
 per-slot counts and hash sums of ``exported_slot_checksums`` (rows exported,
-hashed by ``row_hashes``), and ``Table.keys_in_slots`` exactly the resident
+hashed by ``row_hashes``), ``Table.native_row_hashes`` the hash of each key's
+row, and ``Table.keys_in_slots`` exactly the resident
 keys whose slot is selected, on every dtype and optimizer, on both index
 kinds (direct dense rows, the hash index), and after the writes a move makes:
 updates, evictions, imports, erasures (cleanup) and expiry.
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from recstore.core import NUM_SLOTS, TableSpec, slot_of
-from recstore.ps.migration import exported_slot_checksums, slot_checksums
+from recstore.ps.migration import exported_slot_checksums, row_hashes, slot_checksums
 from recstore.store import Table
 
 DTYPES = ["float32", "float16", "bfloat16"]
@@ -54,6 +55,17 @@ def _assert_native_is_the_definition(table: Table, slots: np.ndarray) -> None:
     every = table.keys()
     expected_keys = every[slots[slot_of(every)]]
     assert np.array_equal(table.keys_in_slots(slots), expected_keys)
+
+    # one row at a time: the hash of each resident key's row, absent keys found False
+    asked = np.arange(table.spec.num_embeddings, dtype=np.int64)[::-1].copy()
+    got = table.native_row_hashes(asked)
+    assert got is not None
+    hashes, found = got
+    chunk = table.export_keys(asked)  # the resident ones (not expired), in asked order
+    assert np.array_equal(asked[found], chunk.keys)
+    assert np.array_equal(hashes[found], row_hashes(chunk)) and not hashes[~found].any()
+    outside = table.native_row_hashes(np.array([-3, 1 << 40], np.int64))  # never rows
+    assert outside is not None and not outside[1].any()
 
 
 # dims: value rows a whole number of words (split) and not (joined with the state)

@@ -359,6 +359,20 @@ class Table:
         native(np.ascontiguousarray(slot_mask(slots)), counts, sums)
         return counts, sums
 
+    def native_row_hashes(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """The migration row hash of each key's row (uint64; 0 where absent) and whether it
+        is resident (bool), hashed where the rows lie; None where the engine has no such
+        call (the GPU tiers)."""
+        native = getattr(self._engine, "row_hashes", None)
+        if native is None:
+            return None
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        hashes = np.empty(len(keys), dtype=np.uint64)
+        found = np.empty(len(keys), dtype=bool)
+        self._tick()
+        native(keys, hashes, found)
+        return hashes, found
+
     def export_keys(self, keys: np.ndarray) -> Chunk:
         """The rows, with optimizer state, of those of ``keys`` still resident (one chunk)."""
         for chunk in self.export_chunks(max(1, len(keys)), keys=keys):
