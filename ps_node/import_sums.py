@@ -74,7 +74,7 @@ def start(table: Table, slots: np.ndarray) -> RunningSums | None:
     """Sums of ``slots`` as they are now (caller holds the table's lock); None where they
     cannot be kept (an engine that does not hash rows in place, rows that expire)."""
     removals = migration.removals(table)  # before the pass: a removal during it is seen
-    if removals is None or table.native_row_hashes(np.empty(0, np.int64)) is None:
+    if removals is None or not table.hashes_rows_in_place:
         return None
     native = table.native_slot_checksums(slots)
     if native is None:

@@ -35,7 +35,6 @@ import numpy as np
 
 from recstore.core import NUM_SLOTS, InvalidArgument, RecStoreError, WrongShard, hash_keys, slot_of
 from recstore.core.migration import ranges_mask
-from recstore.core.migration_wire import Checksums
 from recstore.core.routing import fmix_in_place
 from recstore.ps.changes import ChangeTracker
 from recstore.store import Table
@@ -87,8 +86,6 @@ class Migrations:
         self._cond = threading.Condition()
         self.outgoing: dict[str, Outgoing] = {}
         self.importing: dict[str, np.ndarray] = {}
-        #: the importing slots' checksums after the last import, while they still hold
-        self.imported_sums: dict[str, ImportedChecksums] = {}
         #: the importing slots' checksums, kept as rows arrive (recstore.ps.import_sums)
         self.import_sums: dict[str, RunningSums] = {}
 
@@ -195,7 +192,6 @@ class Migrations:
         with self._cond:
             self.check_import(name, slots, owned)
             self.importing[name] = slots
-            self.imported_sums.pop(name, None)
             self.import_sums.pop(name, None)
 
     def importing_slots(self, name: str) -> np.ndarray:
@@ -206,27 +202,8 @@ class Migrations:
 
     def end_import(self, name: str) -> np.ndarray | None:
         with self._cond:
-            self.imported_sums.pop(name, None)
             self.import_sums.pop(name, None)
             return self.importing.pop(name, None)
-
-
-@dataclass(frozen=True)
-class ImportedChecksums:
-    """A target's checksums of its importing slots after an import, with what vouches that
-    they still hold: the same engine, and the same count of removals in it (``removals``)."""
-
-    table: Table
-    slots: np.ndarray
-    removals: tuple[int, ...]
-    sums: Checksums
-
-    def still_valid(self, table: Table, slots: np.ndarray) -> bool:
-        now = removals(table)
-        return (
-            table is self.table and now is not None and now == self.removals
-            and np.array_equal(slots, self.slots)
-        )  # fmt: skip
 
 
 def removals(table: Table) -> tuple[int, ...] | None:

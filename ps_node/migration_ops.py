@@ -191,7 +191,6 @@ def import_rows(node: Node, name: str, rows: RowBatch) -> WriteAck:
         if len(keys) and not slots[slot_of(keys)].all():
             raise InvalidArgument(f"table {name!r}: a {what} lies outside the importing slots")
     with hosted.lock:
-        node.migrations.imported_sums.pop(name, None)
         running = _running_sums(node, name, hosted)
         touched = distinct(np.concatenate((rows.keys, rows.gone)))
         if running is not None:
@@ -244,33 +243,21 @@ def checksums(node: Node, name: str, ranges: list[tuple[int, int]]) -> Checksums
 
 
 def importing_checksums(node: Node, name: str) -> Checksums:
-    """Checksums of the slots this node imports (the target's, to verify a tail), kept
-    for the activation while nothing changes them."""
+    """Checksums of the slots this node imports (the target's, to verify a tail)."""
     hosted = node.get(name)
     slots = node.migrations.importing_slots(name)
     with hosted.lock:  # no import half applied
-        # counted before the pass: a removal during it makes the activation hash again
-        removed = migration.removals(hosted.table)
-        running = _running_sums(node, name, hosted)
-        if running is not None and np.array_equal(running.slots, slots):
-            sums = running.checksums()
-        else:
-            sums = _checksums(hosted.table, slots)
-        if removed is not None:
-            kept = migration.ImportedChecksums(hosted.table, slots, removed, sums)
-            node.migrations.imported_sums[name] = kept
-        return sums
+        return _importing_checksums(node, name, hosted, slots)
 
 
-def _checksums_at_install(
+def _importing_checksums(
     node: Node, name: str, hosted: HostedTable, slots: np.ndarray
 ) -> Checksums:
-    """The target's checksums at the install (caller holds the table's lock): those of the
-    last import when nothing has changed the slots since, which spares a pass over the
-    batch's rows inside the write pause."""
-    kept = node.migrations.imported_sums.get(name)
-    if kept is not None and kept.still_valid(hosted.table, slots):
-        return kept.sums
+    """Checksums of ``slots`` (caller holds the table's lock): the running sums while they
+    hold (``import_sums``), so no pass over the batch's rows runs in the write pause."""
+    running = _running_sums(node, name, hosted)
+    if running is not None and np.array_equal(running.slots, slots):
+        return running.checksums()
     return _checksums(hosted.table, slots)
 
 
@@ -327,7 +314,7 @@ def activate(
             entry = dataclasses.replace(hosted.entry, slot_map=slot_map)
             # the map's fsyncs run while a target's checksums are taken (in the same hold)
             durable = disk.submit(node.save_catalogue, {name: entry})
-            sums = None if wanted is None else _checksums_at_install(node, name, hosted, wanted)
+            sums = None if wanted is None else _importing_checksums(node, name, hosted, wanted)
             hosted.entry = entry
             hosted.owned_slots = owned = owned_slots(slot_map, node.shard_index)
             out = node.migrations.outgoing.get(name)

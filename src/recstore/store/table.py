@@ -359,6 +359,11 @@ class Table:
         native(np.ascontiguousarray(slot_mask(slots)), counts, sums)
         return counts, sums
 
+    @property
+    def hashes_rows_in_place(self) -> bool:
+        """Whether ``native_row_hashes`` reads rows where they lie (the CPU engine)."""
+        return getattr(self._engine, "row_hashes", None) is not None
+
     def native_row_hashes(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """The migration row hash of each key's row (uint64; 0 where absent) and whether it
         is resident (bool), hashed where the rows lie; None where the engine has no such
