@@ -192,35 +192,51 @@ def import_rows(node: Node, name: str, rows: RowBatch) -> WriteAck:
             raise InvalidArgument(f"table {name!r}: a {what} lies outside the importing slots")
     with hosted.lock:
         running = _running_sums(node, name, hosted)
-        touched = distinct(np.concatenate((rows.keys, rows.gone)))
-        if running is not None:
-            running.take_out(touched)
-        ack = WriteAck(0)
-        if len(rows.keys):
-            apply = functools.partial(hosted.table.import_chunk, rows.keys, rows.values, rows.state)
-            write = Write(
-                hosted, OP_IMPORT, codec.encode(rows.keys), codec.encode(rows.values),
-                hosted.dtype, None, apply, codec.encode(rows.state),
-            )  # fmt: skip
-            (ack,) = node.write_logged([write])
-        erased = rows.gone
-        if rows.present is not None:
-            extra = migration.keys_not_in(keys_in(hosted.table, slots), rows.present)
-            if len(extra):
-                if running is not None:  # untouched by this import: their hashes as they were
-                    running.take_out(extra[~np.isin(extra, touched)])
-                erased = distinct(np.concatenate((erased, extra)))
-        if len(erased):  # logged after the rows: its record settles both
-            gone_rows, erase_ack = row_transfer.erase_logged(node, hosted, erased)
-            ack = WriteAck(ack.rows, erase_ack.wal, erase_ack.seq)
-            if running is not None:
-                running.erased(gone_rows)
-        if running is not None:
-            running.put_in(touched)
-            _running_sums(node, name, hosted)  # dropped if anything else removed a row
+        try:
+            ack = _import_locked(node, hosted, slots, rows, running)
+        except BaseException:  # half an import: what its rows hash to now is not known
+            node.migrations.import_sums.pop(name, None)
+            raise
+        _running_sums(node, name, hosted)  # dropped if anything else removed a row
     if rows.dedup_entry_count:
         entries = dedup_log.decode_entries(rows.dedup_entries, 0, rows.dedup_entry_count)
         node.absorb_window(name, entries)
+    return ack
+
+
+def _import_locked(
+    node: Node,
+    hosted: HostedTable,
+    slots: np.ndarray,
+    rows: RowBatch,
+    running: import_sums.RunningSums | None,
+) -> WriteAck:
+    """``import_rows`` under the table's lock, keeping ``running`` (if any) up to date."""
+    touched = distinct(np.concatenate((rows.keys, rows.gone)))
+    if running is not None:
+        running.take_out(touched)
+    ack = WriteAck(0)
+    if len(rows.keys):
+        apply = functools.partial(hosted.table.import_chunk, rows.keys, rows.values, rows.state)
+        write = Write(
+            hosted, OP_IMPORT, codec.encode(rows.keys), codec.encode(rows.values),
+            hosted.dtype, None, apply, codec.encode(rows.state),
+        )  # fmt: skip
+        (ack,) = node.write_logged([write])
+    erased = rows.gone
+    if rows.present is not None:
+        extra = migration.keys_not_in(keys_in(hosted.table, slots), rows.present)
+        if len(extra):
+            if running is not None:  # untouched by this import: their hashes as they were
+                running.take_out(extra[~np.isin(extra, touched)])
+            erased = distinct(np.concatenate((erased, extra)))
+    if len(erased):  # logged after the rows: its record settles both
+        gone_rows, erase_ack = row_transfer.erase_logged(node, hosted, erased)
+        ack = WriteAck(ack.rows, erase_ack.wal, erase_ack.seq)
+        if running is not None:
+            running.erased(gone_rows)
+    if running is not None:
+        running.put_in(touched)
     return ack
 
 
