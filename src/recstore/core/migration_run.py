@@ -13,8 +13,9 @@ batch of ``recstore.core.migration``'s plan:
   node (the epoch) -> cleanup on the source.
 
 Everything from the seal to the source's refusal is the batch's write pause:
-the target's checksums travel in the reply of the import it makes anyway, and
-the two nodes hash their copies at the same time. The copy before it runs on
+the target's checksums travel in the reply of the import it makes anyway (it
+keeps them as rows arrive, ``recstore.ps.import_sums``), and the source's pass
+over its sealed slots runs beside that import. The copy before it runs on
 background threads (``recstore.core.background``): the trainers' requests and
 the pause go first.
 
@@ -142,8 +143,8 @@ class MigrationRun:
             self.store.save_job(job)
             self._step("tail", job)
             # the source hashes its sealed slots while the target imports the tail (the
-            # last import's reply carries the target's checksums): two passes over the
-            # batch's rows side by side, not one after the other
+            # last import's reply carries the target's checksums): the pause's one pass
+            # over the batch's rows runs beside the import, not after it
             (imported, tail_bytes), sealed = at_once(
                 lambda: self._import_tail(source, target, tail),
                 lambda: source.call(checksums_rpc(self.table, batch.ranges)),
