@@ -49,10 +49,15 @@ def pair(tmp_path: Path) -> Iterator[tuple[Node, Node, SlotBatch]]:
     yield nodes[0], nodes[1], SlotBatch(0, 1, ((0, 1500),))
 
 
-def _copy_and_seal(source: Node, target: Node, batch: SlotBatch) -> Any:
+def _begin_move(source: Node, target: Node, batch: SlotBatch) -> list[tuple[int, int]]:
     ranges = list(batch.ranges)
     migration_ops.begin_import(target, "t", ranges)
     migration_ops.begin_outgoing(source, "t", ranges, batch.target)
+    return ranges
+
+
+def _copy_and_seal(source: Node, target: Node, batch: SlotBatch) -> Any:
+    _begin_move(source, target, batch)
     offset = 0
     while True:
         page = migration_ops.snapshot_page(source, "t", offset, 500)
@@ -208,12 +213,11 @@ def test_the_target_keeps_its_checksums_as_rows_arrive(
     """Snapshot pages, changed rows, keys gone and keys left from an earlier try: the
     running sums equal a full pass at the tail, and the tail's checksums take none."""
     source, target, batch = pair
-    ranges, keys = list(batch.ranges), KEYS[batch.mask()[slot_of(KEYS)]]
+    keys = KEYS[batch.mask()[slot_of(KEYS)]]
     target.get("t").table.import_chunk(  # left by an earlier try, unknown to the source
         *_rows_of(source, keys[:2])
     )
-    migration_ops.begin_import(target, "t", ranges)
-    migration_ops.begin_outgoing(source, "t", ranges, batch.target)
+    ranges = _begin_move(source, target, batch)
     migration_ops.import_rows(target, "t", migration_ops.snapshot_page(source, "t", 0, 0))
     grads = np.ones((3, DIM), np.float32).tobytes()
     source.update("t", keys[3:6].tobytes(), grads, "float32", DIM, None)
@@ -235,9 +239,7 @@ def test_a_row_removed_during_the_import_makes_the_tail_hash_in_full(
     pair: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     source, target, batch = pair
-    ranges = list(batch.ranges)
-    migration_ops.begin_import(target, "t", ranges)
-    migration_ops.begin_outgoing(source, "t", ranges, batch.target)
+    ranges = _begin_move(source, target, batch)
     migration_ops.import_rows(target, "t", migration_ops.snapshot_page(source, "t", 0, 0))
     table = target.get("t").table
     assert table.erase(table.keys_in_slots(batch.mask())[:1]) == 1  # as an eviction would
@@ -256,9 +258,7 @@ def test_an_import_that_fails_halfway_drops_the_running_sums(
     pair: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     source, target, batch = pair
-    ranges = list(batch.ranges)
-    migration_ops.begin_import(target, "t", ranges)
-    migration_ops.begin_outgoing(source, "t", ranges, batch.target)
+    _begin_move(source, target, batch)
     page = migration_ops.snapshot_page(source, "t", 0, 0)
     table = target.get("t").table
     real = table.import_chunk
