@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from recstore.core import SlotMap, slot_of
+from recstore.core import SlotMap, WrongShard, slot_of
 from recstore.core.control import ControlClient, Rpc
 from recstore.core.migration import MigrationJob, SlotBatch, moved
 from recstore.core.migration_wire import checksums_in, rows_from_proto, rows_to_proto
-from recstore.ps import migration, migration_ops
+from recstore.ps import migration, migration_ops, native_path
 from recstore.ps.node import Node
 from recstore.v1 import ps_pb2
 
@@ -275,3 +275,27 @@ def test_an_import_that_fails_halfway_drops_the_running_sums(
     sums = migration_ops.importing_checksums(target, "t")
     assert passes[0] == 1  # hashed in full: the sums of half an import were dropped
     assert sums.rows.sum() == 1
+
+
+def test_client_writes_to_importing_slots_are_refused_and_leave_the_sums_exact(
+    pair: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the running sums rest on: until the install no client writes the slots a
+    target imports, on either write path."""
+    source, target, batch = pair
+    ranges = _begin_move(source, target, batch)
+    migration_ops.import_rows(target, "t", migration_ops.snapshot_page(source, "t", 0, 0))
+    key = KEYS[batch.mask()[slot_of(KEYS)]][:1]
+    row = np.full((1, DIM), 7, np.float32).tobytes()
+    with pytest.raises(WrongShard):
+        target.update("t", key.tobytes(), row, "float32", DIM, None)
+    with pytest.raises(WrongShard):
+        target.push("t", key.tobytes(), np.full((1, DIM), 7, np.float16).tobytes(), "float16", DIM)
+    request = ps_pb2.MultiUpdateRequest(items=[ps_pb2.UpdateRequest(
+        table="t", epoch=1, keys=key.tobytes(), grads=row, dim=DIM)])  # fmt: skip
+    with pytest.raises(WrongShard):
+        native_path.serve(target, "MultiUpdate", request.SerializeToString())
+    passes = _count_passes(monkeypatch)
+    kept = migration_ops.importing_checksums(target, "t")
+    assert passes[0] == 0
+    assert not kept.differing(migration_ops.checksums(target, "t", ranges))
