@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from recstore.core import NUM_SLOTS, slot_of
+from recstore.core import slot_of
 from recstore.core.migration_wire import Checksums
 from recstore.ps import migration
 from recstore.store import Table
@@ -55,7 +55,8 @@ class RunningSums:
         self._add(keys, 1)
 
     def erased(self, rows: int) -> None:
-        """``rows`` rows were erased by the import itself (an expected removal)."""
+        """``rows`` rows were erased by the import itself (an expected removal); any other
+        removal leaves the counts apart, which the next ``holds`` sees."""
         evictions, expirations, erasures = self.removals
         self.removals = (evictions, expirations, erasures + rows)
 
@@ -80,5 +81,4 @@ def start(table: Table, slots: np.ndarray) -> RunningSums | None:
     if native is None:
         return None
     counts, sums = native
-    assert len(counts) == NUM_SLOTS
     return RunningSums(table, slots.copy(), counts, sums, removals)

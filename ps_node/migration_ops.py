@@ -197,7 +197,6 @@ def import_rows(node: Node, name: str, rows: RowBatch) -> WriteAck:
         except BaseException:  # half an import: what its rows hash to now is not known
             node.migrations.import_sums.pop(name, None)
             raise
-        _running_sums(node, name, hosted)  # dropped if anything else removed a row
     if rows.dedup_entry_count:
         entries = dedup_log.decode_entries(rows.dedup_entries, 0, rows.dedup_entry_count)
         node.absorb_window(name, entries)

@@ -368,14 +368,13 @@ class Table:
         """The migration row hash of each key's row (uint64; 0 where absent) and whether it
         is resident (bool), hashed where the rows lie; None where the engine has no such
         call (the GPU tiers)."""
-        native = getattr(self._engine, "row_hashes", None)
-        if native is None:
+        if not self.hashes_rows_in_place:
             return None
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         hashes = np.empty(len(keys), dtype=np.uint64)
         found = np.empty(len(keys), dtype=bool)
         self._tick()
-        native(keys, hashes, found)
+        self._engine.row_hashes(keys, hashes, found)
         return hashes, found
 
     def export_keys(self, keys: np.ndarray) -> Chunk:
