@@ -46,6 +46,14 @@ void scan_non_finite(const void* data, int dtype, int64_t dim, int64_t begin, in
   }
 }
 
+bool any_rows_non_finite(const float* data, int64_t rows, int64_t dim, int64_t stride) {
+  const auto* bits = reinterpret_cast<const uint32_t*>(data);
+  if (stride == dim) return any_non_finite(bits, rows * dim, exponent_mask(kFloat32));
+  for (int64_t r = 0; r < rows; ++r)
+    if (any_non_finite(bits + r * stride, dim, exponent_mask(kFloat32))) return true;
+  return false;
+}
+
 std::string non_finite_refusal(const char* what, int64_t n, const NonFiniteRows& bad,
                                int64_t key) {
   return std::to_string(bad.count) + " of " + std::to_string(n) + " " + what +

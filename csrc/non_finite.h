@@ -53,6 +53,10 @@ struct NonFiniteRows {
 void scan_non_finite(const void* data, int dtype, int64_t dim, int64_t begin, int64_t end,
                      NonFiniteRows& found);
 
+// Whether any of `rows` float32 rows of `dim` values, `stride` floats apart, holds
+// a NaN or an infinity (one bag gradient per row: strided columns of a wider output).
+bool any_rows_non_finite(const float* data, int64_t rows, int64_t dim, int64_t stride);
+
 // Lowers `at` to `value` when smaller (the first position found by any thread).
 inline void lower_to(std::atomic<int64_t>& at, int64_t value) {
   int64_t seen = at.load(std::memory_order_relaxed);

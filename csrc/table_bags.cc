@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "non_finite.h"
 #include "parallel.h"
 #include "row_copy.h"
 #include "scratch.h"
@@ -80,10 +81,7 @@ void Table::update_bags(int64_t n, const int64_t* keys, int64_t bag_size, const 
   check_bags(n, bag_size, opt_.dtype);
   validate_ids(n, keys);
   const int64_t bags = n / bag_size, dim = opt_.dim;
-  bool finite = true;
-  for (int64_t b = 0; b < bags && finite; ++b)
-    for (int64_t j = 0; j < dim; ++j) finite &= std::isfinite(grads[b * grad_stride + j]);
-  if (!finite) {  // the non-finite policy judges the per-occurrence rows, as update() would
+  if (any_rows_non_finite(grads, bags, dim, grad_stride)) {  // the non-finite policy judges the per-occurrence rows, as update() would
     std::vector<float> rows(static_cast<size_t>(n * dim));
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < dim; ++j)

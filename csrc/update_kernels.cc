@@ -30,6 +30,33 @@ struct BF16 {
 // Groups ahead whose memory is prefetched while the current one is computed.
 constexpr int64_t kAhead = 4;
 
+// Partial sums of RowWiseAdagrad's squared gradients. One running sum is a chain
+// of dependent adds, one per column (most of a row's time at dim 64); columns
+// j, j + kLanes, ... go to lane j % kLanes instead, and the lanes are added in a
+// fixed tree, so a row's sum does not depend on threads or batches.
+constexpr int64_t kLanes = 16;
+
+// sum over j of (acc[j] + wd * w[j])^2, the decayed gradient's squares.
+template <class W>
+float decayed_squares(const float* acc, const typename W::raw* w, float wd, int64_t dim) {
+  float lane[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= dim; j += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) {
+      const float g = acc[j + l] + wd * W::load(w[j + l]);
+      lane[l] += g * g;
+    }
+  }
+  for (int64_t l = 0; j < dim; ++j, ++l) {
+    const float g = acc[j] + wd * W::load(w[j]);
+    lane[l] += g * g;
+  }
+  for (int64_t half = kLanes / 2; half > 0; half /= 2) {
+    for (int64_t l = 0; l < half; ++l) lane[l] += lane[l + half];
+  }
+  return lane[0];
+}
+
 template <int Kind, class W, class G>
 void run_groups(const UpdateBatch& b, int64_t begin, int64_t end) {
   const int64_t dim = b.dim;
@@ -95,12 +122,7 @@ void run_groups(const UpdateBatch& b, int64_t begin, int64_t end) {
         w[j] = W::store(wj - lr * (g / (sqrtf(sj) + eps)));
       }
     } else if (Kind == kRowWiseAdagrad) {
-      float sum = 0.0f;
-      for (int64_t j = 0; j < dim; ++j) {
-        float g = acc[j] + wd * W::load(w[j]);
-        sum += g * g;
-      }
-      s[0] += sum / static_cast<float>(dim);
+      s[0] += decayed_squares<W>(acc, w, wd, dim) / static_cast<float>(dim);
       const float scale = rowwise_scale(p, s[0]);
       for (int64_t j = 0; j < dim; ++j) {
         float wj = W::load(w[j]);
