@@ -96,6 +96,11 @@ NB_MODULE(_native, m) {
   m.def("set_num_threads", &recstore::set_num_threads, "n"_a,
         "Threads used for batch work (<= 0: all hardware threads)");
   m.def("num_threads", &recstore::num_threads);
+  m.def("share_process_openmp", &recstore::share_process_openmp, "share"_a,
+        "Run batch work on the process's libgomp threads (torch's) instead of the engine's "
+        "own (share=False: the engine's); returns whether they are shared now");
+  m.def("shares_process_openmp", &recstore::shares_process_openmp,
+        "Whether batch work runs on the process's libgomp threads");
   m.def("start_workers", &recstore::start_pool,
         "Start the batch-work threads now (they keep the caller's scheduling priority)");
   m.def("fmix64", [](int64_t key) { return recstore::fmix64(static_cast<uint64_t>(key)); },

@@ -1,8 +1,11 @@
 // The worker pool behind parallel_for: helper threads are created once and
 // wait on a condition variable, so a call's helpers are already running on
-// the other cores instead of being spawned (and placed) per call.
+// the other cores instead of being spawned (and placed) per call. In a process
+// whose torch runs its ops on libgomp, the work can go to torch's OpenMP team
+// instead (share_process_openmp, parallel.h).
 #include "parallel.h"
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -94,7 +97,33 @@ Pool* pool_for(int helpers) {
   return g_pool;
 }
 
+// libgomp's entry for `#pragma omp parallel` (its ABI since GCC 4.9): runs fn(data)
+// on num_threads threads of the calling thread's team, the caller one of them.
+using GompParallel = void (*)(void (*)(void*), void*, unsigned, unsigned);
+std::atomic<GompParallel> g_gomp_parallel{nullptr};
+std::atomic<pid_t> g_gomp_pid{0};  // a forked child has no team threads: it uses the pool
+
+void run_job(void* job) { (*static_cast<const std::function<void()>*>(job))(); }
+
 }  // namespace
+
+bool share_process_openmp(bool share) {
+  GompParallel entry = nullptr;
+  if (share) {
+    // Only a libgomp the process has loaded already (torch's): never a second runtime.
+    if (void* gomp = dlopen("libgomp.so.1", RTLD_NOLOAD | RTLD_NOW)) {
+      entry = reinterpret_cast<GompParallel>(dlsym(gomp, "GOMP_parallel"));
+      dlclose(gomp);  // the process's own reference keeps it loaded
+    }
+  }
+  g_gomp_pid.store(getpid());
+  g_gomp_parallel.store(entry);
+  return entry != nullptr;
+}
+
+bool shares_process_openmp() {
+  return g_gomp_parallel.load() != nullptr && g_gomp_pid.load() == getpid();
+}
 
 int num_threads() { return g_threads.load(std::memory_order_relaxed); }
 
@@ -103,6 +132,11 @@ void set_num_threads(int n) { g_threads.store(n <= 0 ? default_threads() : n); }
 void start_pool() { pool_for(std::max(1, default_threads() - 1)); }
 
 void run_on_pool(int helpers, const std::function<void()>& job) {
+  GompParallel gomp = g_gomp_parallel.load(std::memory_order_relaxed);
+  if (helpers > 0 && gomp != nullptr && g_gomp_pid.load(std::memory_order_relaxed) == getpid()) {
+    gomp(&run_job, const_cast<std::function<void()>*>(&job), static_cast<unsigned>(helpers + 1), 0);
+    return;
+  }
   if (helpers <= 0 || !pool_for(helpers)->try_run(helpers, job)) job();
 }
 

@@ -1,7 +1,8 @@
 // A minimal fork-join parallel_for over the host cores for batch work.
 //
-// A small persistent pool rather than OpenMP: torch ships its own OpenMP
-// runtime and two runtimes in one process oversubscribe the cores. Threads
+// A small persistent pool rather than linking OpenMP: torch ships its own
+// OpenMP runtime and two runtimes in one process oversubscribe the cores (a
+// training process can hand the work to torch's runtime instead, below). Threads
 // claim blocks from a shared counter, so a core that is busy with other work
 // slows the call down by its own share only. Batches below `min_chunk`
 // elements per thread run inline on the caller, and so does a call that finds
@@ -28,6 +29,17 @@ void run_on_pool(int helpers, const std::function<void()>& job);
 // priority of the thread that started them, so a process that also runs
 // work on lowered-priority threads starts it from a normal one first.
 void start_pool();
+
+// A training process: after each of torch's parallel ops its OpenMP threads
+// spin for a while before they sleep, on the very cores this pool's helpers
+// need, so a batch of engine work right after one (an update after backward's
+// kernels) ran at about one core's speed. Shared, parallel_for hands its work
+// to the calling thread's OpenMP team (the libgomp already loaded, found by
+// name; never a second runtime), whose spinning threads take it at once.
+// Returns whether it is shared now: false without a loaded libgomp, and after
+// share=false. A process forked after sharing uses the pool again.
+bool share_process_openmp(bool share);
+bool shares_process_openmp();
 
 // Calls fn(begin, end) on disjoint ranges covering [0, n). fn must not throw.
 template <class Fn>

@@ -4,6 +4,11 @@ All local clients of a process share one ``recstore.store.Store``, as all
 clients of a PS fleet share its nodes: a table one role creates, another role
 of the same process sees. Tables whose storage tier asks for a GPU live on
 the GPU when there is one.
+
+The engine's batch work runs on torch's OpenMP threads here (the process
+trains with torch): after each of torch's parallel kernels those threads spin
+on the cores the engine's own helpers would need, and an update right after
+backward ran at about one core's speed (``_native.share_process_openmp``).
 """
 
 from __future__ import annotations
@@ -53,8 +58,10 @@ def process_store() -> Store:
     global _store
     with _store_lock:
         if _store is None:
+            from recstore import _native
             from recstore.store import Store
 
+            _native.share_process_openmp(True)  # module docstring
             _store = Store()
         return _store
 
