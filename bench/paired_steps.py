@@ -1,17 +1,19 @@
-"""Timed rounds of ``train_bench.py`` with eager and compiled steps taken in pairs.
+"""Timed rounds of ``train_bench.py`` whose compared variants step in turns.
 
-Whether ``torch.compile`` makes a step slower is a ratio of two step times
-that each move by tens of percent with the load on a shared machine. Timing
-all of one variant's steps and then all of the other's lets a burst of load
-land on one side only; here, within each round, the eager and the compiled
-model step in turns on the same batch (who goes first alternates from step
-to step and round to round), so each compiled step has an eager partner timed
-next to it under the same load. The figure of merit is the median over all
-pairs of compiled time / eager time; every other variant runs its steps of the
-round in one go, as before. Several pairs can run in one round: the TBE bench
-pairs torch's own ``nn.EmbeddingBag`` model with its compiled self too, so what
-``torch.compile`` costs a model with nothing for inductor to fuse is measured
-beside RecStore's figure, under the same load.
+Whether ``torch.compile`` makes a step slower, or RecStore's step is faster
+than FBGEMM's, is a ratio of two step times that each move by tens of percent
+with the load on a shared machine. Timing all of one variant's steps and then
+all of the other's lets a burst of load land on one side only; here, within
+each round, the variants of a group step in turns on the same batch (who goes
+first rotates from step to step and round to round), so each step has its
+partners timed next to it under the same load. The figure of merit of two
+variants of a group is the median over those steps of one's time over the
+other's; variants in no group run their steps of the round in one go.
+
+The TBE bench groups FBGEMM with RecStore's eager and compiled model, and
+torch's own ``nn.EmbeddingBag`` model with its compiled self: what
+``torch.compile`` costs a model with nothing for inductor to fuse is then
+measured beside RecStore's figure, under the same load.
 """
 
 from __future__ import annotations
@@ -24,49 +26,47 @@ from typing import Any
 Step = Callable[[str, int], float]
 
 
-#: an (eager, compiled) pair of variant names
-Pair = tuple[str, str]
-
-
 def timed_round(
     names: Sequence[str],
-    pairs: Sequence[Pair],
+    groups: Sequence[Sequence[str]],
     steps: int,
     step: Step,
     times: dict[str, list[float]],
-    ratios: dict[Pair, list[float]],
     round_index: int,
 ) -> None:
-    """One round: ``steps`` steps of each variant; each of ``pairs`` (eager, compiled) in
-    turns where its eager variant comes, each pair's compiled/eager time appended to
-    ``ratios[pair]``."""
-    by_eager = {pair[0]: pair for pair in pairs}
-    partners = {pair[1] for pair in pairs}
+    """One round: ``steps`` steps of each variant, a group's in turns where its first
+    member comes in ``names``. The members of a group get one sample per step each, so
+    their lists in ``times`` stay aligned step by step (what ``paired_ratio`` reads)."""
+    by_first = {group[0]: group for group in groups}
+    grouped = {name for group in groups for name in group}
     for name in names:
-        if name in partners:
-            continue  # stepped with its partner
-        pair = by_eager.get(name)
-        if pair is None:
-            for index in range(steps):
-                times[name].append(step(name, index))
+        group = by_first.get(name)
+        if group is None:
+            if name not in grouped:
+                for index in range(steps):
+                    times[name].append(step(name, index))
             continue
         for index in range(steps):
-            order = pair if (index + round_index) % 2 == 0 else pair[::-1]
-            taken = {who: step(who, index) for who in order}
-            for who, seconds in taken.items():
-                times[who].append(seconds)
-            ratios.setdefault(pair, []).append(taken[pair[1]] / taken[pair[0]])
+            turn = (index + round_index) % len(group)
+            for who in [*group[turn:], *group[:turn]]:
+                times[who].append(step(who, index))
 
 
-def summary(times: dict[str, list[float]], pair: Pair, ratios: list[float]) -> dict[str, Any]:
+def paired_ratio(times: dict[str, list[float]], base: str, other: str) -> float:
+    """Median over the steps taken in turns of ``other``'s time / ``base``'s."""
+    pairs = list(zip(times[base], times[other], strict=True))
+    return statistics.median(b / a for a, b in pairs)
+
+
+def summary(times: dict[str, list[float]], eager: str, compiled: str) -> dict[str, Any]:
     """The compiled-vs-eager figures: median paired ratio, and the ratio of median steps."""
-    eager, compiled = (statistics.median(times[name]) for name in pair)
+    eager_s, compiled_s = statistics.median(times[eager]), statistics.median(times[compiled])
     return {
-        "pairs": len(ratios),
-        "median_paired_ratio": statistics.median(ratios),
-        "ratio_of_medians": compiled / eager,
-        "eager_median_step_s": eager,
-        "compiled_median_step_s": compiled,
+        "pairs": len(times[eager]),
+        "median_paired_ratio": paired_ratio(times, eager, compiled),
+        "ratio_of_medians": compiled_s / eager_s,
+        "eager_median_step_s": eager_s,
+        "compiled_median_step_s": compiled_s,
     }
 
 

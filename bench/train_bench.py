@@ -37,10 +37,13 @@ Adagrad, one id per bag with SGD) for torch, FBGEMM's CPU TBE (when
 ``fbgemm-gpu-cpu`` is installed; skipped with a message otherwise), RecStore
 local (eager and compiled) and over gRPC, with each one's speed relative to
 FBGEMM's median step in the same run (target: RecStore local >= 1.0x) and a
-check that RecStore local and FBGEMM tables agree after 3 steps. Torch's own
-model is also compiled and paired with its eager self, as RecStore's is: the
-cost ``torch.compile`` adds to a model with nothing for inductor to fuse, in
-the same run. Writes bench/results/train_bench_tbe.json.
+check that RecStore local and FBGEMM tables agree after 3 steps. FBGEMM and
+RecStore local (eager and compiled) step in turns on the same batches, so the
+"paired" column (the median of FBGEMM's step / RecStore's, step by step) is
+the load-robust figure. Torch's own model is also compiled and stepped in
+turns with its eager self, as RecStore's is: the cost ``torch.compile`` adds
+to a model with nothing for inductor to fuse, in the same run. Writes
+bench/results/train_bench_tbe.json.
 
     python bench/train_bench.py [--rounds 8 --steps-per-round 5 --no-grpc --no-compile --cold]
     python bench/train_bench.py --tbe [--rounds 5 --steps-per-round 4 --no-grpc --no-compile]
@@ -294,19 +297,19 @@ def run_tbe(args: argparse.Namespace) -> None:
                     client.set_ps_endpoints(endpoints)
                 clients.append(client)
                 variants[name] = (tw.RecStoreBags(client, work, *shape, args.tbe_join), None)
-            pairs: list[paired.Pair] = []
+            # stepped in turns: FBGEMM beside RecStore local, each model beside its compiled self
+            groups = [[name for name in ("fbgemm", LOCAL) if name in variants]]
             if not args.no_compile:  # the local model itself (module docstring)
                 variants[COMPILED] = (torch.compile(variants[LOCAL][0]), None)
                 # torch's own model and optimizer too: the reference for compile's cost
                 variants[TORCH_COMPILED] = (torch.compile(model), variants["torch"][1])
-                pairs = [(LOCAL, COMPILED), ("torch", TORCH_COMPILED)]
+                groups = [[*groups[0], COMPILED], ["torch", TORCH_COMPILED]]
             for model, optimizer in variants.values():  # warm-up: every row resident
                 for batch in data:
                     tw.step(model, optimizer, batch)
             for client in clients:
                 client.flush()
             times: dict[str, list[float]] = {name: [] for name in variants}
-            ratios: dict[paired.Pair, list[float]] = {}
 
             def tbe_step(name: str, index: int, variants: dict[str, Any] = variants,
                          data: list[Any] = data) -> float:  # fmt: skip
@@ -316,9 +319,7 @@ def run_tbe(args: argparse.Namespace) -> None:
                 return clock() - start
 
             for round_index in range(args.rounds):
-                paired.timed_round(
-                    list(variants), pairs, len(data), tbe_step, times, ratios, round_index
-                )
+                paired.timed_round(list(variants), groups, len(data), tbe_step, times, round_index)
             for client in clients:
                 client.flush()
                 for table in client.data_name_list():
@@ -335,10 +336,12 @@ def run_tbe(args: argparse.Namespace) -> None:
 
                 numerics = tw.check_numerics(work, *shape, data[:3], local_client)
             report["workloads"][work.name] = _tbe_table(work.name, times, numerics)
-            for pair, key, what in zip(pairs, COMPILE_KEYS, COMPILE_WHAT, strict=True):
-                figures = paired.summary(times, pair, ratios[pair])
-                print("  " + paired.describe(figures, what))
-                report["workloads"][work.name][key] = figures
+            compiled = [(LOCAL, COMPILED), ("torch", TORCH_COMPILED)]
+            for pair, key, what in zip(compiled, COMPILE_KEYS, COMPILE_WHAT, strict=True):
+                if not args.no_compile:
+                    figures = paired.summary(times, *pair)
+                    print("  " + paired.describe(figures, what))
+                    report["workloads"][work.name][key] = figures
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.json}")
@@ -349,13 +352,25 @@ def _tbe_table(
 ) -> dict[str, Any]:
     medians = {name: statistics.median(samples) for name, samples in times.items()}
     peer = medians.get("fbgemm")
-    print(f"\n{workload}: {'variant':<40}{'median step ms':>16}{'speed vs FBGEMM':>18}")
+    print(
+        f"\n{workload}: {'variant':<40}{'median step ms':>16}{'speed vs FBGEMM':>18}{'paired':>9}"
+    )
     rows = []
     for name, median in medians.items():
         speed = None if peer is None else peer / median
-        rows.append({"variant": name, "median_step_s": median, "speed_vs_fbgemm": speed})
+        # stepped in turns with FBGEMM: the median of FBGEMM's time / its time, step by step
+        turns = None
+        if peer is not None and name in (LOCAL, COMPILED) and name in times:
+            turns = 1 / paired.paired_ratio(times, "fbgemm", name)
+        rows.append({
+            "variant": name, "median_step_s": median, "speed_vs_fbgemm": speed,
+            "paired_speed_vs_fbgemm": turns,
+        })  # fmt: skip
         shown = "" if speed is None else f"{speed:.2f}x"
-        print(f"{'':<{len(workload) + 2}}{name:<40}{median * 1e3:>16.2f}{shown:>18}")
+        paired_shown = "" if turns is None else f"{turns:.2f}x"
+        print(
+            f"{'':<{len(workload) + 2}}{name:<40}{median * 1e3:>16.2f}{shown:>18}{paired_shown:>9}"
+        )
     if numerics is not None:
         print(f"  RecStore local vs FBGEMM after 3 steps: max |weight difference| {numerics:.2e}")
     return {"results": rows, "max_weight_difference_vs_fbgemm": numerics}
@@ -533,8 +548,7 @@ def main() -> None:
                 train_step(floor, variants["transport-floor"][1], batch)
         times: dict[str, list[float]] = {name: [] for name in variants}
         losses: dict[str, list[float]] = {name: [] for name in variants}
-        ratios: dict[paired.Pair, list[float]] = {}
-        pairs = [(LOCAL, COMPILED)] if COMPILED in variants else []
+        groups = [[LOCAL, COMPILED]] if COMPILED in variants else []
         for round_index in range(args.rounds):
             first = round_index * args.steps_per_round
 
@@ -550,7 +564,7 @@ def main() -> None:
                 return clock() - start
 
             paired.timed_round(
-                list(variants), pairs, args.steps_per_round, dlrm_step, times, ratios, round_index
+                list(variants), groups, args.steps_per_round, dlrm_step, times, round_index
             )
         for model, _, client in variants.values():
             if client is not None:
@@ -584,8 +598,8 @@ def main() -> None:
             f"{target_text:>8}"
         )
     compiled_figures = None
-    if ratios:
-        compiled_figures = paired.summary(times, (LOCAL, COMPILED), ratios[LOCAL, COMPILED])
+    if groups:
+        compiled_figures = paired.summary(times, LOCAL, COMPILED)
         print(paired.describe(compiled_figures) + "; target <= 1.0x")
     if traffic:
         print(

@@ -217,7 +217,9 @@ class Table {
   bool probe_gather_range(const int64_t* keys, int64_t* rows, void* out, int64_t b, int64_t e,
                           bool stream) const;
   // Groups the positions of a call by row (see table_write.cc); returns the group count.
-  int64_t group_by_row(int64_t n, const int64_t* rows, uint64_t** order, int64_t** starts) const;
+  // Each entry carries its position / per_entry (a bag's gradient row: bag_size).
+  int64_t group_by_row(int64_t n, const int64_t* rows, int64_t per_entry, uint64_t** order,
+                       int64_t** starts) const;
   // Exclusive lock held, rows resolved: the optimizer step of one update call; position
   // i's gradient is row i / bag_size of grads, times scale (update(): 1 and 1).
   void apply_update(int64_t n, const int64_t* rows, const void* grads, int grad_dtype,

@@ -7,7 +7,7 @@
 // reads them, and the update reads each bag's one gradient row for every
 // occurrence (UpdateBatch::bag_size), summing per row in position order: the
 // same sums as update() of the per-occurrence rows.
-#include <cmath>
+#include <algorithm>
 #include <mutex>
 #include <stdexcept>
 #include <vector>
@@ -33,24 +33,48 @@ void check_bags(int64_t n, int64_t bag_size, int dtype) {
 
 }  // namespace
 
+namespace {
+
+// Bags [b, e) of `bag_size` rows each, summed into out (rows `out_stride` apart).
+// D > 0: the row width known when compiled, so a bag's sum stays in registers
+// while its rows stream in; 0: any width, summed in place. Built for AVX2 and
+// the baseline, picked when loaded (target_clones).
+template <int64_t D>
+__attribute__((target_clones("avx2", "default"))) void pool_bags(
+    const char* values, int64_t row_bytes, int64_t dim, const int64_t* rows, int64_t bag_size,
+    bool mean, float* out, int64_t out_stride, int64_t b, int64_t e) {
+  const int64_t first = b * bag_size, last = e * bag_size;
+  const float inv = 1.0f / static_cast<float>(bag_size);
+  const int64_t width = D > 0 ? D : dim;
+  for (int64_t i = first; i < std::min(last, first + kPoolAhead); ++i)
+    prefetch_row(values + rows[i] * row_bytes, row_bytes);
+  float fixed[D > 0 ? D : 1];
+  for (int64_t bag = b; bag < e; ++bag) {
+    float* acc = D > 0 ? fixed : out + bag * out_stride;
+    for (int64_t j = 0; j < width; ++j) acc[j] = 0.0f;
+    for (int64_t i = bag * bag_size; i < (bag + 1) * bag_size; ++i) {
+      if (i + kPoolAhead < last) prefetch_row(values + rows[i + kPoolAhead] * row_bytes, row_bytes);
+      const float* w = reinterpret_cast<const float*>(values + rows[i] * row_bytes);
+      for (int64_t j = 0; j < width; ++j) acc[j] += w[j];
+    }
+    if (mean)
+      for (int64_t j = 0; j < width; ++j) acc[j] *= inv;
+    if (D > 0) std::copy(acc, acc + width, out + bag * out_stride);
+  }
+}
+
+}  // namespace
+
 void Table::pool_rows(int64_t n, const int64_t* rows, int64_t bag_size, bool mean, float* out,
                       int64_t out_stride) const {
   const int64_t dim = opt_.dim, rb = row_bytes_;
-  const float inv = 1.0f / static_cast<float>(bag_size);
   parallel_for(n / bag_size, kBagsPerChunk, [&](int64_t b, int64_t e) {
-    const int64_t first = b * bag_size, last = e * bag_size;
-    for (int64_t i = first; i < std::min(last, first + kPoolAhead); ++i)
-      prefetch_row(row_values(rows[i]), rb);
-    for (int64_t bag = b; bag < e; ++bag) {
-      float* acc = out + bag * out_stride;
-      for (int64_t j = 0; j < dim; ++j) acc[j] = 0.0f;
-      for (int64_t i = bag * bag_size; i < (bag + 1) * bag_size; ++i) {
-        if (i + kPoolAhead < last) prefetch_row(row_values(rows[i + kPoolAhead]), rb);
-        const float* w = reinterpret_cast<const float*>(row_values(rows[i]));
-        for (int64_t j = 0; j < dim; ++j) acc[j] += w[j];
-      }
-      if (mean)
-        for (int64_t j = 0; j < dim; ++j) acc[j] *= inv;
+    switch (dim) {
+      case 32: return pool_bags<32>(values_, rb, dim, rows, bag_size, mean, out, out_stride, b, e);
+      case 64: return pool_bags<64>(values_, rb, dim, rows, bag_size, mean, out, out_stride, b, e);
+      case 128:
+        return pool_bags<128>(values_, rb, dim, rows, bag_size, mean, out, out_stride, b, e);
+      default: return pool_bags<0>(values_, rb, dim, rows, bag_size, mean, out, out_stride, b, e);
     }
   });
 }

@@ -58,19 +58,17 @@ float decayed_squares(const float* acc, const typename W::raw* w, float wd, int6
 }
 
 template <int Kind, class W, class G>
-void run_groups(const UpdateBatch& b, int64_t begin, int64_t end) {
+__attribute__((target_clones("avx2", "default"))) void run_groups(const UpdateBatch& b,
+                                                                  int64_t begin, int64_t end) {
   const int64_t dim = b.dim;
   const OptimizerParams p = b.params;
   const float lr = b.lr, wd = p.weight_decay, eps = p.eps, step_size = b.step_size;
   const float one_minus_b1 = 1.0f - p.beta1, one_minus_b2 = 1.0f - p.beta2;
   const auto* grads = static_cast<const typename G::raw*>(b.grads);
-  const int64_t bag_size = b.bag_size;
   const int64_t stride = b.grad_stride > 0 ? b.grad_stride : dim;
   const float scale = b.grad_scale;
   const bool scaled = scale != 1.0f;
-  auto grad_row = [bag_size](uint64_t pos) {
-    return bag_size == 1 ? static_cast<int64_t>(pos) : static_cast<int64_t>(pos) / bag_size;
-  };
+  auto grad_row = [](uint64_t entry) { return static_cast<int64_t>(entry); };
   std::vector<float> acc_buf(static_cast<size_t>(dim));
   float* acc = acc_buf.data();
   for (int64_t gi = begin; gi < end; ++gi) {

@@ -10,9 +10,9 @@
 
 namespace recstore {
 
-// One update call's inputs: rows grouped by row id (order[k] = row << 32 | position,
-// group g spanning order[starts[g]] .. order[starts[g + 1]]); a bag's positions share
-// one gradient row.
+// One update call's inputs: rows grouped by row id (order[k] = row << 32 | gradient
+// row, group g spanning order[starts[g]] .. order[starts[g + 1]]); a bag's positions
+// share one gradient row (Table::group_by_row).
 struct UpdateBatch {
   const uint64_t* order;
   const int64_t* starts;
@@ -28,7 +28,6 @@ struct UpdateBatch {
   OptimizerParams params;
   float lr;
   float step_size;
-  int64_t bag_size = 1;     // position i's gradient is row i / bag_size of grads
   float grad_scale = 1.0f;  // times this (mean bags: 1 / bag_size)
   int64_t grad_stride = 0;  // elements from one gradient row to the next (0: dim)
 };
