@@ -134,7 +134,8 @@ void start_pool() { pool_for(std::max(1, default_threads() - 1)); }
 void run_on_pool(int helpers, const std::function<void()>& job) {
   GompParallel gomp = g_gomp_parallel.load(std::memory_order_relaxed);
   if (helpers > 0 && gomp != nullptr && g_gomp_pid.load(std::memory_order_relaxed) == getpid()) {
-    gomp(&run_job, const_cast<std::function<void()>*>(&job), static_cast<unsigned>(helpers + 1), 0);
+    gomp(&run_job, const_cast<std::function<void()>*>(&job), static_cast<unsigned>(helpers + 1),
+         0);
     return;
   }
   if (helpers <= 0 || !pool_for(helpers)->try_run(helpers, job)) job();

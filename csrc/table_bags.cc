@@ -5,8 +5,8 @@
 // gradient row per occurrence back; both copies are most of the step's memory
 // traffic. Here the forward sums each bag's rows into its output row as it
 // reads them, and the update reads each bag's one gradient row for every
-// occurrence (UpdateBatch::bag_size), summing per row in position order: the
-// same sums as update() of the per-occurrence rows.
+// occurrence (Table::group_by_row's entries), summing per row in position order:
+// the same sums as update() of the per-occurrence rows.
 #include <algorithm>
 #include <mutex>
 #include <stdexcept>
@@ -31,10 +31,6 @@ void check_bags(int64_t n, int64_t bag_size, int dtype) {
     throw std::invalid_argument("the ids must fill bags of bag_size ids each");
 }
 
-}  // namespace
-
-namespace {
-
 // Bags [b, e) of `bag_size` rows each, summed into out (rows `out_stride` apart).
 // D > 0: the row width known when compiled, so a bag's sum stays in registers
 // while its rows stream in; 0: any width, summed in place. Built for AVX2 and
@@ -53,7 +49,8 @@ __attribute__((target_clones("avx2", "default"))) void pool_bags(
     float* acc = D > 0 ? fixed : out + bag * out_stride;
     for (int64_t j = 0; j < width; ++j) acc[j] = 0.0f;
     for (int64_t i = bag * bag_size; i < (bag + 1) * bag_size; ++i) {
-      if (i + kPoolAhead < last) prefetch_row(values + rows[i + kPoolAhead] * row_bytes, row_bytes);
+      if (i + kPoolAhead < last)
+        prefetch_row(values + rows[i + kPoolAhead] * row_bytes, row_bytes);
       const float* w = reinterpret_cast<const float*>(values + rows[i] * row_bytes);
       for (int64_t j = 0; j < width; ++j) acc[j] += w[j];
     }
@@ -105,7 +102,8 @@ void Table::update_bags(int64_t n, const int64_t* keys, int64_t bag_size, const 
   check_bags(n, bag_size, opt_.dtype);
   validate_ids(n, keys);
   const int64_t bags = n / bag_size, dim = opt_.dim;
-  if (any_rows_non_finite(grads, bags, dim, grad_stride)) {  // the non-finite policy judges the per-occurrence rows, as update() would
+  // the non-finite policy judges the per-occurrence rows, as update() would
+  if (any_rows_non_finite(grads, bags, dim, grad_stride)) {
     std::vector<float> rows(static_cast<size_t>(n * dim));
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < dim; ++j)

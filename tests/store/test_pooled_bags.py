@@ -147,3 +147,30 @@ def test_pooling_needs_a_float32_table() -> None:
     table = _table(dtype="float16")
     with pytest.raises(InvalidArgument, match="float32"):
         table.pool(np.arange(8, dtype=np.int64), BAG)
+
+
+@pytest.mark.parametrize("dim", [32, 48, 64, 128])
+@pytest.mark.parametrize("mean", [False, True])
+def test_pool_at_every_compiled_width_sums_like_the_rows(dim: int, mean: bool) -> None:
+    """Widths 32, 64 and 128 sum in registers (a kernel per width), others in place: each
+    writes only its columns of a wider output, with the sums of the pulled rows (exact:
+    the same adds in the same order)."""
+    spec = TableSpec(
+        name="wide",
+        num_embeddings=ROWS,
+        embedding_dim=dim,
+        initializer={"kind": "uniform", "low": -1.0, "high": 1.0, "seed": 2},
+        optimizer={"kind": "sgd", "lr": 0.1},
+    )
+    table = Table(spec)
+    ids = _ids(5)
+    wide = torch.full((BAGS, 3 * dim), 7.0)
+    table.pool(ids, BAG, mean, wide[:, dim : 2 * dim])
+    rows = table.pull(ids).view(BAGS, BAG, dim)
+    expected = rows[:, 0].clone()
+    for i in range(1, BAG):
+        expected += rows[:, i]
+    if mean:
+        expected *= torch.tensor(1.0 / BAG)
+    torch.testing.assert_close(wide[:, dim : 2 * dim], expected, atol=0, rtol=0)
+    assert bool((wide[:, :dim] == 7.0).all()) and bool((wide[:, 2 * dim :] == 7.0).all())
