@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
@@ -19,6 +18,7 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from recstore.admin import Settings, create_app
+from recstore.local.ports import free_port
 
 ADMIN_SECRET = "bootstrap-admin-secret-for-tests"
 PROVISIONER_SECRET = "bootstrap-provisioner-secret-for-tests"
@@ -48,13 +48,6 @@ def available() -> bool:
     return (PG_BIN / "initdb").exists() and (PG_BIN / "pg_ctl").exists()
 
 
-def _free_port() -> int:
-    # PostgreSQL cannot listen on port 0; take a port the kernel just handed out.
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _as_owner(command: list[str], owner: str | None) -> list[str]:
     return ["runuser", "-u", owner, "--", *command] if owner else command
 
@@ -72,7 +65,7 @@ def running_server() -> Iterator[PgServer]:
     if owner:
         shutil.chown(root, owner)
         shutil.chown(data, owner)
-    port = _free_port()
+    port = free_port()  # PostgreSQL cannot listen on port 0
     env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
     subprocess.run(
         _as_owner(

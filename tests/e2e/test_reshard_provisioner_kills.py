@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +35,7 @@ from types import SimpleNamespace
 import pytest
 
 from recstore.local.platform import LocalPlatform
+from recstore.local.ports import free_port
 
 from .reshard_faults import BATCH_SLOTS, NAME, ROWS, SPEC, STEPS, Trainer, node_rows
 
@@ -43,12 +43,6 @@ from .reshard_faults import BATCH_SLOTS, NAME, ROWS, SPEC, STEPS, Trainer, node_
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 HELPER = Path(__file__).with_name("platform_until_step.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Stopping:
@@ -89,7 +83,7 @@ class Stopping:
 def test_the_provisioner_killed_at_each_step_of_a_move(
     tmp_path: Path, helpers: SimpleNamespace
 ) -> None:
-    state, port = tmp_path / "state", _free_port()
+    state, port = tmp_path / "state", free_port()
     state.mkdir(mode=0o700)
     up = Stopping(state, port, 0, STEPS[0], helpers)
     trainer: Trainer | None = None

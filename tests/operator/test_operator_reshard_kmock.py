@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from kopf.testing import KopfRunner
 
 from recstore.client import RecStoreClient
 from recstore.core.routing import SlotMap
+from recstore.local.ports import free_port
 from recstore.operator.config import OperatorConfig
 from recstore.operator.handlers import register
 from recstore.ps.server import ServerHandle, start_in_thread
@@ -44,12 +44,6 @@ SPEC = {
     "name": "live", "numEmbeddings": ROWS, "embeddingDim": DIM, "shards": 2,
     "initializer": {"kind": "zeros"}, "optimizer": {"kind": "sgd", "lr": 1.0},
 }  # fmt: skip
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Pods:
@@ -137,7 +131,7 @@ class Trainer:
 
 @pytest.fixture
 def port() -> int:
-    return _free_port()
+    return free_port()
 
 
 @pytest.fixture

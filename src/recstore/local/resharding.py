@@ -31,8 +31,9 @@ from recstore.core.reconcile import Resharding
 from recstore.core.routing import SlotMap
 from recstore.core.tls import ClientTls
 from recstore.local.migration_store import FileJobStore
+from recstore.local.ports import free_port
 from recstore.local.shard_client import ShardClient, TableRefused
-from recstore.local.table import LocalTable, free_port
+from recstore.local.table import LocalTable
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,6 @@ data directory and one log per shard, and the slot map and move job
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from recstore.core.migration_retry import RetryPolicy
 from recstore.core.reconcile import Resharding
 from recstore.core.spec import TableSpec
 from recstore.local.migration_store import FileJobStore
+from recstore.local.ports import free_port
 from recstore.local.shard_client import ShardClient
 
 #: when a node that refused a table is asked again: 1 s, doubling to a minute
@@ -118,9 +118,3 @@ def load_or_pick_ports(path: Path, shards: int) -> list[tuple[int, int]]:
     ports = [(free_port(), free_port()) for _ in range(shards)]
     path.write_text(json.dumps(ports))
     return ports
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
