@@ -29,6 +29,7 @@ from recstore.core.migration_events import MoveEvent
 from recstore.core.migration_retry import RetryPolicy, Tries
 from recstore.core.reconcile import Resharding
 from recstore.core.routing import SlotMap
+from recstore.core.spec import TableSpec
 from recstore.core.tls import ClientTls
 from recstore.local.migration_store import FileJobStore
 from recstore.local.ports import free_port
@@ -130,11 +131,8 @@ class LocalMover:
                     self._start_node(table, len(table.ports) - 1)
 
         def serving(shard: int, slot_map: SlotMap) -> bool:
-            client = table.clients[shard]
-            if client.stats(table.spec.name) is not None:
-                return True
             try:
-                return client.ensure_table(table.spec, slot_map)
+                return shard_serves(table.clients[shard], table.spec, slot_map)
             except TableRefused as error:
                 raise RuntimeError(f"shard {shard} refused the table: {error.reason}") from error
 
@@ -160,3 +158,19 @@ class LocalMover:
             closed=table.stopped,
             record=lambda event: self._record(table.spec.name, event),
         )  # fmt: skip
+
+
+def shard_serves(client: ShardClient, spec: TableSpec, slot_map: SlotMap) -> bool:
+    """Whether a shard hosts the table, created on a node that lacks it (False: not serving
+    yet). A restarted node restores its tables by itself and can answer before it has: a
+    create then meets the restored table, whose spec may still carry the shard count from
+    before the move. That is the table asked for, so the shard serves it; a refusal with no
+    table there is final (``TableRefused``)."""
+    if client.stats(spec.name) is not None:
+        return True
+    try:
+        return client.ensure_table(spec, slot_map)
+    except TableRefused:
+        if client.stats(spec.name) is not None:
+            return True
+        raise
