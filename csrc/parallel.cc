@@ -121,9 +121,18 @@ bool share_process_openmp(bool share) {
   return entry != nullptr;
 }
 
-bool shares_process_openmp() {
-  return g_gomp_parallel.load() != nullptr && g_gomp_pid.load() == getpid();
+namespace {
+
+// libgomp's entry while sharing holds in this process (null: use the pool).
+GompParallel shared_gomp() {
+  GompParallel gomp = g_gomp_parallel.load(std::memory_order_relaxed);
+  return gomp != nullptr && g_gomp_pid.load(std::memory_order_relaxed) == getpid() ? gomp
+                                                                                    : nullptr;
 }
+
+}  // namespace
+
+bool shares_process_openmp() { return shared_gomp() != nullptr; }
 
 int num_threads() { return g_threads.load(std::memory_order_relaxed); }
 
@@ -132,8 +141,8 @@ void set_num_threads(int n) { g_threads.store(n <= 0 ? default_threads() : n); }
 void start_pool() { pool_for(std::max(1, default_threads() - 1)); }
 
 void run_on_pool(int helpers, const std::function<void()>& job) {
-  GompParallel gomp = g_gomp_parallel.load(std::memory_order_relaxed);
-  if (helpers > 0 && gomp != nullptr && g_gomp_pid.load(std::memory_order_relaxed) == getpid()) {
+  GompParallel gomp = helpers > 0 ? shared_gomp() : nullptr;
+  if (gomp != nullptr) {
     gomp(&run_job, const_cast<std::function<void()>*>(&job), static_cast<unsigned>(helpers + 1),
          0);
     return;

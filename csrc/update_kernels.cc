@@ -68,7 +68,8 @@ __attribute__((target_clones("avx2", "default"))) void run_groups(const UpdateBa
   const int64_t stride = b.grad_stride > 0 ? b.grad_stride : dim;
   const float scale = b.grad_scale;
   const bool scaled = scale != 1.0f;
-  auto grad_row = [](uint64_t entry) { return static_cast<int64_t>(entry); };
+  // an order entry's low 32 bits: its gradient row (Table::group_by_row)
+  auto grad_row = [](uint64_t entry) { return static_cast<int64_t>(entry & 0xFFFFFFFFu); };
   std::vector<float> acc_buf(static_cast<size_t>(dim));
   float* acc = acc_buf.data();
   for (int64_t gi = begin; gi < end; ++gi) {
@@ -79,7 +80,7 @@ __attribute__((target_clones("avx2", "default"))) void run_groups(const UpdateBa
       const int64_t ahead = static_cast<int64_t>(b.order[k] >> 32);
       const char* wa = b.values + ahead * b.row_bytes;
       const char* ga =
-          reinterpret_cast<const char*>(grads + grad_row(b.order[k] & 0xFFFFFFFFu) * stride);
+          reinterpret_cast<const char*>(grads + grad_row(b.order[k]) * stride);
       const int64_t grad_bytes = dim * static_cast<int64_t>(sizeof(typename G::raw));
       for (int64_t off = 0; off < b.row_bytes; off += 64) __builtin_prefetch(wa + off, 1);
       for (int64_t off = 0; off < grad_bytes; off += 64) __builtin_prefetch(ga + off);
@@ -89,14 +90,14 @@ __attribute__((target_clones("avx2", "default"))) void run_groups(const UpdateBa
       }
     }
     // Merge the group's gradients in position order (fp32).
-    const typename G::raw* g0 = grads + grad_row(b.order[first] & 0xFFFFFFFFu) * stride;
+    const typename G::raw* g0 = grads + grad_row(b.order[first]) * stride;
     if (scaled) {
       for (int64_t j = 0; j < dim; ++j) acc[j] = G::load(g0[j]) * scale;
     } else {
       for (int64_t j = 0; j < dim; ++j) acc[j] = G::load(g0[j]);
     }
     for (int64_t k = first + 1; k < last; ++k) {
-      const typename G::raw* g = grads + grad_row(b.order[k] & 0xFFFFFFFFu) * stride;
+      const typename G::raw* g = grads + grad_row(b.order[k]) * stride;
       if (scaled) {
         for (int64_t j = 0; j < dim; ++j) acc[j] += G::load(g[j]) * scale;
       } else {
