@@ -208,10 +208,9 @@ def main() -> int:
 
     import redis
 
-    from recstore.core import TableSpec
+    from recstore.core import TableSpec, malloc_tuning
     from recstore.core.proto_convert import create_table_request
     from recstore.core.wire import WireClient
-    from recstore.ps import malloc_tuning
     from recstore.store import Table
 
     # Large protobuf messages are parsed here too: the client wants the same tuning.

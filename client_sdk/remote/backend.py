@@ -45,7 +45,7 @@ from recstore.client.remote.updates import (
 )
 from recstore.client.specs import same_layout
 from recstore.client.tensors import keys_to_numpy, rows_from_numpy, rows_to_numpy
-from recstore.core import DType, SlotMap, TableSpec, wire
+from recstore.core import DType, SlotMap, TableSpec, malloc_tuning, wire
 from recstore.core.cache_figures import ClientCache
 from recstore.core.control import (
     Rpc,
@@ -98,6 +98,8 @@ class GrpcBackend:
     ) -> None:
         if not endpoints and not admin_url:
             raise ValueError("the grpc backend needs PS endpoints or an admin API URL")
+        # a step's requests and replies reuse heap memory instead of faulting in fresh pages
+        malloc_tuning.apply_once()
         self._endpoints = tuple(endpoints or ())
         self._admin_url = admin_url
         self._admin_token = admin_token

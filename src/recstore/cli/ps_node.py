@@ -98,8 +98,8 @@ def ps_node(
             param_hint="--read-only-token-file",
         )
 
+    from recstore.core import malloc_tuning as tuning
     from recstore.ps import logs
-    from recstore.ps import malloc_tuning as tuning
     from recstore.ps.auth import read_token_file
     from recstore.ps.node_config import NodeConfig
     from recstore.ps.process import run
