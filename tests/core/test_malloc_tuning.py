@@ -80,6 +80,20 @@ def test_the_sdks_grpc_backend_tunes_its_process() -> None:
     assert _child(SDK)["faults"] < PAGES_PER_STEP / 50  # type: ignore[operator]
 
 
+MIGRATION_RUNNER = """
+from recstore.core.migration_run import MigrationRun
+MigrationRun("t", [], store=None)  # nothing is called
+print(json.dumps({'faults': faults_per_step()}))
+"""
+
+
+def test_a_migration_runner_tunes_its_process() -> None:
+    """Every page of a move passes through the runner's process as messages."""
+    assert _child(MIGRATION_RUNNER)["faults"] < PAGES_PER_STEP / 50  # type: ignore[operator]
+    off = _child(MIGRATION_RUNNER, **{malloc_tuning.ENV: "0"})
+    assert off["faults"] > PAGES_PER_STEP / 4  # type: ignore[operator]
+
+
 @pytest.mark.parametrize("off", ["0", "false", "No", " off "])
 def test_the_environment_keeps_the_sdk_off_malloc(off: str) -> None:
     got = _child(SDK, **{malloc_tuning.ENV: off})

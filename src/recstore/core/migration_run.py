@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from recstore.core import malloc_tuning
 from recstore.core.background import background_pool
 from recstore.core.control import ControlClient
 from recstore.core.errors import RecStoreError
@@ -104,6 +105,10 @@ class MigrationRun:
     on_step: Callable[[str, MigrationJob], None] = lambda step, job: None
     seal_timeout: float = SEAL_TIMEOUT_S
     records: list[BatchRecord] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # each page passes through this process as megabytes of messages (malloc_tuning)
+        malloc_tuning.apply_once()
 
     def run(self, job: MigrationJob) -> MigrationJob:
         """Move every remaining batch; returns the finished job (phase done).
