@@ -121,3 +121,14 @@ def test_the_local_backend_shares_torch_threads(
     finally:
         client.delete_data("openmp_t")
         client.close()
+
+
+def test_the_grpc_backend_shares_torch_threads(restored: None) -> None:
+    """A trainer over gRPC runs the engine's work there too (request encoding, pooling)."""
+    client = RecStoreClient(role="openmp-grpc")  # (its default backend may share already)
+    try:
+        _native.share_process_openmp(False)
+        client.set_ps_endpoints(["127.0.0.1:9"])  # the backend is made; nothing is called
+        assert _native.shares_process_openmp()
+    finally:
+        client.close()
