@@ -30,11 +30,31 @@ COMMIT_ATTEMPTS = 8
 
 
 def call_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on kopf's loop from the mover's thread and wait for its result."""
+    """Run ``coro`` on kopf's loop from the mover's thread and wait for its result.
+
+    Its error is raised here, in the mover's thread, and never left in a task of kopf's
+    loop: kopf, when it stops, re-raises the error of any task of its loop, and a mover's
+    call that fails because the operator is stopping (its API client already closed)
+    would otherwise make the operator's own exit fail.
+    """
     if loop.is_closed():
         coro.close()  # the operator has stopped: nothing will run it
         raise RuntimeError("the operator's event loop is closed")
-    return asyncio.run_coroutine_threadsafe(coro, loop).result(CALL_TIMEOUT_S)
+    done, value = asyncio.run_coroutine_threadsafe(_outcome(coro), loop).result(CALL_TIMEOUT_S)
+    if not done:
+        raise value
+    result: T = value
+    return result
+
+
+async def _outcome(coro: Coroutine[Any, Any, T]) -> tuple[bool, Any]:
+    """(True, result) or (False, the error to raise in the caller's thread)."""
+    try:
+        return True, await coro
+    except asyncio.CancelledError:  # the loop stopping: the task ends, the caller is told
+        return False, RuntimeError("the operator stopped during the call")
+    except Exception as error:
+        return False, error
 
 
 class StatusJobStore:
