@@ -12,6 +12,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+from typing import Any
 
 NATIVE_MODULE = "recstore._native"
 
@@ -41,3 +42,20 @@ def load_library(path: str | os.PathLike[str]) -> None:
     except Exception as error:  # a corrupt or foreign file fails in many ways
         raise ImportError(f"cannot load the RecStore native library {path!r}: {error}") from error
     sys.modules[NATIVE_MODULE] = module
+
+
+def share_torch_threads() -> None:
+    """Run the engine's batch work in this process on torch's OpenMP team.
+
+    The SDK's process trains with torch: after each of torch's parallel kernels
+    its OpenMP threads spin on the cores the engine's own helper threads would
+    need, so an update right after backward ran at about one core's speed
+    (``recstore._native.share_process_openmp``; docs/store.md, Concurrency). Both
+    backends call this: the local one for the store's work, the gRPC one for
+    the trainer's own (encoding requests, scattering replies, pooling, the host
+    cache).
+    """
+    from recstore import _native
+
+    engine: Any = _native  # no type stubs
+    engine.share_process_openmp(True)

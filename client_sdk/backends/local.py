@@ -6,9 +6,7 @@ of the same process sees. Tables whose storage tier asks for a GPU live on
 the GPU when there is one.
 
 The engine's batch work runs on torch's OpenMP threads here (the process
-trains with torch): after each of torch's parallel kernels those threads spin
-on the cores the engine's own helpers would need, and an update right after
-backward ran at about one core's speed (``_native.share_process_openmp``).
+trains with torch; ``recstore.client.native.share_torch_threads``).
 """
 
 from __future__ import annotations
@@ -58,10 +56,10 @@ def process_store() -> Store:
     global _store
     with _store_lock:
         if _store is None:
-            from recstore import _native
+            from recstore.client.native import share_torch_threads
             from recstore.store import Store
 
-            _native.share_process_openmp(True)  # module docstring
+            share_torch_threads()
             _store = Store()
         return _store
 

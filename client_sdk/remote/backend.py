@@ -17,14 +17,14 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import torch
 
-from recstore import _native as _native_module
 from recstore.client.backends.base import CreateResult, PullRequest, RowChunk, UpdateRequest
 from recstore.client.errors import BackendError, TableNotInitialized
+from recstore.client.native import share_torch_threads
 from recstore.client.remote import rows
 from recstore.client.remote.nodes import NodeCalls
 from recstore.client.remote.requests import TableCall
@@ -58,9 +58,6 @@ from recstore.core.control import (
 from recstore.core.proto_convert import TableStats, bearer_metadata
 from recstore.core.request_id import RequestIds
 from recstore.core.tls import ClientTls
-
-#: the compiled engine (no type stubs)
-_native: Any = _native_module
 
 PS_TOKEN_ENV = "RECSTORE_PS_TOKEN"
 RPC_TIMEOUT_ENV = "RECSTORE_RPC_TIMEOUT"
@@ -104,10 +101,7 @@ class GrpcBackend:
             raise ValueError("the grpc backend needs PS endpoints or an admin API URL")
         # a step's requests and replies reuse heap memory instead of faulting in fresh pages
         malloc_tuning.apply_once()
-        # a training process: the engine's batch work here (encoding requests, scattering
-        # replies, pooling, the host cache) runs on torch's OpenMP team, whose threads
-        # otherwise spin on the cores after each torch kernel (as in backends/local.py)
-        _native.share_process_openmp(True)
+        share_torch_threads()
         self._endpoints = tuple(endpoints or ())
         self._admin_url = admin_url
         self._admin_token = admin_token
