@@ -14,6 +14,7 @@ checkpoint Save + Load of the same rows on every node (rows/s).
 Prints a table and writes bench/results/reshard_bench.json.
 
 Usage: python bench/reshard_bench.py [--rows 500000] [--dim 64] [--batch-slots 1024]
+                                     [--copy-rate BYTES_PER_S]
 """
 
 from __future__ import annotations
@@ -83,7 +84,9 @@ class NodeProcess:
         self.process.wait(timeout=30)
 
 
-def run_moves(endpoints: list[str], job_path: str, batch_slots: int, out: Any) -> None:
+def run_moves(
+    endpoints: list[str], job_path: str, batch_slots: int, copy_rate: float, out: Any
+) -> None:
     """The provisioner's side, in its own process: 2 -> 3 -> 2, one result per move."""
     clients = [ControlClient(e, timeout=STEP_TIMEOUT_S) for e in endpoints]
     store = FileJobStore(Path(job_path), SlotMap.initial(2))
@@ -99,7 +102,7 @@ def run_moves(endpoints: list[str], job_path: str, batch_slots: int, out: Any) -
         timeline.append((step, now))
 
     for shards in (3, 2):
-        run = MigrationRun("bench", clients, store, on_step=on_step)
+        run = MigrationRun("bench", clients, store, on_step=on_step, copy_rate=copy_rate)
         begin = time.monotonic()
         job = run.run(MigrationJob.start("bench", store.slot_map(), shards, batch_slots))
         end = time.monotonic()
@@ -175,6 +178,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=500_000)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--batch-slots", type=int, default=1024)
+    parser.add_argument(
+        "--copy-rate", type=float, default=0.0,
+        help="bytes/s a batch's copy before its seal may take (0: no cap)",
+    )  # fmt: skip
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="reshard-bench-"))
     try:
@@ -210,7 +217,8 @@ def bench(args: argparse.Namespace, root: Path) -> None:
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     runner = context.Process(
-        target=run_moves, args=(endpoints, str(root / "job.json"), args.batch_slots, results)
+        target=run_moves,
+        args=(endpoints, str(root / "job.json"), args.batch_slots, args.copy_rate, results),
     )
     runner.start()
     moves: list[dict[str, Any]] = []
@@ -228,7 +236,11 @@ def bench(args: argparse.Namespace, root: Path) -> None:
     during = trainer.median_between(first, last)
     after = trainer.median_between(last, float("inf"))
     checkpoint_rate = args.rows / checkpoint_s
-    print(f"table {args.rows} x {args.dim} (adam), batches of {args.batch_slots} slots")
+    cap = f"{args.copy_rate / 1e6:g} MB/s" if args.copy_rate else "none"
+    print(
+        f"table {args.rows} x {args.dim} (adam), batches of {args.batch_slots} slots, "
+        f"copy cap {cap}"
+    )
     print("pause: seal call to the source's reply; held: seal to the held writes' refusal")
     header = ("move", "s", "rows", "rows/s", "vs ckpt", "batches", "pause50", "pause99",
               "held50", "held99")  # fmt: skip
@@ -256,6 +268,7 @@ def bench(args: argparse.Namespace, root: Path) -> None:
     )
     result = {
         "rows": args.rows, "dim": args.dim, "batch_slots": args.batch_slots,
+        "copy_rate": args.copy_rate,
         "layout": "nodes and runner in processes of their own, trainer in the bench",
         "moves": moves, "checkpoint_seconds": checkpoint_s,
         "checkpoint_rows_per_s": checkpoint_rate,

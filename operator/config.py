@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from recstore.core import copy_pace
 from recstore.core.migration import DEFAULT_BATCH_SLOTS
 from recstore.core.migration_retry import RetryPolicy
 from recstore.core.reconcile import GRPC_PORT
@@ -57,6 +58,8 @@ class OperatorConfig:
     retry_delay: float = 10.0
     #: slots per batch of a move (one seal pauses this many)
     reshard_batch_slots: int = DEFAULT_BATCH_SLOTS
+    #: bytes per second a move's copy before each seal may take (0: no cap; copy_pace)
+    reshard_copy_rate: float = 0.0
     #: a failed online move's retries (``recstore.core.migration_retry.RetryPolicy``): the
     #: wait doubles from the first delay to the cap; after this many failed tries in a row
     #: (a try that commits a batch starts the row again) it waits for a new spec.shards
@@ -87,6 +90,7 @@ class OperatorConfig:
             reshard_batch_slots=int(
                 env.get("RECSTORE_RESHARD_BATCH_SLOTS") or defaults.reshard_batch_slots
             ),
+            reshard_copy_rate=copy_pace.rate_from(env.get(copy_pace.RATE_ENV)),
             reshard_attempts=int(env.get("RECSTORE_RESHARD_ATTEMPTS") or defaults.reshard_attempts),
             reshard_retry_delay=float(
                 env.get("RECSTORE_RESHARD_RETRY_DELAY") or defaults.reshard_retry_delay
@@ -99,6 +103,7 @@ class OperatorConfig:
     def __post_init__(self) -> None:
         if self.reshard_batch_slots < 1:
             raise ValueError("RECSTORE_RESHARD_BATCH_SLOTS must be >= 1")
+        copy_pace.check_rate(self.reshard_copy_rate)
         try:
             self.reshard_retry  # noqa: B018 (checked once, at start)
         except ValueError as error:

@@ -124,6 +124,7 @@ class MoveControl:
         resharding.start(
             mover, shards, store, running, on_end=ended,
             batch_slots=self.config.reshard_batch_slots,
+            copy_rate=self.config.reshard_copy_rate,
         )  # fmt: skip
 
     async def _after_move(self, owner: Owner, mover: resharding.Mover) -> None:

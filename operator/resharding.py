@@ -203,6 +203,7 @@ def start(
     running: int,
     on_end: Callable[[], Awaitable[None]],
     batch_slots: int = DEFAULT_BATCH_SLOTS,
+    copy_rate: float = 0.0,
 ) -> None:
     """Run the move in a thread of its own (``mover.thread``); ``on_end`` then runs on
     kopf's loop (a failed try's wait is ``mover.tries.retry_in_s``)."""
@@ -223,7 +224,7 @@ def start(
                 show=show, tls=shards.tls, closed=mover.closed, token=shards.token,
                 record=shards.record,
             )  # fmt: skip
-            move(drive, store, mover.to_shards, batch_slots, mover.tries)
+            move(drive, store, mover.to_shards, batch_slots, mover.tries, copy_rate)
         except Exception as error:  # the API server gone: retried like a failed move
             log.exception("resharding %s stopped", shards.spec.name)
             # before the job was planned, no slot map was stored yet: epoch 1

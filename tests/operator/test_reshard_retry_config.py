@@ -17,14 +17,19 @@ def test_the_retry_settings_come_from_the_environment_and_are_checked() -> None:
     env = {
         "RECSTORE_RESHARD_ATTEMPTS": "2", "RECSTORE_RESHARD_RETRY_DELAY": "0.5",
         "RECSTORE_RESHARD_RETRY_CAP": "4", "RECSTORE_RESHARD_BATCH_SLOTS": "256",
+        "RECSTORE_RESHARD_COPY_RATE": "3e7",
     }  # fmt: skip
     config = OperatorConfig.from_env(env)
+    assert config.reshard_copy_rate == 3e7
+    assert OperatorConfig.from_env({}).reshard_copy_rate == 0  # no cap
     assert (config.reshard_attempts, config.reshard_retry_delay) == (2, 0.5)
     assert (config.reshard_retry_cap, config.reshard_batch_slots) == (4, 256)
     assert OperatorConfig.from_env({}).reshard_attempts == OperatorConfig().reshard_attempts
     for wrong in (
         {"RECSTORE_RESHARD_ATTEMPTS": "0"},
         {"RECSTORE_RESHARD_BATCH_SLOTS": "0"},
+        {"RECSTORE_RESHARD_COPY_RATE": "-5"},
+        {"RECSTORE_RESHARD_COPY_RATE": "fast"},
         {"RECSTORE_RESHARD_RETRY_DELAY": "10", "RECSTORE_RESHARD_RETRY_CAP": "5"},
     ):
         with pytest.raises(ValueError, match="RECSTORE_RESHARD"):

@@ -9,6 +9,7 @@ against nodes started in this process; a fault is a step hook that raises.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -192,6 +193,36 @@ def test_three_to_two_empties_the_highest_shard(grow: Fleet) -> None:
     for record in run.records:
         assert not record.seal_checksums.differing(record.activation_checksums)
     trainer.check()
+
+
+def test_a_capped_copy_keeps_to_its_rate_and_moves_every_row(grow: Fleet) -> None:
+    client = RecStoreClient(role="filler")
+    client.set_ps_endpoints(grow.endpoints)
+    client.init_data(
+        grow.spec.name, (ROWS, DIM), torch.float32, optimizer={"kind": "sgd", "lr": 1.0}
+    )
+    keys = torch.arange(ROWS)
+    grads = torch.arange(ROWS, dtype=torch.float32)[:, None].repeat(1, DIM)
+    client.update(grow.spec.name, keys, grads, lr=1.0)  # every row resident, each its own
+    began: dict[int, float] = {}
+    sealed: dict[int, float] = {}
+
+    def on_step(step: str, job: MigrationJob) -> None:
+        marks = {"snapshot": began, "seal": sealed}.get(step)
+        if marks is not None:
+            marks[job.current] = time.monotonic()
+
+    rate = 40_000.0  # bytes per second: about a second for this table's third
+    run = grow.run(3, on_step=on_step, copy_rate=rate)
+    job = run.run(MigrationJob.start(grow.spec.name, grow.store.slot_map(), 3, batch_slots=2000))
+    assert job.phase == Phase.done and len(run.records) == len(job.batches) > 1
+    for record in run.records:  # nothing wrote meanwhile: a batch's bytes are its copy's
+        assert record.bytes > 0
+        assert sealed[record.batch] - began[record.batch] >= record.bytes / rate
+        assert not record.seal_checksums.differing(record.activation_checksums)
+    got = client.pull(grow.spec.name, keys)
+    torch.testing.assert_close(got, -grads, rtol=0, atol=0)
+    client.close()
 
 
 def _stats(fleet: Fleet, shard: int) -> ps_pb2.TableStats:

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from recstore.cli.api_client import DEFAULT_STATE_DIR
+from recstore.core.copy_pace import RATE_ENV, check_rate
 
 BENCHES = {
     "store": "bench/store_bench.py",
@@ -19,6 +20,13 @@ BENCHES = {
     "train": "bench/train_bench.py",
     "soak": "bench/soak.py",
 }
+
+
+def _copy_rate(value: float) -> float:
+    try:
+        return check_rate(value, "--reshard-copy-rate")
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
 
 
 def up(
@@ -47,6 +55,15 @@ def up(
             "flagged ReshardRequired, for the offline path with `recstore restore`).",
         ),
     ] = True,
+    reshard_copy_rate: Annotated[
+        float,
+        typer.Option(
+            envvar=RATE_ENV,
+            callback=_copy_rate,
+            help="Bytes per second a move's copy may take before each seal (0: no cap); "
+            "lower leaves more of a shared machine to the trainers.",
+        ),
+    ] = 0.0,
 ) -> None:
     """Run the platform here: admin API on SQLite, PS nodes on loopback. Ctrl-C stops it."""
     import logging
@@ -61,7 +78,7 @@ def up(
         try:
             platform = LocalPlatform(
                 state_dir, host=host, port=port, device=device, tls=tls,
-                online_resharding=online_resharding,
+                online_resharding=online_resharding, reshard_copy_rate=reshard_copy_rate,
             )  # fmt: skip
         except InsecureStateDir as error:
             typer.secho(f"error: {error}", err=True, fg="red")

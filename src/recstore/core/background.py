@@ -20,7 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 #: nice value of background copy threads (0 normal .. 19 lowest). Measured on a busy
 #: 2-core machine (bench/reshard_bench.py), 19 starved the copy (a move at 0.3x the
-#: checkpoint rate) where 10 keeps it near 0.5x, the trainer's share staying above 0.7x.
+#: checkpoint rate) where 10 keeps it near 0.5x. It cannot keep the trainers' share on
+#: its own: the copy's socket work runs in gRPC's threads and the kernel at the normal
+#: priority (0, 10 and SCHED_IDLE measured alike), so the share is kept by capping the
+#: copy's rate (recstore.core.copy_pace).
 BACKGROUND_NICE = 10
 
 

@@ -84,8 +84,12 @@ def move(
     to_shards: int,
     batch_slots: int = DEFAULT_BATCH_SLOTS,
     tries: Tries | None = None,
+    copy_rate: float = 0.0,
 ) -> MigrationJob | None:
     """Move the table to ``to_shards`` (or finish the stored job first); None when stopped.
+
+    ``copy_rate``: bytes per second each batch's copy before its seal may move (0: no
+    cap; ``recstore.core.copy_pace``).
 
     A failed try returns the stored job (not done) with ``tries`` told of it: its
     ``retry_in_s`` is the wait before the next call (None: no retry follows)."""
@@ -120,7 +124,7 @@ def move(
             shards.note(MoveMoment.batch_committed, current, epoch, attempt=tries.attempt)
             shards.report()
 
-    run = MigrationRun(shards.name, clients, store, on_step=on_step)
+    run = MigrationRun(shards.name, clients, store, on_step=on_step, copy_rate=copy_rate)
     try:
         job = run.resume(job) if resuming else run.run(job)
     except Exception as error:

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from recstore.core import malloc_tuning
 from recstore.core.background import background_pool
 from recstore.core.control import ControlClient
+from recstore.core.copy_pace import CopyPace
 from recstore.core.errors import RecStoreError
 from recstore.core.migration import MigrationJob, Phase, ResumeAction, moved, resume_action
 from recstore.core.migration_capacity import check_targets
@@ -104,6 +105,8 @@ class MigrationRun:
     store: JobStore
     on_step: Callable[[str, MigrationJob], None] = lambda step, job: None
     seal_timeout: float = SEAL_TIMEOUT_S
+    #: bytes per second the copy before each seal may move (0: no cap; recstore.core.copy_pace)
+    copy_rate: float = 0.0
     records: list[BatchRecord] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -182,6 +185,7 @@ class MigrationRun:
     def _copy(self, job: MigrationJob, source: ControlClient, target: ControlClient) -> int:
         """Snapshot pages, then catch-up rounds until the change lag is small."""
         moved_bytes = 0
+        pace = CopyPace(self.copy_rate)
         self._step("snapshot", job)
 
         def page_at(offset: int) -> ps_pb2.MigrationRows:
@@ -195,14 +199,16 @@ class MigrationRun:
                 if page.next_offset:
                     pending = reader.submit(page_at, page.next_offset)
                 target.call(import_rpc(self.table, page))
-                moved_bytes += len(page.keys) + len(page.values) + len(page.state)
+                moved_bytes += rows_bytes(page)
+                pace.count(rows_bytes(page))
                 if not page.next_offset:
                     break
         self._step("catch-up", job)
         for _ in range(CATCH_UP_ROUNDS):
             changes = source.call(rows_rpc(self.table, changes=True))
             target.call(import_rpc(self.table, changes))
-            moved_bytes += len(changes.keys) + len(changes.values) + len(changes.state)
+            moved_bytes += rows_bytes(changes)
+            pace.count(rows_bytes(changes))
             if changes.rows < CATCH_UP_LAG_ROWS and not changes.next_offset:
                 break
         return moved_bytes
@@ -214,7 +220,7 @@ class MigrationRun:
         returns the target's checksums after the last rows, and the bytes moved."""
         rows, moved_bytes = tail, 0
         while True:
-            moved_bytes += len(rows.keys) + len(rows.values) + len(rows.state)
+            moved_bytes += rows_bytes(rows)
             if not rows.next_offset:
                 return target.call(import_checked_rpc(self.table, rows)), moved_bytes
             target.call(import_rpc(self.table, rows))
@@ -274,6 +280,11 @@ class MigrationRun:
 
     def _step(self, step: str, job: MigrationJob) -> None:
         self.on_step(step, job)
+
+
+def rows_bytes(rows: ps_pb2.MigrationRows) -> int:
+    """The row bytes a migration message moves (keys, values, optimizer state)."""
+    return len(rows.keys) + len(rows.values) + len(rows.state)
 
 
 def at_once(*calls: Callable[[], Any]) -> list[Any]:

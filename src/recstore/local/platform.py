@@ -79,6 +79,7 @@ class LocalPlatform:
         tls: bool = False,
         online_resharding: bool = True,
         reshard_batch_slots: int = DEFAULT_BATCH_SLOTS,
+        reshard_copy_rate: float = 0.0,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.token = ensure_token(self.state_dir)
@@ -105,6 +106,7 @@ class LocalPlatform:
             tls=self.tls,
             online_resharding=online_resharding,
             reshard_batch_slots=reshard_batch_slots,
+            reshard_copy_rate=reshard_copy_rate,
         )
         settings = Settings(
             database_url=f"sqlite:///{self.state_dir / 'admin.db'}",

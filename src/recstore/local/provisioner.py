@@ -61,6 +61,7 @@ class LocalProvisioner:
         online_resharding: bool = True,
         reshard_batch_slots: int = DEFAULT_BATCH_SLOTS,
         reshard_retry: RetryPolicy = LOCAL_MOVE_RETRY,
+        reshard_copy_rate: float = 0.0,
     ) -> None:
         self._root = Path(state_dir) / "tables"
         #: a new shard count moves slots online (else it is only flagged ReshardRequired)
@@ -90,6 +91,7 @@ class LocalProvisioner:
             tls=tls.client if tls else None, token=self._node_token,
             batch_slots=reshard_batch_slots,
             retry=reshard_retry,
+            copy_rate=reshard_copy_rate,
         )  # fmt: skip
         self._closed = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="local-status", daemon=True)

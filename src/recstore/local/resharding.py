@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from recstore.core import copy_pace
 from recstore.core.migration import Phase
 from recstore.core.migration_drive import Shards, move
 from recstore.core.migration_events import MoveEvent
@@ -66,12 +67,14 @@ class LocalMover:
         token: Callable[[], str | None],
         batch_slots: int,
         retry: RetryPolicy = LOCAL_MOVE_RETRY,
+        copy_rate: float = 0.0,
     ) -> None:
         self._lock, self._start_node, self._stop_node = lock, start_node, stop_node
         self._report, self._record, self._tls = report, record, tls
         #: the nodes' auth token, read when a move starts (new shards and the runner use it)
         self._token = token
         self._batch_slots, self._retry = batch_slots, retry
+        self._copy_rate = copy_pace.check_rate(copy_rate, "the reshard copy rate")
 
     @staticmethod
     def moving(table: LocalTable) -> bool:
@@ -99,7 +102,7 @@ class LocalMover:
         tries = Tries(self._retry)
         while True:
             job = move(self._shards_of(table), table.store, table.spec.shards,
-                       self._batch_slots, tries)  # fmt: skip
+                       self._batch_slots, tries, self._copy_rate)  # fmt: skip
             if job is None or job.phase == Phase.done or table.stopped.is_set():
                 return
             if tries.retry_in_s is None or table.stopped.wait(tries.retry_in_s):
