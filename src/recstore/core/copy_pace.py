@@ -5,7 +5,7 @@ network from their steps. Measured on 2 cores with the nodes, the mover and
 the trainer side by side (``bench/reshard_bench.py``), an uncapped copy
 leaves the trainer a third to a half of its step rate while the move runs
 at about half the checkpoint path's rate; held to 30 MB/s it leaves about
-0.7x, at a sixth of that rate. Which matters more is the fleet's owner's
+0.7x, the move then at 0.13-0.16x that rate. Which matters more is the fleet's owner's
 call (CockroachDB's snapshot rate, TiKV's ``snap-max-write-bytes-per-sec``),
 so it is a setting: the operator's ``RECSTORE_RESHARD_COPY_RATE``, ``recstore
 up --reshard-copy-rate``. Only the copy before a seal is paced: the tail is a
