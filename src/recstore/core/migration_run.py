@@ -183,8 +183,8 @@ class MigrationRun:
         return self._finish(job, self.store.slot_map(), sealed, paused, moved_bytes)
 
     def _copy(self, job: MigrationJob, source: ControlClient, target: ControlClient) -> int:
-        """Snapshot pages, then catch-up rounds until the change lag is small."""
-        moved_bytes = 0
+        """Snapshot pages, then catch-up rounds until the change lag is small; returns the
+        bytes copied (counted by the pace that holds them to ``copy_rate``)."""
         pace = CopyPace(self.copy_rate)
         self._step("snapshot", job)
 
@@ -199,7 +199,6 @@ class MigrationRun:
                 if page.next_offset:
                     pending = reader.submit(page_at, page.next_offset)
                 target.call(import_rpc(self.table, page))
-                moved_bytes += rows_bytes(page)
                 pace.count(rows_bytes(page))
                 if not page.next_offset:
                     break
@@ -207,11 +206,10 @@ class MigrationRun:
         for _ in range(CATCH_UP_ROUNDS):
             changes = source.call(rows_rpc(self.table, changes=True))
             target.call(import_rpc(self.table, changes))
-            moved_bytes += rows_bytes(changes)
             pace.count(rows_bytes(changes))
             if changes.rows < CATCH_UP_LAG_ROWS and not changes.next_offset:
                 break
-        return moved_bytes
+        return pace.copied
 
     def _import_tail(
         self, source: ControlClient, target: ControlClient, tail: ps_pb2.MigrationRows
