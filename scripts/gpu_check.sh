@@ -7,6 +7,8 @@
 # bench/results/. Wheels under .whl/ (scripts/gpu_wheels.sh fetches them) are
 # installed into a private folder first, for what the machine's Python lacks
 # (pydantic for recstore.core). Takes about 4-6 minutes on an H200 machine.
+# GPU_CHECK_MODULE=path/_native....so skips the build and tests that module (each
+# run leaves the module it built beside the results).
 # Exit status: 0 when the build, the tests and the benchmark all succeeded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +22,21 @@ stage() { echo; echo "== $* ($(date -u +%T))"; }
 
 WORK=$(mktemp -d /tmp/recstore-gpu-check.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
+
+build_module() {
+  local work=$1
+  stage "building recstore._native with CUDA"
+  local nvcc
+  nvcc=$(command -v nvcc || true)
+  if [ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ]; then nvcc=/usr/local/cuda/bin/nvcc; fi
+  if [ -z "$nvcc" ]; then echo "gpu_check: no nvcc on PATH or in /usr/local/cuda/bin"; return 1; fi
+  "$nvcc" --version | tail -2
+  local generator=()
+  if command -v ninja >/dev/null; then generator=(-G Ninja); fi
+  timeout 120 cmake -S "$ROOT" -B "$work/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DRECSTORE_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" -DPython_EXECUTABLE="$(command -v "$PY")"
+  timeout 420 cmake --build "$work/build" -j "$(nproc)"
+}
 
 main() {
   local work=$WORK status=0
@@ -38,24 +55,24 @@ main() {
       --target "$site" .whl/*.whl
   fi
 
-  stage "building recstore._native with CUDA"
-  local nvcc
-  nvcc=$(command -v nvcc || true)
-  if [ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ]; then nvcc=/usr/local/cuda/bin/nvcc; fi
-  if [ -z "$nvcc" ]; then echo "gpu_check: no nvcc on PATH or in /usr/local/cuda/bin"; return 1; fi
-  "$nvcc" --version | tail -2
-  local generator=()
-  if command -v ninja >/dev/null; then generator=(-G Ninja); fi
-  timeout 120 cmake -S "$ROOT" -B "$work/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-    -DRECSTORE_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" -DPython_EXECUTABLE="$(command -v "$PY")"
-  timeout 420 cmake --build "$work/build" -j "$(nproc)"
+  local module=${GPU_CHECK_MODULE:-}
+  if [ -n "$module" ]; then
+    stage "using the module built earlier: $module"
+  else
+    build_module "$work"
+    module=$(ls "$work"/build/_native*.so)
+    # kept beside the results, so that a rerun with only Python changes can skip the build
+    cp "$module" "$RESULTS/"
+  fi
 
   # The package as the tests import it: src/recstore with the component links
   # resolved and the fresh module beside its Python files.
-  "$PY" -c "import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2], symlinks=False,
-    ignore_dangling_symlinks=True, ignore=shutil.ignore_patterns('__pycache__', '*.so'))" \
-    src/recstore "$work/pkg/recstore"
-  cp "$work"/build/_native*.so "$work/pkg/recstore/"
+  # cp -L follows the links (shutil.copytree tests a relative link's target
+  # against the working directory and would drop them as dangling).
+  mkdir -p "$work/pkg"
+  cp -RL src/recstore "$work/pkg/recstore"
+  find "$work/pkg/recstore" \( -name __pycache__ -prune -o -name '*.so' \) -exec rm -rf {} +
+  cp "$module" "$work/pkg/recstore/"
   export PYTHONPATH="$work/pkg:$site${PYTHONPATH:+:$PYTHONPATH}"
   RECSTORE_PKG="$work/pkg" "$PY" - <<'PYCHECK'
 import os
@@ -77,12 +94,12 @@ PYCHECK
   local node_tests=()
   if "$PY" -c "import grpc, prometheus_client" 2>/dev/null; then
     node_tests=(tests/ps/test_gpu_cache_node.py tests/client/test_gpu_cache_local.py
-      tests/client/test_device_cache_gpu.py)
+      tests/client/test_device_cache_gpu.py tests/client/test_grpc_sharding.py)
   else
     echo "gpu_check: grpc or prometheus_client missing: the gpu_cache node test is left out"
   fi
   timeout 300 "$PY" -m pytest -m gpu tests/store ${node_tests[@]+"${node_tests[@]}"} \
-    -p no:cacheprovider -q -rfE \
+    -p no:cacheprovider -q -rfE --timeout 120 \
     --continue-on-collection-errors \
     --junitxml "$RESULTS/gpu_tests.xml" || status=$?
   timeout 60 "$PY" -m pytest tests/store/test_cuda_build.py -p no:cacheprovider -q || status=$?

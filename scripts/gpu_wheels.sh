@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(pydantic pydantic-core annotated-types typing-inspection typing-extensions)
+PACKAGES=(pydantic pydantic-core annotated-types typing-inspection typing-extensions
+  protobuf grpcio grpcio-health-checking grpcio-reflection)
 VENV_PY=.venv/bin/python
 specs=()
 for name in "${PACKAGES[@]}"; do

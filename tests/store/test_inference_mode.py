@@ -83,6 +83,7 @@ def test_a_training_table_still_updates() -> None:
     assert not np.array_equal(table.pull(keys), before)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not _native.cuda_available(), reason="needs a CUDA device")
 def test_a_cuda_inference_table_holds_no_state_and_refuses_updates() -> None:
     training = Table(_spec("training"), device="cuda")
