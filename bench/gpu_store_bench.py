@@ -14,6 +14,10 @@ Two figures, each measured with CUDA events on one GPU in one run:
   keys, once the cache is warm, with the hit rate; against NVIDIA's anchor of
   4.32e8 keys/s (a host table with a 10% GPU cache, GB200) and, in the same run,
   the uncached path: torch.index_select on the host weight plus the copy to the GPU.
+* nve_layers: the same traces through ``recstore.nve`` layers: an inference
+  ``LinearUVM`` layer (the gpu_cache tier, 10% cached) and a ``GPULayer``, each
+  also as a training step (lookup, backward, the table's SGD), as ratios to the
+  engine's gpu_cache pull and to NVIDIA's anchor.
 
 Prints a table and writes JSON (``--out``). Never run by the test suite.
 """
@@ -285,6 +289,68 @@ def bench_gpu_cache(torch: Any, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def bench_nve_layers(torch: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """recstore.nve's GPU layer types on the gpu_cache figure's traces: lookups per
+    second of an inference ``LinearUVM`` layer (10% GPU cache) and a ``GPULayer``,
+    and a training step (lookup, backward, SGD) of each, against the engine's pull."""
+    import recstore.nve as nve
+
+    rows_total, dim, batch = args.cache_table_rows, args.dim, args.cache_batch
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    sample = zipf_sampler(torch, rows_total, 1.05, gen)
+    traces = [sample(batch) for _ in range(args.cache_batches)]
+    cache_bytes = rows_total // 10 * dim * 4
+    kinds = {
+        "linear_uvm": (nve.LayerType.LinearUVM, cache_bytes),
+        "gpu_layer": (nve.LayerType.GPULayer, 0),
+    }
+    out: dict[str, Any] = {"rows_in_table": rows_total, "dim": dim, "batch": batch}
+    for label, (layer_type, cache) in kinds.items():
+        for training in (False, True):
+            layer = nve.NVEmbedding(
+                rows_total, dim, torch.float32, layer_type,
+                gpu_cache_size=cache, optimize_for_training=training,
+            )  # fmt: skip
+            state = {"i": 0}
+
+            def step(layer: Any = layer, training: bool = training, state: Any = state) -> None:
+                keys = traces[state["i"] % len(traces)]
+                state["i"] += 1
+                if training:
+                    layer(keys).sum().backward()
+                else:
+                    with torch.no_grad():
+                        layer(keys)
+
+            for _ in range(len(traces)):  # warm the cache on every trace
+                step()
+            ms = timed_ms(torch, step, args.repeats, warmup=0)
+            key = f"{label}_{'train' if training else 'lookup'}"
+            out[key] = {"ms": ms, "keys_per_s": batch / (ms / 1e3)}
+            stats = layer.cache_stats()
+            if stats.get("enabled"):
+                out[key]["hit_rate"] = stats["hit_rate"]
+            del layer
+            torch.cuda.empty_cache()
+    return out
+
+
+def print_layer_report(layers: dict[str, Any], engine_keys_per_s: float | None) -> None:
+    print(
+        f"\nrecstore.nve GPU layers: {layers['rows_in_table']:,} rows x dim {layers['dim']}, "
+        f"Zipf 1.05 batches of {layers['batch']:,} keys on the GPU"
+    )
+    print(f"{'layer':>18} {'ms':>9} {'keys/s':>11} {'vs engine':>10} {'vs anchor':>10}")
+    for key in ("linear_uvm_lookup", "linear_uvm_train", "gpu_layer_lookup", "gpu_layer_train"):
+        r = layers[key]
+        engine = f"{r['keys_per_s'] / engine_keys_per_s:.2f}x" if engine_keys_per_s else "-"
+        print(
+            f"{key:>18} {r['ms']:>9.3f} {r['keys_per_s']:>11.3e} {engine:>10} "
+            f"{r['keys_per_s'] / NVE_ANCHOR_KEYS_PER_S:>9.2f}x"
+        )
+
+
 def print_cache_report(cache: dict[str, Any]) -> None:
     print(
         f"\ngpu_cache: {cache['rows_in_table']:,} host rows x dim {cache['dim']} fp32, "
@@ -334,7 +400,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-batch", type=int, default=1 << 20)
     parser.add_argument("--cache-batches", type=int, default=4, help="distinct traces cycled")
     parser.add_argument(
-        "--only", choices=["all", "store", "gpu_cache"], default="all", help="which figures"
+        "--only",
+        choices=["all", "store", "gpu_cache", "layers"],
+        default="all",
+        help="which figures",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/results/gpu_store_bench.json"))
     args = parser.parse_args(argv)
@@ -358,6 +427,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in ("all", "gpu_cache"):
         result["gpu_cache"] = bench_gpu_cache(torch, args)
         print_cache_report(result["gpu_cache"])
+    if args.only in ("all", "gpu_cache", "layers"):
+        result["nve_layers"] = bench_nve_layers(torch, args)
+        engine = result.get("gpu_cache", {}).get("keys_per_s")
+        print_layer_report(result["nve_layers"], engine)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {args.out}")

@@ -74,6 +74,7 @@ inline void bind(nb::module_& m) {
       .def_rw("policy", &CacheOptions::policy);
   m.attr("CACHE_LRU") = static_cast<int>(kCacheLRU);
   m.attr("CACHE_MAX_WAYS") = kMaxCacheWays;
+  m.attr("CACHE_SLOT_BYTES") = kCacheSlotBytes;
 
   nb::class_<CacheTable> t(m, "CacheTable");
   t.def(nb::init<const TableOptions&, const CacheOptions&>(), "options"_a, "cache"_a, Release())

@@ -24,7 +24,7 @@ constexpr int kMaxCacheWays = 32;
 // What a cache tier is asked for; cache_geometry() turns it into sets x ways.
 struct CacheOptions {
   int64_t rows = 0;   // slots wanted: whole sets of `ways` slots, at most this many ...
-  int64_t bytes = 0;  // ... or as many slots as rows of the table fit in these bytes
+  int64_t bytes = 0;  // ... or as many slots (row + directory entry) as fit in these bytes
   int ways = 8;       // set associativity, 1..kMaxCacheWays
   int policy = kCacheLRU;
 };

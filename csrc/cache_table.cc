@@ -22,10 +22,13 @@ CacheGeometry cache_geometry(const CacheOptions& cache, const TableOptions& tabl
     throw std::invalid_argument(
         "the gpu_cache tier keeps every row in host memory: key eviction and TTL do not apply");
   const int64_t row_bytes = table.dim * dtype_size(table.dtype);
-  const int64_t wanted = cache.rows > 0 ? cache.rows : cache.bytes / row_bytes;
+  // A byte budget covers each slot's row and its directory entry, as stats() counts them.
+  const int64_t slot_bytes = row_bytes + kCacheSlotBytes;
+  const int64_t wanted = cache.rows > 0 ? cache.rows : cache.bytes / slot_bytes;
   if (wanted < 1)
     throw std::invalid_argument("cache bytes " + std::to_string(cache.bytes) +
-                                " hold no row of " + std::to_string(row_bytes) + " bytes");
+                                " hold no row of " + std::to_string(row_bytes) + " bytes and its " +
+                                std::to_string(kCacheSlotBytes) + "-byte slot");
   const int64_t rows = std::min(wanted, table.capacity);
   CacheGeometry g;
   g.ways = static_cast<int>(std::min<int64_t>(cache.ways, rows));

@@ -39,7 +39,7 @@ struct CacheStats {
 };
 
 // Validates a cache for a table (std::invalid_argument) and sizes it: at most
-// `rows` slots (or as many rows as `bytes` hold) in whole sets (ways shrink to
+// `rows` slots (or as many slots, row and directory entry, as `bytes` hold) in whole sets (ways shrink to
 // rows when fewer), never more slots than the table has rows.
 CacheGeometry cache_geometry(const CacheOptions& cache, const TableOptions& table);
 

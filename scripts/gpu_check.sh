@@ -94,7 +94,8 @@ PYCHECK
   local node_tests=()
   if "$PY" -c "import grpc, prometheus_client" 2>/dev/null; then
     node_tests=(tests/ps/test_gpu_cache_node.py tests/client/test_gpu_cache_local.py
-      tests/client/test_device_cache_gpu.py tests/client/test_grpc_sharding.py)
+      tests/client/test_device_cache_gpu.py tests/client/test_grpc_sharding.py
+      tests/client/test_nve_gpu_layers.py)
   else
     echo "gpu_check: grpc or prometheus_client missing: the gpu_cache node test is left out"
   fi
@@ -103,6 +104,11 @@ PYCHECK
     --continue-on-collection-errors \
     --junitxml "$RESULTS/gpu_tests.xml" || status=$?
   timeout 60 "$PY" -m pytest tests/store/test_cuda_build.py -p no:cacheprovider -q || status=$?
+  if [ ${#node_tests[@]} -gt 0 ]; then
+    stage "the NVE layer tests, whole, where a GPU is the default device"
+    timeout 120 "$PY" -m pytest tests/client/test_nve.py -p no:cacheprovider -q -rfE \
+      --timeout 60 || status=$?
+  fi
 
   stage "GPU benchmark"
   # shellcheck disable=SC2086  # GPU_BENCH_ARGS holds several flags

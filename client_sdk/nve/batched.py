@@ -32,7 +32,10 @@ def read_tables(layers: Sequence[Any], keys: Sequence[torch.Tensor]) -> list[tor
     rows: list[Any] = [None] * len(layers)
     for i, (layer, ref, flat) in enumerate(zip(layers, refs, keys, strict=True)):
         cached = layer._cached
-        if layer._tiers is not None:  # a GPU cache in front: its misses go down on their own
+        if layer._device_table is not None:  # GPULayer / LinearUVM: read on the GPU
+            rows[i] = layer._device_table.read(flat)
+            plans.append((None, None))
+        elif layer._tiers is not None:  # a GPU cache in front: its misses go down on their own
             rows[i] = layer._tiers.read(flat)
             plans.append((None, None))
         elif cached is not None and cached.max_staleness_steps is None:
@@ -72,6 +75,22 @@ def update_chunks(
     ]
 
 
+def write_gradients(
+    layers: Sequence[Any], keys: Sequence[torch.Tensor], grads: Sequence[Any], unique: bool
+) -> None:
+    """Each trainable layer's gradient (None: the layer got none) to its table: a GPU
+    layer's straight to its in-process table, the others' as ``send_updates`` does."""
+    remote = []
+    for layer, k, grad in zip(layers, keys, grads, strict=True):
+        if grad is None or not layer.optimize_for_training:
+            continue
+        if layer._device_table is not None:
+            layer._device_table.update(k, grad, layer.settings.max_modify_size)
+        else:
+            remote.append(update_chunks(layer, k, grad, unique=unique))
+    send_updates(remote)
+
+
 def send_updates(chunks: Sequence[list[Gradient]]) -> None:
     """Each table's chunks in order; chunk r of every table in one multi-table update."""
     for parts in itertools.zip_longest(*chunks):
@@ -96,9 +115,5 @@ class TablesLookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> Any:
         keys = ctx.saved_tensors
-        send_updates([
-            update_chunks(layer, k, grad, unique=True)
-            for layer, k, grad in zip(ctx.layers, keys, grads, strict=True)
-            if grad is not None and layer.optimize_for_training
-        ])  # fmt: skip
+        write_gradients(ctx.layers, keys, grads, unique=True)
         return (None, None, *(None for _ in keys))

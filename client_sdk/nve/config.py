@@ -32,8 +32,8 @@ class LayerType(Enum):
 #: layer types whose rows or cache live on a GPU whatever the device argument says
 NEEDS_GPU = (LayerType.GPULayer, LayerType.LinearUVM)
 
-#: config keys tuning the reference's GPU table kernels: accepted (ints), no effect on
-#: the host paths that run here
+#: config keys tuning the reference's GPU table kernels: accepted (ints), no effect
+#: (the engine's kernels take no tuning)
 KERNEL_KEYS = ("kernel_mode", "kernel_mode_value_1", "kernel_mode_value_2")
 #: every config key, with what it does
 CONFIG_KEYS = {
@@ -46,7 +46,7 @@ CONFIG_KEYS = {
     "a round trip when all its keys hit (0: every lookup asks every node; recstore.nve.freshness)",
     "cache_report_interval": "seconds between reports of the host cache's counters to the "
     f"table's nodes (default {DEFAULT_REPORT_INTERVAL_S}; 0: only on report_cache_stats())",
-    **{key: "GPU kernel tuning of the reference: accepted, no effect here" for key in KERNEL_KEYS},
+    **{key: "GPU kernel tuning of the reference: accepted, no effect" for key in KERNEL_KEYS},
 }
 
 

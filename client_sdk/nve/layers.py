@@ -9,7 +9,8 @@ gradient rows to the table's server-side optimizer, in chunks of
 ``max_modify_size`` keys. An ``NVEmbeddingBag`` reads each distinct key of a
 batch once and pools its bags from those rows (``batched``: the same read and
 update serve one layer and an ``NVEmbeddingBagCollection``). A ``HostLayer`` is
-a block of host memory for inference. The GPU layer types need a CUDA GPU and
+a block of host memory for inference. ``GPULayer`` and ``LinearUVM`` own a table
+of this process's engine on the GPU (``device_tables``); they need a CUDA GPU and
 say so when there is none.
 """
 
@@ -24,12 +25,19 @@ import torch
 import recstore.client.ops as _ops  # registers torch.ops.recstore.*
 from recstore.client.lookup import read_rows
 from recstore.client.nve.bag_pooling import pool_bags
-from recstore.client.nve.batched import TablesLookup, send_updates, update_chunks
+from recstore.client.nve.batched import TablesLookup, write_gradients
 from recstore.client.nve.cache_report import CacheReporter
 from recstore.client.nve.cached import CachedTable, CacheReport, log
 from recstore.client.nve.config import LayerConfig, LayerType, parse_config, resolve_device
 from recstore.client.nve.device_cache import DeviceRowCache, tier_sets
 from recstore.client.nve.device_cache_tiers import DeviceCachedTable
+from recstore.client.nve.device_tables import (
+    DeviceTable,
+    device_storage,
+    engine_cache_stats,
+    placement,
+    table_device,
+)
 from recstore.client.nve.metrics import track
 from recstore.client.nve.storage import RemoteTable, host_rows
 from recstore.client.tensors import check_module_id_dtype, id_bounds, unique_keys
@@ -51,7 +59,7 @@ class _TableLookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None]:
         (keys,) = ctx.saved_tensors
-        send_updates([update_chunks(ctx.layer, keys, grad, unique=False)])
+        write_gradients([ctx.layer], [keys], [grad], unique=False)
         return None, None, None
 
 
@@ -99,18 +107,22 @@ class _NVELayer(torch.nn.Module):
         self._cached: CachedTable | None = None
         self._tiers: DeviceCachedTable | None = None
         self._host: torch.Tensor | None = None
+        self._device_table: DeviceTable | None = None  # GPULayer / LinearUVM
         if layer_type is LayerType.HostLayer:
             self._host = host_rows(storage, shape, data_type, weight_init)
         elif layer_type is LayerType.Hierarchical:
             if gpu_cache_size:  # refused before the table is touched
                 tier_sets(gpu_cache_size, embedding_size, data_type)
             self._bind(storage, weight_init)
-        else:  # GPULayer / LinearUVM: resolve_device refused them without a GPU
-            raise RuntimeError(
-                f"LayerType.{layer_type.name} keeps rows in GPU memory or behind a GPU cache, "
-                "which this build does not provide (the gpu_cache storage tier); use "
-                "LayerType.Hierarchical with storage=recstore.nve.RemoteTable(client, name)"
-            )
+        else:  # GPULayer / LinearUVM (resolve_device refused them without a GPU)
+            where = placement(layer_type, gpu_cache_size, self.settings)
+            self.device = table_device(self.device)
+            self.storage = device_storage(layer_type, storage, self.name)
+            self._handle = self.storage.bind(
+                num_embeddings, embedding_size, data_type, weight_init, optimize_for_training,
+                where,
+            )  # fmt: skip
+            self._device_table = DeviceTable(self.storage)
         self._anchor = torch.empty(0, requires_grad=optimize_for_training)
 
     def _bind(self, storage: Any, weight_init: torch.Tensor | None) -> None:
@@ -151,20 +163,25 @@ class _NVELayer(torch.nn.Module):
 
     # -- lookups --------------------------------------------------------------------
     def _keys(self, keys: torch.Tensor) -> torch.Tensor:
-        """The reference's device rule: keys on the layer's device; CPU int64 for the table."""
+        """The reference's device rule: keys on the layer's device; int64 for the table, on
+        the CPU (a GPU layer's: where they are)."""
         if keys.device != self.device:
             raise ValueError(
                 f"keys are on {keys.device} but the layer is on {self.device}; "
                 "move them to the layer's device"
             )
         check_module_id_dtype(keys)
-        flat = keys.reshape(-1).to("cpu", torch.int64)
+        # a GPU layer's table takes keys where they are; the others' go to the CPU
+        where = keys.device if self._device_table is not None else "cpu"
+        flat = keys.reshape(-1).to(where, torch.int64)
         smallest, largest = id_bounds(flat) if flat.numel() else (0, 0)
         if smallest < 0 or largest >= self.num_embeddings:
             raise IndexError(f"keys must lie in [0, {self.num_embeddings})")
         return flat
 
     def _read(self, keys: torch.Tensor) -> torch.Tensor:
+        if self._device_table is not None:
+            return self._device_table.read(keys)
         if self._tiers is not None:
             return self._tiers.read(keys)
         if self._cached is not None:
@@ -206,6 +223,11 @@ class _NVELayer(torch.nn.Module):
         level) and of its GPU cache (``"gpu"``: the same keys, or None without one)."""
         if self._cached is None:
             table = None if self._host is not None else self.storage.name
+            engine = None
+            if self.layer_type is LayerType.LinearUVM:  # the engine's GPU cache of its table
+                engine = engine_cache_stats(self.storage, self.name)
+            if engine is not None:
+                return {**engine, "enabled": True, "lookups": self._lookups, "gpu": None}
             return {"table": table, "layer": self.name, "enabled": False, "lookups": self._lookups}
         report: CacheReport = self._cached.report()
         gpu = None if self._tiers is None else self._tiers.report().as_dict()
@@ -291,7 +313,11 @@ class NVEmbeddingBag(_NVELayer):
 
     def _distinct(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``keys`` checked: their distinct keys and each key's index among them."""
-        distinct, inverse = unique_keys(self._keys(keys))
+        flat = self._keys(keys)
+        if self._device_table is not None:  # on the GPU, where the keys are
+            distinct, inverse = torch.unique(flat, return_inverse=True)
+        else:
+            distinct, inverse = unique_keys(flat)
         return distinct, inverse.view(keys.shape)
 
     def _pool(

@@ -8,6 +8,7 @@ reference's host-memory block for a ``HostLayer``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
@@ -106,8 +107,10 @@ class RemoteTable:
         dtype: torch.dtype,
         weight_init: torch.Tensor | None,
         optimize_for_training: bool,
+        placement: Mapping[str, Any] | None = None,
     ) -> str:
-        """Create or find the table; the op handle ``recstore.nn``'s ops know it by."""
+        """Create or find the table (``placement``: spec fields of its storage tier); the
+        op handle ``recstore.nn``'s ops know it by."""
         from recstore.core import Optimizer
 
         weight = None if weight_init is None else weight_init.detach().to("cpu", dtype)
@@ -116,7 +119,11 @@ class RemoteTable:
             (num_embeddings, embedding_size),
             dtype,
             (lambda start, end: weight[start:end]) if weight is not None else None,
-            metadata={"initializer": self.initializer, **_mode_metadata(optimize_for_training)},
+            metadata={
+                "initializer": self.initializer,
+                **_mode_metadata(optimize_for_training),
+                **(placement or {}),
+            },
             optimizer=self.optimizer
             if self.optimizer is not None
             else Optimizer(lr=self.client.learning_rate),

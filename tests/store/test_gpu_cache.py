@@ -239,8 +239,16 @@ def test_cache_size_per_shard() -> None:
 
 
 def test_a_cache_sized_in_bytes_holds_the_rows_that_fit() -> None:
-    twin, _ = twin_and_host(spec_of(gpu_cache={"bytes": 32 * 20 + 31, "ways": 4}))  # 32-byte rows
+    # 32-byte rows, each with its 16-byte slot: 20 of them and change
+    twin, _ = twin_and_host(spec_of(gpu_cache={"bytes": (32 + 16) * 20 + 47, "ways": 4}))
     assert (twin.cache_sets, twin.cache_ways) == (5, 4)
+    assert twin.stats()["cache_bytes"] <= (32 + 16) * 20 + 47
+
+
+def test_the_spec_knows_the_engine_slot_size() -> None:
+    from recstore.core.spec import GPU_CACHE_SLOT_BYTES
+
+    assert GPU_CACHE_SLOT_BYTES == _native.CACHE_SLOT_BYTES
 
 
 @pytest.mark.parametrize(
@@ -251,6 +259,7 @@ def test_a_cache_sized_in_bytes_holds_the_rows_that_fit() -> None:
         ({"storage": "host", "gpu_cache": {"rows": 5}}, "storage: gpu_cache only"),
         ({"gpu_cache": {"rows": 5, "bytes": 100}}, "not both"),
         ({"gpu_cache": {"bytes": 40}, "shards": 2}, "holds no row"),
+        ({"gpu_cache": {"bytes": 47}}, "holds no row"),  # a 32-byte row and its 16-byte slot
         ({"gpu_cache": {"ways": 33}}, "ways"),
     ],
 )

@@ -68,6 +68,9 @@ class StorageTier(str, Enum):
 DEFAULT_GPU_CACHE_FRACTION = 0.1
 #: Most ways a gpu_cache set may have (csrc/cache_sets.h, kMaxCacheWays).
 MAX_GPU_CACHE_WAYS = 32
+#: GPU bytes of a gpu_cache slot's directory entry, beside its row (csrc/cache_table.h,
+#: kCacheSlotBytes): a cache of ``bytes`` holds bytes // (row bytes + this) rows.
+GPU_CACHE_SLOT_BYTES = 16
 
 
 class Durability(str, Enum):
@@ -158,7 +161,8 @@ class GpuCache(WireModel):
 
     #: cached rows of the whole table (split over the shards) ...
     rows: Annotated[int, Field(ge=1)] | None = None
-    #: ... or GPU bytes of cached rows; neither: 10% of the table's rows.
+    #: ... or GPU bytes of the cache, each cached row with its 16-byte directory entry;
+    #: neither: 10% of the table's rows.
     bytes: Annotated[int, Field(ge=1)] | None = None
     #: slots per set: a key may live in any way of its set (set-associative).
     ways: Annotated[int, Field(ge=1, le=MAX_GPU_CACHE_WAYS)] = 8
@@ -230,10 +234,11 @@ class TableSpec(WireModel):
                 "keys.ttl_seconds do not apply to it"
             )
         size = self.cache.bytes
-        if size is not None and size < self.row_bytes * self.shards:
+        slot = self.row_bytes + GPU_CACHE_SLOT_BYTES
+        if size is not None and size < slot * self.shards:
             raise ValueError(
-                f"gpu_cache.bytes {size} holds no row of {self.row_bytes} bytes on each "
-                f"of the {self.shards} shards"
+                f"gpu_cache.bytes {size} holds no row of {self.row_bytes} bytes (and its "
+                f"{GPU_CACHE_SLOT_BYTES}-byte slot) on each of the {self.shards} shards"
             )
         return self
 
