@@ -47,7 +47,9 @@ struct CacheDeviceState {
   DeviceArray<CacheSlot> slots;
   DeviceArray<unsigned char> values;
   DeviceArray<unsigned long long> counters;
-  PinnedBuffer keys_pinned, rows_pinned;
+  // staging of a call's keys and rows (pull's misses, a write's input), and of the
+  // cached keys a write refreshes with their rows
+  PinnedBuffer keys_pinned, rows_pinned, state_pinned, refresh_keys_pinned, refresh_rows_pinned;
 };
 
 // One call: the table's lock and device, the cache stream ordered after the
@@ -72,14 +74,15 @@ struct CacheCall {
   }
   cudaStream_t s() const { return st.stream; }
 
-  // `count` T of a caller buffer in host memory: the buffer itself, or a copy of a device one.
+  // `count` T of a caller buffer in host memory: the buffer itself, or a copy of a
+  // device one in `staging` (page-locked and reused: no page faults, a full-speed copy).
   template <typename T>
-  const T* host_view(const void* p, size_t count, int device, std::vector<T>& copy) {
+  const T* host_view(const void* p, size_t count, int device, PinnedBuffer& staging) {
     if (count == 0 || p == nullptr || !on_device(p, device)) return static_cast<const T*>(p);
-    copy.resize(count);
-    RS_CUDA_CHECK(cudaMemcpyAsync(copy.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost, s()));
+    void* copy = staging.reserve(count * sizeof(T));
+    RS_CUDA_CHECK(cudaMemcpyAsync(copy, p, count * sizeof(T), cudaMemcpyDeviceToHost, s()));
     RS_CUDA_CHECK(cudaStreamSynchronize(s()));
-    return copy.data();
+    return static_cast<const T*>(copy);
   }
 
   std::lock_guard<std::mutex> lock;
@@ -165,8 +168,7 @@ void CudaCacheTable::find(int64_t n, const int64_t* keys, void* out, uint8_t* fo
                           uintptr_t stream) {
   CacheCall call(*this, stream);
   const cudaStream_t s = call.s();
-  std::vector<int64_t> keys_copy;
-  const int64_t* keys_h = call.host_view<int64_t>(keys, n, device_, keys_copy);
+  const int64_t* keys_h = call.host_view<int64_t>(keys, n, device_, st_->keys_pinned);
   const bool out_dev = on_device(out, device_), found_dev = on_device(found, device_);
   std::vector<unsigned char> rows(out_dev ? n * row_bytes_ : 0);
   std::vector<uint8_t> flags(found_dev ? n : 0);
@@ -190,25 +192,24 @@ void CudaCacheTable::refresh(int64_t n, const int64_t* host_keys) {
   const int64_t k = select_flagged(keys_d.get(), resident.get(), n, cached_keys.get(), s);
   if (k == 0) return;
   select_flagged(slot.get(), resident.get(), n, cached_slots.get(), s);
-  std::vector<int64_t> keys_h(k);
-  std::vector<unsigned char> rows_h(k * row_bytes_);
+  auto* keys_h = static_cast<int64_t*>(st_->refresh_keys_pinned.reserve(k * sizeof(int64_t)));
+  auto* rows_h = static_cast<unsigned char*>(st_->refresh_rows_pinned.reserve(k * row_bytes_));
   std::vector<uint8_t> found(k);
-  RS_CUDA_CHECK(cudaMemcpyAsync(keys_h.data(), cached_keys.get(), k * sizeof(int64_t),
+  RS_CUDA_CHECK(cudaMemcpyAsync(keys_h, cached_keys.get(), k * sizeof(int64_t),
                                 cudaMemcpyDeviceToHost, s));
   RS_CUDA_CHECK(cudaStreamSynchronize(s));
-  host_.find(k, keys_h.data(), rows_h.data(), found.data());
+  host_.find(k, keys_h, rows_h, found.data());
   Scratch<unsigned char> rows_d(k * row_bytes_, s);
-  RS_CUDA_CHECK(cudaMemcpyAsync(rows_d.get(), rows_h.data(), rows_h.size(), cudaMemcpyHostToDevice, s));
+  RS_CUDA_CHECK(cudaMemcpyAsync(rows_d.get(), rows_h, k * row_bytes_, cudaMemcpyHostToDevice, s));
   cache_scatter(view, cached_slots.get(), k, rows_d.get(), s);
   RS_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 void CudaCacheTable::assign(int64_t n, const int64_t* keys, const void* values, uintptr_t stream) {
   CacheCall call(*this, stream);
-  std::vector<int64_t> keys_copy;
-  std::vector<unsigned char> values_copy;
-  const int64_t* keys_h = call.host_view<int64_t>(keys, n, device_, keys_copy);
-  const auto* values_h = call.host_view<unsigned char>(values, n * row_bytes_, device_, values_copy);
+  const int64_t* keys_h = call.host_view<int64_t>(keys, n, device_, st_->keys_pinned);
+  const auto* values_h =
+      call.host_view<unsigned char>(values, n * row_bytes_, device_, st_->rows_pinned);
   host_.assign(n, keys_h, values_h);
   refresh(n, keys_h);
 }
@@ -216,11 +217,9 @@ void CudaCacheTable::assign(int64_t n, const int64_t* keys, const void* values, 
 void CudaCacheTable::update(int64_t n, const int64_t* keys, const void* grads, int grad_dtype,
                             float lr, uintptr_t stream) {
   CacheCall call(*this, stream);
-  std::vector<int64_t> keys_copy;
-  std::vector<unsigned char> grads_copy;
-  const int64_t* keys_h = call.host_view<int64_t>(keys, n, device_, keys_copy);
+  const int64_t* keys_h = call.host_view<int64_t>(keys, n, device_, st_->keys_pinned);
   const auto* grads_h = call.host_view<unsigned char>(
-      grads, n * options().dim * dtype_size(grad_dtype), device_, grads_copy);
+      grads, n * options().dim * dtype_size(grad_dtype), device_, st_->rows_pinned);
   host_.update(n, keys_h, grads_h, grad_dtype, lr);
   if (n) refresh(n, keys_h);
 }
@@ -228,12 +227,11 @@ void CudaCacheTable::update(int64_t n, const int64_t* keys, const void* grads, i
 void CudaCacheTable::import_rows(int64_t n, const int64_t* keys, const void* values,
                                  const float* state, uintptr_t stream) {
   CacheCall call(*this, stream);
-  std::vector<int64_t> keys_copy;
-  std::vector<unsigned char> values_copy;
-  std::vector<float> state_copy;
-  const int64_t* keys_h = call.host_view<int64_t>(keys, n, device_, keys_copy);
-  const auto* values_h = call.host_view<unsigned char>(values, n * row_bytes_, device_, values_copy);
-  const float* state_h = call.host_view<float>(state, n * state_width(), device_, state_copy);
+  const int64_t* keys_h = call.host_view<int64_t>(keys, n, device_, st_->keys_pinned);
+  const auto* values_h =
+      call.host_view<unsigned char>(values, n * row_bytes_, device_, st_->rows_pinned);
+  const float* state_h =
+      call.host_view<float>(state, n * state_width(), device_, st_->state_pinned);
   host_.import_rows(n, keys_h, values_h, state_h);
   refresh(n, keys_h);
 }
@@ -241,8 +239,7 @@ void CudaCacheTable::import_rows(int64_t n, const int64_t* keys, const void* val
 int64_t CudaCacheTable::erase(int64_t n, const int64_t* keys, uintptr_t stream) {
   CacheCall call(*this, stream);
   const cudaStream_t s = call.s();
-  std::vector<int64_t> keys_copy;
-  const int64_t* keys_h = call.host_view<int64_t>(keys, n, device_, keys_copy);
+  const int64_t* keys_h = call.host_view<int64_t>(keys, n, device_, st_->keys_pinned);
   const int64_t removed = host_.erase(n, keys_h);
   DeviceIn<int64_t> keys_d(keys, static_cast<size_t>(n), device_, s);
   cache_drop(call.view, keys_d.get(), n, s);
