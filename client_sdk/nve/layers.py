@@ -123,6 +123,8 @@ class _NVELayer(torch.nn.Module):
                 where,
             )  # fmt: skip
             self._device_table = DeviceTable(self.storage)
+            if layer_type is LayerType.LinearUVM:
+                track(self)  # its cache's counters in the Prometheus export
         self._anchor = torch.empty(0, requires_grad=optimize_for_training)
 
     def _bind(self, storage: Any, weight_init: torch.Tensor | None) -> None:

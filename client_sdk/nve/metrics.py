@@ -4,7 +4,9 @@ A training job has no HTTP endpoint of the SDK's own; a job that serves a
 ``prometheus_client`` registry (an extra dependency, not a trainer's) can add
 this collector to it. It reads ``cache_stats()`` of every live layer with a
 cache at scrape time, labelled by table, layer and tier (host, and gpu for a
-layer with a GPU cache).
+layer with a GPU cache, or a ``LinearUVM`` layer's: the engine's cache, which
+counts hits, misses and evictions but not insertions, rejections or
+invalidations, so those series are absent for it rather than zero).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ class CacheCollector:
             for stats in (host, host["gpu"]) if host["gpu"] else (host,):
                 tier = [str(stats["table"]), str(stats["layer"]), str(stats["tier"])]
                 for name, family in families.items():
-                    family.add_metric(tier, float(stats[name]))
+                    if name in stats:
+                        family.add_metric(tier, float(stats[name]))
         yield from families.values()
 
 

@@ -61,3 +61,23 @@ def test_storage_must_be_an_in_process_table() -> None:
     remote.set_ps_backend("grpc")
     with pytest.raises(TypeError, match=r"LayerType\.Hierarchical"):
         device_storage(LayerType.LinearUVM, RemoteTable(remote, "far"), "x")
+
+
+def test_the_export_leaves_out_what_a_tier_does_not_count() -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from recstore.client.nve import metrics
+
+    class EngineCached:  # what a LinearUVM layer's cache_stats() holds
+        def cache_stats(self) -> dict[str, object]:
+            return {"table": "t", "layer": "l", "tier": "gpu", "hits": 3, "misses": 1,
+                    "evictions": 0, "hit_rate": 0.75, "bytes_used": 80, "capacity_bytes": 160,
+                    "gpu": None}  # fmt: skip
+
+    layer = EngineCached()
+    metrics.track(layer)
+    registry = prometheus_client.CollectorRegistry()
+    metrics.register_cache_metrics(registry)
+    labels = {"table": "t", "layer": "l", "tier": "gpu"}
+    assert registry.get_sample_value("recstore_nve_cache_hits_total", labels) == 3
+    assert registry.get_sample_value("recstore_nve_cache_hit_rate", labels) == 0.75
+    assert registry.get_sample_value("recstore_nve_cache_rejected_total", labels) is None

@@ -181,3 +181,19 @@ def test_a_table_on_remote_nodes_is_refused() -> None:
     with pytest.raises(TypeError, match="in-process"):
         nve.NVEmbedding(ROWS, DIM, layer_type=nve.LayerType.GPULayer,
                         storage=nve.RemoteTable(client, "elsewhere"))  # fmt: skip
+
+
+def test_a_linear_uvm_cache_is_exported_to_prometheus() -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    registry = prometheus_client.CollectorRegistry()
+    nve.register_cache_metrics(registry)
+    layer = nve.NVEmbedding(ROWS, DIM, layer_type=nve.LayerType.LinearUVM,
+                            gpu_cache_size=ROWS // 10 * DIM * 4)  # fmt: skip
+    keys = torch.arange(50, device="cuda")
+    layer(keys)
+    layer(keys)
+    labels = {"table": layer.name, "layer": layer.name, "tier": "gpu"}
+    assert registry.get_sample_value("recstore_nve_cache_hits_total", labels) == 50
+    assert registry.get_sample_value("recstore_nve_cache_misses_total", labels) == 50
+    assert registry.get_sample_value("recstore_nve_cache_hit_rate", labels) == 0.5
+    assert registry.get_sample_value("recstore_nve_cache_insertions_total", labels) is None

@@ -52,7 +52,8 @@ def test_a_taken_port_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
         taken.listen()
         busy = taken.getsockname()[1]
         assert not ports.bindable(busy)
-        other = ports.free_port()
+        other = next(p for p in range(20_000, 30_000) if ports.bindable(p))
+        monkeypatch.setattr(ports, "_handed_out", set())
         monkeypatch.setattr(ports, "candidates", lambda low: [busy, other])
         assert ports.free_port() == other
 
@@ -61,3 +62,24 @@ def test_with_no_room_below_the_range_the_kernel_picks(monkeypatch: pytest.Monke
     monkeypatch.setattr(ports, "candidates", lambda low: [])
     port = ports.free_port()
     assert port > 0 and ports.bindable(port)
+
+
+def test_a_port_is_never_handed_out_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    # every pick sees the same free candidate first: a table's ports picked before any
+    # of its nodes listens (the shard that lost the race never started)
+    port = next(p for p in range(20_000, 30_000) if ports.bindable(p))
+    second = next(p for p in range(port + 1, 30_000) if ports.bindable(p))
+    monkeypatch.setattr(ports, "_handed_out", set())
+    monkeypatch.setattr(ports, "candidates", lambda low: [port, second])
+    assert [ports.free_port(), ports.free_port()] == [port, second]
+    third = ports.free_port()  # the candidates are spent: the kernel's pick, a new port
+    assert third not in (port, second) and ports.bindable(third)
+
+
+def test_a_claimed_port_is_not_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    port = next(p for p in range(20_000, 30_000) if ports.bindable(p))
+    second = next(p for p in range(port + 1, 30_000) if ports.bindable(p))
+    monkeypatch.setattr(ports, "_handed_out", set())
+    monkeypatch.setattr(ports, "candidates", lambda low: [port, second])
+    ports.claim([port])  # a saved table's port, its node not listening yet
+    assert ports.free_port() == second

@@ -8,12 +8,18 @@ connection's local port: any process's client. The restarted node then cannot
 listen ("Address already in use") and its supervisor restarts it on the same
 port, forever. Ports are therefore picked below the ephemeral range, where the
 kernel never places a connection's local port, and checked free when picked.
+
+A free port is not held until its node listens, so two picks before any node
+starts (a table's grpc and metrics ports, its shards', a second table's) could
+return the same port, and the node that loses the race never starts. A process
+therefore never hands out a port twice.
 """
 
 from __future__ import annotations
 
 import random
 import socket
+import threading
 from pathlib import Path
 
 #: the lowest port picked (below it: well-known and registered services)
@@ -24,6 +30,10 @@ EPHEMERAL_DEFAULT = (32768, 60999)
 TRIES = 64
 
 _RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+#: every port this process has handed out (a few per shard it ever ran)
+_handed_out: set[int] = set()
+_lock = threading.Lock()
 
 
 def ephemeral_range(path: Path = _RANGE_FILE) -> tuple[int, int]:
@@ -53,10 +63,27 @@ def candidates(low: int, floor: int = PORT_FLOOR) -> list[int]:
 
 
 def free_port() -> int:
-    """A free loopback port below the ephemeral range, else one the kernel picks."""
+    """A free loopback port below the ephemeral range, else one the kernel picks; never
+    one this process handed out before."""
+    with _lock:
+        port = _pick()
+        _handed_out.add(port)
+        return port
+
+
+def claim(ports: list[int]) -> None:
+    """Ports a table listened on before (``ports.json``): never handed out to another."""
+    with _lock:
+        _handed_out.update(ports)
+
+
+def _pick() -> int:
     for port in candidates(ephemeral_range()[0]):
-        if bindable(port):
+        if port not in _handed_out and bindable(port):
             return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _handed_out:
+            return port

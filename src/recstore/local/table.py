@@ -21,7 +21,7 @@ from recstore.core.migration_retry import RetryPolicy
 from recstore.core.reconcile import Resharding
 from recstore.core.spec import TableSpec
 from recstore.local.migration_store import FileJobStore
-from recstore.local.ports import free_port
+from recstore.local.ports import claim, free_port
 from recstore.local.shard_client import ShardClient
 
 #: when a node that refused a table is asked again: 1 s, doubling to a minute
@@ -114,7 +114,9 @@ def load_or_pick_ports(path: Path, shards: int) -> list[tuple[int, int]]:
     if path.exists():
         saved = [tuple(p) for p in json.loads(path.read_text())]
         if saved:
-            return [(int(g), int(m)) for g, m in saved]
+            pairs = [(int(g), int(m)) for g, m in saved]
+            claim([port for pair in pairs for port in pair])
+            return pairs
     ports = [(free_port(), free_port()) for _ in range(shards)]
     path.write_text(json.dumps(ports))
     return ports
