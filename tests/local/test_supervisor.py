@@ -62,3 +62,31 @@ def test_duplicate_names_are_refused(tmp_path: Path) -> None:
             supervisor.start(ProcessSpec("a", SLEEPER, tmp_path / "a.log"))
     finally:
         supervisor.stop_all(timeout=5)
+
+
+def test_a_restart_names_why_the_process_exited(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    failing = [sys.executable, "-c", "raise RuntimeError('Failed to bind to address 127.0.0.1:1')"]
+    restarted = threading.Event()
+    supervisor = Supervisor(poll_interval=0.02, on_restart=lambda name, count: restarted.set())
+    try:
+        with caplog.at_level("WARNING", logger="recstore.local.supervisor"):
+            supervisor.start(ProcessSpec("node-0", failing, tmp_path / "node-0.log"))
+            assert restarted.wait(60)
+    finally:
+        supervisor.stop_all(timeout=5)
+    assert "its log ends: RuntimeError: Failed to bind to address 127.0.0.1:1" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("a\nb\n\n  \n", "b"), ("", ""), ("x" * 5000 + "\nlast", "last"), (None, "")],
+)
+def test_the_last_log_line(tmp_path: Path, text: str | None, expected: str) -> None:
+    from recstore.local.supervisor import last_line
+
+    path = tmp_path / "node.log"
+    if text is not None:
+        path.write_text(text)
+    assert last_line(path) == expected

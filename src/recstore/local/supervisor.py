@@ -118,12 +118,27 @@ class Supervisor:
                     backoff = min(self._max_backoff, 0.5 * 2 ** min(supervised.restarts, 6))
                     if uptime < backoff:
                         continue  # died young: wait out the backoff before restarting
-                    log.warning("process %s exited with %s; restarting", supervised.spec.name, code)
+                    log.warning(
+                        "process %s exited with %s; restarting (its log ends: %s)",
+                        supervised.spec.name, code, last_line(supervised.spec.log_path),
+                    )  # fmt: skip
                     supervised.process = _spawn(supervised.spec)
                     supervised.restarts += 1
                     supervised.last_start = time.monotonic()
                     if self._on_restart is not None:
                         self._on_restart(supervised.spec.name, supervised.restarts)
+
+
+def last_line(path: Path, tail_bytes: int = 4096) -> str:
+    """The last non-empty line of a process's log (why it exited, usually), or ''."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def _spawn(spec: ProcessSpec) -> subprocess.Popen[bytes]:
