@@ -39,6 +39,17 @@ def test_inference_example_runs() -> None:
     assert "is an inference table: updates are refused" in out
 
 
+def test_nve_inference_sample_runs_with_the_reference_arguments() -> None:
+    # the reference's command line, fewer iterations and rows (LinearUVM on a GPU)
+    out = run_example(
+        "nve_inference.py", "--batch-size", "1024", "--hotness", "32", "--num-iterations", "3",
+        "--cache-size", "1024", "--data-type", "float32", "--num-embeddings", "20000",
+    )  # fmt: skip
+    assert "every output agrees with torch.nn.functional.embedding_bag" in out
+    layer_type = "LinearUVM" if torch.cuda.is_available() else "Hierarchical"
+    assert out.startswith(f"{layer_type} on ")
+
+
 @pytest.mark.slow
 def test_dlrm_example_loss_falls(local_client) -> None:
     sys.path.insert(0, str(ROOT / "examples"))
