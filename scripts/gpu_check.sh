@@ -105,8 +105,9 @@ PYCHECK
     --junitxml "$RESULTS/gpu_tests.xml" || status=$?
   timeout 60 "$PY" -m pytest tests/store/test_cuda_build.py -p no:cacheprovider -q || status=$?
   if [ ${#node_tests[@]} -gt 0 ]; then
-    stage "the NVE layer tests, whole, where a GPU is the default device"
+    stage "the NVE layer tests, whole, where a GPU is the default device, and its sample"
     timeout 120 "$PY" -m pytest tests/client/test_nve.py -p no:cacheprovider -q -rfE \
+      "tests/client/test_examples.py::test_nve_inference_sample_runs_with_the_reference_arguments" \
       --timeout 60 || status=$?
   fi
 
