@@ -21,6 +21,7 @@ import torch
 from recstore.client.backends.base import PullRequest
 from recstore.client.lookup import Gradient, send_gradients
 from recstore.client.nve.cached import StaleLookup
+from recstore.client.nve.config import modify_chunks
 from recstore.client.op_tables import resolve
 
 
@@ -65,13 +66,10 @@ def update_chunks(
 ) -> list[Gradient]:
     """A lookup's gradient as the table updates it becomes, in order: ``max_modify_size``
     keys each (all at once when unset)."""
-    chunk = layer.settings.max_modify_size or max(1, keys.numel())
     grad = grad.to(keys.device)  # a GPU cache hands out rows on the layer's device
     return [
-        Gradient(
-            layer._handle, keys[start : start + chunk], grad[start : start + chunk], unique=unique
-        )
-        for start in range(0, keys.numel(), chunk)
+        Gradient(layer._handle, keys[part], grad[part], unique=unique)
+        for part in modify_chunks(keys.numel(), layer.settings.max_modify_size)
     ]
 
 

@@ -68,6 +68,13 @@ def _non_negative_int(key: str, value: Any, minimum: int = 0) -> int:
     return value
 
 
+def modify_chunks(count: int, max_modify_size: int | None) -> list[slice]:
+    """A gradient of ``count`` rows as the table updates it, in order: ``max_modify_size``
+    rows per update (all at once when unset)."""
+    step = max_modify_size or max(1, count)
+    return [slice(start, start + step) for start in range(0, count, step)]
+
+
 def parse_config(config: Mapping[str, Any] | None) -> LayerConfig:
     """The layer's ``config`` dict, checked: unknown keys and bad values are errors."""
     config = dict(config or {})

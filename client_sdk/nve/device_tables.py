@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from recstore.client.client import RecStoreClient
-from recstore.client.nve.config import LayerConfig, LayerType
+from recstore.client.nve.config import LayerConfig, LayerType, modify_chunks
 from recstore.client.nve.storage import RemoteTable
 from recstore.core.cache_figures import GPU_TIER, engine_figures
 
@@ -71,33 +71,16 @@ def placement(layer_type: LayerType, gpu_cache_size: int, settings: LayerConfig)
     return {"storage": "gpu_cache", "gpu_cache": {"bytes": gpu_cache_size}}
 
 
-def engine_cache_stats(storage: RemoteTable, layer: str) -> dict[str, object] | None:
-    """A ``LinearUVM`` layer's GPU cache as ``cache_stats()`` shows it (the engine's
-    counters of its table); None for a table without one."""
-    backend = storage.client.ops
-    if backend is None or backend.kind != "local":
-        return None
-    figures = engine_figures(backend.table(storage.name).stats())  # type: ignore[attr-defined]
-    if figures is None:
-        return None
-    return {
-        "table": storage.name,
-        "layer": layer,
-        "tier": GPU_TIER,
-        "policy": "lru",
-        **figures.as_dict(),
-        "bytes_used": figures.resident_bytes,
-    }
-
-
 class DeviceTable:
     """A GPU layer's table, read and trained where its rows are: keys, rows and
     gradients stay on the GPU (the SDK's module path gathers keys on the CPU for
     the wire, which here would only cost two copies of every row)."""
 
     def __init__(self, storage: RemoteTable) -> None:
+        from recstore.client.backends.local import LocalBackend  # what device_storage allows
+
         backend = storage.client.ops
-        assert backend is not None and backend.kind == "local"
+        assert isinstance(backend, LocalBackend)
         self._backend, self.name = backend, storage.name
 
     def read(self, keys: torch.Tensor) -> torch.Tensor:
@@ -107,11 +90,20 @@ class DeviceTable:
     def update(self, keys: torch.Tensor, grads: torch.Tensor, max_modify_size: int | None) -> None:
         """The gradient rows of ``keys`` through the table's optimizer (repeated keys
         summed), at most ``max_modify_size`` keys per engine call."""
-        chunk = max_modify_size or max(1, keys.numel())
         keys, grads = keys.contiguous(), grads.to(keys.device).contiguous()
-        for start in range(0, keys.numel(), chunk):
-            part = slice(start, start + chunk)
+        for part in modify_chunks(keys.numel(), max_modify_size):
             self._backend.update(self.name, keys[part], grads[part], None)
+
+    def cache_stats(self, layer: str) -> dict[str, object] | None:
+        """The table's GPU cache (a ``LinearUVM`` layer's) as ``cache_stats()`` shows it:
+        the engine's counters; None for a table without one (a ``GPULayer``'s)."""
+        figures = engine_figures(self._backend.table(self.name).stats())
+        if figures is None:
+            return None
+        return {
+            "table": self.name, "layer": layer, "tier": GPU_TIER, "policy": "lru",
+            **figures.as_dict(), "bytes_used": figures.resident_bytes,
+        }  # fmt: skip
 
 
 def table_device(device: torch.device) -> torch.device:

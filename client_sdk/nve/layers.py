@@ -34,7 +34,6 @@ from recstore.client.nve.device_cache_tiers import DeviceCachedTable
 from recstore.client.nve.device_tables import (
     DeviceTable,
     device_storage,
-    engine_cache_stats,
     placement,
     table_device,
 )
@@ -225,9 +224,9 @@ class _NVELayer(torch.nn.Module):
         level) and of its GPU cache (``"gpu"``: the same keys, or None without one)."""
         if self._cached is None:
             table = None if self._host is not None else self.storage.name
-            engine = None
-            if self.layer_type is LayerType.LinearUVM:  # the engine's GPU cache of its table
-                engine = engine_cache_stats(self.storage, self.name)
+            engine = None  # a LinearUVM layer: the engine's GPU cache of its table
+            if self._device_table is not None:
+                engine = self._device_table.cache_stats(self.name)
             if engine is not None:
                 return {**engine, "enabled": True, "lookups": self._lookups, "gpu": None}
             return {"table": table, "layer": self.name, "enabled": False, "lookups": self._lookups}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 from recstore.client import RecStoreClient
 from recstore.client.nve.config import LayerType, parse_config
@@ -81,3 +82,25 @@ def test_the_export_leaves_out_what_a_tier_does_not_count() -> None:
     assert registry.get_sample_value("recstore_nve_cache_hits_total", labels) == 3
     assert registry.get_sample_value("recstore_nve_cache_hit_rate", labels) == 0.75
     assert registry.get_sample_value("recstore_nve_cache_rejected_total", labels) is None
+
+
+def test_a_device_table_shows_its_engine_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    from recstore.client.nve.device_tables import DeviceTable
+
+    client = RecStoreClient(role="test-nve-device-tables")
+    client.set_ps_backend("local")
+    storage = RemoteTable(client, "engine_cached")
+    storage.bind(100, 8, torch.float32, None, True)  # a host table stands in for the tier
+    table = DeviceTable(storage)
+    assert table.cache_stats("layer") is None  # no cache_* figures: a GPULayer's table
+    engine = {
+        "cache_hits": 6, "cache_misses": 2, "cache_evictions": 1,
+        "cache_resident_rows": 4, "cache_resident_bytes": 128, "cache_bytes": 192,
+    }  # fmt: skip
+    host = table._backend.table("engine_cached")
+    monkeypatch.setattr(host, "stats", lambda: engine)
+    stats = table.cache_stats("layer")
+    assert stats is not None
+    assert (stats["table"], stats["layer"], stats["tier"]) == ("engine_cached", "layer", "gpu")
+    assert (stats["hits"], stats["misses"], stats["hit_rate"]) == (6, 2, 0.75)
+    assert (stats["bytes_used"], stats["capacity_bytes"]) == (128, 192)
