@@ -95,6 +95,14 @@ class RecStoreClient:
                 raise
             self._initialized = True
 
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            f"RecStoreClient (role {self.role!r}) holds connections and in-process tables and "
+            "cannot be pickled or copied. To save a model with RecStore modules, save its "
+            "state_dict() (torch.save, torch.distributed.checkpoint) or use recstore.export; "
+            "in another process, create the client there (RecStoreClient(role=...))"
+        )
+
     def _setup(self, library_path: str | None, role: str) -> None:
         if not isinstance(role, str) or not role:
             raise ValueError(f"role must be a non-empty string, got {role!r}")

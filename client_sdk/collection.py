@@ -123,6 +123,16 @@ class EmbeddingBagCollection(nn.Module):
         self._anchor = torch.empty(0, requires_grad=True)
         self._ahead: tuple[list[Feature], list[Lookup]] | None = None  # prefetch()'s plans
 
+    def requires_grad_(self, requires_grad: bool = True) -> Any:
+        """Freezes (False) or unfreezes every bag's table, all or none of them
+        (``EmbeddingBag.requires_grad_``)."""
+        bags: list[EmbeddingBag] = list(self.bags)  # type: ignore[arg-type]
+        for bag in bags:
+            bag._check_requires_grad(requires_grad)
+        for bag in bags:
+            bag.requires_grad_(requires_grad)
+        return super().requires_grad_(requires_grad)
+
     @property
     def table_names(self) -> list[str]:
         return [str(bag.table_name) for bag in self.bags]
