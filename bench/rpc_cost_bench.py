@@ -115,15 +115,14 @@ def echo_server(port: int) -> None:
 
     import grpc
 
-    from recstore.core.limits import DEFAULT_MAX_BATCH_BYTES
-    from recstore.ps import limits
+    from recstore.core.limits import grpc_options
     from recstore.ps.serving import GRPC_OPTIONS
 
     async def echo(request: bytes, context: object) -> bytes:
         return b""
 
     async def serve() -> None:
-        options = GRPC_OPTIONS + limits.grpc_options(DEFAULT_MAX_BATCH_BYTES)
+        options = GRPC_OPTIONS + grpc_options()
         server = grpc.aio.server(options=options)
         handler = grpc.unary_unary_rpc_method_handler(echo)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(

@@ -155,11 +155,14 @@ class DedupWindow:
 
     def entries_touching(self, slot_mask: np.ndarray) -> list[Entry]:
         """Entries whose keys touched any slot where ``slot_mask`` (bool per slot) is set."""
-        return self.changes_touching(slot_mask, 0)[0]
+        return [entry for _, entry in self.changes_touching(slot_mask, 0)[0]]
 
-    def changes_touching(self, slot_mask: np.ndarray, since: int) -> tuple[list[Entry], int]:
-        """Entries added or changed after version ``since`` whose keys touched a slot of
-        ``slot_mask``, oldest change first, and the version now (the next call's ``since``).
+    def changes_touching(
+        self, slot_mask: np.ndarray, since: int
+    ) -> tuple[list[tuple[int, Entry]], int]:
+        """(version, entry) of the entries added or changed after version ``since`` whose
+        keys touched a slot of ``slot_mask``, oldest change first, and the version now (the
+        next call's ``since``, or the version of the last entry a caller took of them).
         Reads only the entries changed since, newest first."""
         mask = np.asarray(slot_mask, dtype=bool)
         with self._cond:
@@ -169,7 +172,7 @@ class DedupWindow:
                     break
                 entry = self._done[request_id]
                 if len(entry.slots) and mask[entry.slots].any():
-                    found.append(entry)
+                    found.append((version, entry))
             found.reverse()
             return found, self._version
 

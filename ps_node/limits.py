@@ -21,19 +21,9 @@ import importlib
 from typing import Any
 
 from recstore.core import MessageTooLarge
-from recstore.core.limits import message_limit
 
 #: the compiled engine, by name (no type stubs)
 _native: Any = importlib.import_module("recstore._native")
-
-
-def grpc_options(max_batch_bytes: int) -> list[tuple[str, int]]:
-    """The server's message-size options for this batch bound."""
-    limit = message_limit(max_batch_bytes)
-    return [
-        ("grpc.max_send_message_length", limit),
-        ("grpc.max_receive_message_length", limit),
-    ]
 
 
 def check_reply(reply: Any, limit: int) -> None:

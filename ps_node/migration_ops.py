@@ -46,6 +46,10 @@ def _batch(
     return RowBatch(chunk.keys, chunk.values, chunk.state, gone, present, following)
 
 
+#: encoded de-dup entries in one catch-up reply or tail, as ``page_rows`` bounds its rows
+WINDOW_PAGE_BYTES = ROW_CHUNK_BYTES // 2
+
+
 class SlotMapConflict(MigrationConflict):
     """SetSlotMap's expected epoch is not the node's (the compare-and-swap failed)."""
 
@@ -94,20 +98,35 @@ def is_sealed(node: Node, name: str) -> bool:
 
 def catch_up(node: Node, name: str) -> RowBatch:
     """Rows changed since the previous call (a page; ``next_offset`` 1: more are pending),
-    with the de-dup entries of the slots recorded since."""
+    with the de-dup entries of the slots recorded since (a page of them too)."""
     hosted = node.get(name)
     keys, more = _changed_page(node, name, node.migrations.changes(name))
     chunk, gone = rows_of(hosted.table, keys)
-    count, window = _window_since(hosted, node.migrations.outgoing_of(name))
-    batch = _batch(chunk, gone, None, more)
+    count, window, more_entries = _window_since(hosted, node.migrations.outgoing_of(name))
+    batch = _batch(chunk, gone, None, max(more, more_entries))
     return dataclasses.replace(batch, dedup_entries=window, dedup_entry_count=count)
 
 
-def _window_since(hosted: HostedTable, out: migration.Outgoing) -> tuple[int, bytes]:
-    """The de-dup entries of the moving slots not sent yet, encoded: the window moves with
-    the slots, most of it in the catch-up rounds, so the seal's tail carries only the rest."""
-    entries, out.window_sent = hosted.window.changes_touching(out.slots, out.window_sent)
-    return dedup_log.encode_entries(entries)
+def _window_since(hosted: HostedTable, out: migration.Outgoing) -> tuple[int, bytes, int]:
+    """The de-dup entries of the moving slots not sent yet, encoded, and 1 when more are
+    left for the next page (0: none). The window moves with the slots, most of it in the
+    catch-up rounds, so the seal's tail carries only the rest. A page holds at most half
+    the row-chunk budget (at least one entry): a trainer's requests each touch thousands
+    of slots, and a window's worth of them is tens of megabytes. Each entry keeps only
+    the moving slots: the target owns no other of the request's."""
+    changed, now = hosted.window.changes_touching(out.slots, out.window_sent)
+    encoded: list[bytes] = []
+    size = 0
+    for version, entry in changed:
+        kept = dataclasses.replace(entry, slots=entry.slots[out.slots[entry.slots]])
+        data = dedup_log.encode_entry(kept)
+        if encoded and size + len(data) > WINDOW_PAGE_BYTES:
+            return len(encoded), b"".join(encoded), 1
+        encoded.append(data)
+        size += len(data)
+        out.window_sent = version
+    out.window_sent = now
+    return len(encoded), b"".join(encoded), 0
 
 
 def seal(node: Node, name: str, timeout: float, with_checksums: bool = False) -> RowBatch:
@@ -123,8 +142,8 @@ def seal(node: Node, name: str, timeout: float, with_checksums: bool = False) ->
         durable = disk.submit(held_slots.remember, node, name, out, hosted.entry.slot_map.epoch)
         chunk, gone = rows_of(hosted.table, keys)
         # the rest of the de-dup window: no update of the slots runs while sealed
-        count, window = _window_since(hosted, out)
-        tail = _batch(chunk, gone, keys_in(hosted.table, out.slots), more)
+        count, window, more_entries = _window_since(hosted, out)
+        tail = _batch(chunk, gone, keys_in(hosted.table, out.slots), max(more, more_entries))
         sums = _checksums(hosted.table, out.slots) if with_checksums else None
         durable.result()
     return dataclasses.replace(tail, dedup_entries=window, dedup_entry_count=count, checksums=sums)

@@ -23,9 +23,9 @@ from grpc_reflection.v1alpha import reflection
 
 from recstore.core import WritesStopped
 from recstore.core.data_dir import DataDirLock
-from recstore.core.limits import message_limit
+from recstore.core.limits import grpc_options, message_limit
 from recstore.core.reconcile import LIVENESS_SERVICE
-from recstore.ps import failstop, limits, persistence, recovery, table_specs
+from recstore.ps import failstop, persistence, recovery, table_specs
 from recstore.ps import metrics as metrics_module
 from recstore.ps.auth import TokenAuth
 from recstore.ps.checkpoint import CheckpointCorrupt
@@ -38,7 +38,7 @@ from recstore.v1 import ps_pb2
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
-GRPC_OPTIONS = [("grpc.so_reuseport", 0)]  # message sizes: recstore.ps.limits
+GRPC_OPTIONS = [("grpc.so_reuseport", 0)]  # message sizes: recstore.core.limits
 
 
 class PsServer:
@@ -97,7 +97,7 @@ class PsServer:
         server = grpc.aio.server(
             migration_thread_pool=None,
             interceptors=interceptors,
-            options=GRPC_OPTIONS + limits.grpc_options(self.config.max_batch_bytes),
+            options=GRPC_OPTIONS + grpc_options(self.config.max_batch_bytes),
         )
         servicer = PsServicer(
             self.node,

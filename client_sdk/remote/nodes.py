@@ -36,16 +36,14 @@ from recstore.client.errors import (
     WriteNotApplied,
 )
 from recstore.core import APPLIED_METADATA_KEY, WrongShard, wire
-from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
+from recstore.core.limits import grpc_options
 from recstore.core.request_id import RequestIds, with_request_id
 from recstore.core.routing import EPOCH_METADATA_KEY
 from recstore.core.tls import ClientTls, channel
 from recstore.v1 import ps_pb2, ps_pb2_grpc
 
-MAX_MESSAGE_BYTES = DEFAULT_MESSAGE_LIMIT  # what a node with the default batch bound sends
 CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    *grpc_options(),
     # A supervised node comes back within seconds of a crash: retry the
     # connection quickly rather than after gRPC's default 1 s .. 120 s backoff.
     ("grpc.initial_reconnect_backoff_ms", 100),

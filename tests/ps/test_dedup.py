@@ -113,15 +113,17 @@ def test_changes_touching_lists_what_changed_since_a_version() -> None:
     applied(window, entry(1, slots=(5,)))
     applied(window, entry(2, slots=(100,)))  # another slot: never listed
     first, version = window.changes_touching(moving, 0)
-    assert [e.request_id.seq for e in first] == [1] and version == 2
+    assert [(v, e.request_id.seq) for v, e in first] == [(1, 1)] and version == 2
     assert window.changes_touching(moving, version) == ([], version)
     window.absorb([entry(1, slots=(9,))])  # a merge changes entry 1: listed again, merged
     applied(window, entry(3, slots=(9,)))
     changed, later = window.changes_touching(moving, version)
-    assert [(e.request_id.seq, e.slots.tolist()) for e in changed] == [(1, [5, 9]), (3, [9])]
+    assert [(e.request_id.seq, e.slots.tolist()) for _, e in changed] == [(1, [5, 9]), (3, [9])]
+    assert [v for v, _ in changed] == [3, 4]  # each entry's version: where a page may stop
+    assert [e.request_id.seq for _, e in window.changes_touching(moving, 3)[0]] == [3]
     applied(window, entry(4, slots=(5,)))  # evicts entry 1: a merge does not make it younger
-    assert [e.request_id.seq for e in window.changes_touching(moving, later)[0]] == [4]
-    assert [e.request_id.seq for e in window.changes_touching(moving, 0)[0]] == [3, 4]
+    assert [e.request_id.seq for _, e in window.changes_touching(moving, later)[0]] == [4]
+    assert [e.request_id.seq for _, e in window.changes_touching(moving, 0)[0]] == [3, 4]
     assert [e.request_id.seq for e in window.entries()] == [2, 3, 4]
 
 

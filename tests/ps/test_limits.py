@@ -17,7 +17,12 @@ import numpy as np
 import pytest
 
 from recstore.core import MessageTooLarge, wire
-from recstore.core.limits import DEFAULT_MESSAGE_LIMIT, MESSAGE_OVERHEAD_BYTES, message_limit
+from recstore.core.limits import (
+    DEFAULT_MESSAGE_LIMIT,
+    MESSAGE_OVERHEAD_BYTES,
+    grpc_options,
+    message_limit,
+)
 from recstore.ps import limits
 from recstore.ps.server import ServerHandle, start_in_thread
 from recstore.v1 import ps_pb2
@@ -215,7 +220,7 @@ def test_a_protobuf_reply_over_the_limit_is_refused() -> None:
 
 
 def test_the_batch_bound_sets_both_grpc_limits() -> None:
-    assert dict(limits.grpc_options(BOUND)) == {
+    assert dict(grpc_options(BOUND)) == {
         "grpc.max_send_message_length": LIMIT,
         "grpc.max_receive_message_length": LIMIT,
     }

@@ -231,3 +231,47 @@ def test_the_tail_drops_target_rows_the_source_no_longer_has(pair) -> None:  # t
     resident = target.get("t").table.keys_in_slots(batch.mask())
     assert keys[0] not in resident and keys[1] not in resident
     assert len(resident) == len(keys) - 2
+
+
+def test_a_large_window_goes_in_pages_each_entry_once_with_the_moving_slots_only(
+    pair, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A trainer's requests each touch thousands of slots: the window's entries travel in
+    bounded pages (``next_offset`` 1 while some are left, in the tail too), each entry
+    once, carrying only the slots that move."""
+    source, target, batch = pair
+    monkeypatch.setattr(migration_ops, "WINDOW_PAGE_BYTES", 200)  # a few entries a page
+    moving, mine = _in_batch(batch), KEYS[SlotMap.initial(2).shard_of(KEYS) == 0]
+    staying = mine[~batch.mask()[slot_of(mine)]]
+    for seq in range(1, 8):  # each touches moving and staying slots
+        keys = np.concatenate((moving[seq : seq + 3], staying[seq : seq + 3]))
+        source.update("t", keys.tobytes(), _ones(len(keys)), "float32", DIM, None, _named("a", seq))
+    migration_ops.begin_import(target, "t", list(batch.ranges))
+    migration_ops.begin_outgoing(source, "t", list(batch.ranges), batch.target)
+    migration_ops.import_rows(target, "t", migration_ops.snapshot_page(source, "t", 0, 0))
+    counts, sizes = [], []
+    page = migration_ops.catch_up(source, "t")
+    counts.append(page.dedup_entry_count)
+    sizes.append(len(page.dedup_entries))
+    migration_ops.import_rows(target, "t", page)
+    assert page.next_offset == 1 and 0 < page.dedup_entry_count < 7
+    for seq in (8, 9, 10, 11):  # more while pages are pending: some left for the tail
+        keys = moving[seq : seq + 3]
+        source.update("t", keys.tobytes(), _ones(3), "float32", DIM, None, _named("a", seq))
+    tail = migration_ops.seal(source, "t", timeout=5)
+    counts.append(tail.dedup_entry_count)
+    sizes.append(len(tail.dedup_entries))
+    migration_ops.import_rows(target, "t", tail)
+    assert tail.next_offset == 1  # the rest follows through catch_up, still sealed
+    rest = tail
+    while rest.next_offset:
+        rest = migration_ops.catch_up(source, "t")
+        counts.append(rest.dedup_entry_count)
+        sizes.append(len(rest.dedup_entries))
+        migration_ops.import_rows(target, "t", rest)
+    assert sum(counts) == 11 and len(counts) >= 3  # each entry once, over several pages
+    assert max(sizes) <= 200
+    held = {e.request_id.seq: e.slots for e in target.get("t").window.entries()}
+    assert sorted(held) == list(range(1, 12))
+    for slots in held.values():
+        assert len(slots) and batch.mask()[slots].all()  # the moving slots only

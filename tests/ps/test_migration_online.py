@@ -41,7 +41,10 @@ class Crash(BaseException):
 class Fleet:
     """``shards`` nodes serving a table of ``start`` shards (the others own no slot yet)."""
 
-    def __init__(self, root: Path, shards: int, start: int, durability: str = "checkpoint") -> None:
+    def __init__(
+        self, root: Path, shards: int, start: int, durability: str = "checkpoint",
+        rows: int = ROWS, dim: int = DIM,
+    ) -> None:  # fmt: skip
         # as a provisioner starts them: the first ones sized for the table's first shard
         # count, the added ones for the new count (a target grows its table when it must)
         self.handles: list[ServerHandle] = [
@@ -56,7 +59,7 @@ class Fleet:
         self.endpoints = [h.address for h in self.handles]
         self.clients = [ControlClient(e, timeout=60) for e in self.endpoints]
         self.spec: TableSpec = spec(
-            "moving", num_embeddings=ROWS, embedding_dim=DIM, shards=start,
+            "moving", num_embeddings=rows, embedding_dim=dim, shards=start,
             optimizer={"kind": "sgd", "lr": 1.0}, initializer={"kind": "zeros"},
         )  # fmt: skip
         self.store = FileJobStore(root / "job.json", SlotMap.initial(start))

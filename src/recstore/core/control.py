@@ -20,6 +20,7 @@ import grpc
 
 from recstore.core.cache_figures import ClientCache, client_cache_to_proto
 from recstore.core.errors import RecStoreError
+from recstore.core.limits import grpc_options
 from recstore.core.proto_convert import (
     SavedCheckpoint,
     TableStats,
@@ -152,7 +153,8 @@ class ControlClient(_NodeStub):
         tls: ClientTls | None = None,
     ) -> None:
         owned = channel is None
-        super().__init__(endpoint, channel or tls_channel(endpoint, tls), owned, token, timeout)
+        channel = channel or tls_channel(endpoint, tls, grpc_options())
+        super().__init__(endpoint, channel, owned, token, timeout)
 
     def call(self, rpc: Rpc[R], *, timeout: float | None = None) -> R:
         try:
@@ -207,7 +209,8 @@ class AsyncControlClient(_NodeStub):
         tls: ClientTls | None = None,
     ) -> None:
         owned = channel is None
-        super().__init__(endpoint, channel or aio_channel(endpoint, tls), owned, token, timeout)
+        aio = channel or aio_channel(endpoint, tls, grpc_options())
+        super().__init__(endpoint, aio, owned, token, timeout)
 
     async def call(self, rpc: Rpc[R], *, timeout: float | None = None) -> R:
         try:

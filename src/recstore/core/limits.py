@@ -35,5 +35,17 @@ def message_limit(max_batch_bytes: int) -> int:
 #: the message limit of a node with the default batch bound (and of the SDK's channels)
 DEFAULT_MESSAGE_LIMIT = message_limit(DEFAULT_MAX_BATCH_BYTES)
 
+
+def grpc_options(max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> list[tuple[str, int]]:
+    """gRPC's send and receive limits for this batch bound: a node's server sets them,
+    and every channel to nodes (the SDK's, the control plane's) those of the default, so
+    whatever a default node sends is received (gRPC's own default is 4 MiB)."""
+    limit = message_limit(max_batch_bytes)
+    return [
+        ("grpc.max_send_message_length", limit),
+        ("grpc.max_receive_message_length", limit),
+    ]
+
+
 #: payload bytes (keys, values, optimizer state) of one chunk of exported rows
 ROW_CHUNK_BYTES = 4 << 20
