@@ -27,6 +27,12 @@ def slot_map_of(table: TableRecord) -> SlotMap:
     return SlotMap.from_dict(table.slot_map)
 
 
+def shard_width(table: TableRecord) -> int:
+    """Shards a table spans: its spec's count or its slot map's, the larger (while a move
+    runs, both sets of nodes serve)."""
+    return max(int(table.spec["shards"]), slot_map_of(table).num_shards)
+
+
 def reshard_required(table: TableRecord) -> bool:
     """The catalogue asks for a shard count the running slot map does not have."""
     return int(table.spec["shards"]) != slot_map_of(table).num_shards

@@ -69,6 +69,11 @@ class AdminMirror:
         except httpx.HTTPError as exc:
             logger.warning(f"admin API unreachable, status of {table!r} not mirrored: {exc}")
             return False
+        # a shard this status leaves out was removed by a shrink, and the admin API forgets
+        # its node: if the table grows again, the shard's node is registered anew
+        listed = {int(shard["index"]) for shard in body.get("shards") or []}
+        for key in [k for k in self._registered if k[0] == table and k[1] not in listed]:
+            del self._registered[key]
         return _accepted(response, f"the status of {table!r}", logger)
 
     async def post_event(self, table: str, event: MoveEvent, logger: Logger) -> bool:

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from recstore.admin.crud.checkpoints import list_checkpoints, recent_checkpoints, request_checkpoint
 from recstore.admin.crud.events import list_events
-from recstore.admin.crud.nodes import delete_node, get_node, heartbeat, list_nodes, register_node
+from recstore.admin.crud.nodes import (
+    delete_node,
+    forget_removed_nodes,
+    get_node,
+    heartbeat,
+    list_nodes,
+    register_node,
+)
 from recstore.admin.crud.tables import (
     create_table,
     delete_table,
@@ -30,6 +37,7 @@ __all__ = [
     "create_token",
     "delete_node",
     "delete_table",
+    "forget_removed_nodes",
     "get_node",
     "get_table",
     "heartbeat",

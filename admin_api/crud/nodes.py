@@ -44,7 +44,7 @@ def register_node(
     are trusted as discovery endpoints and metrics sources.
     """
     table = get_table(session, name=body.table)
-    wide = max(int(table.spec["shards"]), views.slot_map_of(table).num_shards)
+    wide = views.shard_width(table)
     if body.shard_index >= wide:
         raise InvalidArgument(
             f"shard_index {body.shard_index} is out of range for table {table.name!r} "
@@ -108,3 +108,14 @@ def delete_node(session: Session, *, node: NodeRecord, actor: str) -> None:
     audit.record(
         session, actor, "node.delete", table=table_name, resource=shard_index, before=before
     )
+
+
+def forget_removed_nodes(session: Session, *, table: TableRecord, actor: str) -> None:
+    """Delete the nodes of shards a shrink removed (neither the spec nor the slot map names
+    them now): their last sizes would stay in the table's rows and memory, and the cache
+    view would go on asking their gone endpoints. Run after each status report."""
+    removed = [n for n in table.nodes if n.shard_index >= views.shard_width(table)]
+    for node in removed:
+        delete_node(session, node=node, actor=actor)
+    if removed:
+        session.expire(table, ["nodes"])  # the reply's sizes without them

@@ -349,3 +349,51 @@ def test_every_change_names_its_resource_in_the_audit_log(users: Users) -> None:
         ("node.delete", "node", f"{table}/0", table),
         ("table.delete", "table", table, table),
     ]
+
+
+def test_a_shrink_forgets_the_removed_shards_node_once_nothing_names_it(users: Users) -> None:
+    """2 -> 3 -> 2: shard 2's node counts while the spec or the slot map names it, and is
+    deleted (audited) by the status report after which neither does."""
+    client, admin = users.client, users.admin
+
+    def status(slot_map: SlotMap, shards: int) -> dict[str, Any]:
+        return {
+            "phase": "Ready",
+            "conditions": [{"type": "Ready", "status": "True", "reason": "AllShardsReady"}],
+            "observedGeneration": 1,
+            "shards": [
+                {"index": i, "endpoint": f"127.0.0.1:{5001 + 1000 * i}", "ready": True}
+                for i in range(shards)
+            ],
+            "slotMap": slot_map.to_dict(),
+            "lastCheckpoint": None,
+        }
+
+    def beat(node: dict[str, Any], rows: int) -> None:
+        r = client.post(f"/api/v1/nodes/{node['id']}/heartbeat", headers=users.provisioner,
+                        json={"ready": True, "rows": rows, "memory_bytes": rows})  # fmt: skip
+        assert r.status_code == 200, r.text
+
+    nodes = [users.register(0, 5001), users.register(1, 6001)]
+    grow = client.patch(f"/api/v1/tables/{users.table}", json={"shards": 3}, headers=admin)
+    assert grow.status_code == 200, grow.text
+    nodes.append(users.register(2, 7001))
+    for node in nodes:
+        beat(node, 10)
+    three = SlotMap.initial(3)
+    assert users.put_status(status(three, 3)).status_code == 200
+    shrink = client.patch(f"/api/v1/tables/{users.table}", json={"shards": 2}, headers=admin)
+    assert shrink.status_code == 200, shrink.text
+    moving = users.put_status(status(three, 3))  # the map still names shard 2: kept
+    assert moving.status_code == 200 and moving.json()["rows"] == 30
+    two = SlotMap(epoch=three.epoch + 1, ranges=SlotMap.initial(2).ranges)
+    done = users.put_status(status(two, 2))
+    assert done.status_code == 200, done.text
+    assert done.json()["rows"] == 20 and users.row()["rows"] == 20
+    assert [n["shard_index"] for n in users.read("/api/v1/nodes")["items"]] == [0, 1]
+    deleted = [e for e in users.read(f"/api/v1/events?table={users.table}")["items"]
+               if e["action"] == "node.delete"]  # fmt: skip
+    assert [e["resource_name"] for e in deleted] == [f"{users.table}/2"]
+    registered = [e for e in users.read(f"/api/v1/events?table={users.table}")["items"]
+                  if e["action"] == "node.register"]  # fmt: skip
+    assert deleted[0]["actor"] == registered[0]["actor"]  # the provisioner's report did it

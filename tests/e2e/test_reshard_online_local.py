@@ -127,6 +127,9 @@ def test_two_to_three_and_back_while_training(tmp_path: Path, helpers: SimpleNam
         shrunk = _moved_to(helpers, api, 2)
         assert "3 -> 2 shards" in _conditions(shrunk)["Resharding"]["message"]
         assert not (tmp_path / "state" / "tables" / "live" / "shard-2").exists()
+        # the catalogue forgot the removed shard's node (its rows no longer count in the table's)
+        nodes = api.http.get("/nodes", params={"table": "live"}).json()["items"]
+        assert [n["shard_index"] for n in nodes] == [0, 1]
         trainer.finish()
         assert trainer.steps > 0
         api.http.close()

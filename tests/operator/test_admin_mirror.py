@@ -90,3 +90,42 @@ def test_the_operator_reads_its_provisioner_token_from_the_environment() -> None
     env = {"RECSTORE_PROVISIONER_TOKEN": "p", "RECSTORE_ADMIN_TOKEN": "an-admin-token"}
     assert OperatorConfig.from_env(env).provisioner_token == "p"
     assert OperatorConfig.from_env({"RECSTORE_ADMIN_TOKEN": "a"}).provisioner_token is None
+
+
+async def test_a_shard_removed_and_added_again_is_registered_again(admin_url: str) -> None:
+    """2 -> 3 -> 2 -> 3: the shrink's status makes the admin API forget shard 2's node, so
+    the mirror registers it again when the shard comes back (same stable endpoint)."""
+    from recstore.core import SlotMap
+
+    def status(shards: int, epoch: int) -> dict[str, object]:
+        slot_map = SlotMap(epoch=epoch, ranges=SlotMap.initial(shards).ranges)
+        endpoints = [f"clicks-ps-{i}.clicks-ps.ml.svc.cluster.local:50051" for i in range(shards)]
+        shards_listed = [{"index": i, "endpoint": e} for i, e in enumerate(endpoints)]
+        return {**STATUS, "slotMap": slot_map.to_dict(), "slotMapEpoch": epoch,
+                "shards": shards_listed}  # fmt: skip
+
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    mirror = AdminMirror(admin_url, PROVISIONER)
+    try:
+        async with httpx.AsyncClient(base_url=admin_url, headers=headers) as api:
+
+            async def patch(shards: int) -> None:
+                reply = await api.patch("/api/v1/tables/clicks", json={"shards": shards})
+                reply.raise_for_status()
+
+            async def indices() -> list[int]:
+                return [n["shard_index"] for n in (await api.get("/api/v1/nodes")).json()["items"]]
+
+            await patch(3)
+            assert await mirror.put_status("clicks", status(3, 2), LOG)
+            assert await indices() == [0, 1, 2]
+            await patch(2)
+            assert await mirror.put_status("clicks", status(2, 3), LOG)
+            assert await indices() == [0, 1]
+            await patch(3)
+            assert await mirror.put_status("clicks", status(3, 4), LOG)
+            assert await indices() == [0, 1, 2]
+            found = (await api.get("/api/v1/tables/clicks/discovery")).json()
+            assert len(found["endpoints"]) == 3
+    finally:
+        await mirror.aclose()

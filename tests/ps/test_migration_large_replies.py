@@ -41,9 +41,7 @@ def _trainer_on(fleet: Fleet, client: RecStoreClient, rows: int) -> None:
                      optimizer={"kind": "sgd", "lr": 1.0})  # fmt: skip
 
 
-def test_a_window_of_large_requests_moves_in_pages(
-    tmp_path: Path, client: RecStoreClient
-) -> None:
+def test_a_window_of_large_requests_moves_in_pages(tmp_path: Path, client: RecStoreClient) -> None:
     fleet = Fleet(tmp_path, 3, 2, rows=WIDE_ROWS, dim=1)
     try:
         _trainer_on(fleet, client, WIDE_ROWS)

@@ -168,6 +168,7 @@ def put_status(
     table = crud.set_status(
         session, table=crud.get_table(session, name=name), status=body, actor=principal.actor
     )
+    crud.forget_removed_nodes(session, table=table, actor=principal.actor)
     crud.commit(session)
     return _etag(response, views.table_public(table))
 

@@ -66,12 +66,20 @@ def report(table: LocalTable, reporter: Reporter, now: float) -> None:
 
 
 def _report_locked(table: LocalTable, reporter: Reporter, now: float) -> None:
+    committed = table.store.slot_map() if table.store is not None else None
+    # a shard being emptied for removal, which the committed map no longer names, is not
+    # shown, and its node is not reported: the catalogue forgets it (the status's width)
+    shown = (
+        len(table.clients) if committed is None else max(committed.num_shards, table.spec.shards)
+    )
     shards, served_maps = [], set()
     for shard, client in enumerate(table.clients):
         stats = client.stats(table.spec.name)
         if stats is None and ensure(table, shard, client, now):
             stats = client.stats(table.spec.name)
         shards.append(ShardState(shard, table.endpoint(shard), ready=stats is not None))
+        if shard >= shown:
+            continue
         node_id = table.node_ids[shard]
         if node_id is None:
             node_id = table.node_ids[shard] = reporter.register_node(
@@ -102,11 +110,8 @@ def _report_locked(table: LocalTable, reporter: Reporter, now: float) -> None:
     )
     status["lastCheckpoint"] = table.last_checkpoint
     served = served_maps.pop() if len(served_maps) == 1 else None
-    if table.store is not None:  # moved online: the committed map is the truth
-        committed = table.store.slot_map()
+    if committed is not None:  # moved online: the committed map is the truth
         status["slotMap"], status["slotMapEpoch"] = committed.to_dict(), committed.epoch
-        # a shard being emptied for removal, which the map no longer names, is not shown
-        shown = max(committed.num_shards, table.spec.shards)
         status["shards"] = [s for s in status["shards"] if s["index"] < shown]
     elif served is not None and all(s.ready for s in shards):
         # the nodes' map is the truth: after an offline reshard it is not the catalogue's
