@@ -6,12 +6,14 @@ import pytest
 
 from recstore.core import NUM_SLOTS, SlotMap
 from recstore.core.migration import (
+    BATCH_KEYS,
     MigrationJob,
     Phase,
     ResumeAction,
     moved,
     plan_batches,
     resume_action,
+    sized_batch_slots,
     target_map,
 )
 
@@ -119,3 +121,21 @@ def test_restart_refuses_a_map_the_job_does_not_explain() -> None:
     with pytest.raises(ValueError, match="disagree"):
         resume_action(job, job.base_epoch + 5)
     assert resume_action(job.at(Phase.done), 99) == ResumeAction.none
+
+
+@pytest.mark.parametrize(
+    ("rows_per_slot", "wanted", "slots"),
+    [
+        (0.0, 1024, 1024),  # unknown: as asked
+        (122.0, 1024, 1024),  # 2M rows over 2 shards: the default holds
+        (610.4, 1024, 429),  # 10M rows over 2 shards
+        (61_035.0, 1024, 4),  # 1e9 rows over 2 shards
+        (1e7, 1024, 1),  # never none
+        (10.0, 256, 256),  # a smaller wish stands
+    ],
+)
+def test_batches_hold_at_most_about_batch_keys_rows(
+    rows_per_slot: float, wanted: int, slots: int
+) -> None:
+    assert sized_batch_slots(rows_per_slot, wanted) == slots
+    assert slots == 1 or slots == wanted or slots * rows_per_slot <= BATCH_KEYS

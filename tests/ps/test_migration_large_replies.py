@@ -10,6 +10,7 @@ the same batch forever.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,11 +19,12 @@ import pytest
 import torch
 
 from recstore.client import RecStoreClient
-from recstore.core import slot_of
+from recstore.core import migration, slot_of
 from recstore.core.migration import MigrationJob, Phase
+from recstore.core.migration_drive import Shards, move, rows_per_slot
 from recstore.core.migration_wire import checksums_rpc
 
-from .test_migration_online import Fleet
+from .test_migration_online import DIM, ROWS, Fleet
 
 WIDE_ROWS = 65_536  # ids a trainer's 4096-id request spreads over ~3600 slots
 LONG_ROWS = 1_200_000  # half of them, one batch: a 4.8 MB key list in the tail
@@ -35,9 +37,9 @@ def client() -> Iterator[RecStoreClient]:
     made.close()
 
 
-def _trainer_on(fleet: Fleet, client: RecStoreClient, rows: int) -> None:
+def _trainer_on(fleet: Fleet, client: RecStoreClient, rows: int, dim: int = 1) -> None:
     client.set_ps_endpoints(fleet.endpoints)
-    client.init_data(fleet.spec.name, (rows, 1), torch.float32,
+    client.init_data(fleet.spec.name, (rows, dim), torch.float32,
                      optimizer={"kind": "sgd", "lr": 1.0})  # fmt: skip
 
 
@@ -84,5 +86,37 @@ def test_a_tail_listing_more_keys_than_four_mib_commits(
         rows = fleet.clients[0].call(checksums_rpc(fleet.spec.name, moved)).rows.sum()
         keys = np.arange(LONG_ROWS)
         assert rows == int(job.batches[0].mask()[slot_of(keys)].sum()) > 4 * 2**20 // 8
+    finally:
+        fleet.stop()
+
+
+def test_a_new_move_sizes_its_batches_by_the_rows_per_slot(
+    tmp_path: Path, client: RecStoreClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table dense enough that 1024 slots would hold more than ``BATCH_KEYS`` rows moves
+    in smaller batches (here with the bound lowered to 50 rows, on 4000 rows), and every
+    row is still where its owner serves it."""
+    fleet = Fleet(tmp_path, 3, 2)
+    try:
+        _trainer_on(fleet, client, ROWS, DIM)
+        client.pull(fleet.spec.name, torch.arange(ROWS))  # every row resident
+        monkeypatch.setattr(migration, "BATCH_KEYS", 50)
+        shards = Shards(
+            name=fleet.spec.name, endpoints=lambda: fleet.endpoints, grow_to=lambda count: None,
+            serving=lambda shard, slot_map: True, shrink_to=lambda count: None,
+            report=lambda: None, show=lambda progress: None, tls=None, closed=threading.Event(),
+        )  # fmt: skip
+        densest = rows_per_slot(shards, fleet.store.slot_map())
+        owners = fleet.store.slot_map().owner_table()
+        held = np.bincount(owners[slot_of(np.arange(ROWS))], minlength=2)
+        assert densest == max(held[i] / (owners == i).sum() for i in (0, 1))
+        job = move(shards, fleet.store, 3)
+        assert job is not None and job.phase == Phase.done
+        sized = migration.sized_batch_slots(densest)
+        assert sized < migration.DEFAULT_BATCH_SLOTS
+        assert max(b.slots for b in job.batches) == sized
+        got = client.pull(fleet.spec.name, torch.arange(ROWS))
+        assert got.shape == (ROWS, DIM)
+        assert fleet.store.slot_map().num_shards == 3
     finally:
         fleet.stop()

@@ -26,6 +26,9 @@ from recstore.core.routing import NUM_SLOTS, SlotMap, SlotRange
 
 #: slots per batch unless a provisioner asks otherwise (one seal pauses this many)
 DEFAULT_BATCH_SLOTS = 1024
+#: resident keys a batch should hold at most: its tail lists every one of them (8 bytes a
+#: key) and the source's checksum pass reads all their rows, both inside the write pause
+BATCH_KEYS = 1 << 18
 
 
 class Phase(str, Enum):
@@ -97,6 +100,14 @@ def target_map(current: SlotMap, shards: int) -> SlotMap:
             free.discard(shard)
     ranges = tuple(SlotRange(r.start, r.end, assigned[i]) for i, r in enumerate(goal))
     return SlotMap(epoch=current.epoch, ranges=ranges)
+
+
+def sized_batch_slots(rows_per_slot: float, batch_slots: int = DEFAULT_BATCH_SLOTS) -> int:
+    """``batch_slots``, or fewer, so that a batch of slots holding ``rows_per_slot`` rows
+    each holds about ``BATCH_KEYS`` rows at most (at least one slot; 0 rows: unknown)."""
+    if rows_per_slot <= 0:
+        return batch_slots
+    return max(1, min(batch_slots, int(BATCH_KEYS // rows_per_slot)))
 
 
 def plan_batches(

@@ -20,8 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from recstore.core.control import ControlClient
-from recstore.core.migration import DEFAULT_BATCH_SLOTS, MigrationJob, Phase
+from recstore.core.control import ControlClient, ControlError, stats_rpc
+from recstore.core.migration import (
+    DEFAULT_BATCH_SLOTS,
+    MigrationJob,
+    Phase,
+    sized_batch_slots,
+)
 from recstore.core.migration_events import MoveEvent, MoveMoment
 from recstore.core.migration_retry import ONE_TRY, Tries
 from recstore.core.migration_run import JobStore, MigrationRun
@@ -78,6 +83,25 @@ class Shards:
             log.exception("recording %s of %s's move failed", moment.value, self.name)
 
 
+def rows_per_slot(shards: Shards, slot_map: SlotMap) -> float:
+    """The most resident rows per owned slot among the shards the map names (0: none could
+    be read): what sizes a new move's batches (``sized_batch_slots``)."""
+    owners = slot_map.owner_table()
+    densest = 0.0
+    for index, endpoint in enumerate(shards.endpoints()[: slot_map.num_shards]):
+        owned = int((owners == index).sum())
+        client = ControlClient(endpoint, timeout=STEP_TIMEOUT_S, tls=shards.tls, token=shards.token)
+        try:
+            rows = client.call(stats_rpc(shards.name)).size
+        except ControlError:  # a shard not serving yet: the others (or the default) decide
+            continue
+        finally:
+            client.close()
+        if owned:
+            densest = max(densest, rows / owned)
+    return densest
+
+
 def move(
     shards: Shards,
     store: JobRecord,
@@ -97,7 +121,10 @@ def move(
     job = store.job()
     resuming = job is not None and job.phase != Phase.done
     if job is None or not resuming:
-        job = MigrationJob.start(shards.name, store.slot_map(), to_shards, batch_slots)
+        densest = rows_per_slot(shards, store.slot_map())
+        job = MigrationJob.start(
+            shards.name, store.slot_map(), to_shards, sized_batch_slots(densest, batch_slots)
+        )
     assert job is not None
     shards.show(progress(job, store.slot_map().epoch, tries, running=True))
     moment = MoveMoment.resumed if resuming else MoveMoment.started
