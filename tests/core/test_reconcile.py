@@ -9,6 +9,7 @@ import pytest
 from recstore.core.errors import InvalidArgument
 from recstore.core.reconcile import (
     Observation,
+    Resharding,
     ShardState,
     admin_status,
     compute_status,
@@ -157,6 +158,46 @@ def test_phases(kwargs, previous_phase, phase, ready_reason):
     assert conds["Ready"]["status"] == ("True" if phase == "Ready" else "False")
     assert all(c["observedGeneration"] == 3 for c in status["conditions"])
     assert status["observedGeneration"] == 3
+
+
+def moving(from_shards, to_shards, slots_moved=0):
+    return Resharding(from_shards, to_shards, slots_moved, 16384, 0, 2)
+
+
+@pytest.mark.parametrize(
+    ("observation", "previous_phase", "phase"),
+    [
+        # a growth starts its new shards first: they own no slot, the table serves
+        (Observation(4, False, shards(True, True, False, False), resharding=moving(2, 4)),
+         "Ready", "Resharding"),
+        (Observation(4, False, shards(True, True, True, True), resharding=moving(2, 4)),
+         "Ready", "Resharding"),
+        # a shard owning slots down: degraded, move or not
+        (Observation(4, False, shards(True, False, False, False), resharding=moving(2, 4)),
+         "Ready", "Degraded"),
+        (Observation(4, False, shards(True, True, True, False), resharding=moving(2, 4, 1024)),
+         "Resharding", "Degraded"),
+        # a shrink's highest shard owns its slots until the move ends
+        (Observation(3, False, shards(True, True, False), resharding=moving(3, 2, 1024)),
+         "Resharding", "Degraded"),
+        (Observation(3, False, shards(True, True, True), resharding=moving(3, 2, 1024)),
+         "Resharding", "Resharding"),
+        # never served yet: starting, not degraded
+        (Observation(2, False, shards(True, False), resharding=moving(2, 3)), None,
+         "Provisioning"),
+        # a rollout under way wins
+        (Observation(4, True, shards(True, True, False, False), resharding=moving(2, 4)),
+         "Ready", "Provisioning"),
+    ],
+)  # fmt: skip
+def test_phases_during_a_move(observation, previous_phase, phase):
+    previous = {"phase": previous_phase} if previous_phase else None
+    status = compute_status(problem=None, declared_shards=observation.resharding.to_shards,
+                            observation=observation, generation=2, previous=previous,
+                            now=T0)  # fmt: skip
+    assert status["phase"] == phase
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == ("True" if phase == "Resharding" else "False")
 
 
 def test_invalid_spec_condition_carries_the_message():

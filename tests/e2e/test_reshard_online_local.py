@@ -79,9 +79,15 @@ def _conditions(table: dict[str, object]) -> dict[str, dict[str, str]]:
     return {c["type"]: c for c in status["conditions"]}
 
 
-def _moved_to(helpers: SimpleNamespace, api: object, shards: int) -> dict[str, object]:
+def _moved_to(
+    helpers: SimpleNamespace, api: object, shards: int, phases: set[str] | None = None
+) -> dict[str, object]:
+    """The table once the move to ``shards`` is done; ``phases`` collects those seen."""
+
     def done() -> dict[str, object] | bool:
         table = api.table("live")  # type: ignore[attr-defined]
+        if phases is not None:
+            phases.add(table["status"]["phase"])
         moving = _conditions(table).get("Resharding")
         finished = moving is not None and moving["status"] == "False"
         ready = table["status"]["phase"] == "Ready" and len(table["status"]["shards"]) == shards
@@ -112,7 +118,10 @@ def test_two_to_three_and_back_while_training(tmp_path: Path, helpers: SimpleNam
         # the move waits for the new shard's process to start: it is running now
         second = _patch(api, 4)
         assert second.status_code == 409 and "resharding 2 -> 3" in second.text
-        grown = _moved_to(helpers, api, 3)
+        phases: set[str] = set()
+        grown = _moved_to(helpers, api, 3, phases)
+        # the new shard starting owns no slot: the table serves throughout, never Degraded
+        assert "Resharding" in phases and "Degraded" not in phases, phases
         message = _conditions(grown)["Resharding"]["message"]
         assert "5461/5461 slots moved" in message and "2 -> 3 shards" in message
         assert grown["status"]["slotMapEpoch"] > 1

@@ -248,14 +248,13 @@ def compute_status(
         phase = Phase.failed
     elif running is None:
         phase = Phase.pending
-    elif all_ready and not observation.rolling and moving is not None and moving.running:
-        phase = Phase.resharding
+    elif not observation.rolling and moving is not None and moving.running:
+        # a growth's new shards start owning no slot: they are not a degradation
+        phase = Phase.resharding if slot_owners_ready(observation) else _not_ready(previous)
     elif all_ready and not observation.rolling:
         phase = Phase.ready
-    elif not observation.rolling and previous.get("phase") in (
-        Phase.ready, Phase.degraded, Phase.resharding
-    ):  # fmt: skip
-        phase = Phase.degraded
+    elif not observation.rolling:
+        phase = _not_ready(previous)
     else:
         phase = Phase.provisioning
 
@@ -302,6 +301,25 @@ def compute_status(
         "slotMapEpoch": int(previous.get("slotMapEpoch") or SlotMap.initial(1).epoch),
         "lastCheckpoint": observation.last_checkpoint or previous.get("lastCheckpoint"),
     }
+
+
+def slot_owners_ready(observation: Observation) -> bool:
+    """During a move: every shard that may own slots serves. A growth's new shards own
+    none until its first batch commits (they are started first); a shrink's highest
+    shards own theirs until the move ends."""
+    moving = observation.resharding
+    assert moving is not None
+    owners = moving.from_shards
+    if moving.slots_moved > 0:
+        owners = max(moving.from_shards, moving.to_shards)
+    states = [s for s in observation.shards if s.index < owners]
+    return len(states) == owners and all(s.ready for s in states)
+
+
+def _not_ready(previous: Mapping[str, Any]) -> Phase:
+    """A table that served and lost a shard is Degraded; one that never served, starting."""
+    served = previous.get("phase") in (Phase.ready, Phase.degraded, Phase.resharding)
+    return Phase.degraded if served else Phase.provisioning
 
 
 def _ready_reason(phase: Phase) -> str:
