@@ -5,12 +5,14 @@ shards must all be there, exactly once, and every source file must verify
 before a row is read, so a damaged or incomplete set refuses the whole restore
 with the node unchanged. The node then keeps, per table, only the rows of the
 slots it owns under the table's new slot map (contiguous ranges over this
-node's shard count, the old epoch plus one); optimizer state rows travel with
-their keys. The result is written as the node's own newest checkpoint, so a
-restart finds it and, in WAL mode, the table's log starts from it. This is also
-the disaster-recovery path: restore a fleet from the checkpoints it left. A
-source saved incrementally is restored through its chain (its bases read from
-beside it, every link verified first).
+node's shard count, the old epoch plus one), each slot's rows taken from the old
+shard that owned it (a checkpoint taken during a move also holds copies of slots
+its node did not own); optimizer state rows travel with their keys. The result
+is written as the node's own newest checkpoint, so a restart finds it and, in
+WAL mode, the table's log starts from it. This is also the disaster-recovery
+path: restore a fleet from the checkpoints it left. A source saved
+incrementally is restored through its chain (its bases read from beside it,
+every link verified first).
 
 A restore may also open the tables in another mode than they were saved in
 (``mode``): a training fleet's checkpoint restored with ``mode=inference``
@@ -26,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from recstore.core import InvalidArgument, SlotMap, TableExists, TableMode, TableSpec, slot_of
 from recstore.ps import checkpoint_read, persistence
@@ -119,28 +123,38 @@ def resharded_entry(
     return CatalogueEntry(spec, slot_map, uuid.uuid4().hex[:12])
 
 
-def _import_owned(node: Node, hosted: HostedTable, infos: Sequence[CheckpointInfo]) -> int:
+def _import_owned(node: Node, hosted: HostedTable, sources: TableSources) -> int:
     """Import the rows of owned slots from every source (its chain replayed, when it was
-    saved incrementally); returns how many rows the table then holds."""
+    saved incrementally); returns how many rows the table then holds.
+
+    Each slot's rows come from the old shard that owned it alone: a checkpoint taken
+    during a move also holds rows of slots its node did not own (a target's import
+    not yet committed, a source's moved slots not yet cleaned up), and those copies
+    may be stale. A source's erasures are kept to its own slots for the same reason.
+    """
     owned = owned_slots(hosted.entry.slot_map, node.shard_index)
     spec = hosted.entry.spec
     name, step = spec.name, 0
+    for info in sources.infos:
+        theirs = sources.entry.slot_map.owner_table() == _old_shard(info)
+        keep = theirs if owned is None else theirs & owned
 
-    def rows(chunk: Chunk) -> None:
-        keys, values, state = chunk
-        if owned is not None:
-            mine = owned[slot_of(keys)]
+        def rows(chunk: Chunk, keep: np.ndarray = keep) -> None:
+            keys, values, state = chunk
+            mine = keep[slot_of(keys)]
             keys, values, state = keys[mine], values[mine], state[mine]
-        if not len(keys):
-            return
-        if state.shape[1] == spec.state_width:
-            hosted.table.import_chunk(keys, values, state)
-        else:  # restored in another mode: the saved state does not apply
-            hosted.table.push(keys, values)
+            if not len(keys):
+                return
+            if state.shape[1] == spec.state_width:
+                hosted.table.import_chunk(keys, values, state)
+            else:  # restored in another mode: the saved state does not apply
+                hosted.table.push(keys, values)
 
-    for info in infos:  # old shards hold disjoint keys: one's erasures never touch another's
+        def erase(keys: np.ndarray, theirs: np.ndarray = theirs) -> None:
+            hosted.table.erase(keys[theirs[slot_of(keys)]])
+
         chain = checkpoint_read.chain_of(info, name)
-        checkpoint_read.replay_chain(chain, name, rows, hosted.table.erase)
+        checkpoint_read.replay_chain(chain, name, rows, erase)
         saved = info.manifest["tables"][name].get("optimizer_state", {})
         step = max(step, int(saved.get("step", 0)))
     if not spec.inference:
@@ -191,7 +205,7 @@ def restore(
             for sourced in tables.values():
                 hosted = node.host(resharded_entry(sourced.entry, node.num_shards, mode))
                 restored.append(hosted)
-                _import_owned(node, hosted, sourced.infos)
+                _import_owned(node, hosted, sourced)
             if node.wal_enabled:
                 for hosted in restored:
                     hosted.wal = node.open_wal(hosted.entry)

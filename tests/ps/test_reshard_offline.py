@@ -28,16 +28,17 @@ DIM = 4
 ADAGRAD = {"kind": "adagrad", "lr": 0.1}
 
 
-def specs(shards: int) -> list[TableSpec]:
+def specs(shards: int, full_every: int = 1) -> list[TableSpec]:
     hashed = {"mode": "hashed", "capacity": 8192}
+    checkpoint = {"full_every": full_every}
     return [
         TableSpec.model_validate(
             {"name": "hashed", "num_embeddings": 8192, "embedding_dim": DIM, "keys": hashed,
-             "optimizer": ADAGRAD, "shards": shards}
+             "optimizer": ADAGRAD, "shards": shards, "checkpoint": checkpoint}
         ),
         TableSpec.model_validate(
             {"name": "dense", "num_embeddings": 600, "embedding_dim": DIM,
-             "optimizer": ADAGRAD, "shards": shards}
+             "optimizer": ADAGRAD, "shards": shards, "checkpoint": checkpoint}
         ),
     ]  # fmt: skip
 
@@ -45,8 +46,10 @@ def specs(shards: int) -> list[TableSpec]:
 class Fleet:
     """N in-process nodes of one table set, plus the single-table oracles of the same writes."""
 
-    def __init__(self, root: Path, shards: int, wal: bool, name: str = "old") -> None:
-        self.shards, self.slot_map = shards, SlotMap.initial(shards)
+    def __init__(
+        self, root: Path, shards: int, wal: bool, name: str = "old", full_every: int = 1
+    ) -> None:
+        self.shards, self.slot_map, self.full_every = shards, SlotMap.initial(shards), full_every
         self.nodes = [
             Node(root / f"{name}-{i}", shard_index=i, num_shards=shards, wal_enabled=wal)
             for i in range(shards)
@@ -54,7 +57,7 @@ class Fleet:
 
     def create(self) -> None:
         for node in self.nodes:
-            for spec in specs(self.shards):
+            for spec in specs(self.shards, self.full_every):
                 node.create_table(spec, None)
 
     def write(self, table: str, keys: np.ndarray, rows: np.ndarray, op: str) -> None:
@@ -155,6 +158,39 @@ def test_reshard_restores_every_row_on_its_owner(
         oracle_before_step = Oracle()
         feed([oracle_before_step], seed=0)
         assert_matches(after, oracle_before_step)
+
+
+@pytest.mark.parametrize("wal", [False, True], ids=["checkpoint", "wal"])
+@pytest.mark.parametrize("then", ["held", "erased"])
+def test_only_each_slots_owner_restores_it_from_checkpoints_taken_during_a_move(
+    tmp_path: Path, wal: bool, then: str
+) -> None:
+    """Checkpoints taken while a move runs: a node may hold copies of slots it does not
+    own (a target's uncommitted import, a source's moved slots before the cleanup), and
+    its next increment may erase them (the import aborted). Neither reaches the result."""
+    before, oracle = Fleet(tmp_path, 2, wal, full_every=2), Oracle()
+    before.create()
+    feed([before, oracle], seed=0)
+
+    def theirs(keys: np.ndarray) -> np.ndarray:  # a batch of node 0's rows (node 1 has room)
+        return np.sort(keys[before.slot_map.shard_of(keys) == 0])[:120]
+
+    for name, keys in KEYS.items():  # node 1 imports stale copies of node 0's rows
+        stale = np.full((len(theirs(keys)), DIM), 7.0, np.float32)
+        before.nodes[1].tables[name].table.import_chunk(theirs(keys), stale, stale)
+    sources = checkpoint_all(before)
+    if then == "erased":  # the import aborted: node 1's increment lists those keys as gone
+        for name, keys in KEYS.items():
+            before.nodes[1].tables[name].table.erase(theirs(keys))
+        sources = checkpoint_all(before)
+        tips = [checkpoint_read.read_manifest(path) for path in sources]
+        assert all(len(tip.manifest["tables"]["dense"]["chain"]) == 1 for tip in tips)
+
+    for new in (1, 3):
+        after = Fleet(tmp_path, new, wal, name=f"new{new}")
+        for node in after.nodes:
+            reshard.restore(node, sources)
+        assert_matches(after, oracle)
 
 
 def _untouched(node: Node) -> None:
