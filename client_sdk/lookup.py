@@ -91,6 +91,8 @@ def send_gradients(gradients: Sequence[Gradient]) -> None:
     updates: dict[int, list[GradientRows]] = {}  # per client: one multi-table update each
     for ref, gradient in zip(refs, gradients, strict=True):
         keys = flat_keys(gradient.ids)
+        if not keys.numel():  # a batch of empty bags: no row to step
+            continue
         grads = gradient.grads.detach().to("cpu", torch.float32).reshape(len(keys), -1)
         if gradient.scale_grad_by_freq:  # torch divides by the id's count in the whole batch
             _, inverse, counts = torch.unique(keys, return_inverse=True, return_counts=True)
@@ -98,7 +100,7 @@ def send_gradients(gradients: Sequence[Gradient]) -> None:
         if gradient.padding_idx is not None:
             keep = keys != gradient.padding_idx
             keys, grads = keys[keep], grads[keep]
-        if keys.numel():
+        if keys.numel():  # not when every id was the padding index
             updates.setdefault(id(ref.client), []).append((ref.name, keys, grads, gradient.unique))
     clients = {id(ref.client): ref.client for ref in refs}
     for client_id, batch in updates.items():

@@ -245,6 +245,43 @@ class _RecStoreEmbeddingBase(TableState):
         return text
 
 
+_MODE_NUMBER = {"sum": 0, "mean": 1, "max": 2}  # aten's embedding_bag modes
+
+
+def _bags_of_rows(
+    index: torch.Tensor,
+    rows: torch.Tensor,
+    offsets: torch.Tensor | None,
+    mode: str,
+    per_sample_weights: torch.Tensor | None,
+    include_last_offset: bool,
+    padding_idx: int | None,
+) -> torch.Tensor:
+    """torch's ``embedding_bag`` of ``index`` into per-occurrence ``rows``.
+
+    While tracing, a padded batch goes straight to ``aten._embedding_bag``: torch's
+    wrapper reads the weight's row count (here the batch's id count) as an int to
+    check the padding index, which would fix that count in the graph (a compiled
+    model recompiling for each batch size, an export that cannot be dynamic).
+    """
+    if padding_idx is None or not torch.compiler.is_compiling():
+        return F.embedding_bag(
+            index, rows, offsets, mode=mode, per_sample_weights=per_sample_weights,
+            include_last_offset=include_last_offset, padding_idx=padding_idx,
+        )  # fmt: skip
+    if index.dim() == 2:  # fixed-size bags, as torch's wrapper turns them into offsets
+        width = index.shape[1]
+        offsets = torch.arange(0, index.numel(), width, dtype=index.dtype, device=index.device)
+        include_last_offset = False
+        index = index.reshape(-1)
+        if per_sample_weights is not None:
+            per_sample_weights = per_sample_weights.reshape(-1)
+    return torch.ops.aten._embedding_bag(
+        rows, index, offsets, False, _MODE_NUMBER[mode], False, per_sample_weights,
+        include_last_offset, padding_idx,
+    )[0]  # fmt: skip
+
+
 def _mode_metadata(optimize_for_training: bool) -> dict[str, str]:
     """The table spec's ``mode`` for a module: inference tables allocate no optimizer state."""
     return {} if optimize_for_training else {"mode": "inference"}
@@ -397,23 +434,20 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
             return Lookup(flat, False, pooled, engine, offsets if bag_size == SEGMENTS else None)
 
         def bagged(rows: torch.Tensor) -> torch.Tensor:
-            # each occurrence has its own row; padding occurrences point at an extra zero row
-            count = flat.numel()
-            index = torch.arange(count, dtype=input.dtype, device=input.device)
+            # each occurrence has its own row; padding occurrences point at an extra zero
+            # row, first so that its index is a constant (a symbolic batch stays symbolic)
             padding = None
-            if self.padding_idx is not None:
-                index = torch.where(flat == self.padding_idx, count, index)
-                rows = torch.cat([rows, rows.new_zeros(1, self.embedding_dim)])
-                padding = count
-            return F.embedding_bag(
-                index.view(input.shape),
-                rows,
-                offsets,
-                mode=self.mode,
-                per_sample_weights=per_sample_weights,
-                include_last_offset=self.include_last_offset,
-                padding_idx=padding,
-            )
+            if self.padding_idx is None:
+                index = torch.arange(flat.numel(), dtype=input.dtype, device=input.device)
+            else:
+                index = torch.arange(1, flat.numel() + 1, dtype=input.dtype, device=input.device)
+                index = torch.where(flat == self.padding_idx, 0, index)
+                rows = torch.cat([rows.new_zeros(1, self.embedding_dim), rows])
+                padding = 0
+            return _bags_of_rows(
+                index.view(input.shape), rows, offsets, self.mode, per_sample_weights,
+                self.include_last_offset, padding,
+            )  # fmt: skip
 
         scale = self.scale_grad_by_freq and self.mode != "max"  # torch's max mode ignores it
         return Lookup(flat, scale, bagged)
@@ -444,7 +478,7 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
             return input.shape[1] if input.shape[0] else 0
         if input.dim() != 1 or offsets is None or self.include_last_offset:
             return 0
-        if offsets.dim() != 1 or offsets.dtype != input.dtype or not len(offsets):
+        if offsets.dim() != 1 or offsets.dtype != input.dtype or offsets.shape[0] == 0:
             return 0
         if torch.compiler.is_compiling():  # the stride check reads offsets: not in a graph
             return SEGMENTS

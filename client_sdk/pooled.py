@@ -94,7 +94,9 @@ def pool_rows(
         return bags.mean(1) if pool.mean else bags.sum(1)
     assert offsets is not None
     count = rows.shape[0]
-    out = rows.new_zeros(len(offsets), rows.shape[-1]).index_add(0, _bag_of(offsets, count), rows)
+    out = rows.new_zeros(offsets.shape[0], rows.shape[-1]).index_add(
+        0, _bag_of(offsets, count), rows
+    )
     return out / _bag_sizes(offsets, count).to(out.dtype) if pool.mean else out
 
 

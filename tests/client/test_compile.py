@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo
+import torch._dynamo.testing
 
 from recstore import nn as rnn
 
@@ -147,3 +148,57 @@ def test_inductor_training_matches_eager(local_client) -> None:
     got = _train(compiled, torch.compile(compiled, backend="inductor", fullgraph=True))
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     torch.testing.assert_close(compiled.bag.weight, eager.bag.weight, atol=1e-5, rtol=0)
+
+
+def test_batches_of_every_size_share_one_dynamic_graph(local_client) -> None:
+    """After the first size change the batch size is symbolic on every path (padded bags
+    included), so a compiled model does not recompile per batch size (torch's limit of
+    eight recompiles would drop it back to eager)."""
+
+    class Padded(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+
+            def table(cls, **options):
+                return cls(NUM, DIM, _weight=_weights(), client=local_client,
+                           name=unique_name("d"), **options)  # fmt: skip
+
+            self.ragged = table(rnn.EmbeddingBag, mode="mean", padding_idx=4)
+            self.grid = table(rnn.EmbeddingBag, mode="max", padding_idx=4)
+            self.weighted = table(rnn.EmbeddingBag, mode="sum")
+            self.user = table(rnn.Embedding, padding_idx=4, scale_grad_by_freq=True)
+
+        def forward(self, ids, offsets, weights, grid):
+            parts = [
+                self.ragged(ids, offsets),
+                self.grid(grid),
+                self.weighted(ids, offsets, weights),
+                self.user(grid).sum(1),
+            ]
+            return torch.cat(parts, 1).pow(2).mean()
+
+    def batch(size: int) -> tuple[torch.Tensor, ...]:
+        g = torch.Generator().manual_seed(size)
+        lengths = torch.arange(size) % 3  # a new id count and bag count each time
+        ids = torch.randint(0, NUM, (int(lengths.sum()),), generator=g)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
+        return (
+            ids,
+            offsets,
+            torch.rand(ids.shape, generator=g),
+            torch.randint(0, NUM, (size, 3), generator=g),
+        )
+
+    eager, compiled = Padded(), Padded()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    torch._dynamo.reset()
+    run = torch.compile(compiled, backend=counter)
+    for size in range(4, 16):
+        expected, got = eager(*batch(size)), run(*batch(size))
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0, msg=f"size {size}")
+        expected.backward()
+        got.backward()
+    assert counter.frame_count == 2  # the first batch's static graph, then one dynamic one
+    for a, b in ((compiled.ragged, eager.ragged), (compiled.grid, eager.grid),
+                 (compiled.weighted, eager.weighted), (compiled.user, eager.user)):  # fmt: skip
+        torch.testing.assert_close(a.weight, b.weight, atol=1e-5, rtol=0)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from torch.export import Dim
 
 from recstore import export
 from recstore import nn as rnn
@@ -35,6 +36,16 @@ class Ranker(torch.nn.Module):
         pooled = self.collection([grid, (items, offsets)])
         features = [self.user(user), self.items(items, offsets), *pooled]
         return self.head(torch.cat(features, dim=1)).squeeze(1)
+
+
+def _batch(size: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """``size`` samples with 0-3 items each (some bags empty)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, 4, (size,), generator=g)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
+    items = torch.randint(0, NUM, (int(lengths.sum()),), generator=g)
+    user = torch.randint(0, NUM, (size,), generator=g)
+    return user, items, offsets, torch.randint(0, NUM, (size, 2), generator=g)
 
 
 def _inputs(seed: int) -> tuple[torch.Tensor, ...]:
@@ -125,5 +136,25 @@ def test_aoti_package_loads_and_serves_eager_outputs(local_client, tmp_path) -> 
         other = torch.randint(0, NUM, (5, 3))
         with torch.no_grad():
             torch.testing.assert_close(served(other), model(other), atol=1e-6, rtol=0)
+    finally:
+        served.close()
+
+
+@pytest.mark.parametrize("aoti", [False, True], ids=["program", "aoti"])
+def test_a_dynamic_batch_dimension_serves_every_batch_size(local_client, tmp_path, aoti) -> None:
+    """Exported with the batch size symbolic, one package serves batches of any size."""
+    model = Ranker(local_client)
+    batch, items = Dim("batch", min=1, max=4096), Dim("items", min=0, max=1 << 20)
+    shapes = ({0: batch}, {0: items}, {0: batch}, {0: batch})
+    path = export.save(model, _batch(8, 0), tmp_path / "pkg", dynamic_shapes=shapes, aoti=aoti)
+    served = export.load(path, aoti=aoti)
+    try:
+        for size in (8, 1, 2, 5, 100):
+            inputs = _batch(size, size)
+            with torch.no_grad():
+                want = model(*inputs)
+            got = served(*inputs)
+            assert got.shape == (size,)
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
     finally:
         served.close()
