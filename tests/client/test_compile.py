@@ -150,17 +150,19 @@ def test_inductor_training_matches_eager(local_client) -> None:
     torch.testing.assert_close(compiled.bag.weight, eager.bag.weight, atol=1e-5, rtol=0)
 
 
-def test_batches_of_every_size_share_one_dynamic_graph(local_client) -> None:
+@pytest.mark.parametrize("backend", ["local", "grpc"])
+def test_batches_of_every_size_share_one_dynamic_graph(backend, request) -> None:
     """After the first size change the batch size is symbolic on every path (padded bags
     included), so a compiled model does not recompile per batch size (torch's limit of
     eight recompiles would drop it back to eager)."""
+    client = request.getfixturevalue(f"{backend}_client")
 
     class Padded(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
 
             def table(cls, **options):
-                return cls(NUM, DIM, _weight=_weights(), client=local_client,
+                return cls(NUM, DIM, _weight=_weights(), client=client,
                            name=unique_name("d"), **options)  # fmt: skip
 
             self.ragged = table(rnn.EmbeddingBag, mode="mean", padding_idx=4)
