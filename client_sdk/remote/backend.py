@@ -233,7 +233,9 @@ class GrpcBackend:
         try:
             replies = self._each_endpoint(endpoints, create_table_rpc(spec, slot_map), spec.name)
         except BackendError as error:
-            existing = self.describe(spec.name) if error.code == "ALREADY_EXISTS" else None
+            # a read-only token may not create, but it may open a table that exists
+            attachable = error.code in ("ALREADY_EXISTS", "PERMISSION_DENIED")
+            existing = self.describe(spec.name) if attachable else None
             if existing is None:
                 raise
             return CreateResult(existing, created=False)

@@ -8,8 +8,11 @@ import pytest
 import torch
 from torch.export import Dim
 
-from recstore import export
+from recstore import RecStoreClient, export
 from recstore import nn as rnn
+from recstore.client.errors import BackendError
+from recstore.client.remote.backend import PS_TOKEN_ENV
+from recstore.ps.server import start_in_thread
 
 from .conftest import unique_name
 
@@ -158,3 +161,38 @@ def test_a_dynamic_batch_dimension_serves_every_batch_size(local_client, tmp_pat
             torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
     finally:
         served.close()
+
+
+def test_a_server_holding_only_the_read_only_token_serves_live_tables(
+    tmp_path, monkeypatch
+) -> None:
+    """Serving replicas get the nodes' read-only token: they open the live table
+    (never create one) and read it; a table that does not exist stays refused."""
+    writer, reader = "writer-s3cret", "reader-s3cret"
+    node = start_in_thread("127.0.0.1", 0, data_dir=tmp_path / "node", auth_token=writer,
+                           read_only_token=reader)  # fmt: skip
+    try:
+        monkeypatch.setenv(PS_TOKEN_ENV, writer)
+        trainer = RecStoreClient(role=unique_name("trainer"))
+        trainer.set_ps_endpoints(node.address)
+        model = Ranker(trainer)
+        path = export.save(model, _inputs(0), tmp_path / "pkg",
+                           live={model.items.table_name: node.address})  # fmt: skip
+        monkeypatch.setenv(PS_TOKEN_ENV, reader)
+        served = export.load(path)
+        try:
+            with torch.no_grad():
+                torch.testing.assert_close(
+                    served(*_inputs(1)), model(*_inputs(1)), atol=1e-6, rtol=0
+                )
+        finally:
+            served.close()
+        stranger = RecStoreClient(role=unique_name("reader"))
+        stranger.set_ps_endpoints(node.address)
+        with pytest.raises(BackendError, match="PERMISSION_DENIED"):
+            stranger.init_data("absent", (NUM, DIM), torch.float32)
+        assert trainer._backend().describe("absent") is None
+        stranger.close()
+        trainer.close()
+    finally:
+        node.stop()
