@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from recstore.client.nve.config import LayerType
-from recstore.client.nve.layers import NVEmbeddingBag, TablesLookup
+from recstore.client.nve.layers import NVEmbeddingBag, TablesLookup, runs_eagerly
 
 #: one layer's input: keys, or (keys, offsets), or (keys, offsets, per_sample_weights)
 Feature = torch.Tensor | tuple[torch.Tensor, ...]
@@ -70,6 +70,7 @@ class NVEmbeddingBagCollection(torch.nn.Module):
         trains = any(layer.optimize_for_training for layer in layers)
         self._anchor = torch.empty(0, requires_grad=trains)  # not a Parameter
 
+    @runs_eagerly
     def forward(self, features: Sequence[Feature]) -> list[torch.Tensor]:
         layers: list[NVEmbeddingBag] = list(self.layers)  # type: ignore[arg-type]
         if len(features) != len(layers):

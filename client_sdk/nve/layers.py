@@ -16,9 +16,10 @@ say so when there is none.
 
 from __future__ import annotations
 
+import functools
 import itertools
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import torch
 
@@ -43,6 +44,29 @@ from recstore.client.tensors import check_module_id_dtype, id_bounds, unique_key
 
 _layer_ids = itertools.count()
 assert _ops.NAMESPACE == "recstore"
+
+_Forward = TypeVar("_Forward", bound=Callable[..., Any])
+
+
+def runs_eagerly(forward: _Forward) -> _Forward:
+    """A layer's forward kept out of traced graphs.
+
+    The layers keep caches and counters in Python and call the engine with real
+    tensors: ``torch.compile`` runs them outside its graph (a graph break; with
+    ``fullgraph=True`` torch refuses them), and ``torch.export``, which would hand
+    them fake tensors, is refused with an error naming what exports instead.
+    """
+
+    @functools.wraps(forward)
+    def guarded(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_exporting():
+            raise RuntimeError(
+                f"{type(self).__name__} cannot be exported: recstore.nve layers run eagerly; "
+                "export a model built with recstore.nn modules (recstore.export.save)"
+            )
+        return forward(self, *args, **kwargs)
+
+    return torch.compiler.disable(guarded)
 
 
 class _TableLookup(torch.autograd.Function):
@@ -270,6 +294,7 @@ class _NVELayer(torch.nn.Module):
 class NVEmbedding(_NVELayer):
     """torch.nn.Embedding-like: ``forward(keys)`` -> rows of shape [*keys.shape, dim]."""
 
+    @runs_eagerly
     def forward(self, keys: torch.Tensor) -> torch.Tensor:
         return self._rows(keys).view(*keys.shape, self.embedding_size)
 
@@ -301,6 +326,7 @@ class NVEmbeddingBag(_NVELayer):
         )  # fmt: skip
         self.mode = mode
 
+    @runs_eagerly
     def forward(
         self,
         keys: torch.Tensor,

@@ -372,3 +372,55 @@ def test_cache_counters_are_exported_to_prometheus(local_client: RecStoreClient)
     assert registry.get_sample_value("recstore_nve_cache_hit_rate", labels) == 0.25
     used = registry.get_sample_value("recstore_nve_cache_bytes_used", labels)
     assert used == layer.cache_stats()["bytes_used"] > 0
+
+
+# -- torch.compile and torch.export ----------------------------------------------------
+class _NVEModel(torch.nn.Module):
+    """An embedding, a bag with a host cache and a collection of two bags, a dense head."""
+
+    def __init__(self, client: RecStoreClient, weight: torch.Tensor) -> None:
+        super().__init__()
+
+        def layer(cls, **options):
+            table = nve.RemoteTable(client, unique_name("nvc"))
+            return cls(ROWS, DIM, weight_init=weight, storage=table, device="cpu", **options)
+
+        self.user = layer(nve.NVEmbedding)
+        self.items = layer(nve.NVEmbeddingBag, mode="mean",
+                           config={"host_cache_size": 1 << 14})  # fmt: skip
+        self.pair = nve.NVEmbeddingBagCollection([layer(nve.NVEmbeddingBag) for _ in range(2)])
+        torch.manual_seed(0)
+        self.head = torch.nn.Linear(4 * DIM, 1)
+
+    def forward(self, user: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        parts = [self.user(user), self.items(items), *self.pair([items, items.flip(1)])]
+        return self.head(torch.cat(parts, 1)).pow(2).mean()
+
+    def tables(self) -> list[str]:
+        bags = [self.user, self.items, *self.pair.layers]
+        return [layer.storage.name for layer in bags]  # type: ignore[union-attr]
+
+
+def test_compiled_models_with_layers_train_as_in_eager(any_client: RecStoreClient) -> None:
+    """torch.compile runs the layers outside its graph: same losses and rows as eager."""
+    weight = torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(4))
+    eager, compiled = _NVEModel(any_client, weight), _NVEModel(any_client, weight)
+    run = torch.compile(compiled, backend="aot_eager")
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        user, items = torch.randint(0, ROWS, (6,), generator=g), torch.randint(0, 50, (6, 3))
+        expected, got = eager(user, items), run(user, items)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+        expected.backward()
+        got.backward()
+    everything = torch.arange(ROWS)
+    for a, b in zip(compiled.tables(), eager.tables(), strict=True):
+        torch.testing.assert_close(any_client.pull(a, everything), any_client.pull(b, everything))
+    assert not torch.equal(any_client.pull(eager.tables()[0], everything), weight)
+
+
+def test_exporting_a_layer_is_refused_clearly(local_client: RecStoreClient) -> None:
+    model = _NVEModel(local_client, torch.randn(ROWS, DIM))
+    inputs = (torch.randint(0, ROWS, (4,)), torch.randint(0, ROWS, (4, 3)))
+    with pytest.raises(RuntimeError, match=r"NVEmbedding cannot be exported.*recstore\.nn"):
+        torch.export.export(model, inputs)
