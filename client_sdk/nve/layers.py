@@ -38,6 +38,7 @@ from recstore.client.nve.device_tables import (
     placement,
     table_device,
 )
+from recstore.client.nve.layer_state import LayerState
 from recstore.client.nve.metrics import track
 from recstore.client.nve.storage import RemoteTable, host_rows
 from recstore.client.tensors import check_module_id_dtype, id_bounds, unique_keys
@@ -86,7 +87,7 @@ class _TableLookup(torch.autograd.Function):
         return None, None, None
 
 
-class _NVELayer(torch.nn.Module):
+class _NVELayer(LayerState):
     def __init__(
         self,
         num_embeddings: int,

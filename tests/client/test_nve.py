@@ -12,11 +12,13 @@ import logging
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
 import recstore.nve as nve
 import recstore.nve as nve_layers
-from recstore.client import RecStoreClient
+from recstore.client import RecStoreClient, checkpoint
 from recstore.client.errors import IdDtypeError
+from recstore.nn import optimizer_state as rnn_optimizer_state
 
 from .conftest import unique_name
 
@@ -424,3 +426,66 @@ def test_exporting_a_layer_is_refused_clearly(local_client: RecStoreClient) -> N
     inputs = (torch.randint(0, ROWS, (4,)), torch.randint(0, ROWS, (4, 3)))
     with pytest.raises(RuntimeError, match=r"NVEmbedding cannot be exported.*recstore\.nn"):
         torch.export.export(model, inputs)
+
+
+# -- state_dict and DCP ----------------------------------------------------------------
+def _layer_of_kind(kind: str, client: RecStoreClient) -> nve.NVEmbedding:
+    if kind == "host":
+        return nve.NVEmbedding(ROWS, DIM, layer_type=nve.LayerType.HostLayer, device="cpu",
+                               optimize_for_training=False)  # fmt: skip
+    configs = {
+        "table": None,
+        "cached": {"host_cache_size": 1 << 14},  # inference: versions checked
+        "stale": {"host_cache_size": 1 << 14, "max_staleness_steps": 3},  # training
+    }
+    return nve.NVEmbedding(ROWS, DIM, storage=nve.RemoteTable(client, unique_name("nvs")),
+                           device="cpu", config=configs[kind],
+                           optimize_for_training=kind != "cached")  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["table", "cached", "stale", "host"])
+def test_layers_carry_their_rows_through_state_dict_and_dcp(
+    local_client: RecStoreClient, kind: str, tmp_path
+) -> None:
+    """A torch.nn.Embedding checkpoint loads into an NVE layer (and back): state_dict,
+    recstore.client.checkpoint (DCP in row blocks), and for host rows the reference's
+    ``dcp.load`` into ``layer.weight``; a wrong shape is refused and changes nothing."""
+    weight = torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(8))
+    reference = torch.nn.Embedding(ROWS, DIM, _weight=weight.clone())
+    keys = torch.tensor([0, 7, ROWS - 1])
+
+    layer = _layer_of_kind(kind, local_client)
+    layer(keys)  # a cached layer now holds rows the load replaces
+    assert list(layer.state_dict()) == ["weight"]
+    layer.load_state_dict(reference.state_dict())
+    torch.testing.assert_close(layer(keys), weight[keys])
+    torch.testing.assert_close(layer.state_dict()["weight"], weight)
+
+    with pytest.raises(RuntimeError, match="size mismatch for weight"):
+        layer.load_state_dict({"weight": torch.zeros(ROWS + 1, DIM)})
+    torch.testing.assert_close(layer.weight, weight)
+
+    dcp.save(reference.state_dict(), checkpoint_id=tmp_path / "torch")
+    loaded = _layer_of_kind(kind, local_client)
+    checkpoint.load(loaded, tmp_path / "torch")
+    torch.testing.assert_close(loaded(keys), weight[keys])
+    checkpoint.save(loaded, tmp_path / "nve")
+    back = torch.nn.Embedding(ROWS, DIM)
+    state = back.state_dict()
+    dcp.load(state, checkpoint_id=tmp_path / "nve")
+    torch.testing.assert_close(state["weight"], weight)
+
+    if kind == "host":  # the reference's way: dcp.load straight into the layer's weight
+        fresh = _layer_of_kind(kind, local_client)
+        dcp.load({"weight": fresh.weight}, checkpoint_id=tmp_path / "torch")
+        torch.testing.assert_close(fresh(keys), weight[keys])
+
+
+def test_a_training_layer_saves_its_optimizer_state_when_asked(local_client) -> None:
+    table = nve.RemoteTable(local_client, unique_name("nvo"), optimizer={"kind": "adagrad"})
+    layer = nve.NVEmbedding(ROWS, DIM, storage=table, device="cpu")
+    layer(torch.tensor([1, 2])).sum().backward()
+    with rnn_optimizer_state(layer):
+        state = layer.state_dict()
+    assert list(state) == ["weight", "optimizer.sum"]
+    assert state["optimizer.sum"][1].abs().sum() > 0 and state["optimizer.sum"][3].sum() == 0

@@ -197,3 +197,17 @@ def test_a_linear_uvm_cache_is_exported_to_prometheus() -> None:
     assert registry.get_sample_value("recstore_nve_cache_misses_total", labels) == 50
     assert registry.get_sample_value("recstore_nve_cache_hit_rate", labels) == 0.5
     assert registry.get_sample_value("recstore_nve_cache_insertions_total", labels) is None
+
+
+@pytest.mark.parametrize(("layer_type", "cache"), TYPES, ids=TYPE_IDS)
+def test_state_dict_carries_the_rows_both_ways(layer_type: nve.LayerType, cache: int) -> None:
+    """A torch.nn.Embedding state dict loads into a GPU layer, and its state dict back."""
+    weight = torch.randn(ROWS, DIM)
+    layer = nve.NVEmbedding(ROWS, DIM, layer_type=layer_type, gpu_cache_size=cache)
+    keys = torch.randint(0, ROWS, (64,)).cuda()
+    layer(keys)  # a LinearUVM cache now holds rows the load replaces
+    layer.load_state_dict(torch.nn.Embedding(ROWS, DIM, _weight=weight).state_dict())
+    torch.testing.assert_close(layer(keys).cpu(), weight[keys.cpu()])
+    back = torch.nn.Embedding(ROWS, DIM)
+    back.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(back.weight.detach(), weight)
