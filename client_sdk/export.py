@@ -1,5 +1,8 @@
 """``recstore.export``: a model with RecStore embeddings saved for serving, and loaded back.
 
+The embeddings are ``recstore.nn`` modules and ``Hierarchical`` ``recstore.nve``
+layers: each reads a RecStore table, and the package holds those tables.
+
 ``save`` traces the model with ``torch.export`` (its lookups stay
 ``torch.ops.recstore`` calls, named by a handle of the package) and writes a
 directory: ``model.pt2``, ``metadata.json`` and, per table, either its rows
@@ -15,6 +18,7 @@ reads: an update, a write or ``max_norm`` renormalisation is refused.
 from __future__ import annotations
 
 import json
+import shutil
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,20 +30,31 @@ from torch import nn
 from recstore.client import op_tables
 from recstore.client.client import RecStoreClient
 from recstore.client.nn import _RecStoreEmbeddingBase
+from recstore.client.nve.config import LayerType
+from recstore.client.nve.layer_state import LayerState
 from recstore.client.remote.tables import parse_endpoints
 
 FORMAT = 1
 PROGRAM, AOTI_PACKAGE, METADATA, ROWS_DIR = "model.pt2", "model_aoti.pt2", "metadata.json", "tables"
 
 
-def _embedding_modules(model: nn.Module) -> list[_RecStoreEmbeddingBase]:
-    found = [m for m in model.modules() if isinstance(m, _RecStoreEmbeddingBase)]
+def _embedding_modules(model: nn.Module) -> list[Any]:
+    """The modules whose tables the package holds: ``recstore.nn`` modules and
+    ``Hierarchical`` ``recstore.nve`` layers (the other NVE types refuse at trace)."""
+    found = [
+        m for m in model.modules()
+        if isinstance(m, _RecStoreEmbeddingBase)
+        or (isinstance(m, LayerState) and m.layer_type is LayerType.Hierarchical)
+    ]  # fmt: skip
     if not found:
-        raise ValueError("the model holds no recstore.nn embedding module: nothing to export")
+        raise ValueError(
+            "the model holds no recstore.nn embedding module or Hierarchical recstore.nve "
+            "layer: nothing to export"
+        )
     return found
 
 
-def _table_entry(module: _RecStoreEmbeddingBase, handle: str) -> dict[str, Any]:
+def _table_entry(module: Any, handle: str) -> dict[str, Any]:
     dtype, shape = module.client.get_data_meta(module.table_name)
     return {
         "name": module.table_name,
@@ -77,6 +92,7 @@ def save(
             parse_endpoints(location)  # ValueError for a malformed host:port list
     package = uuid.uuid4().hex[:12]
     tables, swapped = [], []
+    created = not directory.exists()
     (directory / ROWS_DIR).mkdir(parents=True, exist_ok=True)
     try:
         for module in modules:
@@ -92,7 +108,7 @@ def save(
                 entry.update(source="live", location=live[module.table_name])
             else:
                 rows_file = f"{ROWS_DIR}/{module.table_name}.pt"
-                torch.save({"rows": module.read_weights()}, directory / rows_file)
+                torch.save({"rows": module.table_weight().materialise()}, directory / rows_file)
                 entry.update(source="rows", rows_file=rows_file)
             tables.append(entry)
         program = _export(model, tuple(example_inputs), dynamic_shapes)
@@ -100,6 +116,10 @@ def save(
         if aoti:  # compiling runs the program once: the package's handles are still known
             package_path = str(directory / AOTI_PACKAGE)
             torch._inductor.aoti_compile_and_package(program, package_path=package_path)
+    except BaseException:
+        if created:  # no half-written package left behind
+            shutil.rmtree(directory, ignore_errors=True)
+        raise
     finally:
         for module, handle in swapped:
             op_tables.unregister(module._handle)

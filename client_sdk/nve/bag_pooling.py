@@ -52,7 +52,8 @@ def _engine_pools(
     per_sample_weights: torch.Tensor | None,
 ) -> bool:
     return (
-        offsets is None
+        not torch.compiler.is_compiling()  # a traced program pools with torch's own op
+        and offsets is None
         and per_sample_weights is None
         and mode in ("sum", "mean")
         and indices.dim() == 2

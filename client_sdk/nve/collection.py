@@ -86,3 +86,13 @@ class NVEmbeddingBagCollection(torch.nn.Module):
                 layers, rows, keys, args, strict=True
             )
         ]
+
+    def exported_forward(self, features: Sequence[Feature]) -> list[torch.Tensor]:
+        """What ``torch.export`` traces: each layer's own exported lookup."""
+        if len(features) != len(self.layers):
+            raise ValueError(f"{len(self.layers)} layers but {len(features)} features")
+        layers: list[NVEmbeddingBag] = list(self.layers)  # type: ignore[arg-type]
+        return [
+            layer.exported_forward(*_feature_args(feature))
+            for layer, feature in zip(layers, features, strict=True)
+        ]

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import torch
 
 import recstore.client.ops as _ops  # registers torch.ops.recstore.*
+from recstore.client import dispatch
 from recstore.client.lookup import read_rows
 from recstore.client.nve.bag_pooling import pool_bags
 from recstore.client.nve.batched import TablesLookup, write_gradients
@@ -50,21 +51,20 @@ _Forward = TypeVar("_Forward", bound=Callable[..., Any])
 
 
 def runs_eagerly(forward: _Forward) -> _Forward:
-    """A layer's forward kept out of traced graphs.
+    """A layer's forward kept out of traced graphs, and its form for ``torch.export``.
 
     The layers keep caches and counters in Python and call the engine with real
     tensors: ``torch.compile`` runs them outside its graph (a graph break; with
-    ``fullgraph=True`` torch refuses them), and ``torch.export``, which would hand
-    them fake tensors, is refused with an error naming what exports instead.
+    ``fullgraph=True`` torch refuses them). ``torch.export`` (``recstore.export``)
+    traces a ``Hierarchical`` layer's ``exported_forward`` instead: its table's
+    rows through ``torch.ops.recstore.emb_lookup``, no cache (a served package
+    reads its own copy of the table, or the live one); other types are refused.
     """
 
     @functools.wraps(forward)
-    def guarded(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_exporting():
-            raise RuntimeError(
-                f"{type(self).__name__} cannot be exported: recstore.nve layers run eagerly; "
-                "export a model built with recstore.nn modules (recstore.export.save)"
-            )
+            return self.exported_forward(*args, **kwargs)
         return forward(self, *args, **kwargs)
 
     return torch.compiler.disable(guarded)
@@ -224,6 +224,17 @@ class _NVELayer(LayerState):
             rows = _TableLookup.apply(self._anchor, self, flat)
         return self._end_lookup(rows)
 
+    def _exported_rows(self, keys: torch.Tensor) -> torch.Tensor:
+        """One row per element of ``keys`` as the exported program reads them."""
+        if self.layer_type is not LayerType.Hierarchical:
+            raise RuntimeError(
+                f"{type(self).__name__} of LayerType.{self.layer_type.name} cannot be exported: "
+                "recstore.export packages RecStore tables (LayerType.Hierarchical layers and "
+                "recstore.nn modules)"
+            )
+        check_module_id_dtype(keys)
+        return dispatch.lookup(self._anchor, self._handle, keys.reshape(-1), None, False)
+
     def _begin_lookup(self) -> None:
         """A table lookup starts (its keys checked): a training step of the cache begins."""
         if self._cached is not None and self._trains:
@@ -299,6 +310,9 @@ class NVEmbedding(_NVELayer):
     def forward(self, keys: torch.Tensor) -> torch.Tensor:
         return self._rows(keys).view(*keys.shape, self.embedding_size)
 
+    def exported_forward(self, keys: torch.Tensor) -> torch.Tensor:
+        return self._exported_rows(keys).view(*keys.shape, self.embedding_size)
+
 
 class NVEmbeddingBag(_NVELayer):
     """torch.nn.EmbeddingBag-like: pooled rows per bag (``mode`` sum, mean or max)."""
@@ -338,6 +352,17 @@ class NVEmbeddingBag(_NVELayer):
         self._begin_lookup()
         (rows,) = TablesLookup.apply(self._anchor, [self], distinct)
         return self._pool(rows, inverse, offsets, per_sample_weights)
+
+    def exported_forward(
+        self,
+        keys: torch.Tensor,
+        offsets: torch.Tensor | None = None,
+        per_sample_weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One row per key (no distinct pass: its size would depend on the data), pooled."""
+        rows = self._exported_rows(keys)
+        index = torch.arange(keys.numel(), device=rows.device).view(keys.shape)
+        return pool_bags(rows, index, offsets, self.mode, per_sample_weights)
 
     def _distinct(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``keys`` checked: their distinct keys and each key's index among them."""

@@ -13,9 +13,12 @@ import logging
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.export import Dim
 
 import recstore.nve as nve
 import recstore.nve as nve_layers
+from recstore import export
+from recstore import nn as rnn
 from recstore.client import RecStoreClient, checkpoint
 from recstore.client.errors import IdDtypeError
 from recstore.nn import optimizer_state as rnn_optimizer_state
@@ -421,11 +424,83 @@ def test_compiled_models_with_layers_train_as_in_eager(any_client: RecStoreClien
     assert not torch.equal(any_client.pull(eager.tables()[0], everything), weight)
 
 
-def test_exporting_a_layer_is_refused_clearly(local_client: RecStoreClient) -> None:
-    model = _NVEModel(local_client, torch.randn(ROWS, DIM))
-    inputs = (torch.randint(0, ROWS, (4,)), torch.randint(0, ROWS, (4, 3)))
-    with pytest.raises(RuntimeError, match=r"NVEmbedding cannot be exported.*recstore\.nn"):
-        torch.export.export(model, inputs)
+class _Ranker(torch.nn.Module):
+    """Scores per sample from an embedding behind a host cache, a bag with offsets, a
+    collection (sum and max bags) and a recstore.nn bag."""
+
+    def __init__(self, client: RecStoreClient) -> None:
+        super().__init__()
+
+        def layer(cls, **options):
+            table = nve.RemoteTable(client, unique_name("nve"))
+            return cls(ROWS, DIM, weight_init=torch.randn(ROWS, DIM), storage=table,
+                       device="cpu", **options)  # fmt: skip
+
+        self.user = layer(nve.NVEmbedding, optimize_for_training=False,
+                          config={"host_cache_size": 1 << 12})  # fmt: skip
+        self.items = layer(nve.NVEmbeddingBag, mode="mean")
+        self.pair = nve.NVEmbeddingBagCollection(
+            [layer(nve.NVEmbeddingBag), layer(nve.NVEmbeddingBag, mode="max")]
+        )
+        self.plain = rnn.EmbeddingBag(ROWS, DIM, client=client, name=unique_name("nvr"))
+        self.head = torch.nn.Linear(5 * DIM, 1)
+
+    def forward(self, user, items, offsets, grid):
+        pooled = self.pair([grid, (items, offsets)])
+        parts = [self.user(user), self.items(items, offsets), *pooled, self.plain(grid)]
+        return self.head(torch.cat(parts, 1)).squeeze(1)
+
+
+def _ranker_batch(size: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(size)
+    lengths = torch.randint(0, 4, (size,), generator=g)  # some bags empty
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
+    items = torch.randint(0, ROWS, (int(lengths.sum()),), generator=g)
+    return (
+        torch.randint(0, ROWS, (size,), generator=g),
+        items,
+        offsets,
+        torch.randint(0, ROWS, (size, 3), generator=g),
+    )
+
+
+@pytest.mark.parametrize("aoti", [False, True], ids=["program", "aoti"])
+def test_a_model_with_layers_exports_and_serves_as_in_eager(
+    local_client: RecStoreClient, tmp_path, aoti: bool
+) -> None:
+    """recstore.export packages the layers' tables; one package serves every batch size."""
+    model = _Ranker(local_client)
+    batch, ids = Dim("batch", min=1, max=4096), Dim("ids", min=0, max=1 << 20)
+    path = export.save(model, _ranker_batch(8), tmp_path / "pkg", aoti=aoti,
+                       dynamic_shapes=({0: batch}, {0: ids}, {0: batch}, {0: batch}))  # fmt: skip
+    assert len(list((tmp_path / "pkg" / "tables").iterdir())) == 5
+    served = export.load(path, aoti=aoti)
+    try:
+        for size in (8, 1, 5, 40):
+            with torch.no_grad():
+                want = model(*_ranker_batch(size))
+            torch.testing.assert_close(served(*_ranker_batch(size)), want, atol=1e-6, rtol=0)
+    finally:
+        served.close()
+
+
+def test_a_layer_without_a_recstore_table_is_refused_at_export(
+    local_client: RecStoreClient, tmp_path
+) -> None:
+    class Host(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.host = nve.NVEmbedding(ROWS, DIM, layer_type=nve.LayerType.HostLayer,
+                                        device="cpu", optimize_for_training=False)  # fmt: skip
+            table = nve.RemoteTable(local_client, unique_name("nvh"))
+            self.table = nve.NVEmbedding(ROWS, DIM, storage=table, device="cpu")
+
+        def forward(self, keys):
+            return self.host(keys) + self.table(keys)
+
+    with pytest.raises(RuntimeError, match="HostLayer cannot be exported"):
+        export.save(Host(), (torch.tensor([1, 2]),), tmp_path / "pkg")
+    assert not (tmp_path / "pkg").exists()  # no half-written package
 
 
 # -- state_dict and DCP ----------------------------------------------------------------
