@@ -57,7 +57,11 @@ class TablePatch(BaseModel):
     initializer: dict[str, Any] | None = None
     optimizer: dict[str, Any] | None = None
     storage: str | None = None
+    gpu_cache: dict[str, Any] | None = None
     checkpoint: dict[str, Any] | None = None
+    non_finite: str | None = None
+    mode: str | None = None
+    transport_dtype: str | None = None
     name: str | None = None
     resource_version: str | int | None = None
 

@@ -20,7 +20,17 @@ IMMUTABLE_FIELDS: tuple[tuple[str, ...], ...] = (
     ("embedding_dim",),
     ("dtype",),
     ("keys", "mode"),
+    ("mode",),  # an inference table's rows carry no optimizer state
 )
+
+#: What to do instead, where there is more to say than "create a new table".
+_INSTEAD: dict[tuple[str, ...], str] = {
+    ("mode",): (
+        "create a new table; to serve trained rows read-only, restore a checkpoint with "
+        "`recstore restore --mode inference` or load a state dict into a table with "
+        "mode: inference"
+    ),
+}
 
 
 def _nested_model(model: type[BaseModel], field: str) -> type[BaseModel] | None:
@@ -84,6 +94,7 @@ def apply_patch(current: TableSpec, changes: dict[str, Any]) -> TableSpec:
             field = ".".join(path)
             raise InvalidArgument(
                 f"{field} cannot change once the table exists "
-                f"({_lookup(before, path)!r} -> {_lookup(after, path)!r}); create a new table"
+                f"({_lookup(before, path)!r} -> {_lookup(after, path)!r}); "
+                + _INSTEAD.get(path, "create a new table")
             )
     return candidate

@@ -183,6 +183,9 @@ def test_noop_patch_keeps_version(client: TestClient, admin_headers: dict[str, s
     create(client, admin_headers)
     r = client.patch("/api/v1/tables/clicks", json={"shards": 2}, headers=admin_headers)
     assert r.status_code == 200 and r.json()["resource_version"] == 1
+    # every spec field may be sent, as a re-applied YAML sends it: unchanged is a no-op
+    r = client.patch("/api/v1/tables/clicks", json={"mode": "training"}, headers=admin_headers)
+    assert r.status_code == 200 and r.json()["resource_version"] == 1
 
 
 @pytest.mark.parametrize(
@@ -197,6 +200,7 @@ def test_noop_patch_keeps_version(client: TestClient, admin_headers: dict[str, s
         ({"numEmbeddings": None}, 422, "Field required"),
         ({"shards": "many"}, 422, "integer"),
         ({"bogus": 1}, 422, "Extra inputs"),
+        ({"mode": "inference"}, 422, "recstore restore --mode inference"),
     ],
 )
 def test_invalid_patch_changes_nothing(
