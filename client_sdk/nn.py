@@ -217,23 +217,6 @@ class _RecStoreEmbeddingBase(TableState):
         """The whole table as a tensor (a read; for small tables and tests)."""
         return self.read_weights()
 
-    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
-        """``to``/``half``/``double``/``cuda``...: the table cannot change dtype in place.
-
-        torch converts a module by mapping ``fn`` over its tensors; mapped over a
-        tensor of the table's dtype it tells whether the table would change. A
-        move to another device is fine (rows follow the ids' device already).
-        """
-        converted = fn(torch.empty(0, dtype=self._dtype))
-        if converted.dtype != self._dtype:
-            raise TypeError(
-                f"{type(self).__name__} {self.table_name!r} keeps its rows in RecStore as "
-                f"{self._dtype}; a module conversion cannot change the table to "
-                f"{converted.dtype}. Create the module with dtype={converted.dtype} instead "
-                "(a new table; load_state_dict copies rows into it)"
-            )
-        return super()._apply(fn, recurse)
-
     def _common_repr(self) -> str:
         text = f"{self.num_embeddings}, {self.embedding_dim}, table={self.table_name!r}"
         if self.padding_idx is not None:

@@ -23,7 +23,7 @@ trainer.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -49,6 +49,29 @@ class TableState(nn.Module):
     _dtype: torch.dtype
     _lazy_weight = False
     _with_optimizer_state = False
+    #: what a conversion refusal tells the user to create instead
+    _made_with = "the module with dtype"
+
+    def _rows_where(self) -> str:
+        """Where the rows are kept, for messages."""
+        return f"{self.table_name!r} keeps its rows in RecStore"
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
+        """``to``/``half``/``double``/``cuda``...: the rows cannot change dtype in place.
+
+        torch converts a module by mapping ``fn`` over its tensors; mapped over a
+        tensor of the rows' dtype it tells whether they would change. A move to
+        another device is fine (rows follow the ids' device already).
+        """
+        converted = fn(torch.empty(0, dtype=self._dtype))
+        if converted.dtype != self._dtype:
+            raise TypeError(
+                f"{type(self).__name__} {self._rows_where()} as {self._dtype}; a module "
+                f"conversion cannot change them to {converted.dtype}. Create "
+                f"{self._made_with}={converted.dtype} instead (new rows; load_state_dict "
+                "copies rows into them)"
+            )
+        return super()._apply(fn, recurse)
 
     def table_weight(self) -> TableWeight:
         shape = (self.num_embeddings, self.embedding_dim)

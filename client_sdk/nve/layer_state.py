@@ -69,6 +69,13 @@ class LayerState(TableState):
     _cached: Any  # CachedTable | None: the host cache tier
     _tiers: Any  # DeviceCachedTable | None: the GPU cache tier
 
+    _made_with = "the layer with data_type"
+
+    def _rows_where(self) -> str:
+        if self._host is not None:
+            return f"{self.name} keeps its rows in a host memory block"
+        return super()._rows_where()
+
     # what TableState reads, from the layer's own fields
     @property
     def client(self) -> RecStoreClient:  # type: ignore[override]

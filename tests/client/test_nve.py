@@ -564,3 +564,17 @@ def test_a_training_layer_saves_its_optimizer_state_when_asked(local_client) -> 
         state = layer.state_dict()
     assert list(state) == ["weight", "optimizer.sum"]
     assert state["optimizer.sum"][1].abs().sum() > 0 and state["optimizer.sum"][3].sum() == 0
+
+
+@pytest.mark.parametrize("kind", ["table", "host"])
+def test_converting_a_layers_dtype_raises_clearly(local_client: RecStoreClient, kind) -> None:
+    """``model.half()`` cannot convert rows kept in a table or a memory block: refused,
+    as for recstore.nn modules, never silently ignored; same-dtype and device moves work."""
+    layer = _layer_of_kind(kind, local_client)
+    before = layer.weight.clone()
+    for convert in (lambda m: m.half(), lambda m: torch.nn.Sequential(m).to(torch.float64)):
+        with pytest.raises(TypeError, match=r"Create the layer with data_type=torch\.float"):
+            convert(layer)
+    torch.testing.assert_close(layer.weight, before)
+    assert layer.to("cpu", torch.float32).float() is layer
+    assert layer(torch.tensor([3])).dtype == torch.float32
