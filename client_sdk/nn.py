@@ -145,40 +145,6 @@ class _RecStoreEmbeddingBase(TableState):
         self._anchor = torch.empty(0, requires_grad=self.takes_gradients)
         self._handle = op_tables.register(self.client, self.table_name)  # the ops' name for it
 
-    @property
-    def takes_gradients(self) -> bool:
-        """Whether backward sends gradients to the table: not frozen, not an inference table."""
-        return self.optimize_for_training and not self.frozen
-
-    @property
-    def frozen(self) -> bool:
-        """Whether backward leaves the table alone (``from_pretrained(freeze=True)``)."""
-        return self._frozen
-
-    @frozen.setter
-    def frozen(self, value: bool) -> None:
-        self._frozen = bool(value)
-        self._anchor.requires_grad_(self.takes_gradients)
-
-    def requires_grad_(self, requires_grad: bool = True) -> Any:
-        """torch's switch for freezing a module: ``requires_grad_(False)`` freezes the table.
-
-        The rows are no Parameter (the table's own optimizer trains them), so
-        ``nn.Module.requires_grad_``, which walks parameters, would leave the table
-        training. A parent's ``requires_grad_`` still reaches only parameters:
-        freeze a RecStore module by calling this on it.
-        """
-        self._check_requires_grad(requires_grad)
-        self.frozen = not requires_grad
-        return super().requires_grad_(requires_grad)
-
-    def _check_requires_grad(self, requires_grad: bool) -> None:
-        if requires_grad and not self.optimize_for_training:
-            raise ValueError(
-                f"{type(self).__name__} {self.table_name!r} is an inference table "
-                "(optimize_for_training=False): it takes no gradients"
-            )
-
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         raise TypeError(
             f"{type(self).__name__} {self.table_name!r} keeps its rows in a RecStore table, "

@@ -49,12 +49,49 @@ class TableState(nn.Module):
     _dtype: torch.dtype
     _lazy_weight = False
     _with_optimizer_state = False
+    optimize_for_training: bool
+    _anchor: torch.Tensor  # the autograd anchor: backward reaches the table through it
+    _frozen = False
     #: what a conversion refusal tells the user to create instead
     _made_with = "the module with dtype"
 
     def _rows_where(self) -> str:
         """Where the rows are kept, for messages."""
         return f"{self.table_name!r} keeps its rows in RecStore"
+
+    @property
+    def takes_gradients(self) -> bool:
+        """Whether backward sends gradients to the table: not frozen, not for inference."""
+        return self.optimize_for_training and not self.frozen
+
+    @property
+    def frozen(self) -> bool:
+        """Whether backward leaves the rows alone (``requires_grad_(False)``)."""
+        return self._frozen
+
+    @frozen.setter
+    def frozen(self, value: bool) -> None:
+        self._frozen = bool(value)
+        self._anchor.requires_grad_(self.takes_gradients)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Any:
+        """torch's switch for freezing a module: ``requires_grad_(False)`` freezes the rows.
+
+        The rows are no Parameter (the table's own optimizer trains them), so
+        ``nn.Module.requires_grad_``, which walks parameters, would leave them
+        training. A parent's ``requires_grad_`` still reaches only parameters:
+        freeze a RecStore module by calling this on it.
+        """
+        self._check_requires_grad(requires_grad)
+        self.frozen = not requires_grad
+        return super().requires_grad_(requires_grad)
+
+    def _check_requires_grad(self, requires_grad: bool) -> None:
+        if requires_grad and not self.optimize_for_training:
+            raise ValueError(
+                f"{type(self).__name__} {self._rows_where()}, opened as an inference table "
+                "(optimize_for_training=False): it takes no gradients"
+            )
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
         """``to``/``half``/``double``/``cuda``...: the rows cannot change dtype in place.

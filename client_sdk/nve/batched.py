@@ -80,7 +80,7 @@ def write_gradients(
     layer's straight to its in-process table, the others' as ``send_updates`` does."""
     remote = []
     for layer, k, grad in zip(layers, keys, grads, strict=True):
-        if grad is None or not layer.optimize_for_training:
+        if grad is None or not layer.takes_gradients:  # inference, or frozen
             continue
         if layer._device_table is not None:
             layer._device_table.update(k, grad, layer.settings.max_modify_size)

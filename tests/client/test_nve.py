@@ -578,3 +578,37 @@ def test_converting_a_layers_dtype_raises_clearly(local_client: RecStoreClient, 
     torch.testing.assert_close(layer.weight, before)
     assert layer.to("cpu", torch.float32).float() is layer
     assert layer(torch.tensor([3])).dtype == torch.float32
+
+
+def test_requires_grad_freezes_and_unfreezes_a_layer(any_client: RecStoreClient) -> None:
+    """torch's way to freeze a module reaches the table, alone and inside a collection."""
+
+    def bag() -> nve.NVEmbeddingBag:
+        table = nve.RemoteTable(any_client, unique_name("nvf"))
+        return nve.NVEmbeddingBag(ROWS, DIM, weight_init=torch.randn(ROWS, DIM), storage=table,
+                                  device="cpu")  # fmt: skip
+
+    keys = torch.tensor([[1, 2], [3, 1]])
+    layer = bag()
+    before = layer.weight.clone()
+    assert layer.requires_grad_(False) is layer and layer.frozen
+    out = layer(keys)
+    assert not out.requires_grad  # as a frozen torch.nn.EmbeddingBag's output
+    torch.testing.assert_close(layer.weight, before)
+    layer.requires_grad_(True)
+    layer(keys).sum().backward()
+    assert not torch.equal(layer.weight, before)
+
+    frozen, trained = bag(), bag()
+    frozen.requires_grad_(False)
+    rows = [frozen.weight.clone(), trained.weight.clone()]
+    pair = nve.NVEmbeddingBagCollection([frozen, trained])
+    sum(out.sum() for out in pair([keys, keys])).backward()
+    torch.testing.assert_close(frozen.weight, rows[0])
+    assert not torch.equal(trained.weight, rows[1])
+
+    serving = nve.NVEmbedding(ROWS, DIM, storage=nve.RemoteTable(any_client, unique_name("nvi")),
+                              device="cpu", optimize_for_training=False)  # fmt: skip
+    with pytest.raises(ValueError, match="opened as an inference table"):
+        serving.requires_grad_(True)
+    assert not serving.frozen
