@@ -1,4 +1,5 @@
-"""``state_dict`` / ``load_state_dict`` of the RecStore torch modules.
+"""``state_dict`` / ``load_state_dict`` of the RecStore torch modules, and the other
+module behaviour torch gives a Parameter ``weight`` (freezing, dtype conversion).
 
 torch.nn.Embedding(Bag) keep their rows in a Parameter ``weight``; a RecStore
 module keeps them in its table, so ``nn.Module``'s own saving sees nothing.

@@ -1,4 +1,7 @@
-"""``state_dict``, ``load_state_dict`` and DCP for the NVE layers.
+"""What the NVE layers share with ``recstore.nn`` modules: ``TableState``.
+
+That is ``state_dict``, ``load_state_dict`` and DCP, freezing with
+``requires_grad_`` and the refusal of a dtype conversion.
 
 A layer's rows live in a RecStore table (``Hierarchical``, ``GPULayer``,
 ``LinearUVM``: ``storage`` names it) or in a block of host memory
