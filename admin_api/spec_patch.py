@@ -13,15 +13,7 @@ from pydantic import BaseModel
 
 from recstore.core import TableSpec
 from recstore.core.errors import InvalidArgument
-
-#: Fields that fix the layout of stored rows: changing them would need a new table.
-IMMUTABLE_FIELDS: tuple[tuple[str, ...], ...] = (
-    ("name",),
-    ("embedding_dim",),
-    ("dtype",),
-    ("keys", "mode"),
-    ("mode",),  # an inference table's rows carry no optimizer state
-)
+from recstore.core.spec import IMMUTABLE_FIELDS
 
 #: What to do instead, where there is more to say than "create a new table".
 _INSTEAD: dict[tuple[str, ...], str] = {

@@ -18,9 +18,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from pydantic.alias_generators import to_camel
+
 from recstore.core.placement import Placement
 from recstore.core.reconcile import Phase
-from recstore.core.spec import TableSpec
+from recstore.core.spec import IMMUTABLE_FIELDS, TableSpec
 
 GROUP = "recstore.io"
 VERSION = "v1alpha1"
@@ -117,12 +119,29 @@ def spec_schema() -> dict[str, Any]:
     properties = {**table["properties"], "placement": placement}
     for field, text in _DESCRIPTIONS.items():
         properties[field].setdefault("description", text)
+    for path in IMMUTABLE_FIELDS:
+        _declare_immutable(properties, [to_camel(part) for part in path])
     return {
         "type": "object",
         "description": table.get("description", ""),
         "required": [f for f in table.get("required", []) if f != "name"],
         "properties": properties,
     }
+
+
+def _declare_immutable(properties: dict[str, Any], path: list[str]) -> None:
+    """A CEL transition rule on the field at ``path``: the API server refuses an update
+    that changes it (as the admin API does), instead of the cluster running nodes
+    whose declared table no longer matches the rows they keep."""
+    node = properties[path[0]]
+    for part in path[1:]:
+        node = node["properties"][part]
+    node["x-kubernetes-validations"] = [
+        {
+            "rule": "self == oldSelf",
+            "message": f"{'.'.join(path)} cannot change once the table exists; create a new table",
+        }
+    ]
 
 
 def status_schema() -> dict[str, Any]:

@@ -74,7 +74,8 @@ def _walk(node: Any, where: str = ""):
     if isinstance(node, dict):
         yield where, node
         for key, value in node.items():
-            yield from _walk(value, f"{where}.{key}")
+            if key != "x-kubernetes-validations":  # CEL rules, not schema nodes
+                yield from _walk(value, f"{where}.{key}")
     elif isinstance(node, list):
         for i, value in enumerate(node):
             yield from _walk(value, f"{where}[{i}]")
@@ -165,3 +166,30 @@ def test_schema_and_models_reject_the_same_field_values(spec):
 def test_schema_and_models_accept_the_same_values(spec):
     VALIDATOR.validate({"spec": spec})
     parse_declaration(spec, default_name="t")
+
+
+def _rules(node: Any, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], list[str]]:
+    """Every x-kubernetes-validations rule of the spec schema, by field path."""
+    found = (
+        {path: [r["rule"] for r in node["x-kubernetes-validations"]]}
+        if ("x-kubernetes-validations" in node)
+        else {}
+    )
+    for name, sub in node.get("properties", {}).items():
+        found.update(_rules(sub, (*path, name)))
+    return found
+
+
+def test_the_fields_a_table_keeps_for_life_are_immutable_to_the_api_server():
+    """kubectl apply cannot change what the admin API refuses to change (the row layout,
+    the mode); everything else, shards first, stays open to updates."""
+    from pydantic.alias_generators import to_camel
+
+    from recstore.core.spec import IMMUTABLE_FIELDS
+
+    spec = SCHEMA["properties"]["spec"]
+    expected = {tuple(to_camel(part) for part in path) for path in IMMUTABLE_FIELDS}
+    rules = _rules(spec)
+    assert set(rules) == expected
+    assert all(found == ["self == oldSelf"] for found in rules.values())
+    assert ("shards",) not in rules and ("mode",) in rules and ("keys", "mode") in rules

@@ -187,6 +187,19 @@ class Checkpoint(WireModel):
     full_every: Annotated[int, Field(ge=1, le=1000)] = 1
 
 
+#: Fields (paths of field names) a table keeps for life: they fix the layout of its
+#: stored rows (an inference table's rows carry no optimizer state), so changing one
+#: needs a new table. The admin API refuses such a change; the CRD declares each of
+#: them immutable to the Kubernetes API server.
+IMMUTABLE_FIELDS: tuple[tuple[str, ...], ...] = (
+    ("name",),
+    ("embedding_dim",),
+    ("dtype",),
+    ("keys", "mode"),
+    ("mode",),
+)
+
+
 class TableSpec(WireModel):
     """One embedding table, as a user declares it."""
 
