@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps build lint test test-fast demo bench gpu-check proto clean
+.PHONY: install system-deps build lint test test-fast demo bench gpu-check proto lock clean
 
 system-deps:
 	bash scripts/install_system_deps.sh
@@ -12,15 +12,27 @@ system-deps:
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
 
-# torch is pinned here (a CPU wheel on these machines); pyproject declares a range.
-$(VENV)/.toolchain: | $(VENV)/bin/python
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0 "scikit-build-core>=0.10" "nanobind>=2.4"
+# Every third-party package comes from the lock (pinned versions: a new release
+# elsewhere cannot change what this installs); pyproject declares ranges. torch is
+# locked to the CPU build. `make lock` re-resolves it, on purpose.
+LOCK := requirements/lock.txt
+$(VENV)/.toolchain: $(LOCK) | $(VENV)/bin/python
+	$(PIP) install -q -r $(LOCK)
 	touch $@
 
-# Always re-run: scikit-build-core's build dir makes it incremental.
+# Always re-run: scikit-build-core's build dir makes it incremental. --no-deps: the
+# lock has installed every dependency already.
 build: $(VENV)/.toolchain
-	$(PIP) install -q --no-build-isolation -e ".[all,test]"
+	$(PIP) install -q --no-build-isolation --no-deps -e .
+	$(PIP) check
+
+# Re-resolve the lock from pyproject.toml and requirements/lock.in: pins that still
+# fit are kept; `make lock LOCK_ARGS=--upgrade` moves every pin to the newest
+# release within its range. Commit the result with whatever it regenerates.
+LOCK_ARGS ?=
+lock: $(VENV)/.toolchain
+	$(VENV)/bin/pip-compile -q $(LOCK_ARGS) --extra all --extra test --strip-extras --allow-unsafe \
+	  --no-emit-index-url --no-emit-find-links -o $(LOCK) pyproject.toml requirements/lock.in
 
 install: system-deps build
 

@@ -14,8 +14,14 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-# The package depends on torch; the CPU build keeps this image small.
-RUN pip install --index-url "${TORCH_INDEX_URL}" torch
+# Every version from the lock (requirements/lock.txt); torch at the locked release
+# in the build TORCH_VARIANT names (only its own index has it), the rest as locked.
+ARG TORCH_VARIANT=cpu
+COPY requirements/lock.txt /tmp/lock.txt
+RUN grep -v '^torch==' /tmp/lock.txt > /tmp/constraints.txt \
+ && pip install -c /tmp/constraints.txt --extra-index-url "${TORCH_INDEX_URL}" \
+      "torch==$(sed -n 's/^torch==\([^+]*\).*/\1/p' /tmp/lock.txt)+${TORCH_VARIANT}"
+ENV PIP_CONSTRAINT=/tmp/constraints.txt
 WORKDIR /src
 COPY pyproject.toml CMakeLists.txt README.md ./
 COPY csrc/ csrc/

@@ -7,7 +7,9 @@ as a C++ header (csrc/ps_fields.h) and a Python module
 is written by hand anywhere. The generated files are committed so that
 installing RecStore needs no protoc; ``--check`` regenerates into a scratch
 directory and fails when the committed files differ (a test runs it, so a
-stale checkout cannot pass CI).
+stale checkout cannot pass CI). The generator is the grpcio-tools release that
+requirements/lock.txt pins (generated code names its generator's version):
+any other installed release is refused, so the output depends on the lock only.
 
 Usage: python scripts/gen_proto.py [--check]
 """
@@ -33,6 +35,8 @@ GENERATED = [
 ]
 INIT_TEXT = '"""Generated gRPC code of proto/recstore/v1 (scripts/gen_proto.py)."""\n'
 SOURCE = "proto/recstore/v1/ps.proto"
+LOCK = ROOT / "requirements" / "lock.txt"
+GENERATOR = "grpcio-tools"
 #: protobuf wire type of each field type (google.protobuf.FieldDescriptorProto.Type)
 WIRE_TYPES = {
     "double": 1, "float": 5, "int64": 0, "uint64": 0, "int32": 0, "fixed64": 1, "fixed32": 5,
@@ -41,8 +45,30 @@ WIRE_TYPES = {
 }  # fmt: skip
 
 
+def locked_version(package: str, lock: Path = LOCK) -> str:
+    """The version ``lock`` pins for ``package`` (a ``name==version`` line)."""
+    for line in lock.read_text().splitlines():
+        name, sep, version = line.split("#", 1)[0].strip().partition("==")
+        if sep and name.strip().lower() == package:
+            return version.strip()
+    raise SystemExit(f"{lock} pins no {package}")
+
+
+def check_generator() -> None:
+    """Refuse a generator other than the locked one (its version is in the output)."""
+    from importlib.metadata import version
+
+    wanted, installed = locked_version(GENERATOR), version(GENERATOR)
+    if installed != wanted:
+        raise SystemExit(
+            f"{GENERATOR} {installed} is installed but {LOCK.relative_to(ROOT)} pins {wanted}:"
+            " install the lock (make build) before generating"
+        )
+
+
 def generate(root: Path) -> None:
     """Run protoc (from grpcio-tools) for every proto, writing GENERATED under ``root``."""
+    check_generator()
     import grpc_tools
     from google.protobuf import descriptor_pb2
     from grpc_tools import protoc
