@@ -13,6 +13,7 @@ leaves the previous checkpoints untouched. Reading, verifying and pruning them i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -105,9 +106,12 @@ class _HashingFile:
         self.size += len(data)
 
     def close(self, dtype: np.dtype, shape: list[int], root: Path) -> dict[str, Any]:
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
-        self._handle.close()
+        """Flush, fsync and close (closed even when that fails); the manifest's entry."""
+        try:
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
+        finally:
+            self.discard()
         return {
             "file": str(self.path.relative_to(root)),
             "dtype": dtype.str,
@@ -115,6 +119,12 @@ class _HashingFile:
             "bytes": self.size,
             "sha256": self._hash.hexdigest(),
         }
+
+    def discard(self) -> None:
+        """Close without keeping what was written (a failed save): whatever the close
+        says, the descriptor is released, so a removed file gives its space back."""
+        with contextlib.suppress(OSError):  # a failing flush of the buffer still closes
+            self._handle.close()
 
 
 class CheckpointWriter:
@@ -154,11 +164,29 @@ class CheckpointWriter:
         """
         directory = self.temp / "tables" / name
         directory.mkdir(parents=True)
-        files = {
-            part: _HashingFile(directory / f"{part}.bin") for part in ("keys", "values", "state")
-        }
+        parts = ["keys", "values", "state", *(["deleted"] if deleted is not None else [])]
+        files: dict[str, _HashingFile] = {}
+        try:  # every file opened is closed on every path: a failed save holds no space
+            for part in parts:
+                files[part] = _HashingFile(directory / f"{part}.bin")
+            return self._write_table(name, files, chunks, dim, value_dtype, state_width,
+                                     meta, deleted)  # fmt: skip
+        finally:
+            for handle in files.values():
+                handle.discard()
+
+    def _write_table(
+        self,
+        name: str,
+        files: dict[str, _HashingFile],
+        chunks: Iterable[Chunk],
+        dim: int,
+        value_dtype: np.dtype,
+        state_width: int,
+        meta: dict[str, Any],
+        deleted: np.ndarray | None,
+    ) -> int:
         if deleted is not None:
-            files["deleted"] = _HashingFile(directory / "deleted.bin")
             files["deleted"].write(np.asarray(deleted, dtype="<i8"))
         rows = 0
         for keys, values, state in chunks:
@@ -166,20 +194,20 @@ class CheckpointWriter:
             files["values"].write(np.asarray(values, dtype=value_dtype))
             files["state"].write(np.asarray(state, dtype="<f4"))
             rows += len(keys)
+        written = {
+            "keys": files["keys"].close(np.dtype("<i8"), [rows], self.temp),
+            "values": files["values"].close(value_dtype, [rows, dim], self.temp),
+            "state": files["state"].close(np.dtype("<f4"), [rows, state_width], self.temp),
+        }
+        if deleted is not None:
+            written["deleted"] = files["deleted"].close(np.dtype("<i8"), [len(deleted)], self.temp)
         self.manifest["tables"][name] = {
             **_jsonable(meta),
             "rows": rows,
             "dim": dim,
             "state_width": state_width,
-            "files": {
-                "keys": files["keys"].close(np.dtype("<i8"), [rows], self.temp),
-                "values": files["values"].close(value_dtype, [rows, dim], self.temp),
-                "state": files["state"].close(np.dtype("<f4"), [rows, state_width], self.temp),
-            },
+            "files": written,
         }
-        if deleted is not None:
-            gone = files["deleted"].close(np.dtype("<i8"), [len(deleted)], self.temp)
-            self.manifest["tables"][name]["files"]["deleted"] = gone
         return rows
 
     def commit(self) -> CheckpointInfo:
