@@ -49,6 +49,32 @@ def test_a_second_node_on_a_data_dir_exits_and_touches_nothing(tmp_path: Path, s
     assert holder(data_dir) == first.process.pid
 
 
+def test_deleting_lock_under_a_live_node_does_not_let_a_second_one_in(
+    tmp_path: Path, spawn
+) -> None:
+    data_dir = tmp_path / "node"
+    first = spawn(data_dir, "--durability", "wal")
+    client = Client(first.address)
+    client.create(spec(num_embeddings=100, embedding_dim=4))
+    client.push("emb", [1], np.full((1, 4), 3.0, np.float32))
+    (data_dir / "LOCK").unlink()  # an operator's cleanup, or an attacker
+    before = _files(data_dir)
+    second = subprocess.run(
+        [sys.executable, "-m", "recstore.ps", "--host", "127.0.0.1", "--port", "0",
+         "--data-dir", str(data_dir), "--durability", "wal"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert second.returncode == 3, second.stderr
+    assert f"data dir {data_dir} is in use by PS node pid {first.process.pid}" in second.stderr
+    assert _files(data_dir) == before  # no LOCK made anew, no recovery, nothing appended
+    assert holder(data_dir) == first.process.pid
+    np.testing.assert_array_equal(client.pull("emb", [1]), np.full((1, 4), 3.0))
+    first.kill()
+    assert holder(data_dir) is None  # the kernel dropped both locks with the process
+    restarted = spawn(data_dir, "--durability", "wal")
+    assert holder(data_dir) == restarted.process.pid
+
+
 def test_in_process_the_second_node_is_refused_until_the_first_stops(tmp_path: Path) -> None:
     first = start_in_thread(data_dir=tmp_path)
     try:

@@ -2,12 +2,15 @@
 
 Two processes recovering from and appending to one write-ahead log tear it.
 Like PostgreSQL's ``postmaster.pid`` and etcd's WAL lock, a node takes an
-exclusive ``flock`` on ``<data_dir>/LOCK`` before it reads or writes anything
-else there and writes its pid into the file; the kernel drops the lock when
+exclusive ``flock`` before it reads or writes anything else there: on the data
+dir itself, which no file deletion can free, and on ``<data_dir>/LOCK``, into
+which it writes its pid (for the error a second node gets, and for nodes of
+earlier releases, which lock that file alone). The kernel drops the locks when
 the process dies, however it dies, so a stale file never blocks a restart. A
 second node on the same dir fails at once (``DataDirInUse``, naming the
-holder) and has touched nothing. The local provisioner uses ``holder`` to
-find a node left over from an earlier run before it starts a new one.
+holder) and has touched nothing, even when ``LOCK`` was deleted under the
+first. The local provisioner uses ``holder`` to find a node left over from an
+earlier run before it starts a new one.
 """
 
 from __future__ import annotations
@@ -46,54 +49,71 @@ class DataDirUnusable(RecStoreError):
 class DataDirLock:
     """The held lock of one data dir (``acquire``); ``release`` or process exit frees it."""
 
-    def __init__(self, data_dir: Path, fd: int) -> None:
-        self.data_dir, self._fd = data_dir, fd
+    def __init__(self, data_dir: Path, fds: tuple[int, ...]) -> None:
+        self.data_dir, self._fds = data_dir, fds
 
     @classmethod
     def acquire(cls, data_dir: Path) -> DataDirLock:
         """Lock ``data_dir`` (created if missing) for this process; ``DataDirInUse`` if held."""
         data_dir.mkdir(parents=True, exist_ok=True)
+        held: list[int] = []
         try:
-            fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as error:  # e.g. a read-only dir: a node could not write there anyway
-            raise DataDirUnusable(data_dir, error) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = _read_pid(fd)
-            os.close(fd)
-            raise DataDirInUse(data_dir, pid) from None
+            for path, flags in (
+                (data_dir, os.O_RDONLY | os.O_DIRECTORY),
+                (data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT),
+            ):
+                try:  # e.g. a read-only dir: a node could not write there anyway
+                    fd = os.open(path, flags | os.O_CLOEXEC, 0o600)
+                except OSError as error:
+                    raise DataDirUnusable(data_dir, error) from None
+                held.append(fd)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise DataDirInUse(data_dir, _holder_pid(data_dir)) from None
         except BaseException:
-            os.close(fd)
+            for fd in held:
+                os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        return cls(data_dir, fd)
+        lock_file = held[-1]
+        os.ftruncate(lock_file, 0)
+        os.pwrite(lock_file, f"{os.getpid()}\n".encode(), 0)
+        return cls(data_dir, tuple(held))
 
     def release(self) -> None:
-        if self._fd >= 0:
-            fd, self._fd = self._fd, -1
+        fds, self._fds = self._fds, ()
+        for fd in reversed(fds):
             os.close(fd)  # closing the last descriptor drops the flock
 
 
 def holder(data_dir: Path) -> int | None:
     """The pid of the live process holding ``data_dir``'s lock; None when nobody holds it."""
-    try:
-        fd = os.open(data_dir / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
+    for path, flags in ((data_dir, os.O_RDONLY | os.O_DIRECTORY), (data_dir / LOCK_FILE, 0)):
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return _read_pid(fd) or None
-        fcntl.flock(fd, fcntl.LOCK_UN)  # free: whatever pid the file names is gone
-        return None
-    finally:
-        os.close(fd)
+            fd = os.open(path, os.O_RDONLY | flags | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return _holder_pid(data_dir)
+            fcntl.flock(fd, fcntl.LOCK_UN)  # free: whatever pid the file names is gone
+        finally:
+            os.close(fd)
+    return None
 
 
-def _read_pid(fd: int) -> int | None:
+def _holder_pid(data_dir: Path) -> int | None:
+    """Who holds the lock: the pid ``LOCK`` names, else (``LOCK`` deleted) the kernel's
+    record of the flock on the dir (/proc/locks)."""
     with contextlib.suppress(OSError, ValueError):
-        return int(os.pread(fd, 32, 0).decode().strip())
+        return int((data_dir / LOCK_FILE).read_text().strip())
+    with contextlib.suppress(OSError, ValueError):
+        stat = os.stat(data_dir)
+        inode = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            if fields[1:3] == ["FLOCK", "ADVISORY"] and fields[5] == inode:
+                return int(fields[4])
     return None
