@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from recstore.admin.security import Role
+from recstore.core.spec import MAX_SHARDS
 
 T = TypeVar("T")
 
@@ -254,6 +255,52 @@ class CheckpointPublic(BaseModel):
     requested_at: datetime
     completed_at: datetime | None
     detail: Any = None
+
+
+# --- a refused table recovered (`recstore recover`) ----------------------------
+
+
+_Count = Annotated[int, Field(ge=0)]
+_Text = Annotated[str, Field(max_length=4000)]
+
+
+class DroppedLogBody(BaseModel):
+    """What an accepted log loss cut from one segment (``recstore.core.proto_convert``)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    generation: _Count
+    offset: _Count
+    bytes: _Count
+    writes: _Count
+
+
+class ShardRecovery(BaseModel):
+    """One node's answer to RecoverTable: recovered (how, what it dropped) or failed (why)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    shard: Annotated[int, Field(ge=0, le=MAX_SHARDS)]
+    endpoint: Annotated[str, Field(max_length=300)]
+    outcome: Literal["recovered", "failed"]
+    error: _Text = ""
+    table: Annotated[str, Field(max_length=63)] = ""
+    how: _Text = ""
+    damage: _Text = ""
+    replayed_records: _Count = 0
+    dropped: Annotated[list[DroppedLogBody], Field(max_length=100_000)] = []
+    writes_dropped: _Count = 0
+    quarantine: _Text = ""
+
+
+class TableRecoveryReport(BaseModel):
+    """An operator's recovery of a refused table and what each node did (the audit record)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    table: Annotated[str, Field(max_length=63)]
+    accept_log_loss: bool
+    shards: Annotated[list[ShardRecovery], Field(min_length=1, max_length=MAX_SHARDS)]
 
 
 class EventPublic(BaseModel):

@@ -265,6 +265,36 @@ inline constexpr int kLoadRequest_checkpoint_id_wire = 2;
 inline constexpr uint32_t kLoadResponse_checkpoint = 1;  // message
 inline constexpr int kLoadResponse_checkpoint_wire = 2;
 
+// RecoverTableRequest
+inline constexpr uint32_t kRecoverTableRequest_table = 1;  // string
+inline constexpr int kRecoverTableRequest_table_wire = 2;
+inline constexpr uint32_t kRecoverTableRequest_accept_log_loss = 2;  // bool
+inline constexpr int kRecoverTableRequest_accept_log_loss_wire = 0;
+
+// DroppedLogSegment
+inline constexpr uint32_t kDroppedLogSegment_generation = 1;  // uint64
+inline constexpr int kDroppedLogSegment_generation_wire = 0;
+inline constexpr uint32_t kDroppedLogSegment_offset = 2;  // uint64
+inline constexpr int kDroppedLogSegment_offset_wire = 0;
+inline constexpr uint32_t kDroppedLogSegment_bytes = 3;  // uint64
+inline constexpr int kDroppedLogSegment_bytes_wire = 0;
+inline constexpr uint32_t kDroppedLogSegment_writes = 4;  // uint64
+inline constexpr int kDroppedLogSegment_writes_wire = 0;
+
+// RecoverTableResponse
+inline constexpr uint32_t kRecoverTableResponse_table = 1;  // string
+inline constexpr int kRecoverTableResponse_table_wire = 2;
+inline constexpr uint32_t kRecoverTableResponse_how = 2;  // string
+inline constexpr int kRecoverTableResponse_how_wire = 2;
+inline constexpr uint32_t kRecoverTableResponse_damage = 3;  // string
+inline constexpr int kRecoverTableResponse_damage_wire = 2;
+inline constexpr uint32_t kRecoverTableResponse_replayed_records = 4;  // uint64
+inline constexpr int kRecoverTableResponse_replayed_records_wire = 0;
+inline constexpr uint32_t kRecoverTableResponse_dropped = 5;  // message
+inline constexpr int kRecoverTableResponse_dropped_wire = 2;
+inline constexpr uint32_t kRecoverTableResponse_quarantine = 6;  // string
+inline constexpr int kRecoverTableResponse_quarantine_wire = 2;
+
 // ListCheckpointsRequest
 
 // ListCheckpointsResponse

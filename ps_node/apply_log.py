@@ -81,7 +81,8 @@ def read(directory: Path, node: str) -> NodeLog:
         else:
             writes.append(Applied(record.epoch, slots, named.client, named.seq))
 
-    wal_segments.replay(directory, 0, note)
+    present = wal_segments.generations(directory)  # from the oldest segment a checkpoint kept
+    wal_segments.replay(directory, present[0] if present else 0, note)
     return NodeLog(node, tuple(writes), unattributed)
 
 

@@ -10,7 +10,7 @@ Pull, MultiPull without carried updates, ExportRows, ListTables,
 GetTableStats, ListCheckpoints, and CacheReport: a serving process's host
 cache reports its counters, which changes no table) and get PERMISSION_DENIED, with nothing
 changed, for every other RPC (Push, Update, MultiUpdate, ImportRows,
-CreateTable, DropTable, Save, Load).
+CreateTable, DropTable, Save, Load, RecoverTable).
 
 The token is checked on the call's metadata, before gRPC reads the request:
 a refused call gets a handler that takes its request as a stream it never

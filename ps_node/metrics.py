@@ -198,6 +198,12 @@ class Metrics:
             ["table"],
             registry=self.registry,
         )
+        self.wal_damaged = Counter(
+            "recstore_ps_wal_damaged",
+            "Tables refused at start because their write-ahead log is damaged",
+            ["table"],
+            registry=self.registry,
+        )
         if tables is not None:
             self.registry.register(_TableCollector(tables, refused, client_caches))
         if gate is not None:
@@ -227,6 +233,10 @@ class Metrics:
 
     def checkpoint_damaged(self, error: CheckpointCorrupt) -> None:
         self.checkpoint_corrupt.labels(error.table or "").inc()
+
+    def log_damaged(self, tables: list[str]) -> None:
+        for table in tables:
+            self.wal_damaged.labels(table).inc()
 
     def checkpointed(self, info: CheckpointInfo) -> None:
         self.last_checkpoint.set(info.created_unix)

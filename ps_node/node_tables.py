@@ -100,22 +100,32 @@ class NodeTables:
     def wal_dir(self, entry: CatalogueEntry) -> Path:
         return self.data_dir / "wal" / f"{entry.spec.name}-{entry.incarnation}"
 
-    def open_wal(self, entry: CatalogueEntry) -> TableWal:
+    def open_wal(
+        self, hosted: HostedTable, *, first_generation: int = 0,
+        predecessor_end: int | None = None,
+    ) -> TableWal:  # fmt: skip
         """A table's log on a fresh segment, sharing the node's write gate; every
-        segment opens with the hosted table's de-dup window."""
-        window = self.tables[entry.spec.name].window
+        segment opens with the table's de-dup window (``TableWal`` says what
+        ``first_generation`` and ``predecessor_end`` are)."""
+        entry, window = hosted.entry, hosted.window
         return TableWal(
             self.wal_dir(entry), table=entry.spec.name, gate=self.write_gate,
             files=self.wal_files, opening=lambda: encode_window_record(window.entries()),
+            first_generation=first_generation, predecessor_end=predecessor_end,
         )  # fmt: skip
 
     def host(self, entry: CatalogueEntry) -> HostedTable:
         """Create the engine table for ``entry`` and register it (no catalogue write)."""
+        return self.serve(self.prepare(entry))
+
+    def prepare(self, entry: CatalogueEntry) -> HostedTable:
+        """Create the engine table for ``entry``, not served yet (``serve``, or ``discard``):
+        a table being recovered is never seen half restored."""
         table = self.store.create(
             entry.spec, shard_index=self.shard_index, num_shards=self.num_shards,
             device=self.device, min_rows=rows_to_host(entry, self.shard_index),
         )  # fmt: skip
-        hosted = HostedTable(
+        return HostedTable(
             table=table,
             entry=entry,
             owned_slots=owned_slots(entry.slot_map, self.shard_index),
@@ -124,9 +134,18 @@ class NodeTables:
             window=DedupWindow(self.dedup_capacity),
             changes=ChangeTracker.of_every_slot() if entry.spec.checkpoint.full_every > 1 else None,
         )
-        self.tables[entry.spec.name] = hosted
-        self.refused.pop(entry.spec.name, None)  # e.g. an explicit Load repaired it
+
+    def serve(self, hosted: HostedTable) -> HostedTable:
+        """Register a prepared table: its calls are served from now on."""
+        self.tables[hosted.entry.spec.name] = hosted
+        self.refused.pop(hosted.entry.spec.name, None)  # e.g. an explicit Load repaired it
         return hosted
+
+    def discard(self, hosted: HostedTable) -> None:
+        """Drop a prepared table that is not to be served."""
+        if hosted.wal is not None:
+            hosted.wal.close()
+        self.store.drop(hosted.entry.spec.name)
 
     def unhost(self, name: str) -> None:
         hosted = self.tables.pop(name)
@@ -161,7 +180,7 @@ class NodeTables:
             hosted = self.host(entry)
             try:
                 if self.wal_enabled:
-                    hosted.wal = self.open_wal(entry)
+                    hosted.wal = self.open_wal(hosted)
                 self.save_catalogue()
             except BaseException:
                 self.unhost(spec.name)

@@ -236,7 +236,7 @@ def load(
             hosted = node.host(entry_of(meta))
             restore_rows(hosted, info, name)
             if node.wal_enabled:
-                hosted.wal = node.open_wal(hosted.entry)
+                hosted.wal = node.open_wal(hosted)
         node.save_catalogue()
         if node.wal_enabled:  # the logs now follow the loaded state: make it the newest base
             save(node, None, keep, on_damaged, history_restarts=set(info.manifest["tables"]))

@@ -11,20 +11,32 @@ condition on the table. A table that had data but that nothing valid restores
 is kept as refused (``Recovered=False``): its data calls fail with
 FAILED_PRECONDITION until an operator loads a checkpoint or drops the table;
 it never comes up empty as if new.
+
+Its log is verified as it is replayed (``recstore.ps.wal_segments``): a damaged
+one (``WalDamaged``: a missing segment, a bad header, a damaged record, a
+truncation; only a torn tail of the newest segment is cut) refuses the table
+(``LogDamaged``), never serves what precedes the damage as if it were all. An
+operator may then accept the loss explicitly (``recover_refused`` with
+``accept_log_loss``, ``recstore.ps.wal_repair``): the table is served from the
+intact prefix, and the reply says exactly what was dropped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recstore.core.proto_convert import TableCondition
-from recstore.ps import catalogue, checkpoint_read, held_slots, wal_segments
+from recstore.core import TableNotFound
+from recstore.core.proto_convert import TableCondition, TableRecovery
+from recstore.ps import catalogue, checkpoint_read, held_slots, wal_repair, wal_segments
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
+from recstore.ps.hosted_table import HostedTable
 from recstore.ps.node import Node
 from recstore.ps.node_tables import Refusal
 from recstore.ps.persistence import (
@@ -36,10 +48,13 @@ from recstore.ps.persistence import (
     reporter,
     restore_rows,
 )
+from recstore.ps.wal_repair import LogLoss
+from recstore.ps.wal_verify import WalDamaged
 
 log = logging.getLogger(__name__)
 
 RECOVERED = "Recovered"  # the condition type
+LOG_DAMAGED = "LogDamaged"  # its reason when the log is damaged
 
 
 @dataclass
@@ -48,6 +63,8 @@ class Recovery:
 
     newest: CheckpointInfo | None = None
     refused: list[str] = field(default_factory=list)
+    #: the refused tables whose log is damaged
+    log_damaged: list[str] = field(default_factory=list)
 
 
 def recover(node: Node, on_damaged: OnDamaged | None = None) -> Recovery:
@@ -65,9 +82,12 @@ def recover(node: Node, on_damaged: OnDamaged | None = None) -> Recovery:
     outcome = Recovery()
     with node.registry_lock:
         for entry in entries.values():
-            base = _recover_table(node, entry, found, report)
-            if entry.spec.name in node.refused:
+            base, _ = _recover_table(node, entry, found, report)
+            refusal = node.refused.get(entry.spec.name)
+            if refusal is not None:
                 outcome.refused.append(entry.spec.name)
+                if refusal.condition.reason == LOG_DAMAGED:
+                    outcome.log_damaged.append(entry.spec.name)
             newest = outcome.newest
             if base is not None and (newest is None or base.sequence > newest.sequence):
                 outcome.newest = base
@@ -82,10 +102,53 @@ def recover(node: Node, on_damaged: OnDamaged | None = None) -> Recovery:
     return outcome
 
 
+def recover_refused(
+    node: Node, name: str, *, accept_log_loss: bool, on_damaged: OnDamaged | None = None
+) -> TableRecovery:
+    """Recover a table refused at start again (its files repaired meanwhile, or, with
+    ``accept_log_loss``, from its log's intact prefix); still refused: the refusal."""
+    report = reporter(on_damaged)
+    with node.registry_lock:
+        refusal = node.refused.get(name)
+        if refusal is None:
+            if name in node.tables:  # e.g. asked again, or a shard the damage spared
+                return TableRecovery(name, "served already: nothing to recover")
+            raise TableNotFound(f"table {name!r} is not hosted on this node")
+        found = checkpoint_read.scan(checkpoint_root(node))
+        losses: list[LogLoss] = []
+        _, how = _recover_table(
+            node, refusal.entry, found, report, losses if accept_log_loss else None
+        )
+        node.save_catalogue()
+        still = node.refused.get(name)
+        if still is not None:
+            raise still.error
+    if not losses:
+        return TableRecovery(name, how)
+    (loss,) = losses
+    log.error(
+        "table served without what followed damage in its log, as the operator accepted",
+        extra={"table": name, "loss": loss.describe()},
+    )
+    return TableRecovery(
+        name, how, loss.damage, loss.replayed, loss.dropped,
+        str(loss.quarantine.relative_to(node.data_dir)),
+    )  # fmt: skip
+
+
 def _recover_table(
-    node: Node, entry: CatalogueEntry, found: checkpoint_read.Scan, report: OnDamaged
-) -> CheckpointInfo | None:
-    """Host one table from its newest valid base (or refuse it); returns the checkpoint used."""
+    node: Node,
+    entry: CatalogueEntry,
+    found: checkpoint_read.Scan,
+    report: OnDamaged,
+    losses: list[LogLoss] | None = None,
+) -> tuple[CheckpointInfo | None, str]:
+    """Host one table from its newest valid base (or refuse it); returns the checkpoint
+    used and how the table came back.
+
+    ``losses``: replay a damaged log up to the damage, cut it there and note the loss
+    (the operator accepted it); None: refuse the table instead.
+    """
     name = entry.spec.name
     wal_dir = node.wal_dir(entry) if node.wal_enabled else None
     held = [i for i in reversed(found.infos) if logged_generation(i, entry) is not None]
@@ -114,38 +177,84 @@ def _recover_table(
                 f"checkpoint {info.checkpoint_id!r} ({error})" if link else str(error)
             )
             continue
-        hosted = node.host(entry)
-        restore_rows(hosted, info, name)
-        how = f"restored from checkpoint {info.checkpoint_id!r}"
-        if wal_dir is not None:
-            how += _replay(node, entry, wal_dir, generation)
-        elif passed_over:
-            how += "; what only the passed-over checkpoints held is lost (no write-ahead log)"
+        hosted = node.prepare(entry)  # served once whole
+        with _discarded_unless_served(node, hosted):
+            restore_rows(hosted, info, name)
+            how = f"restored from checkpoint {info.checkpoint_id!r}"
+            if wal_dir is not None:
+                replayed = _replay(node, hosted, wal_dir, generation, losses)
+                if replayed is None:
+                    return None, ""
+                how += replayed
+            elif passed_over:
+                how += "; what only the passed-over checkpoints held is lost (no write-ahead log)"
+            node.serve(hosted)
         _note(node, name, passed_over, "FellBackToOlderCheckpoint", how)
-        return info
+        return info, how
     if wal_dir is not None and wal_segments.reaches_back(wal_dir, 0):
-        node.host(entry)
-        how = "restored from the write-ahead log alone" + _replay(node, entry, wal_dir, 0)
+        hosted = node.prepare(entry)
+        with _discarded_unless_served(node, hosted):
+            replayed = _replay(node, hosted, wal_dir, 0, losses)
+            if replayed is None:
+                return None, ""
+            node.serve(hosted)
+        how = "restored from the write-ahead log alone" + replayed
         _note(node, name, passed_over, "ReplayedLogFromStart", how)
-        return None
+        return None, how
     segments = wal_segments.generations(wal_dir) if wal_dir is not None else []
     if not (held or found.damaged or segments):  # never saved anywhere: new and empty
-        node.host(entry)
+        hosted = node.host(entry)
         if wal_dir is not None:
-            node.tables[name].wal = node.open_wal(entry)
-        return None
+            hosted.wal = node.open_wal(hosted)
+        return None, "created empty: it was never saved"
     _refuse(node, entry, passed_over, found.damaged, segments)
-    return None
+    return None, ""
 
 
-def _replay(node: Node, entry: CatalogueEntry, wal_dir: Path, generation: int) -> str:
-    hosted = node.tables[entry.spec.name]
-    records = wal_segments.replay(
-        wal_dir, generation, functools.partial(apply, hosted), hosted.window.absorb
+@contextlib.contextmanager
+def _discarded_unless_served(node: Node, hosted: HostedTable) -> Iterator[None]:
+    """Drop a prepared table that recovery leaves without serving it (refused, failed)."""
+    try:
+        yield
+    finally:
+        if node.tables.get(hosted.entry.spec.name) is not hosted:
+            node.discard(hosted)
+
+
+def _replay(
+    node: Node,
+    hosted: HostedTable,
+    wal_dir: Path,
+    generation: int,
+    losses: list[LogLoss] | None,
+) -> str | None:
+    """Replay the log from ``generation`` onto the prepared table and open it; None: the
+    log is damaged and the table refused (unless ``losses`` takes the loss)."""
+    entry = hosted.entry
+    name = entry.spec.name
+    try:
+        replayed = wal_segments.replay(
+            wal_dir, generation, functools.partial(apply, hosted), hosted.window.absorb,
+            stop_at_damage=losses is not None,
+        )  # fmt: skip
+    except WalDamaged as damage:
+        _refuse_log(node, entry, wal_dir, generation, damage)
+        return None
+    how = f" and replayed {replayed.records} log records from generation {generation}"
+    if replayed.damage is not None and losses is not None:
+        loss = wal_repair.cut(wal_dir, generation, replayed, node.data_dir)
+        losses.append(loss)
+        how = f" and, as the operator accepted, {loss.describe()}"
+        node.conditions[name] = [
+            TableCondition(RECOVERED, True, "AcceptedLogLoss", f"table {name!r} served{how}")
+        ]
+    hosted.wal = node.open_wal(
+        hosted,
+        first_generation=generation,
+        predecessor_end=replayed.end if replayed.newest is not None else None,
     )
-    hosted.wal = node.open_wal(entry)
-    log.info("wal replayed", extra={"table": entry.spec.name, "records": records})
-    return f" and replayed {records} log records from generation {generation}"
+    log.info("wal replayed", extra={"table": name, "records": replayed.records})
+    return how
 
 
 def _note(node: Node, name: str, passed_over: list[str], reason: str, how: str) -> None:
@@ -175,4 +284,18 @@ def _refuse(
         f"({'; '.join(why)}); repair its files, load a valid checkpoint or drop the table"
     )
     node.refused[name] = Refusal(entry, TableCondition(RECOVERED, False, reason, message))
+    log.error("table refused", extra={"table": name, "reason": message})
+
+
+def _refuse_log(
+    node: Node, entry: CatalogueEntry, wal_dir: Path, generation: int, damage: WalDamaged
+) -> None:
+    name = entry.spec.name
+    message = (
+        f"table {name!r} is not served: no valid checkpoint or complete log restores it "
+        f"(its write-ahead log {wal_dir.name}, replayed from generation {generation}, is "
+        f"damaged: {damage}); repair the log, accept losing what follows the damage "
+        f"(recstore recover {name} --accept-log-loss), load a valid checkpoint or drop the table"
+    )
+    node.refused[name] = Refusal(entry, TableCondition(RECOVERED, False, LOG_DAMAGED, message))
     log.error("table refused", extra={"table": name, "reason": message})

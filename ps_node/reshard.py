@@ -208,7 +208,7 @@ def restore(
                 _import_owned(node, hosted, sourced)
             if node.wal_enabled:
                 for hosted in restored:
-                    hosted.wal = node.open_wal(hosted.entry)
+                    hosted.wal = node.open_wal(hosted)
             node.save_catalogue()
         except BaseException:
             for hosted in restored:

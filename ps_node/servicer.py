@@ -31,6 +31,7 @@ from recstore.core.proto_convert import (
     TableStats,
     checkpoint_to_proto,
     read_create_table_request,
+    recovery_to_proto,
     slot_map_from_proto,
     table_stats_to_proto,
 )
@@ -41,6 +42,7 @@ from recstore.ps import (
     named_multi,
     native_path,
     persistence,
+    recovery,
     row_transfer,
 )  # fmt: skip
 from recstore.ps.checkpoint import CheckpointInfo
@@ -356,6 +358,19 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         )
         log.info("checkpoint loaded", extra={"checkpoint": info.checkpoint_id})
         return ps_pb2.LoadResponse(checkpoint=self._public(info))
+
+    @rpc
+    async def RecoverTable(self, request, context):
+        self.node.write_gate.check()  # it opens the table's log: refused while writes stop
+        recovered = await self._run(
+            functools.partial(
+                recovery.recover_refused, self.node, request.table,
+                accept_log_loss=request.accept_log_loss,
+                on_damaged=self.metrics.checkpoint_damaged,
+            )
+        )  # fmt: skip
+        log.info("table recovered", extra={"table": recovered.table, "how": recovered.how})
+        return recovery_to_proto(recovered)
 
     @rpc
     async def ListCheckpoints(self, request, context):

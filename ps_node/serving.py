@@ -86,6 +86,7 @@ class PsServer:
         restored = await loop.run_in_executor(
             self.executor, recovery.recover, self.node, self.metrics.checkpoint_damaged
         )
+        self.metrics.log_damaged(restored.log_damaged)
         declared = await loop.run_in_executor(
             self.executor, table_specs.declare, self.node, self.config.table_specs
         )

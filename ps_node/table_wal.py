@@ -3,7 +3,9 @@
 A writer appends its record (``recstore.ps.wal``) under the table lock (so the
 log order is the apply order) and only then applies the write; it replies once
 the record is fsynced (``recstore.ps.wal_commit``: group commit). A checkpoint
-rotates to a new segment (``recstore.ps.wal_segments``).
+rotates to a new segment (``recstore.ps.wal_segments``). Each segment's header
+records where its predecessor's acknowledged records end, and each record its
+index in the segment, so a replay tells a damaged or cut log from a clean end.
 
 Fail-stop: a record that cannot be written is cut back out and refused
 (nothing applied); an fsync that fails cuts the segment back to what was
@@ -23,10 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recstore.core import WritesStopped
-from recstore.ps.wal import MAGIC
+from recstore.ps.wal import FRAME, HEADER_SIZE, NO_PREDECESSOR, frame, segment_header
 from recstore.ps.wal_commit import GroupCommit
 from recstore.ps.wal_io import SegmentFile, SegmentOpener
-from recstore.ps.wal_segments import fsync_dir, generations, segment_path
+from recstore.ps.wal_segments import (
+    fsync_dir,
+    generations,
+    record_newest,
+    records_end,
+    segment_path,
+)
 from recstore.ps.write_gate import WriteGate, refusal
 
 
@@ -36,6 +44,7 @@ class Appended:
 
     seq: int
     generation: int
+    index: int  # in its segment
     start: int
     end: int
 
@@ -51,7 +60,12 @@ class TableWal(GroupCommit):
         gate: WriteGate | None = None,
         files: SegmentOpener = SegmentFile,
         opening: Callable[[], bytes] | None = None,
+        first_generation: int = 0,
+        predecessor_end: int | None = None,
     ) -> None:
+        """``first_generation``: the lowest generation the fresh segment may take (a
+        checkpoint's, whose segments were cut away); ``predecessor_end``: where the
+        intact records of the segment before it end (read from it when not given)."""
         self.directory = directory
         #: the record every fresh segment starts with (the table's de-dup window)
         self._opening = opening
@@ -61,31 +75,44 @@ class TableWal(GroupCommit):
         directory.mkdir(parents=True, exist_ok=True)
         super().__init__()
         self._refused_size = 0  # bytes of the record whose write failed
+        self._next_index = 0  # of the next record in the open segment
         existing = generations(directory)
-        self.generation = (existing[-1] + 1) if existing else 0
-        self._file = self._open_segment(self.generation)
+        self.generation = max((existing[-1] + 1) if existing else 0, first_generation)
+        if predecessor_end is None:
+            before = self.generation - 1
+            predecessor_end = records_end(directory, before) if before in existing else None
+        self._file = self._open_segment(
+            self.generation, NO_PREDECESSOR if predecessor_end is None else predecessor_end
+        )
         self._flusher = threading.Thread(target=self._flush_loop, name="wal-flush", daemon=True)
         self._flusher.start()
 
-    def _open_segment(self, generation: int) -> SegmentFile:
-        """A fresh segment holding the magic, fsynced with its directory entry."""
+    def _open_segment(self, generation: int, predecessor_end: int) -> SegmentFile:
+        """A fresh segment holding its header and opening record, fsynced with its
+        directory entry, then named the newest."""
         path = segment_path(self.directory, generation)
+        opening = [self._opening()] if self._opening is not None else []
         handle = self._files(path)
         try:
-            handle.write(MAGIC + (self._opening() if self._opening is not None else b""))
+            handle.write(
+                segment_header(generation, predecessor_end)
+                + b"".join(frame(payload, index) for index, payload in enumerate(opening))
+            )
             handle.sync()
             fsync_dir(self.directory)
+            record_newest(self.directory, generation)
         except BaseException:
             with contextlib.suppress(OSError):
                 handle.close()
                 path.unlink(missing_ok=True)
             raise
+        self._next_index = len(opening)
         with self._cond:
             self._written_size = self._durable_size = handle.size
         return handle
 
-    def append(self, record: bytes) -> Appended:
-        """Write a framed record before its write is applied (see ``durable``).
+    def append(self, payload: bytes) -> Appended:
+        """Write a record (framed here) before its write is applied (see ``durable``).
 
         Raises ``WritesStopped`` when the record is not in the log: the caller
         applies nothing.
@@ -97,18 +124,20 @@ class TableWal(GroupCommit):
             if self._closed or self._file is None:
                 raise RuntimeError("write-ahead log is closed")
             handle = self._file
-            start = handle.size
+            start, index = handle.size, self._next_index
+            record = frame(payload, index)
             try:
                 handle.write(record)
             except OSError as error:
                 self._refused_size = len(record)
                 fault = self._fail("write", error, cut_to=start)
                 raise WritesStopped(refusal(fault)) from error
+            self._next_index += 1
             with self._cond:
                 self._appended += 1
                 self._written_size = handle.size
                 self._cond.notify_all()
-                return Appended(self._appended, self.generation, start, handle.size)
+                return Appended(self._appended, self.generation, index, start, handle.size)
 
     def retract(self, appended: Appended) -> None:
         """Cut the last record back out: its write was not applied (it failed, or another
@@ -127,6 +156,7 @@ class TableWal(GroupCommit):
             except OSError as error:
                 self._fail("truncate", error, cut_to=None, diverged=True)
                 return
+            self._next_index = appended.index
             with self._cond:
                 self._written_size = handle.size
                 self._durable_size = min(self._durable_size, handle.size)
@@ -153,7 +183,7 @@ class TableWal(GroupCommit):
             if self._failed is None:
                 return
             free = shutil.disk_usage(self.directory).free
-            if free < self._refused_size + len(MAGIC):
+            if free < self._refused_size + HEADER_SIZE + FRAME.size:
                 raise OSError(
                     errno.ENOSPC,
                     f"{free} bytes free, the record that failed needs {self._refused_size}",
@@ -164,7 +194,11 @@ class TableWal(GroupCommit):
             self._refused_size = 0
 
     def _switch_segment(self) -> int:
-        fresh = self._open_segment(self.generation + 1)
+        """Continue on the next segment, recording where this one's acknowledged records
+        end (what a failed cut left after them is ignored by a replay)."""
+        with self._cond:
+            predecessor_end = self._durable_size
+        fresh = self._open_segment(self.generation + 1, predecessor_end)
         old, self._file = self._file, fresh
         self.generation += 1
         if old is not None:

@@ -1,11 +1,15 @@
-"""The write-ahead log's record format: how one logged write is framed in a segment.
+"""The write-ahead log's format: how a segment and one logged write in it are framed.
 
-A segment starts with ``MAGIC`` and holds length-prefixed records with a CRC32
-(``FRAME``); a record's payload is a ``HEAD`` (op, dtype, flags, rows, dim, lr)
-and the request's raw buffers. Reading stops a segment at the first torn or
-corrupt record: it was never acknowledged. The open log that appends these
-records is ``recstore.ps.table_wal``; a table's segments on disk and their
-replay are ``recstore.ps.wal_segments``.
+A segment opens with ``MAGIC`` and a ``SEGMENT`` header (its generation, where
+its predecessor's records end, a CRC32 of both), then holds records: a
+``FRAME`` (payload length, CRC32, the record's index in its segment: 0, 1, ...)
+and the payload, a ``HEAD`` (op, dtype, flags, rows, dim, lr) and the request's
+raw buffers. The CRC covers the length, the index and the payload, so a record
+that is damaged, missing, repeated or out of order fails it. Segments of the
+previous format (``MAGIC_V1``: no header, ``FRAME_V1`` without an index) are
+still read. Reading a segment and every check on it is ``recstore.ps.wal_verify``;
+the open log that appends records is ``recstore.ps.table_wal``; a table's
+segments on disk and their replay are ``recstore.ps.wal_segments``.
 
 A write record also says under which slot-map epoch the node applied it
 (``FLAG_EPOCH``: the epoch follows the head), so a table's logs tell which node
@@ -15,11 +19,9 @@ written before that have the flag clear and replay as before.
 
 from __future__ import annotations
 
-import logging
 import math
 import struct
 import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,10 +31,16 @@ from recstore.ps.codec import KEY_DTYPE, WIRE_DTYPES
 from recstore.ps.dedup import Entry
 from recstore.ps.dedup_log import FLAG_REQUEST, decode_entries, encode_entries, encode_entry
 
-log = logging.getLogger(__name__)
-
-MAGIC = b"RSWAL001"
-FRAME = struct.Struct("<II")  # payload length, crc32(payload)
+MAGIC = b"RSWAL002"
+#: generation, where the predecessor's records end (``NO_PREDECESSOR``), crc32(magic + both)
+SEGMENT = struct.Struct("<QQI")
+_SEGMENT_FIELDS = struct.Struct("<QQ")  # what the header's CRC covers after the magic
+HEADER_SIZE = len(MAGIC) + SEGMENT.size
+NO_PREDECESSOR = 2**64 - 1  # the log had no segment before this one
+FRAME = struct.Struct("<IIQ")  # payload length, crc32(length, index, payload), index
+_FRAME_FIELDS = struct.Struct("<IQ")  # what the CRC covers before the payload
+MAGIC_V1 = b"RSWAL001"  # the previous format: no header, records framed by FRAME_V1
+FRAME_V1 = struct.Struct("<II")  # payload length, crc32(payload)
 HEAD = struct.Struct("<BBHIIf")  # op, dtype code, flags, rows, dim, lr (NaN: none)
 OP_PUSH = 1
 OP_UPDATE = 2
@@ -44,6 +52,7 @@ EPOCH = struct.Struct("<Q")
 OP_ERASE = 6  # rows removed (a move's cleanup, an aborted or trimmed import): keys, no values
 #: records holding keys alone (no value rows)
 KEYS_ONLY = frozenset({OP_STEP, OP_ERASE})
+OPS = frozenset({OP_PUSH, OP_UPDATE, OP_IMPORT, OP_STEP, OP_WINDOW, OP_ERASE})
 DTYPE_CODES = {name: code for code, name in enumerate(WIRE_DTYPES)}
 DTYPE_NAMES = {code: name for name, code in DTYPE_CODES.items()}
 
@@ -73,7 +82,8 @@ def encode_record(
     request: Entry | None = None,
     epoch: int | None = None,
 ) -> bytes:
-    """One framed record; ``keys``/``values``/``state`` are the request's raw buffers.
+    """One record's payload (``TableWal.append`` frames it); ``keys``/``values``/``state``
+    are the request's raw buffers.
 
     ``epoch`` (the slot map's the write is applied under) follows the head; an
     import's state follows its values; a named write's request ends the record
@@ -83,17 +93,39 @@ def encode_record(
     head = HEAD.pack(op, DTYPE_CODES[dtype], flags, rows, dim, math.nan if lr is None else lr)
     applied_under = b"" if epoch is None else EPOCH.pack(epoch)
     trailer = b"" if request is None else encode_entry(request, with_slots=False)
-    return _framed(b"".join((head, applied_under, keys, values, state, trailer)))
+    return b"".join((head, applied_under, keys, values, state, trailer))
 
 
 def encode_window_record(entries: list[Entry]) -> bytes:
-    """The record a segment opens with: the table's de-dup window."""
+    """The payload of the record a segment opens with: the table's de-dup window."""
     count, body = encode_entries(entries)
-    return _framed(HEAD.pack(OP_WINDOW, 0, 0, count, 0, math.nan) + body)
+    return HEAD.pack(OP_WINDOW, 0, 0, count, 0, math.nan) + body
 
 
-def _framed(payload: bytes) -> bytes:
-    return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+def frame_crc(payload: bytes | memoryview, index: int) -> int:
+    return zlib.crc32(payload, zlib.crc32(_FRAME_FIELDS.pack(len(payload), index)))
+
+
+def frame(payload: bytes, index: int) -> bytes:
+    """The record ``payload`` as the ``index``-th of its segment."""
+    return FRAME.pack(len(payload), frame_crc(payload, index), index) + payload
+
+
+def segment_header(generation: int, predecessor_end: int) -> bytes:
+    """What a segment starts with; ``predecessor_end``: the size of the previous segment
+    that holds its records (``NO_PREDECESSOR`` when there is none)."""
+    fields = _SEGMENT_FIELDS.pack(generation, predecessor_end)
+    return MAGIC + SEGMENT.pack(generation, predecessor_end, zlib.crc32(MAGIC + fields))
+
+
+def parse_header(data: bytes) -> tuple[int, int] | None:
+    """(generation, predecessor end) of a segment header; None when it does not verify."""
+    if len(data) < HEADER_SIZE or not data.startswith(MAGIC):
+        return None
+    generation, predecessor_end, crc = SEGMENT.unpack_from(data, len(MAGIC))
+    if zlib.crc32(data[: HEADER_SIZE - 4]) != crc:
+        return None
+    return generation, predecessor_end
 
 
 def decode_payload(payload: bytes) -> WalRecord:
@@ -116,22 +148,3 @@ def decode_payload(payload: bytes) -> WalRecord:
         (request,) = decode_entries(payload, values_end, 1)
     lr_or_none = None if math.isnan(lr) else float(lr)
     return WalRecord(op, keys, values, dtype, lr_or_none, state, request, epoch=epoch)
-
-
-def iter_records(data: bytes) -> Iterator[WalRecord]:
-    """Records of one segment's bytes, stopping at a torn or corrupt record."""
-    if not data.startswith(MAGIC):
-        return
-    offset = len(MAGIC)
-    while offset + FRAME.size <= len(data):
-        length, crc = FRAME.unpack_from(data, offset)
-        start, end = offset + FRAME.size, offset + FRAME.size + length
-        if end > len(data) or length < HEAD.size:
-            log.warning("wal: torn record at offset %d ignored", offset)
-            return
-        payload = data[start:end]
-        if zlib.crc32(payload) != crc:
-            log.warning("wal: checksum mismatch at offset %d; rest of segment ignored", offset)
-            return
-        yield decode_payload(payload)
-        offset = end

@@ -25,6 +25,7 @@ from recstore.admin.crud.tables import (
     list_tables,
     patch_table,
     record_move,
+    record_recovery,
     set_status,
 )
 from recstore.admin.crud.tokens import active_token, create_token, list_tokens, revoke_token
@@ -49,6 +50,7 @@ __all__ = [
     "patch_table",
     "recent_checkpoints",
     "record_move",
+    "record_recovery",
     "register_node",
     "request_checkpoint",
     "revoke_token",

@@ -1,5 +1,5 @@
 """Table catalogue operations behind ``routes/tables.py``: create, read, patch, delete, status,
-the moments of an online move."""
+the moments of an online move, an operator's recovery of a refused table."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from recstore.admin.crud.paging import page
 from recstore.admin.crud.writes import writes
 from recstore.admin.errors import VersionConflict
 from recstore.admin.models import EventRecord, TableRecord
-from recstore.admin.schemas import TableStatus
+from recstore.admin.schemas import TableRecoveryReport, TableStatus
 from recstore.admin.spec_patch import apply_patch
 from recstore.core import SlotMap, TableSpec
 from recstore.core.errors import InvalidArgument, TableExists, TableNotFound
@@ -169,3 +169,14 @@ def record_move(
     """A moment of the table's online move (``recstore.core.migration_events``), as its own
     audit event: ``reshard.<moment>`` with the event's payload as the state after."""
     return audit.record(session, actor, event.action, table=table.name, after=event.payload())
+
+
+def record_recovery(
+    session: Session, *, table: TableRecord, report: TableRecoveryReport, actor: str
+) -> EventRecord:
+    """An operator's recovery of a refused table (``recstore recover``), with what each
+    node reported (a log loss accepted: exactly what it dropped), as ``table.recover``."""
+    if report.table != table.name:
+        raise InvalidArgument(f"the report is of table {report.table!r}, not {table.name!r}")
+    after = report.model_dump(by_alias=True, mode="json")
+    return audit.record(session, actor, "table.recover", table=table.name, after=after)

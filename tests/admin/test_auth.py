@@ -28,6 +28,12 @@ SPEC = {"name": "auth_t", "numEmbeddings": 10, "embeddingDim": 4, "shards": 1}
 NODE = {"table": "auth_t", "shard_index": 0, "endpoint": "127.0.0.1:5000"}
 MOVE = MoveEvent.of(MoveMoment.started, MigrationJob.start("auth_t", SlotMap.initial(1), 2), 1)
 
+RECOVERY = {
+    "table": "auth_t",
+    "accept_log_loss": False,
+    "shards": [{"shard": 0, "endpoint": "127.0.0.1:5000", "outcome": "recovered"}],
+}
+
 #: (method, path template, the role guarding it, a valid body). Every /api/v1 route is here:
 #: test_matrix_covers_every_route fails when a route is added without its row.
 ROUTES: list[tuple[str, str, str, Any]] = [
@@ -42,6 +48,7 @@ ROUTES: list[tuple[str, str, str, Any]] = [
     ("POST", "/api/v1/tables/{name}/resharding-events", "provisioner", MOVE.to_json()),
     ("GET", "/api/v1/tables/{name}/checkpoints", "viewer", None),
     ("POST", "/api/v1/tables/{name}/checkpoints", "editor", {"note": "x"}),
+    ("POST", "/api/v1/tables/{name}/recoveries", "editor", RECOVERY),
     ("GET", "/api/v1/nodes", "viewer", None),
     ("POST", "/api/v1/nodes", "provisioner", NODE),
     ("GET", "/api/v1/nodes/{node_id}", "viewer", None),

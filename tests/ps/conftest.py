@@ -93,6 +93,25 @@ def client(node: ServerHandle) -> Iterator[Client]:
     c.close()
 
 
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Any]:
+    """``start(durability, **options)``: a node on ``tmp_path`` in this process (the one
+    running before is stopped as a crash would stop it: no checkpoint on the way out)."""
+    running: list[ServerHandle] = []
+
+    def run(durability: str = "checkpoint", **options: Any) -> tuple[ServerHandle, Client]:
+        for handle in running:
+            handle.stop(final_checkpoint=False)
+        running.clear()
+        handle = start_in_thread(data_dir=tmp_path, durability=durability, **options)
+        running.append(handle)
+        return handle, Client(handle.address)
+
+    yield run
+    for handle in running:
+        handle.stop(final_checkpoint=False)
+
+
 class NodeProcess:
     """``python -m recstore.ps`` in a subprocess; its port is read from its start-up log."""
 

@@ -102,3 +102,20 @@ def test_the_command_audits_data_dirs_and_says_what_it_read(
     assert capsys.readouterr().out == "1 writes on 1 nodes, 0 logged without an epoch\n"
     assert apply_log.main(["other", str(tmp_path / "node")]) == 2
     assert "no table 'other'" in capsys.readouterr().err
+
+
+def test_a_log_a_checkpoint_trimmed_is_read_from_its_oldest_segment(tmp_path: Path) -> None:
+    handle = start_in_thread(data_dir=tmp_path / "node", durability="wal")
+    client = Client(handle.address)
+    try:
+        client.create(spec("t", num_embeddings=100, embedding_dim=2))
+        client.update("t", np.arange(4), np.ones((4, 2), "<f4"))
+        client.save()  # segment 0 is let go of
+        client.update("t", np.arange(2), np.ones((2, 2), "<f4"))
+    finally:
+        client.close()
+        handle.stop(final_checkpoint=False)
+    log = apply_log.read(apply_log.table_wal_dir(tmp_path / "node", "t"), "0")
+    assert len(log.writes) == 1 and log.writes[0].slots.tolist() == sorted(
+        set(slot_of(np.arange(2)).tolist())
+    )

@@ -148,15 +148,15 @@ def test_a_named_record_and_a_window_record_round_trip() -> None:
     keys = np.array([3, 4], "<i8")
     grads = np.ones((2, 4), "<f4")
     named = entry(5)
-    framed = wal.encode_record(
+    payload = wal.encode_record(
         wal.OP_UPDATE, keys.tobytes(), grads.tobytes(), "float32", 2, 4, 1.0, request=named
     )
-    (record,) = wal.iter_records(wal.MAGIC + framed)
+    record = wal.decode_payload(payload)
     assert record.request is not None and record.request.request_id == RequestId("c", 5)
     assert record.request.rows == named.rows and len(record.request.slots) == 0
     np.testing.assert_array_equal(record.values, grads)
     window = wal.encode_window_record([entry(1, slots=(2, 3)), entry(2, "x")])
-    (opening,) = wal.iter_records(wal.MAGIC + window)
+    opening = wal.decode_payload(window)
     assert opening.op == wal.OP_WINDOW
     assert [(e.request_id, e.slots.tolist()) for e in opening.window] == [
         (RequestId("c", 1), [2, 3]),
@@ -167,11 +167,11 @@ def test_a_named_record_and_a_window_record_round_trip() -> None:
 def test_records_without_a_request_read_as_before() -> None:
     """A log written before request ids: flags 0, nothing after the values."""
     keys, grads = np.array([1], "<i8"), np.ones((1, 2), "<f4")
-    framed = wal.encode_record(
+    payload = wal.encode_record(
         wal.OP_UPDATE, keys.tobytes(), grads.tobytes(), "float32", 1, 2, None
     )
-    assert wal.HEAD.unpack_from(framed, wal.FRAME.size)[2] == 0
-    (record,) = wal.iter_records(wal.MAGIC + framed)
+    assert wal.HEAD.unpack_from(payload)[2] == 0
+    record = wal.decode_payload(payload)
     assert record.request is None and record.lr is None
 
 

@@ -18,12 +18,14 @@ from recstore.ps import wal, wal_segments
 from recstore.ps.dedup import Entry
 from recstore.ps.table_wal import TableWal
 from recstore.ps.wal import OP_IMPORT, OP_PUSH, OP_UPDATE, WalRecord
+from recstore.ps.wal_verify import WalDamaged
 from recstore.ps.write_gate import LogFault, WriteGate
 
 from .wal_faults import FailingDisk
 
 
 def record(op: int, keys: list[int], dim: int = 4, lr: float | None = None) -> bytes:
+    """A record's payload (``TableWal.append`` frames it)."""
     k = np.array(keys, dtype="<i8")
     v = (np.arange(len(keys) * dim, dtype="<f4") + keys[0]).reshape(len(keys), dim)
     return wal.encode_record(op, k.tobytes(), v.tobytes(), "float32", len(keys), dim, lr)
@@ -38,8 +40,8 @@ def replayed(directory: Path, start: int = 0) -> list[WalRecord]:
 def test_record_roundtrip() -> None:
     keys = np.array([5, -7, 2**40], dtype="<i8")
     values = np.random.default_rng(0).standard_normal((3, 8)).astype("<f2")
-    framed = wal.encode_record(OP_UPDATE, keys.tobytes(), values.tobytes(), "float16", 3, 8, 0.5)
-    (decoded,) = wal.iter_records(wal.MAGIC + framed)
+    payload = wal.encode_record(OP_UPDATE, keys.tobytes(), values.tobytes(), "float16", 3, 8, 0.5)
+    decoded = wal.decode_payload(payload)
     assert decoded.op == OP_UPDATE and decoded.dtype == "float16" and decoded.lr == 0.5
     np.testing.assert_array_equal(decoded.keys, keys)
     np.testing.assert_array_equal(decoded.values, values)
@@ -50,17 +52,17 @@ def test_import_record_carries_the_rows_optimizer_state(rows: int) -> None:
     keys = np.arange(rows, dtype="<i8")
     values = np.ones((rows, 4), "<f4")
     state = np.arange(rows * 12, dtype="<f4").reshape(rows, 12)
-    framed = wal.encode_record(
+    payload = wal.encode_record(
         OP_IMPORT, keys.tobytes(), values.tobytes(), "float32", rows, 4, None, state.tobytes()
     )
-    (decoded,) = wal.iter_records(wal.MAGIC + framed)
+    decoded = wal.decode_payload(payload)
     assert decoded.op == OP_IMPORT and decoded.state is not None
     np.testing.assert_array_equal(decoded.values, values)
     np.testing.assert_array_equal(decoded.state, state if rows else state.reshape(0, 0))
 
 
 def test_no_lr_roundtrips_as_none() -> None:
-    (decoded,) = wal.iter_records(wal.MAGIC + record(OP_PUSH, [1]))
+    decoded = wal.decode_payload(record(OP_PUSH, [1]))
     assert decoded.lr is None
     assert not math.isnan(0.0)
 
@@ -69,11 +71,11 @@ def test_no_lr_roundtrips_as_none() -> None:
 def test_a_record_says_the_epoch_its_write_was_applied_under(named: bool) -> None:
     keys, grads = np.array([3, 9], "<i8"), np.full((2, 4), 2.0, "<f4")
     request = Entry(RequestId("trainer", 12), b"d" * 16, (2,), np.empty(0, np.uint16))
-    framed = wal.encode_record(
+    payload = wal.encode_record(
         OP_UPDATE, keys.tobytes(), grads.tobytes(), "float32", 2, 4, 1.0,
         request=request if named else None, epoch=2**40 + 7,
     )  # fmt: skip
-    (decoded,) = wal.iter_records(wal.MAGIC + framed)
+    decoded = wal.decode_payload(payload)
     assert decoded.epoch == 2**40 + 7 and decoded.lr == 1.0
     np.testing.assert_array_equal(decoded.keys, keys)
     np.testing.assert_array_equal(decoded.values, grads)
@@ -85,17 +87,18 @@ def test_a_record_says_the_epoch_its_write_was_applied_under(named: bool) -> Non
         OP_IMPORT, keys.tobytes(), grads.tobytes(), "float32", 2, 4, None, state.tobytes(),
         epoch=3,
     )  # fmt: skip
-    (decoded,) = wal.iter_records(wal.MAGIC + imported)
+    decoded = wal.decode_payload(imported)
     assert decoded.epoch == 3 and decoded.state is not None
     np.testing.assert_array_equal(decoded.state, state)
 
 
 def test_records_logged_before_epochs_replay_as_before(tmp_path: Path) -> None:
-    """A log written before writes said their epoch: flags 0, the keys right after the head."""
+    """A log written before writes said their epoch (and before segments had a header):
+    flags 0, the keys right after the head."""
     keys, values = np.array([4, 5], "<i8"), np.ones((2, 3), "<f4")
     head = wal.HEAD.pack(OP_PUSH, wal.DTYPE_CODES["float32"], 0, 2, 3, math.nan)
     payload = head + keys.tobytes() + values.tobytes()
-    segment = wal.MAGIC + wal.FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+    segment = wal.MAGIC_V1 + wal.FRAME_V1.pack(len(payload), zlib.crc32(payload)) + payload
     wal_segments.segment_path(tmp_path, 0).write_bytes(segment)
     (decoded,) = replayed(tmp_path)
     assert decoded.op == OP_PUSH and decoded.epoch is None and decoded.request is None
@@ -147,7 +150,7 @@ def test_torn_tail_is_ignored(tmp_path: Path, cut: int) -> None:
     assert [int(r.keys[0]) for r in replayed(tmp_path)] == [0, 1]
 
 
-def test_corrupt_record_stops_the_segment(tmp_path: Path) -> None:
+def test_a_corrupt_record_with_records_after_it_is_damage_not_an_end(tmp_path: Path) -> None:
     log = TableWal(tmp_path)
     for i in range(3):
         log.append(record(OP_PUSH, [i]))
@@ -155,10 +158,18 @@ def test_corrupt_record_stops_the_segment(tmp_path: Path) -> None:
     log.close()
     segment = wal_segments.segment_path(tmp_path, 0)
     data = bytearray(segment.read_bytes())
-    second = len(wal.MAGIC) + len(record(OP_PUSH, [0]))
+    second = wal.HEADER_SIZE + wal.FRAME.size + len(record(OP_PUSH, [0]))
     data[second + wal.FRAME.size + 3] ^= 0xFF
     segment.write_bytes(bytes(data))
-    assert [int(r.keys[0]) for r in replayed(tmp_path)] == [0]
+    with pytest.raises(WalDamaged) as damaged:
+        replayed(tmp_path)
+    assert str(damaged.value) == (
+        f"segment 000000000000.wal, offset {second}: checksum mismatch; 1 intact records follow it"
+    )
+    prefix: list[WalRecord] = []
+    stopped = wal_segments.replay(tmp_path, 0, prefix.append, stop_at_damage=True)
+    assert [int(r.keys[0]) for r in prefix] == [0] and stopped.damage is not None
+    assert (stopped.newest, stopped.end) == (0, second)
 
 
 def test_rotate_and_restart_use_new_segments(tmp_path: Path) -> None:
@@ -176,7 +187,7 @@ def test_rotate_and_restart_use_new_segments(tmp_path: Path) -> None:
     reopened.remove_before(2)
     reopened.close()
     assert wal_segments.generations(tmp_path) == [2]
-    assert replayed(tmp_path) == []
+    assert replayed(tmp_path, 2) == []
 
 
 def first_keys(directory: Path) -> list[int]:
@@ -300,7 +311,7 @@ def test_the_gate_stays_shut_when_a_log_fails_while_writes_resume() -> None:
     assert gate.fault_counts() == {"write": 1, "fsync": 1}
 
 
-def test_reaches_back_needs_every_segment_from_the_generation(tmp_path: Path) -> None:
+def test_reaches_back_until_trimmed_and_a_gap_is_the_replays_to_find(tmp_path: Path) -> None:
     assert not wal_segments.reaches_back(tmp_path, 0)  # no log at all
     log = TableWal(tmp_path)
     for _ in range(3):
@@ -308,5 +319,11 @@ def test_reaches_back_needs_every_segment_from_the_generation(tmp_path: Path) ->
     log.close()
     assert wal_segments.reaches_back(tmp_path, 0) and wal_segments.reaches_back(tmp_path, 2)
     assert not wal_segments.reaches_back(tmp_path, 4)  # beyond the newest segment
-    wal_segments.segment_path(tmp_path, 1).unlink()  # a gap
-    assert not wal_segments.reaches_back(tmp_path, 0) and wal_segments.reaches_back(tmp_path, 2)
+    wal_segments.segment_path(tmp_path, 1).unlink()  # a gap: a replay across it is refused
+    assert wal_segments.reaches_back(tmp_path, 0) and wal_segments.reaches_back(tmp_path, 2)
+    with pytest.raises(WalDamaged, match=r"segment 000000000001\.wal, offset 0: the segment is "
+                       r"missing \(segments present from there: 0, 2\.\.3"):  # fmt: skip
+        replayed(tmp_path)
+    assert replayed(tmp_path, 2) == []
+    wal_segments.segment_path(tmp_path, 0).unlink()  # trimmed: no longer reaches back to 0
+    assert not wal_segments.reaches_back(tmp_path, 0)

@@ -1,5 +1,5 @@
-"""Tables: create / list / get / patch / delete, operator status, online-move events, SDK
-discovery."""
+"""Tables: create / list / get / patch / delete, operator status, online-move events, an
+operator's recovery of a refused table, SDK discovery."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from recstore.admin.schemas import (
     TableCachePublic,
     TablePatch,
     TablePublic,
+    TableRecoveryReport,
     TableStatus,
 )
 from recstore.core import TableSpec
@@ -187,6 +188,25 @@ def post_resharding_event(
     ``reshard.<moment>``."""
     event = crud.record_move(
         session, table=crud.get_table(session, name=name), event=body, actor=principal.actor
+    )
+    crud.commit(session)
+    return EventPublic.model_validate(event)
+
+
+@router.post(
+    "/{name}/recoveries",
+    status_code=status.HTTP_201_CREATED,
+    response_model=EventPublic,
+    responses={422: {"description": "the report is not of this table"}},
+)
+def post_recovery(
+    name: str, body: TableRecoveryReport, session: SessionDep, principal: EditorDep
+) -> EventPublic:
+    """An operator's recovery of a table its nodes refused (``recstore recover``), with
+    what each node reported (a log loss accepted: exactly what it dropped), written to
+    the audit log as ``table.recover``."""
+    event = crud.record_recovery(
+        session, table=crud.get_table(session, name=name), report=body, actor=principal.actor
     )
     crud.commit(session)
     return EventPublic.model_validate(event)

@@ -18,7 +18,9 @@ app = typer.Typer(
 )
 
 # Each module defines register(app) and imports its service only when run.
-_COMMAND_MODULES = ("platform", "tables", "tokens", "ps_node", "restore", "admin", "operator")
+_COMMAND_MODULES = (
+    "platform", "tables", "tokens", "ps_node", "restore", "recover", "admin", "operator",
+)  # fmt: skip
 
 for _module_name in _COMMAND_MODULES:
     _module = importlib.import_module(f"recstore.cli.{_module_name}")

@@ -1,4 +1,4 @@
-"""Control-plane calls to one PS node: create and drop a table, its stats, save and load.
+"""Control-plane calls to one PS node: create, drop and recover a table, its stats, save, load.
 
 Each call is described once, as an ``Rpc`` (method, request, how the reply is
 read into core types; the conversions are ``recstore.core.proto_convert``'s).
@@ -23,10 +23,12 @@ from recstore.core.errors import RecStoreError
 from recstore.core.limits import grpc_options
 from recstore.core.proto_convert import (
     SavedCheckpoint,
+    TableRecovery,
     TableStats,
     bearer_metadata,
     checkpoint_from_proto,
     create_table_request,
+    recovery_from_proto,
     table_stats_from_proto,
 )
 from recstore.core.routing import SlotMap
@@ -105,6 +107,15 @@ def load_rpc(checkpoint_id: str = "") -> Rpc[SavedCheckpoint]:
         "Load",
         ps_pb2.LoadRequest(checkpoint_id=checkpoint_id),
         lambda reply: checkpoint_from_proto(reply.checkpoint),
+    )
+
+
+def recover_table_rpc(name: str, *, accept_log_loss: bool = False) -> Rpc[TableRecovery]:
+    """Recover a table the node refuses; ``accept_log_loss``: from its log's intact prefix."""
+    return Rpc(
+        "RecoverTable",
+        ps_pb2.RecoverTableRequest(table=name, accept_log_loss=accept_log_loss),
+        recovery_from_proto,
     )
 
 

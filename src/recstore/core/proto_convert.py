@@ -229,3 +229,54 @@ def checkpoint_from_proto(message: ps_pb2.CheckpointInfo) -> SavedCheckpoint:
         path=message.path,
         tables=tuple(message.tables),
     )
+
+
+# -- a refused table recovered (RecoverTable) -----------------------------------------
+@dataclass(frozen=True)
+class DroppedLog:
+    """What an accepted log loss cut from one segment: ``bytes`` from ``offset`` on."""
+
+    generation: int
+    offset: int
+    bytes: int
+    writes: int  # intact write records among them (a damaged one is not counted)
+
+
+@dataclass(frozen=True)
+class TableRecovery:
+    """How a node brought a refused table back and, a log loss accepted, what it dropped."""
+
+    table: str
+    how: str
+    damage: str = ""  # where the log was damaged (empty: nothing was dropped)
+    replayed_records: int = 0  # records of the log's intact prefix
+    dropped: tuple[DroppedLog, ...] = ()
+    quarantine: str = ""  # where copies of the dropped segments lie, under the data dir
+
+    @property
+    def writes_dropped(self) -> int:
+        return sum(d.writes for d in self.dropped)
+
+
+_DROPPED_FIELDS = ("generation", "offset", "bytes", "writes")
+_RECOVERY_FIELDS = ("table", "how", "damage", "replayed_records", "quarantine")
+
+
+def recovery_to_proto(recovery: TableRecovery) -> ps_pb2.RecoverTableResponse:
+    return ps_pb2.RecoverTableResponse(
+        **{name: getattr(recovery, name) for name in _RECOVERY_FIELDS},
+        dropped=[
+            ps_pb2.DroppedLogSegment(**{name: getattr(d, name) for name in _DROPPED_FIELDS})
+            for d in recovery.dropped
+        ],
+    )
+
+
+def recovery_from_proto(message: ps_pb2.RecoverTableResponse) -> TableRecovery:
+    return TableRecovery(
+        **{name: getattr(message, name) for name in _RECOVERY_FIELDS},
+        dropped=tuple(
+            DroppedLog(**{name: getattr(d, name) for name in _DROPPED_FIELDS})
+            for d in message.dropped
+        ),
+    )

@@ -206,6 +206,27 @@ class LoadResponse:
     checkpoint: Final = 1
 
 
+class RecoverTableRequest:
+    table: Final = 1
+    accept_log_loss: Final = 2
+
+
+class DroppedLogSegment:
+    generation: Final = 1
+    offset: Final = 2
+    bytes: Final = 3
+    writes: Final = 4
+
+
+class RecoverTableResponse:
+    table: Final = 1
+    how: Final = 2
+    damage: Final = 3
+    replayed_records: Final = 4
+    dropped: Final = 5
+    quarantine: Final = 6
+
+
 class ListCheckpointsRequest:
     pass
 
@@ -490,6 +511,24 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
     },
     "LoadResponse": {
         1: ("checkpoint", "message"),
+    },
+    "RecoverTableRequest": {
+        1: ("table", "string"),
+        2: ("accept_log_loss", "bool"),
+    },
+    "DroppedLogSegment": {
+        1: ("generation", "uint64"),
+        2: ("offset", "uint64"),
+        3: ("bytes", "uint64"),
+        4: ("writes", "uint64"),
+    },
+    "RecoverTableResponse": {
+        1: ("table", "string"),
+        2: ("how", "string"),
+        3: ("damage", "string"),
+        4: ("replayed_records", "uint64"),
+        5: ("dropped", "message"),
+        6: ("quarantine", "string"),
     },
     "ListCheckpointsRequest": {},
     "ListCheckpointsResponse": {

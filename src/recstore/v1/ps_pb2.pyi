@@ -345,6 +345,42 @@ class LoadResponse(_message.Message):
     checkpoint: CheckpointInfo
     def __init__(self, checkpoint: _Optional[_Union[CheckpointInfo, _Mapping]] = ...) -> None: ...
 
+class RecoverTableRequest(_message.Message):
+    __slots__ = ("table", "accept_log_loss")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_LOG_LOSS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    accept_log_loss: bool
+    def __init__(self, table: _Optional[str] = ..., accept_log_loss: _Optional[bool] = ...) -> None: ...
+
+class DroppedLogSegment(_message.Message):
+    __slots__ = ("generation", "offset", "bytes", "writes")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    WRITES_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    offset: int
+    bytes: int
+    writes: int
+    def __init__(self, generation: _Optional[int] = ..., offset: _Optional[int] = ..., bytes: _Optional[int] = ..., writes: _Optional[int] = ...) -> None: ...
+
+class RecoverTableResponse(_message.Message):
+    __slots__ = ("table", "how", "damage", "replayed_records", "dropped", "quarantine")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    HOW_FIELD_NUMBER: _ClassVar[int]
+    DAMAGE_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    how: str
+    damage: str
+    replayed_records: int
+    dropped: _containers.RepeatedCompositeFieldContainer[DroppedLogSegment]
+    quarantine: str
+    def __init__(self, table: _Optional[str] = ..., how: _Optional[str] = ..., damage: _Optional[str] = ..., replayed_records: _Optional[int] = ..., dropped: _Optional[_Iterable[_Union[DroppedLogSegment, _Mapping]]] = ..., quarantine: _Optional[str] = ...) -> None: ...
+
 class ListCheckpointsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

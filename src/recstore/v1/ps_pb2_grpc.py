@@ -94,6 +94,11 @@ class ParameterServerStub:
                 request_serializer=recstore_dot_v1_dot_ps__pb2.ListCheckpointsRequest.SerializeToString,
                 response_deserializer=recstore_dot_v1_dot_ps__pb2.ListCheckpointsResponse.FromString,
                 _registered_method=True)
+        self.RecoverTable = channel.unary_unary(
+                '/recstore.v1.ParameterServer/RecoverTable',
+                request_serializer=recstore_dot_v1_dot_ps__pb2.RecoverTableRequest.SerializeToString,
+                response_deserializer=recstore_dot_v1_dot_ps__pb2.RecoverTableResponse.FromString,
+                _registered_method=True)
         self.MigrateBegin = channel.unary_unary(
                 '/recstore.v1.ParameterServer/MigrateBegin',
                 request_serializer=recstore_dot_v1_dot_ps__pb2.MigrateBeginRequest.SerializeToString,
@@ -234,6 +239,17 @@ class ParameterServerServicer:
 
     def ListCheckpoints(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecoverTable(self, request, context):
+        """Recover a table the node refuses (its saved data was found damaged at start):
+        again, its files repaired meanwhile, or with accept_log_loss from what its
+        write-ahead log holds intact up to the damage, cutting the rest out of the
+        log (copies kept); the reply says exactly what was dropped. Still refused:
+        FAILED_PRECONDITION, saying why.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -386,6 +402,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.ListCheckpoints,
                     request_deserializer=recstore_dot_v1_dot_ps__pb2.ListCheckpointsRequest.FromString,
                     response_serializer=recstore_dot_v1_dot_ps__pb2.ListCheckpointsResponse.SerializeToString,
+            ),
+            'RecoverTable': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecoverTable,
+                    request_deserializer=recstore_dot_v1_dot_ps__pb2.RecoverTableRequest.FromString,
+                    response_serializer=recstore_dot_v1_dot_ps__pb2.RecoverTableResponse.SerializeToString,
             ),
             'MigrateBegin': grpc.unary_unary_rpc_method_handler(
                     servicer.MigrateBegin,
@@ -767,6 +788,33 @@ class ParameterServer:
             '/recstore.v1.ParameterServer/ListCheckpoints',
             recstore_dot_v1_dot_ps__pb2.ListCheckpointsRequest.SerializeToString,
             recstore_dot_v1_dot_ps__pb2.ListCheckpointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecoverTable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/recstore.v1.ParameterServer/RecoverTable',
+            recstore_dot_v1_dot_ps__pb2.RecoverTableRequest.SerializeToString,
+            recstore_dot_v1_dot_ps__pb2.RecoverTableResponse.FromString,
             options,
             channel_credentials,
             insecure,
