@@ -31,7 +31,7 @@ build: $(VENV)/.toolchain
 # release within its range. Commit the result with whatever it regenerates.
 LOCK_ARGS ?=
 lock: $(VENV)/.toolchain
-	$(VENV)/bin/pip-compile -q $(LOCK_ARGS) --extra all --extra test --strip-extras --allow-unsafe \
+	$(VENV)/bin/pip-compile -q $(LOCK_ARGS) --extra all --extra test --strip-extras --unsafe-package recstore \
 	  --no-emit-index-url --no-emit-find-links -o $(LOCK) pyproject.toml requirements/lock.in
 
 install: system-deps build

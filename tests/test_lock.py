@@ -45,6 +45,15 @@ def test_every_declared_dependency_is_pinned_within_its_range(requirement: Requi
     )
 
 
+def test_every_line_is_a_pinned_release_not_a_path() -> None:
+    # `name @ file:///...` (the project itself, reached through its own extras) would
+    # install whatever checkout resolved the lock, or fail on any other machine.
+    for line in LOCK.read_text().splitlines():
+        requirement = line.split("#", 1)[0].strip()
+        if requirement:
+            assert "==" in requirement and "@" not in requirement, line
+
+
 def test_the_generator_of_the_committed_code_is_the_locked_one() -> None:
     from recstore.v1 import ps_pb2_grpc
 
