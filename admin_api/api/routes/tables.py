@@ -25,10 +25,10 @@ from recstore.admin.schemas import (
     TableCachePublic,
     TablePatch,
     TablePublic,
-    TableStatus,
 )
 from recstore.core import TableSpec
 from recstore.core.migration_events import MoveEvent
+from recstore.core.status import TableStatus
 
 router = APIRouter(
     prefix="/tables",
