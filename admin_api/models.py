@@ -74,7 +74,10 @@ class TableRecord(Base):
     status_shards: Mapped[list[Any]] = mapped_column(JSON, default=list)
     #: The slot map the running shards serve ({epoch, ranges}).
     slot_map: Mapped[dict[str, Any]]
+    #: The newest checkpoint every shard wrote, and the newest one asked for on demand,
+    #: as reported (``recstore.core.checkpoint_status.TableCheckpoint``, camelCase).
     last_checkpoint: Mapped[Any] = mapped_column(JSON, nullable=True)
+    checkpoint_request: Mapped[Any] = mapped_column(JSON, nullable=True)
     created_by: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
@@ -123,7 +126,8 @@ class CheckpointRecord(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     table_id: Mapped[int] = mapped_column(ForeignKey("tables.id", ondelete="CASCADE"), index=True)
-    #: Requested -> Completed (reported through the table status) or Failed.
+    #: Requested -> Running -> Completed or Failed, as the table status reports it
+    #: (``recstore.core.checkpoint_status.CheckpointState``).
     state: Mapped[str] = mapped_column(String(32), default="Requested", index=True)
     requested_by: Mapped[str] = mapped_column(String(255))
     requested_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -7,6 +7,10 @@ them); on a single machine ``LocalProvisionerHook`` forwards to whatever the
 local ``recstore up`` provisioner attaches. Until something is attached, the
 hook accepts changes and tables stay in phase Pending. Status flows back
 through ``PUT /api/v1/tables/{name}/status``.
+
+A requested checkpoint is handed over one at a time per table: while the last one
+handed over has not been reported completed or failed, a provisioner refuses the
+next with 409, and nothing is recorded.
 """
 
 from __future__ import annotations
@@ -21,18 +25,20 @@ import httpx
 
 from recstore.admin.errors import ProvisioningError
 from recstore.core import TableSpec
+from recstore.core.errors import InvalidArgument
+from recstore.core.resource import (
+    API_VERSION,
+    CHECKPOINT_REQUEST_ANNOTATION,
+    KIND,
+    collection_path,
+    waiting_request,
+)
 
 log = logging.getLogger(__name__)
 
-CRD_GROUP, CRD_VERSION, CRD_PLURAL, CRD_KIND = (
-    "recstore.io",
-    "v1alpha1",
-    "embeddingtables",
-    "EmbeddingTable",
-)
-#: The operator watches this annotation and writes the checkpoint it was asked for.
-CHECKPOINT_ANNOTATION = "recstore.io/checkpoint-request"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+#: how often a checkpoint request is annotated when the resource keeps changing under it
+CONFLICT_ATTEMPTS = 3
 
 
 @runtime_checkable
@@ -93,8 +99,8 @@ def resource_name(table_name: str) -> str:
 
 def embedding_table_manifest(spec: TableSpec, namespace: str) -> dict[str, Any]:
     return {
-        "apiVersion": f"{CRD_GROUP}/{CRD_VERSION}",
-        "kind": CRD_KIND,
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {
             "name": resource_name(spec.name),
             "namespace": namespace,
@@ -138,7 +144,7 @@ class KubernetesProvisioner:
 
     @property
     def _collection(self) -> str:
-        return f"/apis/{CRD_GROUP}/{CRD_VERSION}/namespaces/{self._namespace}/{CRD_PLURAL}"
+        return collection_path(self._namespace)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
@@ -146,11 +152,13 @@ class KubernetesProvisioner:
         except httpx.HTTPError as exc:
             raise ProvisioningError(f"Kubernetes API unreachable: {exc}") from exc
         if response.status_code >= 400:
-            raise ProvisioningError(
+            message = (
                 f"Kubernetes API answered {response.status_code} to {method} {path}: "
-                f"{_k8s_message(response)}",
-                status_code=409 if response.status_code == 409 else 502,
+                f"{_k8s_message(response)}"
             )
+            if response.status_code == 409:
+                raise _Conflict(message, status_code=409)
+            raise ProvisioningError(message, status_code=502)
         return response
 
     def create_table(self, spec: TableSpec) -> None:
@@ -172,13 +180,44 @@ class KubernetesProvisioner:
                 raise
 
     def request_checkpoint(self, name: str, checkpoint_id: int) -> None:
-        body = {"metadata": {"annotations": {CHECKPOINT_ANNOTATION: str(checkpoint_id)}}}
+        """Annotate the resource with the request (the operator takes it), unless the one
+        annotated before still waits for its outcome in the resource's status (409). The
+        annotation carries the resourceVersion read: when the resource changed meanwhile
+        it is read again and the same decided anew, so a request annotated meanwhile is
+        never replaced."""
+        for _ in range(CONFLICT_ATTEMPTS - 1):
+            try:
+                return self._annotate_request(name, checkpoint_id)
+            except _Conflict:
+                continue  # written meanwhile: read it again
+        return self._annotate_request(name, checkpoint_id)
+
+    def _annotate_request(self, name: str, checkpoint_id: int) -> None:
+        url = f"{self._collection}/{resource_name(name)}"
+        resource = self._call("GET", url).json()
+        metadata = resource.get("metadata") or {}
+        try:
+            waiting = waiting_request(resource)
+        except InvalidArgument:
+            waiting = None  # an annotation that is no request id: replaced
+        if waiting is not None:
+            raise ProvisioningError(
+                f"checkpoint {waiting} of table {name!r} is still running (the operator has "
+                "not reported it completed or failed); request another once it has",
+                status_code=409,
+            )
+        asking = {CHECKPOINT_REQUEST_ANNOTATION: str(checkpoint_id)}
+        change: dict[str, Any] = {"annotations": asking}
+        if metadata.get("resourceVersion"):
+            change["resourceVersion"] = metadata["resourceVersion"]
+        body = {"metadata": change}
         self._call(
-            "PATCH",
-            f"{self._collection}/{resource_name(name)}",
-            json=body,
-            headers={"Content-Type": "application/merge-patch+json"},
+            "PATCH", url, json=body, headers={"Content-Type": "application/merge-patch+json"}
         )
+
+
+class _Conflict(ProvisioningError):
+    """The API server's 409: the object exists, or changed since it was read."""
 
 
 class _ServiceAccountAuth(httpx.Auth):

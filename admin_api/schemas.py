@@ -1,38 +1,27 @@
 """Request and response bodies: Create / Update / Public schemas per entity.
 
-Tables are declared with the shared ``recstore.core.TableSpec``; this module
-adds what the catalogue keeps around it. Table status mirrors the
-EmbeddingTable CR status, so it is camelCase like Kubernetes; everything else
-is snake_case.
+Tables are declared with the shared ``recstore.core.TableSpec`` and report their
+status as the shared ``recstore.core.status.TableStatus`` (the EmbeddingTable CR's
+status, so it is camelCase like Kubernetes); this module adds what the catalogue
+keeps around them. Everything else is snake_case.
 """
 
 from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from recstore.admin.security import Role
 from recstore.core.spec import MAX_SHARDS
+from recstore.core.status import TableStatus, validate_endpoint
 
 T = TypeVar("T")
 
-#: host:port, host a DNS name, an IPv4 address or a bracketed IPv6 address.
-_ENDPOINT = re.compile(
-    r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?):(\d{1,5})$"
-)
 _METRICS_URL = re.compile(r"^https?://[^\s/]+(/[^\s]*)?$")
-
-
-def validate_endpoint(value: str) -> str:
-    """Accept ``host:port`` with a port in 1..65535; raise ValueError otherwise."""
-    match = _ENDPOINT.fullmatch(value)
-    if not match or not 1 <= int(match.group(3)) <= 65535:
-        raise ValueError(f"endpoint must be host:port with a port in 1..65535, got {value!r}")
-    return value
 
 
 class Page(BaseModel, Generic[T]):
@@ -71,58 +60,13 @@ class TablePatch(BaseModel):
         return self.model_dump(exclude_unset=True, exclude={"resource_version"})
 
 
-class Condition(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
-
-    type: Annotated[str, Field(min_length=1, max_length=64)]
-    status: Literal["True", "False", "Unknown"]
-    reason: Annotated[str, Field(max_length=128)] | None = None
-    message: Annotated[str, Field(max_length=1024)] | None = None
-    last_transition_time: str | None = None
-    observed_generation: Annotated[int, Field(ge=0)] | None = None
-
-
-class ShardStatus(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    index: Annotated[int, Field(ge=0, le=1023)]
-    endpoint: Annotated[str, Field(max_length=255)] | None = None
-    ready: bool = False
-
-    @field_validator("endpoint")
-    @classmethod
-    def _endpoint(cls, value: str | None) -> str | None:
-        return None if value is None else validate_endpoint(value)
-
-
-class SlotMapBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    epoch: Annotated[int, Field(ge=1)]
-    ranges: list[Annotated[list[int], Field(min_length=3, max_length=3)]]
-
-
-class TableStatus(BaseModel):
-    """What the operator or the local provisioner reports (``PUT .../status``)."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
-
-    phase: Annotated[str, Field(pattern=r"^[A-Z][A-Za-z]{0,31}$")]
-    conditions: list[Condition] = []
-    observed_generation: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
-    shards: list[ShardStatus] = []
-    slot_map_epoch: Annotated[int, Field(ge=1)] | None = None
-    #: The full slot map, when the reporter changed ownership (resharding).
-    slot_map: SlotMapBody | None = None
-    last_checkpoint: str | dict[str, Any] | None = None
-
-
 class TablePublic(BaseModel):
     name: str
     spec: dict[str, Any]  # TableSpec in camelCase wire form
     generation: int
     resource_version: int
-    status: dict[str, Any]  # TableStatus in camelCase
+    #: as reported, less the slot map (discovery serves it); readyShards counted here
+    status: TableStatus
     #: The catalogue's shard count differs from the running slot map's.
     reshard_required: bool
     rows: int

@@ -17,6 +17,7 @@ from recstore.admin.schemas import (
     TablePublic,
 )
 from recstore.core import DType, SlotMap, TableSpec
+from recstore.core.status import TableStatus
 
 
 def spec_of(table: TableRecord) -> TableSpec:
@@ -38,15 +39,21 @@ def reshard_required(table: TableRecord) -> bool:
     return int(table.spec["shards"]) != slot_map_of(table).num_shards
 
 
-def status_dict(table: TableRecord) -> dict[str, Any]:
-    return {
-        "phase": table.phase,
-        "conditions": list(table.conditions or []),
-        "observedGeneration": table.observed_generation,
-        "shards": list(table.status_shards or []),
-        "slotMapEpoch": table.slot_map.get("epoch"),
-        "lastCheckpoint": table.last_checkpoint,
-    }
+def status_of(table: TableRecord) -> TableStatus:
+    """The table's status as reported, less the slot map (discovery serves it)."""
+    shards = list(table.status_shards or [])
+    return TableStatus.model_validate(
+        {
+            "phase": table.phase,
+            "conditions": list(table.conditions or []),
+            "observedGeneration": table.observed_generation,
+            "readyShards": sum(bool(s.get("ready")) for s in shards),
+            "shards": shards,
+            "slotMapEpoch": table.slot_map.get("epoch"),
+            "lastCheckpoint": table.last_checkpoint,
+            "checkpointRequest": table.checkpoint_request,
+        }
+    )
 
 
 def table_public(table: TableRecord) -> TablePublic:
@@ -55,7 +62,7 @@ def table_public(table: TableRecord) -> TablePublic:
         spec=spec_of(table).to_wire(),
         generation=table.generation,
         resource_version=table.resource_version,
-        status=status_dict(table),
+        status=status_of(table),
         reshard_required=reshard_required(table),
         rows=sum(n.rows for n in table.nodes),
         memory_bytes=sum(n.memory_bytes for n in table.nodes),
@@ -145,7 +152,7 @@ def table_snapshot(table: TableRecord) -> dict[str, Any]:
         "spec": dict(table.spec),
         "generation": table.generation,
         "resourceVersion": table.resource_version,
-        "status": status_dict(table),
+        "status": status_of(table).to_wire(),
     }
 
 

@@ -7,8 +7,8 @@ API accepts a shard endpoint only once that shard's node is registered with
 it, so each new endpoint is registered (``POST /api/v1/nodes``) first. The
 moments of an online move go to the audit log
 (``POST /api/v1/tables/{name}/resharding-events``). Mirroring is best effort:
-a down admin API is logged and retried with the next change (a moment is only
-logged), never a reason to hold up reconciling.
+a down admin API is logged and the status sent again at the next refresh, changed
+or not (a moment is only logged), never a reason to hold up reconciling.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from urllib.parse import quote
 import httpx
 
 from recstore.core.migration_events import MoveEvent
-from recstore.core.reconcile import admin_status
+from recstore.core.status import TableStatus
 from recstore.core.tls import ClientTls, http_verify
 
 Logger = logging.Logger | logging.LoggerAdapter
@@ -44,6 +44,9 @@ class AdminMirror:
         )
         #: (table, shard index) -> endpoint registered by this process.
         self._registered: dict[tuple[str, int], str] = {}
+        #: tables whose last status did not reach the admin API (unreachable, or failing
+        #: with a 5xx): sent again unchanged. A refusal (4xx) would be refused again.
+        self._unsent: set[str] = set()
 
     def _headers(self) -> dict[str, str]:
         token = self._token()
@@ -52,15 +55,22 @@ class AdminMirror:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def put_status(self, table: str, status: Mapping[str, Any], logger: Logger) -> bool:
-        """Register new shard endpoints, then PUT the status; True when both were accepted."""
-        body = admin_status(status)
-        if status.get("slotMap"):  # moved online: the committed map is the one clients use
-            body["slotMap"] = status["slotMap"]
+    def behind(self, table: str) -> bool:
+        """Whether the admin API has yet to take the table's last status."""
+        return table in self._unsent
+
+    async def put_status(self, table: str, status: TableStatus, logger: Logger) -> bool:
+        """Register new shard endpoints, then PUT the status; True when both were accepted.
+
+        A slot map in ``status`` goes too: a table moved online is routed by the committed
+        map, the one clients must use."""
+        self._unsent.add(table)  # until the admin API has answered
+        body = status.to_wire()
         try:
-            for shard in body.get("shards") or []:
-                if not await self._register(table, shard, logger):
-                    return False
+            for shard in body["shards"]:
+                refusal = await self._register(table, shard)
+                if refusal is not None:
+                    return self._answered(table, refusal, f"node {shard['endpoint']}", logger)
             response = await self._client.put(
                 f"/api/v1/tables/{quote(table, safe='')}/status",
                 json=body,
@@ -71,10 +81,16 @@ class AdminMirror:
             return False
         # a shard this status leaves out was removed by a shrink, and the admin API forgets
         # its node: if the table grows again, the shard's node is registered anew
-        listed = {int(shard["index"]) for shard in body.get("shards") or []}
+        listed = {shard.index for shard in status.shards}
         for key in [k for k in self._registered if k[0] == table and k[1] not in listed]:
             del self._registered[key]
-        return _accepted(response, f"the status of {table!r}", logger)
+        return self._answered(table, response, "the status", logger)
+
+    def _answered(self, table: str, response: httpx.Response, what: str, logger: Logger) -> bool:
+        """Whether the admin API took it; a 5xx leaves the table's status to be sent again."""
+        if response.status_code < 500:
+            self._unsent.discard(table)
+        return _accepted(response, f"{what} of {table!r}", logger)
 
     async def post_event(self, table: str, event: MoveEvent, logger: Logger) -> bool:
         """Record a moment of the table's move in the audit log; True when accepted."""
@@ -91,19 +107,20 @@ class AdminMirror:
             return False
         return _accepted(response, f"{event.action} of {table!r}", logger)
 
-    async def _register(self, table: str, shard: Mapping[str, Any], logger: Logger) -> bool:
+    async def _register(self, table: str, shard: Mapping[str, Any]) -> httpx.Response | None:
+        """Register the shard's node unless this process did; the answer when it refused."""
         index, endpoint = int(shard["index"]), shard.get("endpoint")
         if not endpoint or self._registered.get((table, index)) == endpoint:
-            return True
+            return None
         response = await self._client.post(
             "/api/v1/nodes",
             json={"table": table, "shard_index": index, "endpoint": endpoint},
             headers=self._headers(),
         )
-        if not _accepted(response, f"node {endpoint} of {table!r}", logger):
-            return False
+        if response.status_code >= 400:
+            return response
         self._registered[(table, index)] = endpoint
-        return True
+        return None
 
 
 def _accepted(response: httpx.Response, what: str, logger: Logger) -> bool:

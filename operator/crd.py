@@ -1,14 +1,17 @@
-"""The EmbeddingTable CRD, generated from the table spec and placement models.
+"""The EmbeddingTable CRD, generated from the table spec, placement and status models.
 
-The CRD's schema is derived from ``TableSpec`` and ``Placement`` (pydantic's
-JSON schema) so the API server validates and defaults exactly what the
-operator, the admin API and the SDK accept. Pydantic writes JSON Schema
+The CRD's schema is derived from ``TableSpec`` and ``Placement`` (the spec) and
+``EmbeddingTableStatus`` (the status; pydantic's JSON schema) so the API server
+validates and defaults exactly what the operator, the admin API and the SDK accept,
+and keeps exactly the status they write and read. Pydantic writes JSON Schema
 2020-12; Kubernetes wants a *structural* OpenAPI v3 schema, so this module
 inlines ``$ref``s, turns ``anyOf [X, null]`` into ``nullable`` and
 ``patternProperties`` into ``additionalProperties``, rewrites numeric
 exclusive bounds into their OpenAPI 3.0 form, drops what Kubernetes
-refuses (``title``, ``additionalProperties: false``, ``propertyNames``), and
-defaults nested objects to ``{}`` so the server fills in their fields.
+refuses (``title``, ``additionalProperties: false``, ``propertyNames``; an open
+object's ``additionalProperties: true``, which must say
+``x-kubernetes-preserve-unknown-fields`` instead), and defaults nested objects to
+``{}`` so the server fills in their fields.
 ``scripts/gen_crd.py`` writes the result into the chart; a test fails when
 the checked-in YAML is stale.
 """
@@ -21,16 +24,20 @@ from typing import Any
 from pydantic.alias_generators import to_camel
 
 from recstore.core.placement import Placement
-from recstore.core.reconcile import Phase
+from recstore.core.resource import (
+    CHECKPOINT_REQUEST_ANNOTATION,
+    CRD_NAME,
+    GROUP,
+    KIND,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+)
 from recstore.core.spec import IMMUTABLE_FIELDS, TableSpec
+from recstore.core.status import EmbeddingTableStatus
 
-GROUP = "recstore.io"
-VERSION = "v1alpha1"
-KIND = "EmbeddingTable"
-PLURAL = "embeddingtables"
-SINGULAR = "embeddingtable"
-SHORT_NAMES = ["et"]
-CRD_NAME = f"{PLURAL}.{GROUP}"
+_PRESERVE = "x-kubernetes-preserve-unknown-fields"
 
 _DROPPED_KEYS = {"title", "propertyNames", "$defs", "discriminator"}
 
@@ -49,6 +56,21 @@ _DESCRIPTIONS = {
     "transportDtype": "Dtype a float32 table's rows and gradients travel in over gRPC "
     "(float16 or bfloat16: half the bytes; the node keeps float32). Unset: the table dtype.",
     "placement": "Image, resources, GPUs and node constraints of the shard pods.",
+}
+
+#: `kubectl explain` texts of the status fields (the nested models carry their docstrings).
+_STATUS_DESCRIPTIONS = {
+    "phase": "Pending, Provisioning, Ready, Degraded, Resharding, Deleting or Failed.",
+    "conditions": "SpecValid, Ready, Progressing, ReshardRequired, Resharding, ReshardQueued.",
+    "observedGeneration": "The metadata.generation the shards were last applied for.",
+    "readyShards": "How many of the shards are ready.",
+    "shards": "Per shard: its index, the endpoint clients dial, and whether it is ready.",
+    "slotMapEpoch": "Epoch of the slot map the shards route by (1 until a first move).",
+    "slotMap": "The committed slot map, once the table was moved online.",
+    "lastCheckpoint": "The newest checkpoint every shard wrote (requested or final).",
+    "checkpointRequest": "The newest checkpoint asked for on demand (the admin API's request, "
+    f"annotation {CHECKPOINT_REQUEST_ANNOTATION}): Running, Completed or Failed with the reason.",
+    "migrationJob": "The online move's job record, which a restarted operator resumes from.",
 }
 
 
@@ -79,6 +101,10 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _DROPPED_KEYS or (key == "additionalProperties" and value is False):
+            continue
+        if key == "additionalProperties" and value is True:
+            if not node.get(_PRESERVE):
+                raise ValueError("an open object needs x-kubernetes-preserve-unknown-fields")
             continue
         if key == "const":
             out["enum"] = [value]
@@ -145,55 +171,13 @@ def _declare_immutable(properties: dict[str, Any], path: list[str]) -> None:
 
 
 def status_schema() -> dict[str, Any]:
-    def integer() -> dict[str, Any]:
-        return {"type": "integer", "format": "int64"}
-
-    condition = {
-        "type": "object",
-        "required": ["type", "status"],
-        "properties": {
-            "type": {"type": "string"},
-            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-            "reason": {"type": "string"},
-            "message": {"type": "string"},
-            "lastTransitionTime": {"type": "string", "format": "date-time"},
-            "observedGeneration": integer(),
-        },
-    }
-    shard = {
-        "type": "object",
-        "required": ["index"],
-        "properties": {
-            "index": {"type": "integer"},
-            "endpoint": {"type": "string"},
-            "ready": {"type": "boolean"},
-        },
-    }
-    return {
-        "type": "object",
-        "properties": {
-            "phase": {"type": "string", "enum": [p.value for p in Phase]},
-            "conditions": {
-                "type": "array",
-                "items": condition,
-                "x-kubernetes-list-type": "map",
-                "x-kubernetes-list-map-keys": ["type"],
-            },
-            "observedGeneration": integer(),
-            "readyShards": {"type": "integer"},
-            "shards": {"type": "array", "items": shard},
-            "slotMapEpoch": integer(),
-            "lastCheckpoint": {"type": "string", "nullable": True},
-            # written by the operator's online resharding (recstore.operator.migration_store):
-            # the committed slot map and the job record a restarted operator resumes from
-            "slotMap": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-            "migrationJob": {
-                "type": "object",
-                "nullable": True,
-                "x-kubernetes-preserve-unknown-fields": True,
-            },
-        },
-    }
+    """The CR ``status``: every EmbeddingTableStatus field. Nothing is required at the top:
+    the status is written in parts (the table status, a move's record)."""
+    status = to_structural(EmbeddingTableStatus.model_json_schema(by_alias=True, mode="validation"))
+    status.pop("required", None)
+    for field, text in _STATUS_DESCRIPTIONS.items():
+        status["properties"][field].setdefault("description", text)
+    return status
 
 
 def build_crd() -> dict[str, Any]:

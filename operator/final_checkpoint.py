@@ -4,7 +4,8 @@ A freshly started PS node holds no tables; once a shard's pod is ready the
 operator creates the table on it (CreateTable is idempotent: the same spec
 again is a no-op). Before a table's pods are removed the operator asks every
 serving shard for a final checkpoint (Save), so deleting an EmbeddingTable
-never loses the writes since the last periodic checkpoint.
+never loses the writes since the last periodic checkpoint; a checkpoint asked
+for on demand (``recstore.operator.checkpoint_requests``) saves the same way.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from recstore.core.checkpoint_status import ShardCheckpoint, clip
 from recstore.core.control import AsyncControlClient, ControlError, Rpc, create_table_rpc, save_rpc
 from recstore.core.routing import SlotMap
 from recstore.core.spec import TableSpec
@@ -27,7 +29,7 @@ class ShardResult:
     index: int
     address: str
     ok: bool
-    detail: str  # checkpoint id, "created"/"exists", or the error
+    detail: str  # "created"/"exists", or the error
 
 
 async def _call_each(
@@ -58,10 +60,19 @@ async def save_all(
     token: str | None,
     timeout: float = 300.0,
     tls: ClientTls | None = None,
-) -> list[ShardResult]:
+) -> list[ShardCheckpoint]:
     """Ask every (index, host:port) shard for checkpoint ``checkpoint_id``, all at once."""
     rpc = save_rpc(checkpoint_id)
-    return await _call_each(shards, rpc, lambda saved: saved.checkpoint_id, token, timeout, tls)
+
+    async def one(index: int, address: str) -> ShardCheckpoint:
+        try:
+            async with AsyncControlClient(address, token=token, timeout=timeout, tls=tls) as client:
+                saved = await client.call(rpc)
+        except ControlError as error:
+            return ShardCheckpoint(index=index, endpoint=address, error=clip(str(error)))
+        return ShardCheckpoint(index=index, endpoint=address, rows=saved.rows, bytes=saved.bytes)
+
+    return list(await asyncio.gather(*(one(i, a) for i, a in shards)))
 
 
 async def create_table_on(

@@ -4,9 +4,10 @@
 fresh one per test and per ``recstore operator`` run; kopf's default one in
 ``kopf run -m recstore.operator.main``). Create, update and resume apply
 the children and write the status; a timer refreshes the status from the
-StatefulSet and pods; delete takes a final checkpoint, then removes the
-children and releases the finalizer. An online move's moments become
-Kubernetes Events and admin audit events through ``announce``.
+StatefulSet and pods and takes a checkpoint request the admin API annotated;
+delete takes a final checkpoint, then removes the children and releases the
+finalizer. An online move's moments become Kubernetes Events and admin audit
+events through ``announce``.
 """
 
 from __future__ import annotations
@@ -18,16 +19,18 @@ from typing import Any
 
 import kopf
 
+from recstore.core.checkpoint_status import outcome
 from recstore.core.migration_events import MoveEvent
+from recstore.core.resource import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from recstore.core.status import TableStatus
 from recstore.operator.admin_mirror import AdminMirror
 from recstore.operator.config import OperatorConfig
-from recstore.operator.crd import GROUP, PLURAL, VERSION
 from recstore.operator.kube import Kube, path
 from recstore.operator.reconciler import Reconciler
 from recstore.operator.render import Owner
 from recstore.operator.status import applied_generation_current, status_changed
 
-FINALIZER = "recstore.io/final-checkpoint"
+FINALIZER = f"{GROUP}/final-checkpoint"
 RESOURCE = (GROUP, VERSION, PLURAL)
 
 
@@ -49,6 +52,11 @@ class _State:
 def _owner(body: kopf.Body) -> Owner:
     meta = body["metadata"]
     return Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+
+
+def _table(body: kopf.Body) -> str:
+    """The table's name (the spec's; the resource's when it names none)."""
+    return str((body.get("spec") or {}).get("name") or body["metadata"]["name"])
 
 
 def final_checkpoint_id(deletion_timestamp: str | None) -> str:
@@ -85,7 +93,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
     async def announce(owner: Owner, table: str, event: MoveEvent) -> None:
         """A moment of a move: a Kubernetes Event on the EmbeddingTable, and the audit log."""
         ref = kopf.Body({
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "EmbeddingTable",
+            "apiVersion": API_VERSION, "kind": KIND,
             "metadata": {"name": owner.name, "namespace": owner.namespace, "uid": owner.uid},
         })  # fmt: skip
         kind = "Warning" if event.warning else "Normal"
@@ -100,26 +108,31 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
 
     async def mirror_stored(table: str, status: dict[str, Any]) -> None:
         """The status as stored (a move's new map) to the admin API."""
-        if state.mirror is not None:
-            await state.mirror.put_status(table, status, logging.getLogger(__name__))
+        stored = TableStatus.from_stored(status)
+        if state.mirror is not None and stored is not None:
+            await state.mirror.put_status(table, stored, logging.getLogger(__name__))
 
     @kopf.on.cleanup(registry=registry)
     async def close(**_: Any) -> None:
         state.stopping = True
         if state.reconciler is not None:
             state.reconciler.stop_moves()
+            state.reconciler.checkpoints.stop()
             await state.reconciler.kube.aclose()
         if state.mirror is not None:
             await state.mirror.aclose()
 
     async def publish(body: kopf.Body, patch: kopf.Patch, new: dict[str, Any], logger: Any) -> None:
-        if not status_changed(body.get("status"), new):
-            return
-        patch.status.update(new)
-        if state.mirror is not None:
-            table = (body.get("spec") or {}).get("name") or body["metadata"]["name"]
-            stored = (body.get("status") or {}).get("slotMap")
-            await state.mirror.put_status(table, {**new, "slotMap": stored}, logger)
+        """Write a changed status (``new``: its wire form) and mirror it; mirror it again
+        unchanged when the last one did not reach the admin API."""
+        table, stored = _table(body), dict(body.get("status") or {})
+        changed = status_changed(stored, new)
+        if changed:
+            patch.status.update(new)
+        if state.mirror is not None and (changed or state.mirror.behind(table)):
+            status = TableStatus.from_stored({**stored, **new})  # with a move's stored map
+            if status is not None:
+                await state.mirror.put_status(table, status, logger)
 
     async def reconcile(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
         rec, owner = state.get(), _owner(body)
@@ -129,7 +142,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
         status = rec.status(
             checked, observation, generation=generation, previous=body.get("status")
         )
-        await publish(body, patch, status, logger)
+        await publish(body, patch, status.to_wire(), logger)
 
     backoff = state.config.retry_delay
     kopf.on.create(*RESOURCE, id="apply-create", backoff=backoff, registry=registry)(reconcile)
@@ -140,9 +153,12 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
 
     @kopf.timer(*RESOURCE, interval=state.config.status_interval, idle=0, registry=registry)
     async def refresh(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
+        rec, owner = state.get(), _owner(body)
+        if body["metadata"].get("deletionTimestamp"):
+            return  # the finalizer takes the last checkpoint and writes the status
+        rec.checkpoints.take(owner, body, logger)
         if not applied_generation_current(body):
             return  # a spec change is being applied: its handler writes the status
-        rec, owner = state.get(), _owner(body)
         checked = rec.validate(owner, body.get("spec") or {})
         observation, _pods = await rec.observe(owner, checked, logger)
         previous = body.get("status") or {}
@@ -155,36 +171,37 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
         status = rec.status(checked, observation, generation=generation, previous=previous)
         # Only the apply handlers say which generation is applied: a refresh that read its
         # body before an apply published must not put the older generation back.
-        status.pop("observedGeneration", None)
-        await publish(body, patch, status, logger)
+        wire = status.to_wire()
+        wire.pop("observedGeneration")
+        await publish(body, patch, wire, logger)
 
     @kopf.on.delete(*RESOURCE, id="finalize", backoff=backoff, registry=registry)
     async def finalize(body: kopf.Body, retry: int, logger: Any, **_: Any) -> None:
         rec, owner = state.get(), _owner(body)
+        abandoned = rec.checkpoints.abandon(owner, body)
         checked = rec.validate(owner, body.get("spec") or {})
         observation, _pods = await rec.observe(owner, checked, logger)
         generation = int(body["metadata"].get("generation") or 1)
         deleting = rec.status(
             checked, observation, generation=generation, previous=body.get("status"), deleting=True
         )
+        if abandoned is not None:
+            deleting = deleting.model_copy(update={"checkpoint_request": abandoned})
         url = path("EmbeddingTable", owner.namespace, owner.name, "status")
-        await rec.kube.patch(url, {"status": deleting})
+        await rec.kube.patch(url, {"status": deleting.to_wire()})
         checkpoint_id = final_checkpoint_id(body["metadata"].get("deletionTimestamp"))
-        results, _seen = await rec.final_checkpoint(owner, checkpoint_id, logger)
-        failed = [r for r in results if not r.ok]
+        shards = await rec.save_shards(owner, checkpoint_id, logger, every_shard=False)
+        failed = [s.index for s in shards if not s.ok]
         if failed and retry < state.config.checkpoint_retries:
             raise kopf.TemporaryError(
-                f"final checkpoint failed on shards {[r.index for r in failed]}",
-                delay=state.config.retry_delay,
+                f"final checkpoint failed on shards {failed}", delay=state.config.retry_delay
             )
         if failed:
-            logger.error(
-                f"deleting without a final checkpoint of shards {[r.index for r in failed]}"
-            )
-        if results and not failed:
-            deleting["lastCheckpoint"] = checkpoint_id
-            await rec.kube.patch(url, {"status": {"lastCheckpoint": checkpoint_id}})
+            logger.error(f"deleting without a final checkpoint of shards {failed}")
+        if shards and not failed:
+            last = outcome(checkpoint_id, shards, now=dt.datetime.now(dt.timezone.utc))
+            deleting = deleting.model_copy(update={"last_checkpoint": last})
+            await rec.kube.patch(url, {"status": {"lastCheckpoint": last.to_wire()}})
         if state.mirror is not None:
-            table = (body.get("spec") or {}).get("name") or owner.name
-            await state.mirror.put_status(table, deleting, logger)
+            await state.mirror.put_status(_table(body), deleting, logger)
         await rec.remove_children(owner)

@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import kopf
 
+from recstore.core.resource import API_VERSION, KIND, PLURAL
+
 #: (api prefix, plural) of every kind the operator touches.
 KINDS = {
     "StatefulSet": ("/apis/apps/v1", "statefulsets"),
@@ -21,7 +23,7 @@ KINDS = {
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     "Pod": ("/api/v1", "pods"),
     "Secret": ("/api/v1", "secrets"),
-    "EmbeddingTable": ("/apis/recstore.io/v1alpha1", "embeddingtables"),
+    KIND: (f"/apis/{API_VERSION}", PLURAL),
 }
 
 

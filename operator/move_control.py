@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from recstore.core.migration_events import MoveEvent, MoveMoment
 from recstore.core.migration_retry import Tries
 from recstore.core.reconcile import Declaration, Observation, Resharding
+from recstore.core.status import TableStatus
 from recstore.operator import render, resharding
 from recstore.operator.config import OperatorConfig
 from recstore.operator.kube import Kube, path
@@ -64,7 +65,7 @@ class MoveControl:
             generation: int,
             previous: Mapping[str, Any] | None,
             deleting: bool = False,
-        ) -> dict[str, Any]: ...
+        ) -> TableStatus: ...
 
     async def reshard(self, owner: Owner, decl: Declaration, running: int, logger: Logger) -> None:
         """Start the online move to ``decl``'s shard count. A second change while one runs
@@ -182,8 +183,10 @@ class MoveControl:
         generation = int(
             previous.get("observedGeneration") or body["metadata"].get("generation") or 1
         )
-        status = self.status(checked, observation, generation=generation, previous=previous)
-        status.pop("observedGeneration", None)  # only the apply handlers say it
+        status = self.status(
+            checked, observation, generation=generation, previous=previous
+        ).to_wire()
+        status.pop("observedGeneration")  # only the apply handlers say it
         if status_changed(previous, status):
             await self.kube.patch(f"{url}/status", {"status": status})
             if self.publish is not None:

@@ -4,7 +4,8 @@ Each procedure reads the children through ``Kube``, asks the reconcile core
 (``recstore.core.reconcile``) and the renderers what should exist and what
 the status is, and writes only the difference. kopf handlers call these
 with the resource's fields; nothing here depends on kopf's calling style.
-Online moves (start, queue, retry) are ``recstore.operator.move_control``'s.
+Online moves (start, queue, retry) are ``recstore.operator.move_control``'s,
+checkpoints asked for on demand ``recstore.operator.checkpoint_requests``'s.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from recstore.core.checkpoint_status import ShardCheckpoint
 from recstore.core.errors import InvalidArgument
 from recstore.core.migration_events import MoveEvent
 from recstore.core.reconcile import (
@@ -26,7 +28,9 @@ from recstore.core.reconcile import (
     parse_declaration,
 )
 from recstore.core.routing import SlotMap
+from recstore.core.status import TableStatus
 from recstore.operator import final_checkpoint, render, resharding
+from recstore.operator.checkpoint_requests import CheckpointRequests
 from recstore.operator.config import OperatorConfig
 from recstore.operator.kube import Kube, path
 from recstore.operator.move_control import MoveControl
@@ -70,6 +74,15 @@ class Reconciler(MoveControl):
     publish: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
     #: posts a moment of a move (owner, table name, event): Kubernetes Event, audit log
     announce: Callable[[Owner, str, MoveEvent], Awaitable[None]] | None = None
+    #: the checkpoints asked for on demand, taken from the resource's annotation
+    checkpoints: CheckpointRequests = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.checkpoints = CheckpointRequests(
+            lambda owner, checkpoint_id, logger: self.save_shards(
+                owner, checkpoint_id, logger, every_shard=True
+            )
+        )
 
     @property
     def options(self) -> RenderOptions:
@@ -143,6 +156,10 @@ class Reconciler(MoveControl):
             observation = dataclasses.replace(
                 observation, resharding=mover.progress, queued_shards=mover.queued_shards
             )
+        request, completed = self.checkpoints.progress(owner.uid)
+        observation = dataclasses.replace(
+            observation, checkpoint_request=request, last_checkpoint=completed
+        )
         return observation, pods
 
     async def _create_table_on_new_shards(
@@ -186,39 +203,51 @@ class Reconciler(MoveControl):
         generation: int,
         previous: Mapping[str, Any] | None,
         deleting: bool = False,
-    ) -> dict[str, Any]:
+    ) -> TableStatus:
+        """The status from what runs; ``previous``: the resource's stored status."""
         decl = checked.declaration
         return compute_status(
             problem=checked.problem,
             declared_shards=decl.spec.shards if decl else None,
             observation=observation,
             generation=generation,
-            previous=previous,
+            previous=TableStatus.from_stored(previous),
             now=dt.datetime.now(dt.timezone.utc),
             deleting=deleting,
         )
 
-    async def final_checkpoint(
-        self, owner: Owner, checkpoint_id: str, logger: Logger
-    ) -> tuple[list[final_checkpoint.ShardResult], list[dict[str, Any]]]:
-        """Save every serving shard; returns the results and the pods seen."""
+    async def save_shards(
+        self, owner: Owner, checkpoint_id: str, logger: Logger, *, every_shard: bool
+    ) -> list[ShardCheckpoint]:
+        """Save every serving shard under ``checkpoint_id``. ``every_shard``: a shard of the
+        StatefulSet that does not serve is listed too, failed (an on-demand checkpoint is
+        of the whole table); else only the serving ones are asked (the final checkpoint)."""
         pods = await self.kube.list(
             path("Pod", owner.namespace), labels=render.selector_labels(owner)
         )
-        serving = [p for p in pods if pod_ready(p) and p["status"].get("podIP")]
+        serving = {_pod_index(p): p for p in pods if pod_ready(p) and p["status"].get("podIP")}
         token = await self.ps_token(owner.namespace)
-        shards = [(_pod_index(p), self._address(p)) for p in serving]
         results = await final_checkpoint.save_all(
-            shards,
+            [(index, self._address(pod)) for index, pod in sorted(serving.items())],
             checkpoint_id=checkpoint_id,
             token=token,
             timeout=self.config.save_timeout,
             tls=self.config.tls,
         )
+        if every_shard:
+            sts = await self.kube.get(
+                path("StatefulSet", owner.namespace, render.workload_name(owner.name))
+            )
+            replicas = int((sts or {}).get("spec", {}).get("replicas", 0))
+            results += [
+                ShardCheckpoint(index=i, error="the shard does not serve: its pod is not ready")
+                for i in range(replicas)
+                if i not in serving
+            ]
         for r in results:
-            log = logger.info if r.ok else logger.warning
-            log(f"final checkpoint of shard {r.index}: {'saved ' if r.ok else ''}{r.detail}")
-        return results, pods
+            say = logger.info if r.ok else logger.warning
+            say(f"checkpoint {checkpoint_id} of shard {r.index}: {r.error or 'saved'}")
+        return sorted(results, key=lambda r: r.index)
 
     async def remove_children(self, owner: Owner) -> None:
         name, ns = render.workload_name(owner.name), owner.namespace

@@ -25,6 +25,7 @@ from recstore.core.reconcile import (
     ps_node_args,
     takes_read_only_token,
 )
+from recstore.core.resource import API_VERSION, GROUP, KIND
 from recstore.core.tls import ServerTls
 
 SHARD_INDEX_ENV = "RECSTORE_SHARD_INDEX"
@@ -35,7 +36,7 @@ READ_ONLY_TOKEN_DIR = "/var/run/secrets/recstore-read-only"
 TLS_DIR = "/var/run/secrets/recstore-tls"
 TLS_KEYS = ("tls.crt", "tls.key", "ca.crt")
 GPU_RESOURCE = "nvidia.com/gpu"
-SHARDS_ANNOTATION = "recstore.io/shards"
+SHARDS_ANNOTATION = f"{GROUP}/shards"
 #: uid and gid of the ``recstore`` user in the recstore-ps image (docker/ps-node.Dockerfile).
 #: It is also the pod's fsGroup: a fresh data PVC is root-owned, and the node must write
 #: its checkpoints and WAL there.
@@ -56,8 +57,8 @@ class Owner:
     name: str
     namespace: str
     uid: str
-    api_version: str = "recstore.io/v1alpha1"
-    kind: str = "EmbeddingTable"
+    api_version: str = API_VERSION
+    kind: str = KIND
 
 
 @dataclass(frozen=True)

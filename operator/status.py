@@ -49,12 +49,10 @@ def observe(
     sts: Mapping[str, Any] | None,
     pods: Sequence[Mapping[str, Any]],
     endpoint_of: Callable[[int], str],
-    *,
-    last_checkpoint: str | None = None,
 ) -> Observation:
     """What runs for a table: shard count, rollout state and per-shard readiness."""
     if sts is None:
-        return Observation(last_checkpoint=last_checkpoint)
+        return Observation()
     replicas = int((sts.get("spec") or {}).get("replicas", 1))
     name = sts["metadata"]["name"]
     by_name = {p["metadata"]["name"]: p for p in pods}
@@ -77,15 +75,25 @@ def observe(
         running_shards=replicas,
         rolling=statefulset_rolling(sts),
         shards=shards,
-        last_checkpoint=last_checkpoint,
         refused="; ".join(stuck) or None,
     )
 
 
 def status_changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
-    """Whether writing ``new`` changes anything (the core keeps timestamps stable)."""
+    """Whether writing ``new`` changes anything (the core keeps timestamps stable).
+
+    ``new`` goes as a merge patch, whose nulls delete: the stored status holds no null
+    field, so a null compares as an absent one."""
     previous = previous or {}
-    return any(previous.get(key) != value for key, value in new.items())
+    return any(_as_stored(previous.get(key)) != _as_stored(value) for key, value in new.items())
+
+
+def _as_stored(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _as_stored(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_as_stored(item) for item in value]
+    return value
 
 
 def applied_generation_current(body: Mapping[str, Any]) -> bool:

@@ -1,18 +1,28 @@
-"""Fixtures every test directory may use: certificates made in the test run.
+"""Fixtures every test directory may use: certificates made in the test run, and the real
+admin API served on loopback.
 
 ``tls_files`` writes a CA, a server certificate for 127.0.0.1/localhost (and the
 shared PS server name), a client certificate signed by the same CA, and a second,
 unrelated CA, as PEM files, with the platform's own recipe
-(``recstore.local.certificates``). Test modules cannot import a helper module under
---import-mode=importlib, so it travels as a fixture.
+(``recstore.local.certificates``). ``serve_admin`` serves an admin API app over HTTP
+in a thread, for clients that need a real server (the operator's mirror, the CLI).
+Test modules cannot import a helper module under --import-mode=importlib, so these
+travel as fixtures.
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import uvicorn
+from fastapi import FastAPI
 
 #: the DNS name every PS pod's certificate carries (clients dial pods by IP and check this)
 PS_SERVER_NAME = "recstore-ps"
@@ -52,3 +62,24 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
         client_key=write("client-key.pem", client.key),
         other_ca=write("other-ca.pem", issue_ca("unrelated CA").cert),
     )
+
+
+@contextlib.contextmanager
+def _serve_admin(app: FastAPI) -> Iterator[str]:
+    listening = socket.create_server(("127.0.0.1", 0))  # queued until uvicorn accepts
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listening]}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listening.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        listening.close()
+        app.state.context.engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def serve_admin() -> Callable[[FastAPI], AbstractContextManager[str]]:
+    """``with serve_admin(app) as url``: the admin API ``app`` served on loopback in a thread."""
+    return _serve_admin

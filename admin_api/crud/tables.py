@@ -10,16 +10,18 @@ from sqlalchemy.orm import Session
 
 from recstore.admin import views
 from recstore.admin.crud import audit
-from recstore.admin.crud.checkpoints import complete_reported_checkpoint
+from recstore.admin.crud.checkpoints import settle_checkpoint_requests
 from recstore.admin.crud.paging import page
 from recstore.admin.crud.writes import writes
 from recstore.admin.errors import VersionConflict
 from recstore.admin.models import EventRecord, TableRecord
-from recstore.admin.schemas import TableRecoveryReport, TableStatus
+from recstore.admin.schemas import TableRecoveryReport
 from recstore.admin.spec_patch import apply_patch
 from recstore.core import SlotMap, TableSpec
+from recstore.core.checkpoint_status import TableCheckpoint
 from recstore.core.errors import InvalidArgument, TableExists, TableNotFound
 from recstore.core.migration_events import MoveEvent
+from recstore.core.status import TableStatus
 
 
 def get_table(session: Session, *, name: str) -> TableRecord:
@@ -155,12 +157,17 @@ def set_status(
             table.slot_map = slot_map.to_dict()
         elif status.slot_map_epoch is not None:
             table.slot_map = {**table.slot_map, "epoch": status.slot_map_epoch}
-        table.last_checkpoint = status.last_checkpoint
-        complete_reported_checkpoint(session, table=table, last=status.last_checkpoint)
+        table.last_checkpoint = _wire(status.last_checkpoint)
+        table.checkpoint_request = _wire(status.checkpoint_request)
+        settle_checkpoint_requests(session, table=table, reported=status.checkpoint_request)
     after = views.table_snapshot(table)
     if after != before:
         audit.record(session, actor, "table.status", table=table.name, before=before, after=after)
     return table
+
+
+def _wire(checkpoint: TableCheckpoint | None) -> dict[str, Any] | None:
+    return checkpoint.to_wire() if checkpoint is not None else None
 
 
 def record_move(

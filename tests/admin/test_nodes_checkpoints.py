@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,9 @@ from sqlalchemy import update
 
 from recstore.admin.models import NodeRecord, TableRecord
 from recstore.core import SlotMap
+from recstore.core.checkpoint_status import ShardCheckpoint, outcome
+from recstore.core.reconcile import Observation, ShardState, compute_status
+from recstore.core.status import TableStatus
 
 
 @dataclass(frozen=True)
@@ -270,6 +274,12 @@ def test_a_stored_status_naming_another_address_is_not_served(users: Users, app:
         {"phase": "Ready", "conditions": [{"type": "Ready", "status": "Maybe"}]},
         {"phase": "Ready", "slotMap": {"epoch": 2, "ranges": [[0, 10, 0]]}},
         {"phase": "Ready", "observedGeneration": -1},
+        {"phase": "Unknown"},
+        # the checkpoint shape is one: a bare id (what the CRD once said) is refused
+        {"phase": "Ready", "lastCheckpoint": "final-20260101T000000Z"},
+        {"phase": "Ready", "lastCheckpoint": {"id": 3, "checkpoints": []}},
+        {"phase": "Ready", "checkpointRequest": {"id": "request-1", "state": "Done"}},
+        {"phase": "Ready", "readyShards": 1, "shards": []},
     ],
 )
 def test_bad_status_changes_nothing(users: Users, status: dict[str, Any]) -> None:
@@ -279,22 +289,114 @@ def test_bad_status_changes_nothing(users: Users, status: dict[str, Any]) -> Non
     assert users.row() == before
 
 
-def test_checkpoint_request_and_completion(users: Users) -> None:
+def checkpoint(request_id: int, state: str, **fields: Any) -> dict[str, Any]:
+    """A reported checkpoint request (recstore.core.checkpoint_status.TableCheckpoint)."""
+    return {"id": f"request-{request_id}", "requestId": request_id, "state": state, **fields}
+
+
+SAVED = [
+    {"index": 0, "endpoint": "127.0.0.1:5001", "rows": 40, "bytes": 640, "error": None},
+    {"index": 1, "endpoint": "127.0.0.1:6001", "rows": 60, "bytes": 960, "error": None},
+]
+
+
+def test_checkpoint_request_running_then_completed(users: Users) -> None:
     checkpoints = f"/api/v1/tables/{users.table}/checkpoints"
     r = users.client.post(checkpoints, json={"note": "before retrain"}, headers=users.admin)
     assert r.status_code == 202
-    checkpoint = r.json()
-    assert checkpoint["state"] == "Requested" and checkpoint["table"] == users.table
-    users.client.post(checkpoints, headers=users.admin)
+    asked = r.json()
+    assert asked["state"] == "Requested" and asked["table"] == users.table
+    later = users.client.post(checkpoints, headers=users.admin).json()
     listed = users.read(checkpoints)
-    assert listed["total"] == 2 and listed["items"][1]["id"] == checkpoint["id"]
+    assert listed["total"] == 2 and listed["items"][1]["id"] == asked["id"]
 
-    last = {"id": checkpoint["id"], "path": "/data/ckpt/3", "time": "2026-01-01T00:00:00Z"}
-    users.put_status({"phase": "Ready", "lastCheckpoint": last})
-    done = users.read(f"{checkpoints}?state=Completed")
-    assert [c["id"] for c in done["items"]] == [checkpoint["id"]]
-    assert done["items"][0]["completed_at"] is not None
-    assert users.row()["status"]["lastCheckpoint"] == last
+    users.put_status({"phase": "Ready", "checkpointRequest": checkpoint(asked["id"], "Running")})
+    (running,) = users.read(f"{checkpoints}?state=Running")["items"]
+    assert running["id"] == asked["id"] and running["completed_at"] is None
+
+    done = checkpoint(asked["id"], "Completed", at="2026-01-01T00:00:00Z", shards=SAVED)
+    assert users.put_status({"phase": "Ready", "lastCheckpoint": done,
+                             "checkpointRequest": done}).status_code == 200  # fmt: skip
+    (completed,) = users.read(f"{checkpoints}?state=Completed")["items"]
+    assert completed["id"] == asked["id"] and completed["completed_at"] is not None
+    result = completed["detail"]["result"]
+    assert completed["detail"]["note"] == "before retrain"
+    assert [(s["index"], s["rows"]) for s in result["shards"]] == [(0, 40), (1, 60)]
+    status = users.row()["status"]
+    assert status["lastCheckpoint"] == status["checkpointRequest"] == {
+        "message": None, **done
+    }  # fmt: skip
+    # the one asked after it was not touched: its turn comes
+    assert users.read(checkpoints)["items"][0] == later
+
+    again = users.put_status({"phase": "Ready", "checkpointRequest": done}).json()
+    assert again["status"]["checkpointRequest"]["state"] == "Completed"
+    assert users.read(f"{checkpoints}?state=Completed")["items"] == [completed]  # unchanged
+
+
+def test_a_failed_checkpoint_request_fails_its_record_with_the_reason(users: Users) -> None:
+    checkpoints = f"/api/v1/tables/{users.table}/checkpoints"
+    asked = users.client.post(checkpoints, headers=users.admin).json()
+    reason = "shard 1 (127.0.0.1:6001): UNAVAILABLE: disk busy"
+    shards = [
+        SAVED[0],
+        {"index": 1, "endpoint": "127.0.0.1:6001", "error": "UNAVAILABLE: disk busy"},
+    ]
+    failed = checkpoint(asked["id"], "Failed", message=reason, at="2026-01-01T00:00:00Z",
+                        shards=shards)  # fmt: skip
+    users.put_status({"phase": "Ready", "checkpointRequest": failed})
+    (record,) = users.read(f"{checkpoints}?state=Failed")["items"]
+    assert record["id"] == asked["id"] and record["completed_at"] is not None
+    assert record["detail"]["result"]["message"] == reason
+    assert record["detail"]["result"]["shards"][1]["error"] == "UNAVAILABLE: disk busy"
+    assert users.row()["status"]["lastCheckpoint"] is None  # a failed one is no checkpoint
+
+
+def test_requests_the_provisioner_never_took_fail_once_a_later_one_is_reported(
+    users: Users,
+) -> None:
+    """A provisioner takes one request at a time, in order: one still Requested when a later
+    one is reported was lost (e.g. asked while no provisioner ran), and says so."""
+    checkpoints = f"/api/v1/tables/{users.table}/checkpoints"
+    lost = users.client.post(checkpoints, headers=users.admin).json()
+    taken = users.client.post(checkpoints, headers=users.admin).json()
+    users.put_status({"phase": "Ready", "checkpointRequest": checkpoint(taken["id"], "Running")})
+    (record,) = users.read(f"{checkpoints}?state=Failed")["items"]
+    assert record["id"] == lost["id"]
+    assert record["detail"]["result"]["message"] == (
+        f"never taken: the provisioner took checkpoint {taken['id']}, asked after it"
+    )
+
+
+def test_a_checkpoint_request_of_another_table_is_left_alone(users: Users) -> None:
+    spec = {"name": "other", "numEmbeddings": 10, "embeddingDim": 2}
+    assert users.client.post("/api/v1/tables", json=spec, headers=users.admin).status_code == 201
+    theirs = users.client.post("/api/v1/tables/other/checkpoints", headers=users.admin).json()
+    done = checkpoint(theirs["id"], "Completed", at="2026-01-01T00:00:00Z", shards=SAVED)
+    assert users.put_status({"phase": "Ready", "checkpointRequest": done}).status_code == 200
+    assert users.read("/api/v1/tables/other/checkpoints")["items"][0]["state"] == "Requested"
+
+
+def test_the_reconcile_cores_status_round_trips_through_the_admin_api(users: Users) -> None:
+    """What a provisioner computes (recstore.core.reconcile) is what the admin API serves."""
+    for shard in (0, 1):
+        users.register(shard, 5001 + 1000 * shard)
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    saved = [ShardCheckpoint(index=0, endpoint="127.0.0.1:5001", rows=4, bytes=32),
+             ShardCheckpoint(index=1, endpoint="127.0.0.1:6001", rows=6, bytes=48)]  # fmt: skip
+    done = outcome("final-20260101T000000Z", saved, now=now)
+    asked = users.client.post(f"/api/v1/tables/{users.table}/checkpoints", headers=users.admin)
+    refused = ShardCheckpoint(index=1, endpoint="127.0.0.1:6001", error="UNAVAILABLE: refused")
+    request_id = asked.json()["id"]
+    failed = outcome(f"request-{request_id}", [saved[0], refused], now=now, request_id=request_id)
+    shards = tuple(ShardState(i, f"127.0.0.1:{5001 + 1000 * i}", i == 0) for i in range(2))
+    status = compute_status(
+        problem=None, declared_shards=2, generation=1, previous=None, now=now,
+        observation=Observation(2, False, shards, last_checkpoint=done, checkpoint_request=failed),
+    )  # fmt: skip
+    r = users.put_status(status.to_wire())
+    assert r.status_code == 200, r.text
+    assert TableStatus.model_validate(users.row()["status"]) == status
 
 
 def test_events_filter_and_paginate(users: Users, tokens: dict[str, str]) -> None:

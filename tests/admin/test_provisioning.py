@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -13,12 +14,12 @@ from pydantic import SecretStr
 from recstore.admin import Settings, create_app
 from recstore.admin.errors import ProvisioningError
 from recstore.admin.provisioning import (
-    CHECKPOINT_ANNOTATION,
     KubernetesProvisioner,
     LocalProvisionerHook,
     Provisioner,
 )
 from recstore.core import TableSpec
+from recstore.core.resource import CHECKPOINT_REQUEST_ANNOTATION
 
 BASE = "/apis/recstore.io/v1alpha1/namespaces/ml/embeddingtables"
 
@@ -26,15 +27,17 @@ BASE = "/apis/recstore.io/v1alpha1/namespaces/ml/embeddingtables"
 class FakeApiServer:
     """An HTTP-level stand-in for the Kubernetes API: records requests, answers as told."""
 
-    def __init__(self) -> None:
+    def __init__(self, resource: dict[str, Any] | None = None) -> None:
         self.requests: list[httpx.Request] = []
         self.status = 201
+        #: what a GET answers: the EmbeddingTable as stored
+        self.resource = resource or {}
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
         if self.status >= 400:
             return httpx.Response(self.status, json={"kind": "Status", "message": "denied by test"})
-        return httpx.Response(self.status, json={})
+        return httpx.Response(self.status, json=self.resource if request.method == "GET" else {})
 
     def provisioner(self) -> KubernetesProvisioner:
         client = httpx.Client(base_url="https://k8s.test", transport=httpx.MockTransport(self))
@@ -50,7 +53,7 @@ def test_kubernetes_provisioner_requests() -> None:
     k8s.request_checkpoint("user_emb", 7)
     k8s.delete_table("user_emb")
 
-    create, update, checkpoint, delete = api.requests
+    create, update, read, checkpoint, delete = api.requests
     assert (create.method, create.url.path) == ("POST", BASE)
     manifest = json.loads(create.content)
     assert manifest["apiVersion"] == "recstore.io/v1alpha1" and manifest["kind"] == "EmbeddingTable"
@@ -59,9 +62,78 @@ def test_kubernetes_provisioner_requests() -> None:
     assert (update.method, update.url.path) == ("PATCH", f"{BASE}/user-emb")
     assert update.headers["content-type"] == "application/merge-patch+json"
     assert json.loads(update.content)["spec"]["shards"] == 3
+    assert (read.method, read.url.path) == ("GET", f"{BASE}/user-emb")
+    assert (checkpoint.method, checkpoint.url.path) == ("PATCH", f"{BASE}/user-emb")
     annotations = json.loads(checkpoint.content)["metadata"]["annotations"]
-    assert annotations == {CHECKPOINT_ANNOTATION: "7"}
+    assert annotations == {CHECKPOINT_REQUEST_ANNOTATION: "7"}
     assert (delete.method, delete.url.path) == ("DELETE", f"{BASE}/user-emb")
+
+
+def _checkpoint(request_id: int, state: str) -> dict[str, Any]:
+    return {"id": f"request-{request_id}", "requestId": request_id, "state": state}
+
+
+@pytest.mark.parametrize(
+    ("annotated", "reported", "refused"),
+    [
+        (None, None, False),  # none asked yet
+        ("6", _checkpoint(6, "Completed"), False),
+        ("6", _checkpoint(6, "Failed"), False),
+        ("6", None, True),  # not taken yet
+        ("6", _checkpoint(6, "Running"), True),
+        ("6", _checkpoint(5, "Completed"), True),  # the status still says the one before
+        ("not-an-id", None, False),  # no request of the admin API's: replaced
+    ],
+)  # fmt: skip
+def test_kubernetes_checkpoint_requests_one_at_a_time(
+    annotated: str | None, reported: dict[str, Any] | None, refused: bool
+) -> None:
+    metadata: dict[str, Any] = {"name": "user-emb", "resourceVersion": "41"}
+    if annotated is not None:
+        metadata["annotations"] = {CHECKPOINT_REQUEST_ANNOTATION: annotated}
+    status = {"phase": "Ready", "checkpointRequest": reported} if reported else None
+    api = FakeApiServer({"metadata": metadata, "status": status})
+    if refused:
+        with pytest.raises(ProvisioningError, match=r"checkpoint 6 of table 'user_emb' is still "
+                           r"running \(the operator has not reported it") as error:  # fmt: skip
+            api.provisioner().request_checkpoint("user_emb", 7)
+        assert error.value.status_code == 409
+        assert [r.method for r in api.requests] == ["GET"]  # nothing written
+        return
+    api.provisioner().request_checkpoint("user_emb", 7)
+    _read, patch = api.requests
+    # the version read: a request annotated meanwhile makes this one fail, not replace it
+    assert json.loads(patch.content)["metadata"] == {
+        "resourceVersion": "41", "annotations": {CHECKPOINT_REQUEST_ANNOTATION: "7"}
+    }  # fmt: skip
+
+
+def test_a_checkpoint_request_that_loses_a_race_is_decided_again() -> None:
+    """The annotation is written at the resourceVersion read: when the resource changed
+    meanwhile (409), it is read again; a request annotated by someone else in between is
+    then refused, never replaced."""
+    free: dict[str, Any] = {"metadata": {"resourceVersion": "1"}}
+    taken = {"metadata": {"resourceVersion": "2",
+                          "annotations": {CHECKPOINT_REQUEST_ANNOTATION: "6"}}}  # fmt: skip
+    reads = iter([free, free])
+    seen: list[str] = []
+
+    def api(request: httpx.Request) -> httpx.Response:
+        seen.append(request.method)
+        if request.method == "GET":
+            return httpx.Response(200, json=next(reads))
+        if seen.count("PATCH") == 1:
+            return httpx.Response(409, json={"message": "the object has been modified"})
+        return httpx.Response(200, json={})
+
+    client = httpx.Client(base_url="https://k8s.test", transport=httpx.MockTransport(api))
+    KubernetesProvisioner(client, namespace="ml").request_checkpoint("user_emb", 7)
+    assert seen == ["GET", "PATCH", "GET", "PATCH"]
+
+    reads, seen[:] = iter([free, taken]), []
+    with pytest.raises(ProvisioningError, match="checkpoint 6 of table 'user_emb' is still"):
+        KubernetesProvisioner(client, namespace="ml").request_checkpoint("user_emb", 7)
+    assert seen == ["GET", "PATCH", "GET"]
 
 
 def test_kubernetes_errors_become_provisioning_errors() -> None:

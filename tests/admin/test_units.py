@@ -9,7 +9,7 @@ from fastapi import HTTPException
 from pydantic import ValidationError
 
 from recstore.admin.api.deps import parse_version
-from recstore.admin.schemas import TablePatch, validate_endpoint
+from recstore.admin.schemas import TablePatch
 from recstore.admin.security import (
     Role,
     digests_match,
@@ -20,6 +20,7 @@ from recstore.admin.security import (
 from recstore.admin.spec_patch import apply_patch, normalise_keys
 from recstore.core import TableSpec
 from recstore.core.errors import InvalidArgument
+from recstore.core.status import validate_endpoint
 
 BASE = TableSpec(name="t", num_embeddings=100, embedding_dim=8, shards=2)
 

@@ -138,10 +138,15 @@ def test_shards_built_without_a_recorder_still_move() -> None:
 def test_a_queued_change_is_a_condition_until_it_starts() -> None:
     import datetime as dt
 
-    from recstore.core.reconcile import Observation, ShardState, compute_status
+    from recstore.core.reconcile import Observation, ShardState
+    from recstore.core.reconcile import compute_status as compute
+    from recstore.core.status import TableStatus
+
+    def compute_status(**kwargs):  # the wire form, as the status is stored
+        return compute(**kwargs).to_wire()
 
     now = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
-    shards = tuple(ShardState(i, f"h:{i}", True) for i in range(3))
+    shards = tuple(ShardState(i, f"h:{5000 + i}", True) for i in range(3))
     moving = Resharding(2, 3, 0, 5461, 0, 1)
     kwargs = {"problem": None, "declared_shards": 4, "generation": 2, "now": now}
     queued = compute_status(
@@ -155,7 +160,7 @@ def test_a_queued_change_is_a_condition_until_it_starts() -> None:
     )
     started = compute_status(
         observation=Observation(3, shards=shards, resharding=Resharding(3, 4, 0, 1, 0, 7)),
-        previous=queued, **kwargs,
+        previous=TableStatus.model_validate(queued), **kwargs,
     )  # fmt: skip
     emptied = {c["type"]: c for c in started["conditions"]}["ReshardQueued"]
     assert (emptied["status"], emptied["reason"]) == ("False", "NothingQueued")

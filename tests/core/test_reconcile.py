@@ -6,19 +6,28 @@ import datetime as dt
 
 import pytest
 
+from recstore.core import reconcile
+from recstore.core.checkpoint_status import CheckpointState, ShardCheckpoint, TableCheckpoint
 from recstore.core.errors import InvalidArgument
 from recstore.core.reconcile import (
     Observation,
     Resharding,
     ShardState,
-    admin_status,
-    compute_status,
     parse_declaration,
     plan_shards,
     ps_node_args,
 )
+from recstore.core.status import TableStatus
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.timezone.utc)
+
+
+def compute_status(*, previous, **kwargs):
+    """The core's status in its wire form; ``previous`` as a stored (wire) status."""
+    stored = TableStatus.from_stored(previous)
+    return reconcile.compute_status(previous=stored, **kwargs).to_wire()
+
+
 BASE = {"numEmbeddings": 1000, "embeddingDim": 8}
 
 
@@ -247,15 +256,54 @@ def test_transition_times_stay_while_a_condition_holds():
     assert valid["lastTransitionTime"] == "2026-01-01T12:00:00Z"
 
 
-def test_admin_status_has_exactly_the_contract_keys():
-    status = compute_status(problem=None, declared_shards=1,
-                            observation=Observation(1, False, shards(True), "ck-1"),
+COMPLETED = TableCheckpoint(
+    id="request-7", request_id=7, state=CheckpointState.completed, at="2026-01-01T12:00:00Z",
+    shards=[ShardCheckpoint(index=0, endpoint="h0:1", rows=10, bytes=80)],
+)  # fmt: skip
+
+
+def test_the_wire_status_holds_every_field_but_an_unknown_slot_map():
+    observation = Observation(
+        1, False, shards(True), last_checkpoint=COMPLETED, checkpoint_request=COMPLETED
+    )
+    status = compute_status(problem=None, declared_shards=1, observation=observation,
                             generation=1, previous=None, now=T0)  # fmt: skip
-    wire = admin_status(status)
-    assert set(wire) == {"phase", "conditions", "observedGeneration", "shards", "slotMapEpoch",
-                         "lastCheckpoint"}  # fmt: skip
-    assert wire["shards"] == [{"index": 0, "endpoint": "h0:1", "ready": True}]
-    assert wire["slotMapEpoch"] == 1 and wire["lastCheckpoint"] == "ck-1"
+    assert set(status) == {"phase", "conditions", "observedGeneration", "readyShards", "shards",
+                           "slotMapEpoch", "lastCheckpoint", "checkpointRequest"}  # fmt: skip
+    assert status["shards"] == [{"index": 0, "endpoint": "h0:1", "ready": True}]
+    assert status["slotMapEpoch"] == 1 and status["readyShards"] == 1
+    assert status["lastCheckpoint"] == status["checkpointRequest"] == {
+        "id": "request-7", "requestId": 7, "state": "Completed", "message": None,
+        "at": "2026-01-01T12:00:00Z",
+        "shards": [{"index": 0, "endpoint": "h0:1", "rows": 10, "bytes": 80, "error": None}],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("observed", "stored", "kept"),
+    [
+        (None, None, None),
+        (None, COMPLETED, COMPLETED),  # nothing new: the stored one stays
+        (COMPLETED, None, COMPLETED),
+        (COMPLETED.model_copy(update={"id": "request-8", "request_id": 8}), COMPLETED,
+         COMPLETED.model_copy(update={"id": "request-8", "request_id": 8})),
+    ],
+)  # fmt: skip
+def test_checkpoints_observed_anew_win_and_the_stored_ones_stay(observed, stored, kept):
+    previous = TableStatus(phase="Ready", last_checkpoint=stored, checkpoint_request=stored)
+    status = reconcile.compute_status(
+        problem=None, declared_shards=1, generation=1, now=T0, previous=previous,
+        observation=Observation(1, False, shards(True), last_checkpoint=observed,
+                                checkpoint_request=observed),
+    )  # fmt: skip
+    assert status.last_checkpoint == kept and status.checkpoint_request == kept
+
+
+def test_a_long_problem_is_cut_to_the_status_bound():
+    status = compute_status(problem="x" * 5000, declared_shards=None, observation=Observation(),
+                            generation=1, previous=None, now=T0)  # fmt: skip
+    message = next(c for c in status["conditions"] if c["type"] == "SpecValid")["message"]
+    assert len(message) == 1024 and message.endswith("…")
 
 
 def test_a_node_refusal_fails_the_table_with_the_nodes_reason():

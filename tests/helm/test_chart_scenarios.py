@@ -17,6 +17,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from recstore.core.resource import API_VERSION, CRD_NAME
+
 EXPECTED_SCENARIOS = {
     "default-values.yaml",
     "external-postgres-values.yaml",
@@ -199,7 +201,7 @@ def test_tables_installed_by_scenarios_match_the_crd(chart) -> None:
     # A CRD schema is OpenAPI 3.0 (boolean exclusiveMinimum etc.): JSON Schema draft 4 rules.
     validator = jsonschema.Draft4Validator(schema)
     for table in tables:
-        assert table["apiVersion"] == "recstore.io/v1alpha1"
+        assert table["apiVersion"] == API_VERSION
         validator.validate(table)
     broken = copy.deepcopy(tables[0])
     broken["spec"]["embeddingDim"] = 0
@@ -210,7 +212,7 @@ def test_chart_crds_validate_strictly(chart) -> None:
     crds = chart.crds
     assert crds, "templates/crd.yaml is missing"
     names = {crd["metadata"]["name"] for crd in crds}
-    assert "embeddingtables.recstore.io" in names
+    assert CRD_NAME in names
     for crd in crds:
         _validate_strict(crd, chart.kube_version)
 

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from helm_python.errors import HelmRenderError
 
+from recstore.core.resource import GROUP, PLURAL
+
 SQLITE_URL = "sqlite:////var/lib/recstore/admin.db"
 
 
@@ -276,18 +278,18 @@ WRITE = ["get", "list", "watch", "create", "patch", "delete"]
 READ = ["get", "list", "watch"]
 NAMESPACED_RULES = [
     {
-        "apiGroups": ["recstore.io"],
-        "resources": ["embeddingtables"],
+        "apiGroups": [GROUP],
+        "resources": [PLURAL],
         "verbs": ["get", "list", "watch", "patch"],
     },
     {
-        "apiGroups": ["recstore.io"],
-        "resources": ["embeddingtables/status"],
+        "apiGroups": [GROUP],
+        "resources": [f"{PLURAL}/status"],
         "verbs": ["get", "patch"],
     },
     {
-        "apiGroups": ["recstore.io"],
-        "resources": ["embeddingtables/finalizers"],
+        "apiGroups": [GROUP],
+        "resources": [f"{PLURAL}/finalizers"],
         "verbs": ["update"],
     },
     {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": WRITE},
@@ -399,8 +401,8 @@ def test_admin_may_manage_tables_only_when_enabled(chart, enabled: bool) -> None
     assert role["metadata"]["namespace"] == "recstore"
     assert _rules(role) == [
         {
-            "apiGroups": ["recstore.io"],
-            "resources": ["embeddingtables"],
+            "apiGroups": [GROUP],
+            "resources": [PLURAL],
             "verbs": ["get", "list", "create", "patch", "delete"],
         }
     ]

@@ -1,27 +1,32 @@
 """The EmbeddingTable body and the object reads the kmock operator tests share.
 
 Each test plays the cluster over the API double's HTTP interface: it applies an
-EmbeddingTable, reads back the children and the status the operator wrote, and
-looks for one condition in that status.
+EmbeddingTable, plays the StatefulSet controller and kubelet (``run_shards``), reads
+back the children and the status the operator wrote, and looks for one condition in
+that status.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import httpx
+
+from recstore.core.resource import API_VERSION, KIND
 
 from .conftest import ET, NS
 
 STS = f"/apis/apps/v1/namespaces/{NS}/statefulsets"
 PODS = f"/api/v1/namespaces/{NS}/pods"
+MERGE = {"Content-Type": "application/merge-patch+json"}
 
 
 def table(name: str = "clicks", **spec: Any) -> dict[str, Any]:
     body = {"numEmbeddings": 1000, "embeddingDim": 16, "shards": 2, **spec}
     return {
-        "apiVersion": "recstore.io/v1alpha1",
-        "kind": "EmbeddingTable",
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": name, "namespace": NS},
         "spec": body,
     }
@@ -38,3 +43,44 @@ async def status_of(api: httpx.AsyncClient, name: str = "clicks") -> dict[str, A
 
 def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
     return next(c for c in status.get("conditions", []) if c["type"] == kind)
+
+
+async def run_shards(
+    api: httpx.AsyncClient,
+    name: str,
+    shards: int,
+    pod_ip: Callable[[int], str] = lambda index: "127.0.0.1",
+) -> None:
+    """Play the StatefulSet controller and kubelet: every shard pod up and ready (pod i at
+    ``pod_ip(i)``)."""
+    sts = await get(api, f"{STS}/{name}-ps")
+    assert sts is not None
+    selector = sts["spec"]["selector"]["matchLabels"]
+    generation = sts["metadata"]["generation"]
+    sts_status = {
+        "replicas": shards,
+        "readyReplicas": shards,
+        "updatedReplicas": shards,
+        "observedGeneration": generation,
+        "currentRevision": f"{name}-ps-{generation}",
+        "updateRevision": f"{name}-ps-{generation}",
+    }
+    patched = await api.patch(f"{STS}/{name}-ps/status", json={"status": sts_status}, headers=MERGE)
+    patched.raise_for_status()
+    for i in range(shards):
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{name}-ps-{i}",
+                "namespace": NS,
+                "labels": {**selector, "apps.kubernetes.io/pod-index": str(i)},
+            },
+            "status": {
+                "podIP": pod_ip(i),
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [{"name": "ps", "restartCount": 0}],
+            },
+        }
+        if await get(api, f"{PODS}/{name}-ps-{i}") is None:
+            (await api.post(PODS, json=pod)).raise_for_status()

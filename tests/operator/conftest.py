@@ -3,7 +3,8 @@
 kmock's KubernetesEmulator stores objects and serves watches but runs no
 controllers and assigns no server-side fields, so ``ApiServer`` adds uid,
 resourceVersion, generation and a name from ``generateName`` the way the real
-API server does (and refuses a PUT carrying a stale resourceVersion with 409),
+API server does (and refuses a PUT carrying a stale resourceVersion with 409, a JSON patch
+whose test fails with 422),
 and tests write StatefulSet and pod status themselves. The PS double is a real gRPC
 server on loopback that records CreateTable and Save calls.
 """
@@ -11,6 +12,7 @@ server on loopback that records CreateTable and Save calls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import uuid
@@ -21,17 +23,19 @@ from typing import Any
 import aiohttp.web
 import grpc
 import httpx
+import jsonpatch
 import kmock
 import kopf
 import pytest
 from kopf.testing import KopfRunner
 
+from recstore.core.resource import API_VERSION, PLURAL, collection_path
 from recstore.operator.config import OperatorConfig
 from recstore.operator.handlers import register
 from recstore.v1 import ps_pb2, ps_pb2_grpc
 
 NS = "default"
-ET = "/apis/recstore.io/v1alpha1/namespaces/default/embeddingtables"
+ET = collection_path(NS)
 PS_TOKEN = "ps-secret-token"
 
 
@@ -67,7 +71,13 @@ class ApiServer(kmock.KubernetesEmulator):
                     meta["generation"] = generation + 1 if spec_changed else generation
             if meta is not None:
                 meta["resourceVersion"] = str(next(self._versions))
-        return await super()._handle(request)
+        try:
+            return await super()._handle(request)
+        except jsonpatch.JsonPatchTestFailed as error:
+            # a JSON patch whose "test" op fails (kopf tests the resourceVersion it read
+            # before removing its finalizer): the API server answers 422, and kopf tries
+            # again at its next cycle
+            return aiohttp.web.json_response({"message": str(error)}, status=422)
 
     async def _replace(self, request: kmock.Request) -> Any:
         """PUT (kmock serves none): a compare-and-swap on resourceVersion, then the update.
@@ -99,7 +109,7 @@ async def api_server(tmp_path, monkeypatch) -> AsyncIterator[ApiServer]:
             "namespaced": False,
             "kind": "CustomResourceDefinition",
         }
-        server.resources["recstore.io/v1alpha1/embeddingtables"] = {
+        server.resources[f"{API_VERSION}/{PLURAL}"] = {
             "namespaced": True,
             "kind": "EmbeddingTable",
             "singular": "embeddingtable",
@@ -136,11 +146,14 @@ async def api(api_server: ApiServer) -> AsyncIterator[httpx.AsyncClient]:
 
 @dataclass
 class FakePS(ps_pb2_grpc.ParameterServerServicer):
-    """Records what the operator asks of the shards; fails Save while ``fail_saves`` > 0."""
+    """Records what the operator asks of the shards; fails Save while ``fail_saves`` > 0;
+    holds each Save until ``hold_saves`` is set, when it is an Event (a checkpoint that
+    takes its time)."""
 
     created: list[dict[str, Any]] = field(default_factory=list)
     saves: list[str] = field(default_factory=list)
     fail_saves: int = 0
+    hold_saves: asyncio.Event | None = None
     port: int = 0
 
     async def CreateTable(self, request, context):
@@ -152,6 +165,8 @@ class FakePS(ps_pb2_grpc.ParameterServerServicer):
     async def Save(self, request, context):
         if dict(context.invocation_metadata()).get("authorization") != f"Bearer {PS_TOKEN}":
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad token")
+        if self.hold_saves is not None:
+            await self.hold_saves.wait()
         if self.fail_saves > 0:
             self.fail_saves -= 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, "disk busy")
@@ -219,10 +234,12 @@ def operator_config(fake_ps: FakePS, admin_server: kmock.RawHandler) -> Operator
     )
 
 
-@pytest.fixture
-async def operator(
-    api_server: ApiServer, api: httpx.AsyncClient, operator_config: OperatorConfig
+@contextlib.asynccontextmanager
+async def running_operator(
+    api: httpx.AsyncClient, config: OperatorConfig
 ) -> AsyncIterator[KopfRunner]:
+    """The real operator (kopf in a thread, a fresh registry) with ``config``, the PS token
+    Secret in place."""
     import base64
 
     secret = {
@@ -233,7 +250,7 @@ async def operator(
     }
     (await api.post(f"/api/v1/namespaces/{NS}/secrets", json=secret)).raise_for_status()
     registry = kopf.OperatorRegistry()
-    register(registry, operator_config)
+    register(registry, config)
     runner = KopfRunner(["run", "--standalone", "-A"], registry=registry, timeout=30)
     runner.__enter__()
     try:
@@ -241,3 +258,11 @@ async def operator(
     finally:
         # The thread's exit waits for kopf to stop; our loop must keep serving kmock meanwhile.
         await asyncio.to_thread(runner.__exit__, None, None, None)
+
+
+@pytest.fixture
+async def operator(
+    api_server: ApiServer, api: httpx.AsyncClient, operator_config: OperatorConfig
+) -> AsyncIterator[KopfRunner]:
+    async with running_operator(api, operator_config) as runner:
+        yield runner

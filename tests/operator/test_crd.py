@@ -1,8 +1,10 @@
-"""The CRD: generated from the models, structural, fresh on disk, agreeing with pydantic."""
+"""The CRD: generated from the models (spec and status), structural, fresh on disk, agreeing
+with pydantic."""
 
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +14,18 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from pydantic import ValidationError
 
+from recstore.core.checkpoint_status import ShardCheckpoint, outcome, running
 from recstore.core.errors import InvalidArgument
-from recstore.core.reconcile import parse_declaration
+from recstore.core.reconcile import (
+    Observation,
+    Resharding,
+    ShardState,
+    compute_status,
+    parse_declaration,
+)
+from recstore.core.status import EmbeddingTableStatus, TableStatus
 from recstore.operator.crd import build_crd
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -193,3 +204,83 @@ def test_the_fields_a_table_keeps_for_life_are_immutable_to_the_api_server():
     assert set(rules) == expected
     assert all(found == ["self == oldSelf"] for found in rules.values())
     assert ("shards",) not in rules and ("mode",) in rules and ("keys", "mode") in rules
+
+
+# --- the status: generated from the one model the reconcile core returns ------------------
+
+STATUS_VALIDATOR = jsonschema.Draft4Validator(to_draft4(SCHEMA["properties"]["status"]))
+T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.timezone.utc)
+SAVED = [ShardCheckpoint(index=0, endpoint="t-ps-0.t-ps.ml.svc.cluster.local:50051", rows=7,
+                         bytes=56),
+         ShardCheckpoint(index=1, endpoint="t-ps-1.t-ps.ml.svc.cluster.local:50051",
+                         error="UNAVAILABLE: connection refused")]  # fmt: skip
+FAILED = outcome("request-3", SAVED, now=T0, request_id=3)
+COMPLETED = outcome("final-20260101T120000Z", SAVED[:1], now=T0)
+
+
+def _shards(*ready: bool) -> tuple[ShardState, ...]:
+    return tuple(
+        ShardState(i, f"t-ps-{i}.t-ps.ml.svc.cluster.local:50051", r) for i, r in enumerate(ready)
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "previous"),
+    [
+        ({"problem": "spec.embeddingDim: " + "x" * 3000, "observation": Observation()}, None),
+        ({"observation": Observation(2, False, _shards(True, True))}, None),
+        ({"observation": Observation(2, True, _shards(True, False),
+                                     checkpoint_request=running(3))}, "Ready"),
+        ({"observation": Observation(2, False, _shards(True, True), last_checkpoint=COMPLETED,
+                                     checkpoint_request=FAILED)}, "Ready"),
+        ({"observation": Observation(3, False, _shards(True, True, False),
+                                     resharding=Resharding(2, 3, 100, 5461, 4096, 2),
+                                     queued_shards=4)}, "Ready"),
+        ({"observation": Observation(2, False, _shards(False, False), refused="no GPU")}, None),
+        ({"observation": Observation(2, False, _shards(True, True)), "deleting": True}, "Ready"),
+    ],
+)  # fmt: skip
+def test_the_reconcile_cores_status_fits_the_crd_and_the_admin_apis_model(kwargs, previous):
+    args = {"problem": None, "declared_shards": 2, **kwargs}
+    stored = TableStatus(phase=previous) if previous else None
+    status = compute_status(**args, generation=2, previous=stored, now=T0)
+    wire = status.to_wire()
+    STATUS_VALIDATOR.validate(wire)
+    # the admin API's PUT body is the same model: what the operator writes, it takes as is
+    assert TableStatus.model_validate(wire) == status
+    # what the API server stores (a merge patch drops the nulls) reads back the same
+    stored_back = {k: v for k, v in wire.items() if v is not None}
+    assert TableStatus.model_validate(stored_back) == status
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        {"phase": "Ready", "lastCheckpoint": "final-20260101T000000Z"},  # a bare id: not the shape
+        {"phase": "Ready", "checkpointRequest": {"id": "request-1", "state": "Done"}},
+        {"phase": "Ready", "checkpointRequest": {"state": "Running"}},
+        {"phase": "Ready", "lastCheckpoint": {"id": "x" * 129, "state": "Completed"}},
+        {"phase": "Unknown"},
+        {"phase": "Ready", "conditions": [{"type": "Ready", "status": "Maybe"}]},
+        {"phase": "Ready", "shards": [{"index": 1024}]},
+        {"phase": "Ready", "slotMap": {"epoch": 0, "ranges": []}},
+        {"phase": "Ready", "slotMap": {"epoch": 2, "ranges": [[0, 10]]}},
+    ],
+)
+def test_the_crd_and_the_model_refuse_the_same_statuses(status):
+    assert not STATUS_VALIDATOR.is_valid(status)
+    with pytest.raises(ValidationError):
+        TableStatus.model_validate(status)
+
+
+def test_the_move_record_is_kept_as_the_operator_writes_it():
+    job = {"table": "t", "from_shards": 2, "to_shards": 3, "batches": [], "phase": "copy"}
+    node = SCHEMA["properties"]["status"]["properties"]["migrationJob"]
+    assert node["x-kubernetes-preserve-unknown-fields"] is True and "properties" not in node
+    STATUS_VALIDATOR.validate({"phase": "Resharding", "migrationJob": job})
+    assert (
+        EmbeddingTableStatus.model_validate(
+            {"phase": "Resharding", "migrationJob": job}
+        ).migration_job
+        == job
+    )

@@ -14,49 +14,13 @@ import httpx
 import kmock
 import pytest
 
-from .cluster_objects import PODS, STS, condition, get, status_of, table
+from .cluster_objects import MERGE, STS, condition, get, run_shards, status_of, table
 from .conftest import ET, NS, ApiServer, FakePS, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 SVC = f"/api/v1/namespaces/{NS}/services"
 PDB = f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets"
-MERGE = {"Content-Type": "application/merge-patch+json"}
-
-
-async def run_shards(api: httpx.AsyncClient, name: str, shards: int) -> None:
-    """Play the StatefulSet controller and kubelet: every shard pod up and ready."""
-    sts = await get(api, f"{STS}/{name}-ps")
-    assert sts is not None
-    selector = sts["spec"]["selector"]["matchLabels"]
-    generation = sts["metadata"]["generation"]
-    sts_status = {
-        "replicas": shards,
-        "readyReplicas": shards,
-        "updatedReplicas": shards,
-        "observedGeneration": generation,
-        "currentRevision": f"{name}-ps-{generation}",
-        "updateRevision": f"{name}-ps-{generation}",
-    }
-    patched = await api.patch(f"{STS}/{name}-ps/status", json={"status": sts_status}, headers=MERGE)
-    patched.raise_for_status()
-    for i in range(shards):
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": f"{name}-ps-{i}",
-                "namespace": NS,
-                "labels": {**selector, "apps.kubernetes.io/pod-index": str(i)},
-            },
-            "status": {
-                "podIP": "127.0.0.1",
-                "conditions": [{"type": "Ready", "status": "True"}],
-                "containerStatuses": [{"name": "ps", "restartCount": 0}],
-            },
-        }
-        if await get(api, f"{PODS}/{name}-ps-{i}") is None:
-            (await api.post(PODS, json=pod)).raise_for_status()
 
 
 async def test_apply_creates_children_then_becomes_ready(

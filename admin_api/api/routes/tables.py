@@ -26,10 +26,10 @@ from recstore.admin.schemas import (
     TablePatch,
     TablePublic,
     TableRecoveryReport,
-    TableStatus,
 )
 from recstore.core import TableSpec
 from recstore.core.migration_events import MoveEvent
+from recstore.core.status import TableStatus
 
 router = APIRouter(
     prefix="/tables",

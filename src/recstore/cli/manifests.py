@@ -13,9 +13,7 @@ import yaml
 
 from recstore.core.errors import InvalidArgument
 from recstore.core.reconcile import Declaration, parse_declaration
-
-API_VERSION = "recstore.io/v1alpha1"
-KIND = "EmbeddingTable"
+from recstore.core.resource import API_VERSION, KIND
 
 
 def read_declarations(path: Path) -> list[Declaration]:

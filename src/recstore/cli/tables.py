@@ -22,7 +22,9 @@ from recstore.cli.api_client import (
     resolve_token,
 )
 from recstore.cli.manifests import read_declarations
+from recstore.core.checkpoint_status import CheckpointState
 from recstore.core.errors import InvalidArgument
+from recstore.core.resource import PLURAL, SHORT_NAMES, SINGULAR
 
 AdminUrl = Annotated[
     str, typer.Option("--admin-url", envvar="RECSTORE_ADMIN_URL", help="Admin API base URL.")
@@ -32,6 +34,10 @@ Token = Annotated[
 ]
 StateDir = Annotated[Path, typer.Option("--state-dir", help="Where `recstore up` keeps its token.")]
 console = Console()
+#: how a command may name the table resource, as kubectl does
+TABLE_KINDS = ("table", "tables", SINGULAR, PLURAL, *SHORT_NAMES)
+#: a requested checkpoint's states before its outcome
+WAITING = (CheckpointState.requested.value, CheckpointState.running.value)
 
 
 def _client(url: str, token: str | None, state_dir: Path) -> AdminClient:
@@ -53,11 +59,11 @@ def apply(
         current = client.get_or_none(f"/tables/{spec.name}")
         if current is None:
             client.request("POST", "/tables", json=wire)
-            console.print(f"embeddingtable/{spec.name} created")
+            console.print(f"{SINGULAR}/{spec.name} created")
             continue
         changes = {k: v for k, v in wire.items() if current["spec"].get(k) != v}
         if not changes:
-            console.print(f"embeddingtable/{spec.name} unchanged")
+            console.print(f"{SINGULAR}/{spec.name} unchanged")
             continue
         client.request(
             "PATCH",
@@ -65,7 +71,7 @@ def apply(
             json=changes,
             headers={"If-Match": str(current["resource_version"])},
         )
-        console.print(f"embeddingtable/{spec.name} configured")
+        console.print(f"{SINGULAR}/{spec.name} configured")
 
 
 def get(
@@ -78,14 +84,14 @@ def get(
 ) -> None:
     """List tables (`get tables`) or show one (`get table NAME`)."""
     client = _client(admin_url, token, state_dir)
-    if kind in ("tables", "table", "et", "embeddingtables") and name is None:
+    if kind in TABLE_KINDS and name is None:
         items = _all_tables(client)
         if output == "yaml":
             typer.echo(yaml.safe_dump(items, sort_keys=False))
             return
         console.print(_tables_view(items))
         return
-    if kind not in ("table", "tables", "et", "embeddingtable") or name is None:
+    if kind not in TABLE_KINDS or name is None:
         raise CliError("usage: recstore get tables | recstore get table NAME")
     table = client.get(f"/tables/{name}")
     if output == "yaml":
@@ -102,7 +108,23 @@ def get(
             f"{condition['type']}={condition['status']} ({condition.get('reason', '')}): "
             f"{condition.get('message', '')}"
         )
+    _print_checkpoints(status)
     _print_caches(client.get(f"/tables/{name}/cache"))
+
+
+def _print_checkpoints(status: dict[str, Any]) -> None:
+    """The newest checkpoint every shard wrote, and the newest one asked for on demand."""
+    last, asked = status.get("lastCheckpoint"), status.get("checkpointRequest")
+    if last:
+        console.print(f"last checkpoint: {last['id']} at {last.get('at') or '-'} "
+                      f"({_rows(last)} rows)")  # fmt: skip
+    if asked:
+        why = f": {asked['message']}" if asked.get("message") else ""
+        console.print(f"checkpoint request {asked.get('requestId')}: {asked['state']}{why}")
+
+
+def _rows(checkpoint: dict[str, Any]) -> int:
+    return sum(shard.get("rows") or 0 for shard in checkpoint.get("shards") or [])
 
 
 CACHE_COLUMNS = ("HITS", "MISSES", "EVICTIONS", "HIT RATE", "ROWS", "BYTES/CAP")
@@ -151,14 +173,14 @@ def delete(
     """Delete a table (`delete table NAME` or `delete -f FILE`): its nodes stop, its rows go."""
     if file is not None:
         names = [d.spec.name for d in read_declarations(file)]
-    elif name is not None and kind in ("table", "et", "embeddingtable"):
+    elif name is not None and kind in TABLE_KINDS:
         names = [name]
     else:
         raise CliError("usage: recstore delete table NAME | recstore delete -f FILE")
     client = _client(admin_url, token, state_dir)
     for table in names:
         client.request("DELETE", f"/tables/{table}")
-        console.print(f"embeddingtable/{table} deleted")
+        console.print(f"{SINGULAR}/{table} deleted")
 
 
 def checkpoint(
@@ -176,17 +198,16 @@ def checkpoint(
         return
     deadline = time.monotonic() + wait
     with console.status(f"checkpointing {name} ..."):
-        while record["state"] == "Requested":
+        while record["state"] in WAITING:
             if time.monotonic() > deadline:
                 raise CliError(f"checkpoint {record['id']} of {name} not done after {wait:g} s")
             time.sleep(0.2)
             items = client.get(f"/tables/{name}/checkpoints", params={"limit": 100})["items"]
             record = next(item for item in items if item["id"] == record["id"])
-    rows = sum(
-        c.get("rows", 0)
-        for c in (record.get("detail") or {}).get("result", {}).get("checkpoints", [])
-    )
-    console.print(f"checkpoint {record['id']} of {name}: {record['state']} ({rows} rows)")
+    result = (record.get("detail") or {}).get("result") or {}
+    if record["state"] == CheckpointState.failed.value:
+        raise CliError(f"checkpoint {record['id']} of {name} failed: {result.get('message')}")
+    console.print(f"checkpoint {record['id']} of {name}: {record['state']} ({_rows(result)} rows)")
 
 
 def wait(
@@ -207,7 +228,7 @@ def wait(
                     f"{name} is {current or 'Pending'}, not {phase}, after {timeout:g} s"
                 )
             time.sleep(0.2)
-    console.print(f"embeddingtable/{name} {phase}")
+    console.print(f"{SINGULAR}/{name} {phase}")
 
 
 def _all_tables(client: AdminClient) -> list[dict[str, Any]]:

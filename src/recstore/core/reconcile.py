@@ -11,18 +11,19 @@ observes its world, calls these, and applies the result.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from recstore.core.checkpoint_status import TableCheckpoint, clip, rfc3339
 from recstore.core.errors import InvalidArgument
 from recstore.core.migration_retry import attempt_note, retry_note
 from recstore.core.placement import Placement
 from recstore.core.routing import SlotMap
 from recstore.core.spec import Durability, StorageTier, TableSpec
+from recstore.core.status import Condition, Phase, ShardStatus, TableStatus
 from recstore.core.tls import ServerTls
 
 GRPC_PORT = 50051
@@ -34,16 +35,6 @@ METRICS_PORT = 9100
 #: then say NOT_SERVING: not ready for writes, yet alive and serving reads)
 LIVENESS_SERVICE = "liveness"
 DATA_DIR = "/data"
-
-
-class Phase(str, Enum):
-    pending = "Pending"  # accepted, nothing running yet
-    provisioning = "Provisioning"  # shards starting or rolling to a new template
-    ready = "Ready"  # every shard serves
-    degraded = "Degraded"  # was ready, some shard stopped serving
-    deleting = "Deleting"
-    failed = "Failed"  # the declaration is invalid; nothing was changed
-    resharding = "Resharding"  # every shard serves; slots are moving to a new shard count
 
 
 @dataclass(frozen=True)
@@ -180,7 +171,12 @@ class Observation:
     #: a rollout to a new shard template is still under way.
     rolling: bool = False
     shards: tuple[ShardState, ...] = ()
-    last_checkpoint: str | None = None
+    #: the newest checkpoint every shard wrote, when the provisioner took one since the
+    #: status was last written (else the previous status's stands)
+    last_checkpoint: TableCheckpoint | None = None
+    #: the on-demand checkpoint the provisioner is taking or took last (else the previous
+    #: status's stands)
+    checkpoint_request: TableCheckpoint | None = None
     #: why a node refused to host the table (e.g. a GPU table on a node without a GPU):
     #: retrying the same declaration cannot help, so the table is Failed with this reason
     refused: str | None = None
@@ -221,17 +217,17 @@ def compute_status(
     declared_shards: int | None,
     observation: Observation,
     generation: int,
-    previous: Mapping[str, Any] | None,
+    previous: TableStatus | None,
     now: dt.datetime,
     deleting: bool = False,
-) -> dict[str, Any]:
-    """The table's status (the admin API's status shape plus ``readyShards``).
+) -> TableStatus:
+    """The table's status.
 
     ``problem`` is the validation message of an invalid declaration (None when
     valid); ``previous`` the last status written, which keeps condition
-    transition times stable and tells Degraded (was ready) from Provisioning.
+    transition times stable, tells Degraded (was ready) from Provisioning and keeps
+    the checkpoints the observation does not report anew.
     """
-    previous = previous or {}
     shards = observation.shards
     ready = sum(s.ready for s in shards)
     running = observation.running_shards
@@ -277,7 +273,7 @@ def compute_status(
              "MovingSlots" if moving.running else ("MoveFailed" if moving.error else "MoveDone"),
              moving.describe())
         )  # fmt: skip
-    old = {c.get("type"): c for c in previous.get("conditions", []) if isinstance(c, Mapping)}
+    old = {c.type: c for c in previous.conditions} if previous is not None else {}
     queued = observation.queued_shards
     if queued is not None or "ReshardQueued" in old:
         running_to = moving.to_shards if moving is not None else declared_shards
@@ -292,15 +288,17 @@ def compute_status(
         _condition(kind, ok, reason, message, generation, now, old.get(kind))
         for kind, ok, reason, message in wanted
     ]
-    return {
-        "phase": phase.value,
-        "conditions": conditions,
-        "observedGeneration": generation,
-        "readyShards": ready,
-        "shards": [{"index": s.index, "endpoint": s.endpoint, "ready": s.ready} for s in shards],
-        "slotMapEpoch": int(previous.get("slotMapEpoch") or SlotMap.initial(1).epoch),
-        "lastCheckpoint": observation.last_checkpoint or previous.get("lastCheckpoint"),
-    }
+    kept = previous or TableStatus(phase=phase)  # what the observation does not say anew
+    return TableStatus(
+        phase=phase,
+        conditions=conditions,
+        observed_generation=generation,
+        ready_shards=ready,
+        shards=[ShardStatus(index=s.index, endpoint=s.endpoint, ready=s.ready) for s in shards],
+        slot_map_epoch=kept.slot_map_epoch or SlotMap.initial(1).epoch,
+        last_checkpoint=observation.last_checkpoint or kept.last_checkpoint,
+        checkpoint_request=observation.checkpoint_request or kept.checkpoint_request,
+    )
 
 
 def slot_owners_ready(observation: Observation) -> bool:
@@ -316,9 +314,11 @@ def slot_owners_ready(observation: Observation) -> bool:
     return len(states) == owners and all(s.ready for s in states)
 
 
-def _not_ready(previous: Mapping[str, Any]) -> Phase:
+def _not_ready(previous: TableStatus | None) -> Phase:
     """A table that served and lost a shard is Degraded; one that never served, starting."""
-    served = previous.get("phase") in (Phase.ready, Phase.degraded, Phase.resharding)
+    served = previous is not None and previous.phase in (
+        Phase.ready, Phase.degraded, Phase.resharding
+    )  # fmt: skip
     return Phase.degraded if served else Phase.provisioning
 
 
@@ -341,28 +341,16 @@ def _condition(
     message: str,
     generation: int,
     now: dt.datetime,
-    old: Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    status = "True" if ok else "False"
-    unchanged = old is not None and old.get("status") == status and old.get("lastTransitionTime")
-    stamp = old["lastTransitionTime"] if unchanged and old else _rfc3339(now)
-    return {
-        "type": kind,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": stamp,
-        "observedGeneration": generation,
-    }
-
-
-def _rfc3339(now: dt.datetime) -> str:
-    return now.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def admin_status(status: Mapping[str, Any]) -> dict[str, Any]:
-    """The status as the admin API's ``PUT /tables/{name}/status`` takes it."""
-    keys: Sequence[str] = (
-        "phase", "conditions", "observedGeneration", "shards", "slotMapEpoch", "lastCheckpoint",
-    )  # fmt: skip
-    return {key: status.get(key) for key in keys}
+    old: Condition | None,
+) -> Condition:
+    status: Literal["True", "False"] = "True" if ok else "False"
+    unchanged = old is not None and old.status == status and old.last_transition_time
+    stamp = old.last_transition_time if unchanged and old else rfc3339(now)
+    return Condition(
+        type=kind,
+        status=status,
+        reason=reason,
+        message=clip(message),  # e.g. every problem of a bad declaration: kept within bounds
+        last_transition_time=stamp,
+        observed_generation=generation,
+    )

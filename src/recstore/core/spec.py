@@ -9,7 +9,7 @@ Field names are snake_case in Python and camelCase on the wire to Kubernetes
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -34,6 +34,10 @@ class WireModel(BaseModel):
         frozen=True,
         use_enum_values=True,
     )
+
+    def to_wire(self) -> dict[str, Any]:
+        """JSON-ready camelCase form (CRD spec and status, gRPC CreateTable payload, REST)."""
+        return self.model_dump(mode="json", by_alias=True)
 
 
 class DType(str, Enum):
@@ -288,10 +292,6 @@ class TableSpec(WireModel):
         """Raise InferenceTable when this table refuses updates (gradients)."""
         if self.inference:
             raise InferenceTable.of(self.name)
-
-    def to_wire(self) -> dict[str, object]:
-        """JSON-ready camelCase form (CRD spec, gRPC CreateTable payload)."""
-        return self.model_dump(mode="json", by_alias=True)
 
 
 def check_transport_dtype(dtype: DType | str, transport: DType | str | None) -> None:

@@ -29,6 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from recstore.admin.errors import ProvisioningError
+from recstore.core.checkpoint_status import (
+    CheckpointState,
+    outcome,
+    requested_checkpoint_id,
+    running,
+)
 from recstore.core.migration import DEFAULT_BATCH_SLOTS, Phase
 from recstore.core.migration_retry import RetryPolicy
 from recstore.core.placement import Placement
@@ -178,25 +184,39 @@ class LocalProvisioner:
         shutil.rmtree(table.directory, ignore_errors=True)
 
     def request_checkpoint(self, name: str, checkpoint_id: int) -> None:
+        """Every shard saves under one id, in a thread; the status reports how it went. A
+        second request while one runs is refused (409)."""
         with self._lock:
             table = self._tables.get(name)
-        if table is None:
-            raise ProvisioningError(f"table {name!r} is not provisioned", 404)
+            if table is None:
+                raise ProvisioningError(f"table {name!r} is not provisioned", 404)
+            asked = table.checkpoint_request
+            if asked is not None and not asked.finished:
+                raise ProvisioningError(
+                    f"checkpoint {asked.request_id} of table {name!r} is still running; "
+                    "request another once it has completed or failed",
+                    status_code=409,
+                )
+            table.checkpoint_request = running(checkpoint_id)
         threading.Thread(
             target=self._checkpoint, args=(table, checkpoint_id), name="checkpoint", daemon=True
         ).start()
 
-    def _checkpoint(self, table: LocalTable, checkpoint_id: int) -> None:
-        try:
-            saved = [client.save(f"request-{checkpoint_id}") for client in table.clients]
-        except RuntimeError:
-            log.exception("checkpoint %d of %s failed", checkpoint_id, table.spec.name)
-            return
-        table.last_checkpoint = {
-            "id": checkpoint_id,
-            "checkpoints": saved,
-            "at": dt.datetime.now(dt.timezone.utc).isoformat(),
-        }
+    def _checkpoint(self, table: LocalTable, request_id: int) -> None:
+        checkpoint_id = requested_checkpoint_id(request_id)
+        shards = [
+            client.save(checkpoint_id, index=index) for index, client in enumerate(table.clients)
+        ]
+        result = outcome(
+            checkpoint_id, shards, now=dt.datetime.now(dt.timezone.utc), request_id=request_id
+        )
+        if result.message:
+            log.error("checkpoint %s of %s failed: %s", checkpoint_id, table.spec.name,
+                      result.message)  # fmt: skip
+        with self._lock:
+            table.checkpoint_request = result
+            if result.state == CheckpointState.completed:
+                table.last_checkpoint = result
 
     # --- queries ------------------------------------------------------------------
 
@@ -216,8 +236,10 @@ class LocalProvisioner:
         return self._nodes.restarts(name, shard)
 
     def status(self, name: str) -> dict[str, Any]:
+        """The table's status as last reported (wire form; empty before the first report)."""
         with self._lock:
-            return dict(self._tables[name].status)
+            status = self._tables[name].status
+            return status.to_wire() if status is not None else {}
 
     def close(self) -> None:
         """Stop every node (final checkpoints) and the status poller."""

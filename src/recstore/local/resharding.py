@@ -81,7 +81,8 @@ class LocalMover:
         return table.mover is not None and table.mover.is_alive()
 
     def start(self, table: LocalTable) -> None:
-        epoch = table.store.slot_map().epoch if table.store else table.status.get("slotMapEpoch")
+        reported = table.status.slot_map_epoch if table.status else None
+        epoch = table.store.slot_map().epoch if table.store else reported
         table.moving = Resharding(
             len(table.ports), table.spec.shards, 0, 0, 0, int(epoch or 1), running=True
         )  # until the job is planned

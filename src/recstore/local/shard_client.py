@@ -8,8 +8,8 @@ calls (``recstore.core.control``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from recstore.core.checkpoint_status import ShardCheckpoint, clip
 from recstore.core.control import ControlClient, ControlError
 from recstore.core.routing import SlotMap
 from recstore.core.spec import TableSpec
@@ -74,13 +74,16 @@ class ShardClient:
             return False
         return True
 
-    def save(self, checkpoint_id: str, *, timeout: float = 600.0) -> dict[str, Any]:
-        """Write a checkpoint of every table on the node; raises RuntimeError on failure."""
+    def save(self, checkpoint_id: str, *, index: int, timeout: float = 600.0) -> ShardCheckpoint:
+        """Write a checkpoint of every table on the node (shard ``index``): what it saved,
+        or why it did not."""
         try:
             info = self._control.save(checkpoint_id, timeout=timeout)
         except ControlError as error:
-            raise RuntimeError(f"checkpoint on {self.endpoint} failed: {error.details}") from error
-        return {"endpoint": self.endpoint, "checkpointId": info.checkpoint_id, "rows": info.rows}
+            return ShardCheckpoint(index=index, endpoint=self.endpoint, error=clip(str(error)))
+        return ShardCheckpoint(
+            index=index, endpoint=self.endpoint, rows=info.rows, bytes=info.bytes
+        )
 
     def close(self) -> None:
         self._control.close()

@@ -14,12 +14,13 @@ import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from recstore.core.checkpoint_status import TableCheckpoint
 from recstore.core.migration import Phase
 from recstore.core.migration_retry import RetryPolicy
 from recstore.core.reconcile import Resharding
 from recstore.core.spec import TableSpec
+from recstore.core.status import TableStatus
 from recstore.local.migration_store import FileJobStore
 from recstore.local.ports import claim, free_port
 from recstore.local.shard_client import ShardClient
@@ -61,9 +62,13 @@ class LocalTable:
     ports: list[tuple[int, int]]  # (grpc, metrics) per shard
     clients: list[ShardClient]
     node_ids: list[int | None]
-    status: dict[str, Any] = field(default_factory=dict)
+    #: the status last reported (None until the first report)
+    status: TableStatus | None = None
     generation: int = 1
-    last_checkpoint: dict[str, Any] | None = None
+    #: the newest checkpoint every shard wrote, since the provisioner started
+    last_checkpoint: TableCheckpoint | None = None
+    #: the newest checkpoint asked for on demand, however it went (Running while it runs)
+    checkpoint_request: TableCheckpoint | None = None
     refused: str | None = None  # why a node does not host the table (shown in the status)
     refused_reason: str | None = None  # the node's own words, to say a refusal once
     retry: RetryBackoff = field(default_factory=RetryBackoff)

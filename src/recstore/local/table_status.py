@@ -16,7 +16,8 @@ import logging
 
 import httpx
 
-from recstore.core.reconcile import Observation, ShardState, admin_status, compute_status
+from recstore.core.reconcile import Observation, ShardState, compute_status
+from recstore.core.status import SlotMapStatus
 from recstore.local.reporting import Reporter
 from recstore.local.shard_client import ShardClient, TableRefused
 from recstore.local.table import LocalTable
@@ -103,24 +104,29 @@ def _report_locked(table: LocalTable, reporter: Reporter, now: float) -> None:
             shards=tuple(shards),
             refused=table.refused,
             resharding=table.moving,
+            last_checkpoint=table.last_checkpoint,
+            checkpoint_request=table.checkpoint_request,
         ),
         generation=table.generation,
         previous=table.status,
         now=dt.datetime.now(dt.timezone.utc),
     )
-    status["lastCheckpoint"] = table.last_checkpoint
     served = served_maps.pop() if len(served_maps) == 1 else None
     if committed is not None:  # moved online: the committed map is the truth
-        status["slotMap"], status["slotMapEpoch"] = committed.to_dict(), committed.epoch
-        status["shards"] = [s for s in status["shards"] if s["index"] < shown]
+        kept = [s for s in status.shards if s.index < shown]
+        status = status.model_copy(update={
+            "slot_map": SlotMapStatus.model_validate(committed.to_dict()),
+            "slot_map_epoch": committed.epoch,
+            "shards": kept,
+            "ready_shards": sum(s.ready for s in kept),
+        })  # fmt: skip
     elif served is not None and all(s.ready for s in shards):
         # the nodes' map is the truth: after an offline reshard it is not the catalogue's
-        status["slotMap"] = served.to_dict()
+        status = status.model_copy(
+            update={"slot_map": SlotMapStatus.model_validate(served.to_dict())}
+        )
     if status != table.status:
-        body = admin_status(status)
-        if "slotMap" in status:
-            body["slotMap"] = status["slotMap"]
-        reporter.report_status(table.spec.name, body)
+        reporter.report_status(table.spec.name, status.to_wire())
         table.status = status
 
 
