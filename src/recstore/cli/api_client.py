@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 
 from recstore.core.tls import ClientTls, TlsConfigError, http_verify
+from recstore.local.state_dir import ADMIN_TOKEN_FILE
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
-DEFAULT_STATE_DIR = Path.home() / ".recstore"
 
 
 class CliError(Exception):
@@ -33,7 +33,7 @@ def resolve_token(token: str | None, state_dir: Path) -> str | None:
         return token
     if env := os.environ.get("RECSTORE_TOKEN"):
         return env
-    path = state_dir / "admin-token"
+    path = state_dir / ADMIN_TOKEN_FILE
     return path.read_text().strip() if path.exists() else None
 
 
