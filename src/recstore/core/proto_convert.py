@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from recstore.core import strict_json
 from recstore.core.cache_figures import (
     CacheFigures,
     ClientCache,
@@ -74,10 +75,11 @@ def spec_to_json(spec: TableSpec) -> str:
 
 
 def spec_from_json(text: str) -> TableSpec:
-    """The spec of a ``spec_json`` field: InvalidArgument when it is not JSON, the
-    pydantic ValidationError (a ValueError) when it is not a valid spec."""
+    """The spec of a ``spec_json`` field: InvalidArgument when it is not strict JSON
+    (``recstore.core.strict_json``: no NaN or infinity, bounded nesting), the pydantic
+    ValidationError (a ValueError) when it is not a valid spec."""
     try:
-        data = json.loads(text)
+        data = strict_json.loads(text)
     except json.JSONDecodeError as error:
         raise InvalidArgument(f"spec_json is not JSON: {error}") from None
     return TableSpec.model_validate(data)
