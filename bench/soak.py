@@ -56,7 +56,7 @@ def _worker(
 ) -> Tally:
     tally = Tally()
     client = RecStoreClient(role=f"soak-{index}")
-    client.set_admin_url(platform.url, platform.token)
+    client.set_admin_url(platform.url, platform.token, ps_token=platform.ps_token)
     client.init_data(TABLE, (args.rows, args.dim), torch.float32)
     rng = np.random.default_rng(index)
     try:
@@ -82,7 +82,7 @@ def _worker(
 def _warm_up(platform: LocalPlatform, args: argparse.Namespace) -> None:
     """Create every row first: memory growth during the soak then means a leak, not data."""
     client = RecStoreClient(role="soak-warm-up")
-    client.set_admin_url(platform.url, platform.token)
+    client.set_admin_url(platform.url, platform.token, ps_token=platform.ps_token)
     client.init_data(TABLE, (args.rows, args.dim), torch.float32)
     for start in range(0, args.rows, 65536):
         ids = torch.arange(start, min(args.rows, start + 65536))

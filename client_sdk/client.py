@@ -63,6 +63,7 @@ def _make_backend(connection: conn.Connection) -> Backend | None:
         endpoints=connection.endpoints,
         admin_url=connection.admin_url,
         admin_token=connection.token,
+        token=connection.ps_token,
         transport_dtype=connection.transport_dtype,
     )
 
@@ -168,13 +169,24 @@ class RecStoreClient:
         """
         self._reconnect(conn.with_transport(self._connection, dtype))
 
-    def set_ps_endpoints(self, endpoints: str | list[str] | tuple[str, ...]) -> None:
-        """Talk to a sharded table's PS nodes, ``host:port`` in shard order (reconnects)."""
-        self._reconnect(conn.with_endpoints(self._connection, endpoints))
+    def set_ps_endpoints(
+        self, endpoints: str | list[str] | tuple[str, ...], *, ps_token: str | None = None
+    ) -> None:
+        """Talk to a sharded table's PS nodes, ``host:port`` in shard order (reconnects).
 
-    def set_admin_url(self, admin_url: str, token: str | None = None) -> None:
-        """Find each table's shards through the admin API's discovery (reconnects)."""
-        self._reconnect(conn.with_admin(self._connection, admin_url, token))
+        ``ps_token``: the nodes' bearer token (default: ``RECSTORE_PS_TOKEN``).
+        """
+        self._reconnect(conn.with_endpoints(self._connection, endpoints, ps_token))
+
+    def set_admin_url(
+        self, admin_url: str, token: str | None = None, *, ps_token: str | None = None
+    ) -> None:
+        """Find each table's shards through the admin API's discovery (reconnects).
+
+        ``token`` is the admin API's (default: ``RECSTORE_TOKEN``), ``ps_token`` the
+        nodes' (default: ``RECSTORE_PS_TOKEN``); neither is sent to the other service.
+        """
+        self._reconnect(conn.with_admin(self._connection, admin_url, token, ps_token))
 
     def set_ps_backend(self, backend: str) -> None:
         """``"local"`` (native store in this process) or ``"grpc"`` (PS nodes)."""

@@ -5,6 +5,8 @@ process). ``RECSTORE_PS_ENDPOINTS`` (``host:port`` list in shard order) or
 ``RECSTORE_ADMIN_URL`` (discovery through the admin API, token in
 ``RECSTORE_TOKEN``) select the gRPC backend; ``set_ps_config`` /
 ``set_ps_endpoints`` / ``set_admin_url`` / ``set_ps_backend`` override them.
+The PS nodes' token is ``set_admin_url``'s or ``set_ps_endpoints``'s
+``ps_token``, else ``RECSTORE_PS_TOKEN`` (read by the gRPC backend).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ class Connection:
     token: str | None = None
     #: float32 tables' rows and gradients on the wire (None: each spec's transport_dtype)
     transport_dtype: str | None = None
+    #: the PS nodes' bearer token, never sent to the admin API (None: RECSTORE_PS_TOKEN)
+    ps_token: str | None = None
 
     @property
     def configured(self) -> bool:
@@ -60,19 +64,32 @@ def with_backend(connection: Connection, backend: str) -> Connection:
 
 
 def with_endpoints(
-    connection: Connection, endpoints: str | list[str] | tuple[str, ...]
+    connection: Connection,
+    endpoints: str | list[str] | tuple[str, ...],
+    ps_token: str | None = None,
 ) -> Connection:
     """Explicit shard endpoints win over admin discovery."""
-    return Connection(
-        "grpc", parse_endpoints(endpoints), None, connection.token, connection.transport_dtype
+    return replace(
+        connection,
+        backend="grpc",
+        endpoints=parse_endpoints(endpoints),
+        admin_url=None,
+        ps_token=ps_token or connection.ps_token,
     )
 
 
-def with_admin(connection: Connection, admin_url: str, token: str | None) -> Connection:
+def with_admin(
+    connection: Connection, admin_url: str, token: str | None, ps_token: str | None = None
+) -> Connection:
     if not admin_url.startswith(("http://", "https://")):
         raise ValueError(f"admin URL must start with http:// or https://, got {admin_url!r}")
-    return Connection(
-        "grpc", None, admin_url.rstrip("/"), token or connection.token, connection.transport_dtype
+    return replace(
+        connection,
+        backend="grpc",
+        endpoints=None,
+        admin_url=admin_url.rstrip("/"),
+        token=token or connection.token,
+        ps_token=ps_token or connection.ps_token,
     )
 
 

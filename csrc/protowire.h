@@ -134,7 +134,7 @@ class Writer {
 };
 
 // A malformed message. Every reader of the wire throws it; recstore._native
-// raises it in Python as recstore.core.errors.InvalidArgument.
+// raises it in Python as recstore.core.errors.MalformedMessage (an InvalidArgument).
 class Malformed : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;

@@ -6,7 +6,7 @@
 // its view becomes a tuple of its fields in the view's order (a message of one
 // field, that field's value); bytes fields are memoryview slices of the
 // caller's buffer, never copies. A malformed message throws Malformed, which
-// the module raises as recstore.core.errors.InvalidArgument.
+// the module raises as recstore.core.errors.MalformedMessage.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -169,16 +169,16 @@ void raise_core_error(const char* message) {
   PyErr_SetString(error_class, message);
 }
 
-inline constexpr char kInvalidArgument[] = "InvalidArgument";
+inline constexpr char kMalformedMessage[] = "MalformedMessage";
 inline constexpr char kMessageTooLarge[] = "MessageTooLarge";
 
-// Malformed -> InvalidArgument, for every native reader; MessageTooLarge (a reply
-// over the node's limit) -> MessageTooLarge.
+// Malformed -> MalformedMessage (an InvalidArgument), for every native reader;
+// MessageTooLarge (a reply over the node's limit) -> MessageTooLarge.
 inline void translate_codec_errors(const std::exception_ptr& error, void*) {
   try {
     std::rethrow_exception(error);
   } catch (const Malformed& e) {
-    raise_core_error<kInvalidArgument>(e.what());
+    raise_core_error<kMalformedMessage>(e.what());
   } catch (const MessageTooLarge& e) {
     raise_core_error<kMessageTooLarge>(e.what());
   }

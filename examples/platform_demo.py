@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--admin-url", default=os.environ.get("RECSTORE_ADMIN_URL"))
     parser.add_argument("--token-file", type=Path, default=Path.home() / ".recstore/admin-token")
+    parser.add_argument("--ps-token-file", type=Path, default=Path.home() / ".recstore/ps-token")
     parser.add_argument("--table", default="demo-clicks")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--num-features", type=int, default=8)
@@ -55,9 +56,10 @@ def main(argv: list[str] | None = None) -> None:
     if not args.admin_url:
         parser.error("--admin-url (or RECSTORE_ADMIN_URL) is required")
     token = os.environ.get("RECSTORE_TOKEN") or args.token_file.read_text().strip()
+    ps_token = os.environ.get("RECSTORE_PS_TOKEN") or args.ps_token_file.read_text().strip()
 
     client = RecStoreClient(role="platform-demo")
-    client.set_admin_url(args.admin_url, token)
+    client.set_admin_url(args.admin_url, token, ps_token=ps_token)
     rows = args.num_features * args.cardinality
     shared = rnn.EmbeddingBag(
         rows, args.embedding_dim, mode="sum", name=args.table, client=client,

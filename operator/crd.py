@@ -14,6 +14,13 @@ object's ``additionalProperties: true``, which must say
 ``{}`` so the server fills in their fields.
 ``scripts/gen_crd.py`` writes the result into the chart; a test fails when
 the checked-in YAML is stale.
+
+Finiteness (``WireModel``'s ``allow_inf_nan=False``: no NaN or ±inf hyper-parameter)
+has no OpenAPI v3 keyword, so the schema cannot say it. Nothing non-finite gets
+through the API server either way: JSON has no NaN or Infinity literal (kubectl
+cannot encode YAML's ``.nan``/``.inf`` into it), and a number that overflows a
+float64 (``1e400``) fails the server's decoding. The operator validates every
+spec with the model itself, which refuses them naming the field.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from recstore.core import (
     CapacityExhausted,
     InferenceTable,
     InvalidArgument,
+    MalformedMessage,
     MessageTooLarge,
     NonFiniteValues,
     RecStoreError,
@@ -102,7 +103,7 @@ def parse(method: str, request: bytes) -> Any:
     try:
         return _native.MultiRequest(method, request)
     except ValueError as error:
-        raise InvalidArgument(f"malformed {method}Request: {error}") from None
+        raise MalformedMessage(f"malformed {method}Request: {error}") from None
 
 
 def serve(

@@ -4,9 +4,15 @@ Handlers never loop over keys; they run the node's blocking batch methods on a
 thread pool, wait for the write-ahead log when one is enabled, and turn
 failures into status codes through ``recstore.ps.status``. No reply is built
 over the node's message limit (``recstore.ps.limits``). The data path
-(``FAST_METHODS``, registered without protobuf (de)serializers by
-``add_to_server``) takes and returns raw message bytes, so pulled rows are
-written straight into the reply; the rest use the generated classes.
+(``FAST_METHODS``, registered without protobuf serializers by ``add_to_server``)
+takes and returns raw message bytes, so pulled rows are written straight into
+the reply; the rest reply with the generated classes.
+
+Every request arrives as bytes and is read inside its handler (``rpc``): the data
+path's natively, the others with ``read_message``. Bytes that are not the
+method's message fail there like any bad input, as ``MalformedMessage``:
+INVALID_ARGUMENT and one warning line, never gRPC's own deserializer error with
+its traceback.
 """
 
 from __future__ import annotations
@@ -22,7 +28,15 @@ from typing import Any, TypeVar
 
 import grpc
 
-from recstore.core import DType, InvalidArgument, NonFiniteValues, RecStoreError, request_id, wire
+from recstore.core import (
+    DType,
+    InvalidArgument,
+    MalformedMessage,
+    NonFiniteValues,
+    RecStoreError,
+    request_id,
+    wire,
+)
 from recstore.core import migration_wire as wire_migration
 from recstore.core.background import background_pool
 from recstore.core.cache_figures import client_cache_from_proto
@@ -31,6 +45,7 @@ from recstore.core.proto_convert import (
     TableStats,
     checkpoint_to_proto,
     read_create_table_request,
+    read_message,
     recovery_to_proto,
     slot_map_from_proto,
     table_stats_to_proto,
@@ -63,14 +78,37 @@ _native: Any = importlib.import_module("recstore._native")
 Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 
+#: methods whose handlers see raw request bytes and return raw reply bytes
+FAST_METHODS = frozenset({"Pull", "Push", "Update", "MultiPull", "MultiUpdate"})
+SERVICE = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"]
+
+
+def request_reader(name: str) -> Callable[[Any], Any]:
+    """How method ``name``'s handler reads its request: the data path's bytes as they
+    are (decoded natively), another's as its message (each one of a stream)."""
+    if name in FAST_METHODS:
+        return lambda data: data
+    method = SERVICE.methods_by_name[name]
+    message_type = getattr(ps_pb2, method.input_type.name)
+    if method.client_streaming:
+        return lambda stream: _read_each(message_type, stream)
+    return lambda data: read_message(message_type, data)
+
+
+async def _read_each(message_type: Any, stream: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+    async for data in stream:
+        yield read_message(message_type, data)
+
+
 def rpc(method: Callable[..., Awaitable[Any]]) -> Handler:
-    """Time and count a handler; map failures to gRPC status codes.
+    """Read the request, time and count a handler; map failures to gRPC status codes.
 
     A protobuf reply over the node's message limit is refused here, its size counted
     before it is serialized; the data path's raw replies were counted before they
     were allocated.
     """
     name = method.__name__
+    read = request_reader(name)
 
     @functools.wraps(method)
     async def handler(self: PsServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -78,7 +116,7 @@ def rpc(method: Callable[..., Awaitable[Any]]) -> Handler:
         # sees its own call.
         started = time.perf_counter()
         try:
-            reply = await method(self, request, context)
+            reply = await method(self, read(request), context)
             if not isinstance(reply, bytes):
                 limits.check_reply(reply, self.reply_limit)
         except Exception as error:
@@ -92,6 +130,7 @@ def rpc(method: Callable[..., Awaitable[Any]]) -> Handler:
 def streaming_rpc(method: Callable[..., AsyncIterator[Any]]) -> Handler:
     """``rpc`` for a handler that streams its replies (an async generator)."""
     name = method.__name__
+    read = request_reader(name)
 
     @functools.wraps(method)
     async def handler(
@@ -99,7 +138,7 @@ def streaming_rpc(method: Callable[..., AsyncIterator[Any]]) -> Handler:
     ) -> AsyncIterator[Any]:
         started = time.perf_counter()
         try:
-            async for reply in method(self, request, context):
+            async for reply in method(self, read(request), context):
                 limits.check_reply(reply, self.reply_limit)
                 yield reply
         except Exception as error:
@@ -215,6 +254,8 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         code = status_of(error) or grpc.StatusCode.INTERNAL
         if code is grpc.StatusCode.INTERNAL:
             log.exception("unexpected failure in %s", name)
+        elif isinstance(error, MalformedMessage):  # the sender's fault: no traceback
+            log.warning("%s refused: %s", name, error)
         if isinstance(error, NonFiniteValues):
             self.metrics.nonfinite_rejected.labels(error.table).inc()
         self.metrics.observe(name, code.name, time.perf_counter() - started)
@@ -543,8 +584,6 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         return checkpoint_to_proto(info, root=self.node.data_dir)
 
 
-#: methods whose handlers see raw request bytes and return raw reply bytes
-FAST_METHODS = frozenset({"Pull", "Push", "Update", "MultiPull", "MultiUpdate"})
 #: methods that stream requests or replies, and the handler kind of each
 STREAMING_METHODS = {
     "ExportRows": grpc.unary_stream_rpc_method_handler,
@@ -553,29 +592,19 @@ STREAMING_METHODS = {
 
 
 def add_to_server(servicer: PsServicer, server: grpc.aio.Server) -> None:
-    """Register the service: the data path without protobuf, the rest as generated."""
-    service = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"]
+    """Register the service: every request as bytes (``rpc`` reads it), the data path's
+    replies as bytes too, the others serialized from their generated classes."""
     handlers = {}
-    for method in service.methods:
-        behaviour = getattr(servicer, method.name)
-        if method.name in STREAMING_METHODS:
-            handlers[method.name] = STREAMING_METHODS[method.name](
-                behaviour,
-                request_deserializer=getattr(ps_pb2, method.input_type.name).FromString,
-                response_serializer=getattr(ps_pb2, method.output_type.name).SerializeToString,
-            )
-            continue
-        if method.name in FAST_METHODS:
-            handlers[method.name] = grpc.unary_unary_rpc_method_handler(behaviour)
-            continue
-        request_type = getattr(ps_pb2, method.input_type.name)
-        response_type = getattr(ps_pb2, method.output_type.name)
-        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            behaviour,
-            request_deserializer=request_type.FromString,
-            response_serializer=response_type.SerializeToString,
+    for method in SERVICE.methods:
+        kind = STREAMING_METHODS.get(method.name, grpc.unary_unary_rpc_method_handler)
+        reply_type = getattr(ps_pb2, method.output_type.name)
+        handlers[method.name] = kind(
+            getattr(servicer, method.name),
+            response_serializer=None
+            if method.name in FAST_METHODS
+            else reply_type.SerializeToString,
         )
     server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
+        (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),)
     )
-    server.add_registered_method_handlers(service.full_name, handlers)
+    server.add_registered_method_handlers(SERVICE.full_name, handlers)

@@ -45,6 +45,7 @@ echo "==> recstore apply -f examples/tables/demo-clicks.yaml"
 
 echo "==> training the DLRM-style example against the table"
 "$PY" examples/platform_demo.py --admin-url "$URL" --token-file "$STATE/admin-token" \
+  --ps-token-file "$STATE/ps-token" \
   --steps "${DEMO_STEPS:-300}"
 
 echo "==> recstore checkpoint demo-clicks"

@@ -129,6 +129,25 @@ def test_ps_token_goes_to_ps_nodes_only(
     assert calls and all(m.get("authorization") == f"Bearer {PS_TOKEN}" for _, m in calls)
 
 
+def test_a_ps_token_given_to_set_admin_url_goes_to_ps_nodes_only(
+    admin_url: str, fake_node: tuple[str, _RecordingNode], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RECSTORE_PS_TOKEN", "the-environment-s")  # the argument wins
+    client = RecStoreClient(role="credentials-argument")
+    try:
+        client.set_admin_url(admin_url, ADMIN_TOKEN, ps_token=PS_TOKEN)
+        with pytest.raises(RuntimeError):  # the fake node implements nothing
+            client.init_data("creds", (10, 4), torch.float32)
+        client.set_ps_config("127.0.0.1", int(fake_node[0].rsplit(":", 1)[1]))  # kept
+        with pytest.raises(RuntimeError):
+            client.init_data("creds2", (10, 4), torch.float32)
+    finally:
+        client.close()
+    assert _Admin.seen and all(auth == f"Bearer {ADMIN_TOKEN}" for _, auth in _Admin.seen)
+    calls = fake_node[1].calls
+    assert len(calls) >= 2 and all(m.get("authorization") == f"Bearer {PS_TOKEN}" for _, m in calls)
+
+
 class _Elsewhere(BaseHTTPRequestHandler):
     seen: ClassVar[list[str | None]] = []
 

@@ -33,6 +33,7 @@ class Api:
         self.http = httpx.Client(
             base_url=f"{platform.url}/api/v1",
             headers={"Authorization": f"Bearer {platform.token}"},
+            verify=platform.tls.client.ssl_context() if platform.tls else True,
             timeout=30,
         )
 

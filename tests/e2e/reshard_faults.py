@@ -29,9 +29,9 @@ __all__ = ["BATCH_SLOTS", "NAME", "ROWS", "SPEC", "STEPS", "Trainer", "node_rows
 class Trainer:
     """Updates random rows until stopped; ``pause`` waits until no update is in flight."""
 
-    def __init__(self, url: str, token: str, role: str) -> None:
+    def __init__(self, url: str, token: str, ps_token: str, role: str) -> None:
         self.client = RecStoreClient(role=role)
-        self.client.set_admin_url(url, token)
+        self.client.set_admin_url(url, token, ps_token=ps_token)
         self.client.init_data(NAME, (ROWS, DIM), torch.float32)
         self.sums = np.zeros(ROWS, dtype=np.int64)
         self.steps = 0
@@ -103,12 +103,12 @@ class Trainer:
         self.client.close()
 
 
-def node_rows(endpoints: list[str]) -> list[int]:
+def node_rows(endpoints: list[str], ps_token: str) -> list[int]:
     """Rows each node holds: after a pull of every row they add up to ROWS exactly when
     no node kept a copy of rows it moved out (or imported and dropped)."""
     counts = []
     for endpoint in endpoints:
-        with ControlClient(endpoint, timeout=60) as control:
+        with ControlClient(endpoint, token=ps_token, timeout=60) as control:
             request = ps_pb2.GetTableStatsRequest(table=NAME)
             stats: Any = control.call(Rpc("GetTableStats", request, lambda r: r))
             counts.append(int(stats.size))

@@ -42,7 +42,7 @@ def test_a_trainers_gpu_and_host_cache_tiers_show_in_every_table_view(
         api = helpers.Api(platform)
         api.create_table(SPEC)
         ready = api.wait_ready("served")
-        client.set_admin_url(platform.url, platform.token)
+        client.set_admin_url(platform.url, platform.token, ps_token=platform.ps_token)
         layer = nve.NVEmbedding(
             1000, 8, torch.float32, nve.LayerType.Hierarchical, gpu_cache_size=1 << 14,
             storage=nve.RemoteTable(client, "served"), optimize_for_training=False,
@@ -59,7 +59,7 @@ def test_a_trainers_gpu_and_host_cache_tiers_show_in_every_table_view(
         who = client_name("cache-view")
 
         for shard in ready["status"]["shards"]:  # each node's own table view
-            with ControlClient(shard["endpoint"], token=platform.token) as control:
+            with ControlClient(shard["endpoint"], token=platform.ps_token) as control:
                 shown = control.stats("served").client_caches
             assert [(c.client, c.layer, c.tier, c.figures.hits) for c in shown] == [
                 (who, layer.name, "gpu", 10), (who, layer.name, "host", 0),

@@ -40,7 +40,7 @@ def _spec(name: str, **extra: object) -> dict[str, object]:
 
 def _client(platform: LocalPlatform, role: str) -> RecStoreClient:
     client = RecStoreClient(role=role)
-    client.set_admin_url(platform.url, platform.token)
+    client.set_admin_url(platform.url, platform.token, ps_token=platform.ps_token)
     return client
 
 

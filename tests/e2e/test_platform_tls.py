@@ -54,7 +54,7 @@ def test_the_platform_serves_tls_end_to_end(
         monkeypatch.setenv("RECSTORE_TLS_CA", str(ca))
         client = RecStoreClient(role="tls-e2e")
         try:
-            client.set_admin_url(platform.url, platform.token)
+            client.set_admin_url(platform.url, platform.token, ps_token=platform.ps_token)
             client.init_data("clicks", (100, 4), torch.float32)
             ids = torch.tensor([3, 7])
             before = client.pull("clicks", ids)

@@ -60,14 +60,14 @@ def test_a_node_killed_at_each_step_of_a_move(
         api = helpers.Api(platform)
         api.create_table(SPEC)
         api.wait_ready(NAME)
-        trainer = Trainer(platform.url, platform.token, f"kill-{role}")
+        trainer = Trainer(platform.url, platform.token, platform.ps_token, f"kill-{role}")
         api.http.patch(f"/tables/{NAME}", json={"shards": 3}).raise_for_status()
         _moved(helpers, platform, 3)
         assert [step for _, step, _ in killed] == STEPS
         restarts = {s: platform.provisioner.node_restarts(NAME, s) for _, _, s in killed}
         assert sum(restarts.values()) >= len(STEPS), restarts
         trainer.finish()
-        assert sum(node_rows(platform.provisioner.endpoints(NAME))) == ROWS
+        assert sum(node_rows(platform.provisioner.endpoints(NAME), platform.ps_token)) == ROWS
         stored = json.loads((tmp_path / "state" / "tables" / NAME / "migration.json").read_text())
         batches = len(stored["job"]["batches"])
         assert batches > len(STEPS)

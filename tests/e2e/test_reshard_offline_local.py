@@ -24,7 +24,7 @@ ROWS, DIM = 400, 4
 
 def _pull_all(platform: object, role: str) -> torch.Tensor:
     client = RecStoreClient(role=role)
-    client.set_admin_url(platform.url, platform.token)  # type: ignore[attr-defined]
+    client.set_admin_url(platform.url, platform.token, ps_token=platform.ps_token)  # type: ignore[attr-defined]
     client.init_data("emb", (ROWS, DIM), torch.float32)
     try:
         return client.pull("emb", torch.arange(ROWS))
@@ -40,7 +40,7 @@ def test_local_table_reshards_offline(tmp_path: Path, helpers: SimpleNamespace) 
         api.create_table({"name": "emb", "numEmbeddings": ROWS, "embeddingDim": DIM, "shards": 2})
         api.wait_ready("emb")
         client = RecStoreClient(role="reshard-local")
-        client.set_admin_url(first.url, first.token)
+        client.set_admin_url(first.url, first.token, ps_token=first.ps_token)
         client.init_data("emb", (ROWS, DIM), torch.float32)
         rows = torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(3))
         client.push("emb", torch.arange(ROWS), rows)

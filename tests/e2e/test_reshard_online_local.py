@@ -38,9 +38,9 @@ SPEC = {
 
 
 class Trainer:
-    def __init__(self, url: str, token: str) -> None:
+    def __init__(self, url: str, token: str, ps_token: str) -> None:
         self.client = RecStoreClient(role="online-trainer")
-        self.client.set_admin_url(url, token)
+        self.client.set_admin_url(url, token, ps_token=ps_token)
         self.client.init_data("live", (ROWS, DIM), torch.float32)
         self.sums = np.zeros(ROWS, dtype=np.int64)
         self.steps = 0
@@ -111,7 +111,7 @@ def test_two_to_three_and_back_while_training(tmp_path: Path, helpers: SimpleNam
         api = helpers.Api(platform)
         api.create_table(SPEC)
         api.wait_ready("live")
-        trainer = Trainer(platform.url, platform.token)
+        trainer = Trainer(platform.url, platform.token, platform.ps_token)
         trainer.thread.start()
 
         _patch(api, 3).raise_for_status()
@@ -157,7 +157,7 @@ def test_a_move_stopped_midway_resumes_when_the_platform_starts_again(
         api.create_table(SPEC)
         api.wait_ready("live")
         client = RecStoreClient(role="online-resume")
-        client.set_admin_url(first.url, first.token)
+        client.set_admin_url(first.url, first.token, ps_token=first.ps_token)
         client.init_data("live", (ROWS, DIM), torch.float32)
         client.push("live", torch.arange(ROWS), rows)
         client.close()
@@ -179,7 +179,7 @@ def test_a_move_stopped_midway_resumes_when_the_platform_starts_again(
         api = helpers.Api(second)
         _moved_to(helpers, api, 3)
         client = RecStoreClient(role="online-resume-2")
-        client.set_admin_url(second.url, second.token)
+        client.set_admin_url(second.url, second.token, ps_token=second.ps_token)
         client.init_data("live", (ROWS, DIM), torch.float32)
         torch.testing.assert_close(client.pull("live", torch.arange(ROWS)), rows)
         client.close()

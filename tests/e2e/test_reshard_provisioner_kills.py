@@ -89,10 +89,11 @@ def test_the_provisioner_killed_at_each_step_of_a_move(
     trainer: Trainer | None = None
     try:
         token = (state / "admin-token").read_text().strip()
-        api = helpers.Api(SimpleNamespace(url=up.url, token=token))
+        ps_token = (state / "ps-token").read_text().strip()
+        api = helpers.Api(SimpleNamespace(url=up.url, token=token, tls=None))
         api.create_table(SPEC)
         api.wait_ready(NAME)
-        trainer = Trainer(up.url, token, "kill-provisioner")
+        trainer = Trainer(up.url, token, ps_token, "kill-provisioner")
         api.http.patch(f"/tables/{NAME}", json={"shards": 3}).raise_for_status()
         api.http.close()
         up.go()
@@ -124,7 +125,7 @@ def test_the_provisioner_killed_at_each_step_of_a_move(
 
         helpers.wait_for(done, 600, "the move to 3 shards")
         trainer.finish()
-        assert sum(node_rows(final.provisioner.endpoints(NAME))) == ROWS
+        assert sum(node_rows(final.provisioner.endpoints(NAME), final.ps_token)) == ROWS
         stored = json.loads((state / "tables" / NAME / "migration.json").read_text())
         assert len(stored["job"]["batches"]) > len(STEPS)  # each kill in a batch of its own
         assert stored["slot_map"]["epoch"] == 1 + len(stored["job"]["batches"])

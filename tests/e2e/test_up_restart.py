@@ -50,6 +50,7 @@ class Up:
         else:
             raise AssertionError("recstore up exited:\n" + "".join(self.output))
         self.token = (state_dir / "admin-token").read_text().strip()
+        self.ps_token = (state_dir / "ps-token").read_text().strip()
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -93,7 +94,7 @@ def test_killed_up_takes_its_nodes_along_and_a_new_one_takes_over(
         90, "table kept Ready",
     )  # fmt: skip
     client = RecStoreClient(role="up-restart")
-    client.set_admin_url(first.url, first.token)
+    client.set_admin_url(first.url, first.token, ps_token=first.ps_token)
     client.init_data("kept", (ROWS, DIM), torch.float32)
     rows = torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(5))
     client.push("kept", torch.arange(ROWS), rows)  # acknowledged
@@ -128,16 +129,17 @@ def test_killed_up_takes_its_nodes_along_and_a_new_one_takes_over(
     new_nodes = [holder(d) for d in shard_dirs]
     assert all(new_nodes) and not set(new_nodes) & {*nodes, leftover.pid}
     client = RecStoreClient(role="up-restart-2")
-    client.set_admin_url(second.url, second.token)
+    client.set_admin_url(second.url, second.token, ps_token=second.ps_token)
     client.init_data("kept", (ROWS, DIM), torch.float32)
     torch.testing.assert_close(client.pull("kept", torch.arange(ROWS)), rows)
     client.close()
 
 
 def test_up_keeps_its_state_to_its_owner_and_refuses_a_readable_token(tmp_path: Path) -> None:
-    from recstore.local.platform import InsecureStateDir, ensure_token
+    from recstore.local.state_dir import InsecureStateDir, ensure_token, secure_state_dir
 
     state = tmp_path / "state"
+    secure_state_dir(state)
     token = ensure_token(state)
     assert len(token) >= 32
     assert state.stat().st_mode & 0o777 == 0o700

@@ -21,6 +21,7 @@ from .conftest import Client, spec
 K = np.arange(4, dtype="<i8").tobytes()
 V = np.ones((4, 8), "<f4").tobytes()
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
+SPEC_Z = '{"name": "z", "numEmbeddings": 10, "embeddingDim": 8, %s}'
 
 BAD_REQUESTS: list[tuple[str, str, Any, grpc.StatusCode]] = [
     ("pull unknown table", "Pull", ps_pb2.PullRequest(table="nope", keys=K), grpc.StatusCode.NOT_FOUND),
@@ -40,6 +41,13 @@ BAD_REQUESTS: list[tuple[str, str, Any, grpc.StatusCode]] = [
     ("spec not json", "CreateTable", ps_pb2.CreateTableRequest(spec_json="{"), INVALID),
     ("spec invalid", "CreateTable", ps_pb2.CreateTableRequest(spec_json=json.dumps({"name": "x", "num_embeddings": 0, "embedding_dim": 8})), INVALID),
     ("spec shards mismatch", "CreateTable", ps_pb2.CreateTableRequest(spec_json=json.dumps(spec("y", shards=2).to_wire())), INVALID),
+    ("spec nested 100k deep", "CreateTable", ps_pb2.CreateTableRequest(spec_json="[" * 100_000 + "]" * 100_000), INVALID),
+    ("spec deep in a field", "CreateTable", ps_pb2.CreateTableRequest(spec_json='{"name": "z", "numEmbeddings": ' + "[" * 5000 + "]" * 5000 + "}"), INVALID),
+    ("spec lr NaN", "CreateTable", ps_pb2.CreateTableRequest(spec_json=SPEC_Z % '"optimizer": {"lr": NaN}'), INVALID),
+    ("spec lr Infinity", "CreateTable", ps_pb2.CreateTableRequest(spec_json=SPEC_Z % '"optimizer": {"lr": Infinity}'), INVALID),
+    ("spec std 1e400", "CreateTable", ps_pb2.CreateTableRequest(spec_json=SPEC_Z % '"initializer": {"std": 1e400}'), INVALID),
+    ("spec mean -Infinity", "CreateTable", ps_pb2.CreateTableRequest(spec_json=SPEC_Z % '"initializer": {"mean": -Infinity}'), INVALID),
+    ("spec weight decay inf", "CreateTable", ps_pb2.CreateTableRequest(spec_json=json.dumps({"name": "z", "numEmbeddings": 10, "embeddingDim": 8, "optimizer": {"weightDecay": float("inf")}})), INVALID),
     ("load bad id", "Load", ps_pb2.LoadRequest(checkpoint_id="../etc"), grpc.StatusCode.NOT_FOUND),
     ("save bad id", "Save", ps_pb2.SaveRequest(checkpoint_id="a/b"), INVALID),
 ]  # fmt: skip
@@ -133,3 +141,26 @@ def test_keys_of_other_shards_are_refused_with_epoch(tmp_path: Path) -> None:
         np.testing.assert_array_equal(client.pull("emb", mine), np.ones((5, 8)))
     finally:
         handle.stop(final_checkpoint=False)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("optimizer.lr", "Infinity"), ("initializer.mean", "NaN"), ("initializer.std", "1e400"),
+     ("optimizer.weightDecay", "Infinity"), ("optimizer.eps", "-Infinity")],
+)  # fmt: skip
+def test_a_non_finite_hyper_parameter_is_refused_naming_it(
+    client: Client, field: str, value: str
+) -> None:
+    group, name = field.split(".")
+    for spec_json in (
+        SPEC_Z
+        % f'"{group}": {{"{name}": {value}}}',  # the literal, as a careless encoder writes it
+        json.dumps(json.loads(SPEC_Z % f'"{group}": {{"{name}": {value}}}')),  # python's json too
+    ):
+        with pytest.raises(grpc.RpcError) as info:
+            client.call("CreateTable", ps_pb2.CreateTableRequest(spec_json=spec_json))
+        assert info.value.code() == INVALID
+        assert "must be finite" in info.value.details() or (
+            field in info.value.details() and "finite number" in info.value.details()
+        ), info.value.details()
+    assert client.names() == []

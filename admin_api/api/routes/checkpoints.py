@@ -8,9 +8,12 @@ from fastapi import APIRouter, Body, Query, status
 
 from recstore.admin import crud, views
 from recstore.admin.api.deps import EditorDep, ProvisionerDep, SessionDep, ViewerDep
+from recstore.admin.json_body import StrictJsonRoute
 from recstore.admin.schemas import CheckpointCreate, CheckpointPublic, Page
 
-router = APIRouter(prefix="/tables/{name}/checkpoints", tags=["checkpoints"])
+router = APIRouter(
+    prefix="/tables/{name}/checkpoints", tags=["checkpoints"], route_class=StrictJsonRoute
+)
 
 
 @router.get("", response_model=Page[CheckpointPublic])

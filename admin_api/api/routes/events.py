@@ -8,9 +8,10 @@ from fastapi import APIRouter, Query
 
 from recstore.admin import crud
 from recstore.admin.api.deps import SessionDep, ViewerDep
+from recstore.admin.json_body import StrictJsonRoute
 from recstore.admin.schemas import EventPublic, Page
 
-router = APIRouter(prefix="/events", tags=["events"])
+router = APIRouter(prefix="/events", tags=["events"], route_class=StrictJsonRoute)
 
 
 @router.get("", response_model=Page[EventPublic])

@@ -13,9 +13,10 @@ from fastapi import APIRouter, Path, Query, Response, status
 
 from recstore.admin import crud, views
 from recstore.admin.api.deps import AdminDep, ProvisionerRoleDep, SessionDep, ViewerDep
+from recstore.admin.json_body import StrictJsonRoute
 from recstore.admin.schemas import NodeHeartbeat, NodePublic, NodeRegister, Page
 
-router = APIRouter(prefix="/nodes", tags=["nodes"])
+router = APIRouter(prefix="/nodes", tags=["nodes"], route_class=StrictJsonRoute)
 
 NodeId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 

@@ -18,6 +18,7 @@ from recstore.admin.api.deps import (
     parse_version,
 )
 from recstore.admin.cache_view import cache_view, scrape_table
+from recstore.admin.json_body import StrictJsonRoute
 from recstore.admin.schemas import (
     Discovery,
     EventPublic,
@@ -33,6 +34,7 @@ from recstore.core.status import TableStatus
 
 router = APIRouter(
     prefix="/tables",
+    route_class=StrictJsonRoute,
     tags=["tables"],
     responses={
         404: {"description": "no table of that name"},

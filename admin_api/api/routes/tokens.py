@@ -8,9 +8,10 @@ from fastapi import APIRouter, Path, Query, status
 
 from recstore.admin import crud
 from recstore.admin.api.deps import AdminDep, SessionDep
+from recstore.admin.json_body import StrictJsonRoute
 from recstore.admin.schemas import Page, TokenCreate, TokenCreated, TokenPublic
 
-router = APIRouter(prefix="/tokens", tags=["tokens"])
+router = APIRouter(prefix="/tokens", tags=["tokens"], route_class=StrictJsonRoute)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=TokenCreated)

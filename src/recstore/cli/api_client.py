@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 
 from recstore.core.tls import ClientTls, TlsConfigError, http_verify
+from recstore.local.state_dir import ADMIN_TOKEN_FILE, PS_TOKEN_FILE
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
-DEFAULT_STATE_DIR = Path.home() / ".recstore"
 
 
 class CliError(Exception):
@@ -27,14 +27,22 @@ class CliError(Exception):
         self.status = status
 
 
-def resolve_token(token: str | None, state_dir: Path) -> str | None:
-    """--token, else $RECSTORE_TOKEN, else the token `recstore up` wrote in its state dir."""
+def resolve_token(
+    token: str | None, state_dir: Path, *, env: str = "RECSTORE_TOKEN", file: str = ADMIN_TOKEN_FILE
+) -> str | None:
+    """--token, else $RECSTORE_TOKEN, else the token `recstore up` wrote in its state dir
+    (``env`` and ``file`` name another token's: ``resolve_ps_token``)."""
     if token:
         return token
-    if env := os.environ.get("RECSTORE_TOKEN"):
-        return env
-    path = state_dir / "admin-token"
+    if value := os.environ.get(env):
+        return value
+    path = state_dir / file
     return path.read_text().strip() if path.exists() else None
+
+
+def resolve_ps_token(token: str | None, state_dir: Path) -> str | None:
+    """The PS nodes' write token: --ps-token, $RECSTORE_PS_TOKEN, or `recstore up`'s file."""
+    return resolve_token(token, state_dir, env="RECSTORE_PS_TOKEN", file=PS_TOKEN_FILE)
 
 
 def resolve_tls(url: str, state_dir: Path) -> ClientTls | None:

@@ -11,8 +11,14 @@ from typing import Annotated
 
 import typer
 
-from recstore.cli.api_client import DEFAULT_STATE_DIR
 from recstore.core.copy_pace import RATE_ENV, check_rate
+from recstore.local.state_dir import (
+    ADMIN_TOKEN_FILE,
+    DEFAULT_STATE_DIR,
+    PS_READ_ONLY_TOKEN_FILE,
+    PS_TOKEN_FILE,
+    InsecureStateDir,
+)
 
 BENCHES = {
     "store": "bench/store_bench.py",
@@ -70,7 +76,7 @@ def up(
 
     from rich.console import Console
 
-    from recstore.local.platform import InsecureStateDir, LocalPlatform
+    from recstore.local.platform import LocalPlatform
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     console = Console()
@@ -87,7 +93,10 @@ def up(
     tables = platform.provisioner.table_names()
     console.print(f"[bold green]RecStore is up[/] — dashboard {platform.url}/")
     console.print(f"  admin API   {platform.url}/api/v1  (OpenAPI: {platform.url}/docs)")
-    console.print(f"  token file  {platform.state_dir / 'admin-token'}")
+    state = platform.state_dir
+    console.print(f"  token file  {state / ADMIN_TOKEN_FILE}  (the admin API's: RECSTORE_TOKEN)")
+    console.print(f"  PS token    {state / PS_TOKEN_FILE}  (the nodes': RECSTORE_PS_TOKEN)")
+    console.print(f"  read-only   {state / PS_READ_ONLY_TOKEN_FILE}  (inference tables' readers)")
     if platform.tls is not None:
         console.print(f"  TLS CA      {platform.tls.client.ca}  (export RECSTORE_TLS_CA=...)")
     console.print(f"  tables      {', '.join(tables) if tables else 'none yet'}")

@@ -25,13 +25,14 @@ import typer
 
 from recstore.cli.api_client import (
     DEFAULT_ADMIN_URL,
-    DEFAULT_STATE_DIR,
     AdminClient,
     CliError,
+    resolve_ps_token,
     resolve_tls,
     resolve_token,
 )
 from recstore.core.tls import ClientTls
+from recstore.local.state_dir import DEFAULT_STATE_DIR
 
 RECOVERED, FAILED = "recovered", "failed"
 
@@ -56,7 +57,11 @@ def recover(
     ] = None,
     ps_token: Annotated[
         str | None,
-        typer.Option("--ps-token", envvar="RECSTORE_PS_TOKEN", help="The nodes' write token."),
+        typer.Option(
+            "--ps-token",
+            help="The nodes' write token (default: $RECSTORE_PS_TOKEN, else the ps-token "
+            "file `recstore up` keeps in --state-dir).",
+        ),
     ] = None,
     admin_url: Annotated[
         str, typer.Option("--admin-url", envvar="RECSTORE_ADMIN_URL", help="Admin API base URL.")
@@ -65,7 +70,7 @@ def recover(
         str | None, typer.Option("--token", help="Admin API token (default: $RECSTORE_TOKEN).")
     ] = None,
     state_dir: Annotated[
-        Path, typer.Option("--state-dir", help="Where `recstore up` keeps its token.")
+        Path, typer.Option("--state-dir", help="Where `recstore up` keeps its tokens.")
     ] = DEFAULT_STATE_DIR,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each node.")] = 600.0,
 ) -> None:
@@ -76,6 +81,7 @@ def recover(
         if not endpoints:  # the table's own nodes; the act goes to the audit log
             admin = AdminClient(admin_url, resolve_token(token, state_dir), tls=tls)
             endpoints = list(admin.get(f"/tables/{table}/discovery")["endpoints"])
+        ps_token = resolve_ps_token(ps_token, state_dir)
         report = _ask_nodes(table, accept_log_loss, endpoints, ps_token, tls, timeout)
         typer.echo(json.dumps(report, indent=1))  # said before anything else can fail
         if admin is not None:

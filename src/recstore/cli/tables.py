@@ -15,7 +15,6 @@ from rich.table import Table as RichTable
 
 from recstore.cli.api_client import (
     DEFAULT_ADMIN_URL,
-    DEFAULT_STATE_DIR,
     AdminClient,
     CliError,
     resolve_tls,
@@ -25,6 +24,7 @@ from recstore.cli.manifests import read_declarations
 from recstore.core.checkpoint_status import CheckpointState
 from recstore.core.errors import InvalidArgument
 from recstore.core.resource import PLURAL, SHORT_NAMES, SINGULAR
+from recstore.local.state_dir import DEFAULT_STATE_DIR
 
 AdminUrl = Annotated[
     str, typer.Option("--admin-url", envvar="RECSTORE_ADMIN_URL", help="Admin API base URL.")

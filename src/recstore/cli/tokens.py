@@ -15,8 +15,9 @@ import typer
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from recstore.cli.api_client import DEFAULT_ADMIN_URL, DEFAULT_STATE_DIR, AdminClient, CliError
+from recstore.cli.api_client import DEFAULT_ADMIN_URL, AdminClient, CliError
 from recstore.cli.tables import AdminUrl, StateDir, Token, _client
+from recstore.local.state_dir import DEFAULT_STATE_DIR
 
 ROLES = ("viewer", "editor", "admin", "provisioner")
 tokens = typer.Typer(help="Admin API tokens: create (shown once), list, revoke.")

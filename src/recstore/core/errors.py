@@ -27,6 +27,14 @@ class InvalidArgument(RecStoreError, ValueError):
     """Bad shape, dtype, buffer length or id (gRPC INVALID_ARGUMENT, HTTP 422)."""
 
 
+class MalformedMessage(InvalidArgument):
+    """Bytes that do not parse as the message they should be (gRPC INVALID_ARGUMENT).
+
+    A node answers it without a traceback: the fault is the sender's, and nothing
+    was read, so nothing changed.
+    """
+
+
 class NonFiniteValues(InvalidArgument):
     """A batch holds NaN or infinite values and the table's ``nonFinite`` policy is reject.
 

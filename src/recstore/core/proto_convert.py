@@ -5,8 +5,9 @@ checkpoint or a token into ``recstore.v1.ps_pb2`` messages (or gRPC metadata)
 and back; the PS node, the provisioners and the SDK all call these. A field a
 reply leaves unset reads as None (an empty slot map, an empty ``spec_json``);
 a field that is set but malformed raises ``InvalidArgument`` (or the
-``ValueError`` of the core type's own validation). The data path (Pull, Push,
-Update) has its own zero-copy codec, ``recstore.core.wire``.
+``ValueError`` of the core type's own validation), and bytes that are not the
+message at all ``MalformedMessage`` (``read_message``). The data path (Pull,
+Push, Update) has its own zero-copy codec, ``recstore.core.wire``.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+from google.protobuf.message import DecodeError, Message
+
+from recstore.core import strict_json
 from recstore.core.cache_figures import (
     CacheFigures,
     ClientCache,
@@ -24,15 +28,27 @@ from recstore.core.cache_figures import (
     client_cache_to_proto,
     engine_figures,
 )
-from recstore.core.errors import InvalidArgument
+from recstore.core.errors import InvalidArgument, MalformedMessage
 from recstore.core.routing import SlotMap, SlotRange
 from recstore.core.spec import TableSpec
 from recstore.v1 import ps_pb2
 
 #: gRPC metadata: (key, value) pairs.
 Metadata = tuple[tuple[str, str], ...]
+M = TypeVar("M", bound=Message)
 AUTHORIZATION = "authorization"
 BEARER = "Bearer"
+
+
+# -- messages ---------------------------------------------------------------------
+def read_message(message_type: type[M], data: bytes) -> M:
+    """``data`` parsed as a ``message_type``; MalformedMessage when it is not one."""
+    try:
+        return message_type.FromString(data)
+    except DecodeError as error:
+        name = message_type.DESCRIPTOR.full_name
+        reason = str(error).removeprefix(f"Error parsing message with type '{name}': ")
+        raise MalformedMessage(f"malformed {name} ({len(data)} bytes): {reason}") from None
 
 
 # -- tokens -----------------------------------------------------------------------
@@ -74,10 +90,11 @@ def spec_to_json(spec: TableSpec) -> str:
 
 
 def spec_from_json(text: str) -> TableSpec:
-    """The spec of a ``spec_json`` field: InvalidArgument when it is not JSON, the
-    pydantic ValidationError (a ValueError) when it is not a valid spec."""
+    """The spec of a ``spec_json`` field: InvalidArgument when it is not strict JSON
+    (``recstore.core.strict_json``: no NaN or infinity, bounded nesting), the pydantic
+    ValidationError (a ValueError) when it is not a valid spec."""
     try:
-        data = json.loads(text)
+        data = strict_json.loads(text)
     except json.JSONDecodeError as error:
         raise InvalidArgument(f"spec_json is not JSON: {error}") from None
     return TableSpec.model_validate(data)

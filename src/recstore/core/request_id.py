@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recstore.core import ps_fields
-from recstore.core.errors import InvalidArgument
+from recstore.core.errors import InvalidArgument, MalformedMessage
 from recstore.core.wire import Buffer, encode_varint
 
 #: the engine (by name: import-linter cannot see a compiled module)
@@ -133,7 +133,7 @@ def read(method: str, body: Buffer) -> Named | None:
             raise InvalidArgument("a request id's client is not UTF-8") from None
     request_id = RequestId(client, seq)
     if malformed:
-        raise InvalidArgument(malformed)
+        raise MalformedMessage(malformed)
     return Named(request_id, digest, body, rest)
 
 

@@ -25,7 +25,13 @@ MAX_SHARDS = 1024
 
 
 class WireModel(BaseModel):
-    """Frozen, strict, camelCase on the wire: the base of every declared model."""
+    """Frozen, strict, camelCase on the wire: the base of every declared model.
+
+    Every float of a declared model is finite: NaN and ±inf (``1e400`` reads as inf)
+    are refused naming the field (``Input should be a finite number``), whatever
+    surface the model came through; a NaN learning rate or initializer would
+    otherwise serve NaN rows.
+    """
 
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -33,6 +39,7 @@ class WireModel(BaseModel):
         extra="forbid",
         frozen=True,
         use_enum_values=True,
+        allow_inf_nan=False,
     )
 
     def to_wire(self) -> dict[str, Any]:

@@ -6,18 +6,18 @@ differs (PS node processes here instead of EmbeddingTable resources). On start
 the tables already in the catalogue are provisioned again, so their nodes
 come back with the rows of their data directories.
 
-Two secrets live in the state dir: the admin token (for the user, the CLI and
-the dashboard) and the provisioner token, the local provisioner's own identity,
-the only one the admin API lets register nodes and write shard status.
+Four secrets live in the state dir (``recstore.local.state_dir``): the admin
+token (for the user, the CLI and the dashboard); the provisioner token, the local
+provisioner's own identity, the only one the admin API lets register nodes and
+write shard status; the PS token every node requires, so that knowing where a
+node listens (discovery tells any viewer) lets no one write to it; and the
+read-only token the nodes of inference tables also accept, for readers.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import secrets
 import socket
-import stat
 import threading
 import time
 from pathlib import Path
@@ -32,37 +32,17 @@ from recstore.core.spec import TableSpec
 from recstore.core.tls import LocalTls, http_verify
 from recstore.local.provisioner import LocalProvisioner
 from recstore.local.reporting import AdminReporter
+from recstore.local.state_dir import (
+    ADMIN_TOKEN_FILE,
+    DEFAULT_STATE_DIR,
+    PROVISIONER_TOKEN_FILE,
+    PS_READ_ONLY_TOKEN_FILE,
+    PS_TOKEN_FILE,
+    ensure_token,
+    secure_state_dir,
+)
 
 log = logging.getLogger(__name__)
-
-DEFAULT_STATE_DIR = Path.home() / ".recstore"
-TOKEN_FILE = "admin-token"
-PROVISIONER_TOKEN_FILE = "provisioner-token"
-
-
-class InsecureStateDir(RuntimeError):
-    """A token file can be read by other users: refused, not used."""
-
-
-def ensure_token(state_dir: Path, name: str = TOKEN_FILE) -> str:
-    """A platform token (``admin-token`` by default): created once, readable by its owner only.
-
-    A token file others can read is refused: anyone who read it holds its rights.
-    """
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the token and all the data
-    path = state_dir / name
-    if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(secrets.token_urlsafe(32))
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if mode & 0o077:
-        raise InsecureStateDir(
-            f"token file {path} is readable by other users (mode {mode:04o}); it grants "
-            f"{name.removesuffix('-token')} rights: run `chmod 600 {path}` (or remove it "
-            "for a new token), then start again"
-        )
-    return path.read_text().strip()
 
 
 class LocalPlatform:
@@ -82,8 +62,13 @@ class LocalPlatform:
         reshard_copy_rate: float = 0.0,
     ) -> None:
         self.state_dir = Path(state_dir)
-        self.token = ensure_token(self.state_dir)
+        catalogue = secure_state_dir(self.state_dir)
+        self.token = ensure_token(self.state_dir, ADMIN_TOKEN_FILE)
         provisioner_token = ensure_token(self.state_dir, PROVISIONER_TOKEN_FILE)
+        #: what trainers send the nodes (RECSTORE_PS_TOKEN); readers of inference tables
+        #: may send the read-only one instead
+        self.ps_token = ensure_token(self.state_dir, PS_TOKEN_FILE)
+        self.ps_read_only_token = ensure_token(self.state_dir, PS_READ_ONLY_TOKEN_FILE)
         #: with ``tls``: the admin API serves HTTPS and the nodes TLS, from a CA of its own
         self.tls: LocalTls | None = None
         if tls:
@@ -102,6 +87,8 @@ class LocalPlatform:
             self.state_dir,
             self._reporter,
             device=device,
+            auth_token_file=self.state_dir / PS_TOKEN_FILE,
+            read_only_token_file=self.state_dir / PS_READ_ONLY_TOKEN_FILE,
             poll_interval=poll_interval,
             tls=self.tls,
             online_resharding=online_resharding,
@@ -109,8 +96,8 @@ class LocalPlatform:
             reshard_copy_rate=reshard_copy_rate,
         )
         settings = Settings(
-            database_url=f"sqlite:///{self.state_dir / 'admin.db'}",
-            bootstrap_token_file=self.state_dir / TOKEN_FILE,
+            database_url=f"sqlite:///{catalogue}",
+            bootstrap_token_file=self.state_dir / ADMIN_TOKEN_FILE,
             provisioner_token_file=self.state_dir / PROVISIONER_TOKEN_FILE,
             secure_cookies=self.tls is not None,
         )
