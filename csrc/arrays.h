@@ -342,6 +342,17 @@ void def_checked(Scope& scope, const char* name, Fn&& fn, const Extra&... extra)
 
 }  // namespace detail
 
+// `h` as the typed array A, never converted (no copy: the caller's own buffer), for
+// arrays that arrive inside a container (a tuple of a list) rather than as an argument;
+// the error naming `what` and saying what is wrong otherwise, as def_checked's.
+template <class A>
+A array_arg(nb::handle h, const std::string& what) {
+  A a;
+  if (nb::try_cast(h, a, false)) return a;
+  detail::explain(h, what.c_str(), detail::expected<A>());
+  throw nb::type_error((what + " is not an array the binding can read").c_str());
+}
+
 // Registers method `name` of `cls` taking typed arrays, with the fallback that explains a refusal.
 template <class Class, class Fn, class... Extra>
 void def_checked(Class& cls, const char* name, Fn&& fn, const Extra&... extra) {

@@ -1,9 +1,9 @@
 // Python bindings of the node's multi-table validator and native path (recstore._native.MultiRequest).
 //
 // Only included by module.cc. The node passes its hosted tables' engine
-// objects and owned-slot masks (kept alive by the caller); the checks and the
-// engine work run without the GIL, which is taken back only to allocate the
-// reply.
+// objects and owned-slot masks (bool per slot, typed and held here for the call);
+// the checks and the engine work run without the GIL, which is taken back only to
+// allocate the reply.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -34,6 +34,7 @@ inline Method method_of(const std::string& name) {
 }
 
 using Slots = nb::ndarray<nb::numpy, uint16_t, nb::ndim<1>>;
+using OwnedSlots = recstore::arrays::Host<const bool, nb::ndim<1>>;
 
 // The distinct slots of `n` keys (`raw`: their bytes, aligned or not) as a numpy array.
 inline Slots slots_of(const void* raw, size_t n) {
@@ -44,7 +45,7 @@ inline Slots slots_of(const void* raw, size_t n) {
     std::memcpy(copied.data(), raw, n * sizeof(int64_t));
     keys = copied.data();
   }
-  auto* slots = new std::vector<uint16_t>(std::min(n, kNumSlots));
+  auto* slots = new std::vector<uint16_t>(std::min<size_t>(n, kNumSlots));
   slots->resize(touched_slots(keys, static_cast<int64_t>(n), slots->data()));
   nb::capsule owner(slots, [](void* p) noexcept { delete static_cast<std::vector<uint16_t>*>(p); });
   return Slots(slots->data(), {slots->size()}, owner);
@@ -114,6 +115,7 @@ struct MultiRequest {
     const std::vector<std::string> names = tables();
     if (nb::len(views) != names.size()) throw std::invalid_argument("one view per table");
     std::vector<Hosted> hosted(names.size());
+    std::vector<OwnedSlots> owned(names.size());  // held until the call returns
     for (size_t i = 0; i < names.size(); ++i) {
       Hosted& v = hosted[i];
       v.name = names[i];
@@ -122,7 +124,12 @@ struct MultiRequest {
       auto t = nb::cast<nb::tuple>(view);
       v.present = true;
       if (!t[0].is_none()) v.table = nb::cast<Table*>(t[0]);
-      v.owned = reinterpret_cast<const uint8_t*>(nb::cast<uintptr_t>(t[1]));
+      if (!t[1].is_none()) {  // None: the node owns every slot
+        const std::string what = "owned slots of table '" + v.name + "'";
+        owned[i] = recstore::arrays::array_arg<OwnedSlots>(t[1], what);
+        recstore::arrays::expect_length(owned[i], what.c_str(), kNumSlots);
+        v.owned = reinterpret_cast<const uint8_t*>(owned[i].data());
+      }
       v.default_lr = nb::cast<float>(t[2]);
       v.dtype = nb::cast<std::string>(t[3]);
       v.dim = nb::cast<int64_t>(t[4]);

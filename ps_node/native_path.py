@@ -82,10 +82,9 @@ def _view(hosted: HostedTable, moving: bool) -> tuple[Any, ...]:
     records the changed keys for the move; the keys the engine changes in a
     table saved incrementally are noted by ``_note_changes``.
     """
-    owned = hosted.owned_slots
     return (
         None if moving else hosted.table.host_engine,
-        0 if owned is None else owned.ctypes.data,  # bool per slot, kept alive by hosted
+        hosted.owned_slots,  # bool per slot; None: every slot
         float(hosted.entry.spec.optimizer.lr),
         hosted.dtype,
         hosted.dim,

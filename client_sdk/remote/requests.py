@@ -24,7 +24,7 @@ from recstore.client.remote.routing import Positions, ShardRequest, plan_request
 from recstore.client.remote.tables import RemoteTable
 from recstore.core import SlotMap, slot_of, wire
 
-#: the compiled codec (no type stubs: it takes raw buffer addresses)
+#: the compiled codec (no type stubs)
 _native: Any = _native_module
 
 
@@ -233,12 +233,10 @@ def _node_of_slot(
 
 
 def _keys_args(call: TableCall, nodes: tuple[str, ...]) -> tuple[Any, ...]:
-    keys = call.keys
-    if keys.dtype != np.int64 or not keys.flags.c_contiguous:
-        raise ValueError("keys must be contiguous int64")
+    """(table, epoch, keys, node of each slot): an item's head (the encoder checks the arrays)."""
     slot_map = call.table.router.slot_map
     owners = _node_of_slot(slot_map, tuple(call.table.endpoints), nodes)
-    return (call.name, slot_map.epoch, keys.ctypes.data, len(keys), owners.ctypes.data, owners)
+    return (call.name, slot_map.epoch, call.keys, owners)
 
 
 def native_requests(
@@ -248,30 +246,20 @@ def native_requests(
     pulls, updates = (calls, carried) if method == "MultiPull" else ((), calls)
     nodes = tuple(dict.fromkeys(e for c in (*pulls, *updates) for e in c.table.endpoints))
     index = {endpoint: i for i, endpoint in enumerate(nodes)}
-    keep: list[Any] = []  # every buffer stays alive until the call returns
     pull_args = []
     for call in pulls:
-        args = _keys_args(call, nodes)
-        keep.append(args[-1])
         asked = [index[e] for e in sorted(call.also_ask) if e in index]
-        pull_args.append((*args[:-1], call.table.transport, asked))
+        pull_args.append((*_keys_args(call, nodes), call.table.transport, asked))
     update_args = []
     for call in updates:
-        args = _keys_args(call, nodes)
-        grads = call.rows
-        if not grads.flags.c_contiguous or grads.ndim != 2 or len(grads) != len(call.keys):
-            raise ValueError("gradients must be contiguous [n, dim] rows")
         every = [index[e] for e in call.table.endpoints] if call.every_shard else []
-        keep += [args[-1], grads]
-        source = wire.dtype_name(grads)
         update_args.append((
-            *args[:-1], grads.ctypes.data, grads.strides[0], call.table.transport or source,
-            call.lr, call.table.spec.embedding_dim, every, source,
+            *_keys_args(call, nodes), call.rows, call.table.transport, call.lr,
+            call.table.spec.embedding_dim, every,
         ))  # fmt: skip
     bodies, pull_routes, update_routes = _native.encode_multi(
         method, pull_args, update_args, len(nodes)
     )
-    del keep
     if any(body is not None and len(body) > max_bytes for body in bodies):
         return None
     own, own_routes = (pulls, pull_routes) if method == "MultiPull" else (updates, update_routes)
@@ -288,11 +276,9 @@ def native_requests(
             targets = []
             for part in parts:
                 call, (order, offsets, counts) = pulls[part.index], pull_routes[part.index]
-                out_dtype = wire.dtype_name(call.rows)
                 targets.append((
-                    call.rows.ctypes.data, call.rows.strides[0], call.table.spec.embedding_dim,
-                    call.table.transport or out_dtype, order.ctypes.data, int(offsets[node]),
-                    int(counts[node]), out_dtype,
+                    call.rows, call.table.transport, call.table.spec.embedding_dim, order,
+                    int(offsets[node]), int(counts[node]),
                 ))  # fmt: skip
         requests.append(Request(nodes[node], parts, carried_parts, body, targets))
     return requests

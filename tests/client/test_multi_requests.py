@@ -14,7 +14,7 @@ from recstore.client.remote.requests import (
     native_requests,
     python_requests,
 )
-from recstore.core import SlotMap, wire
+from recstore.core import NUM_SLOTS, SlotMap, wire
 
 native: Any = native_module
 NODES = ("10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1")
@@ -214,8 +214,80 @@ def test_bad_arguments_are_refused() -> None:
     table = _table("a", 4, NODES[:1])
     bad = _call(table, np.arange(3), np.zeros((3, 4), np.float32))
     bad.keys = bad.keys.astype(np.int32)
-    with pytest.raises(ValueError, match="int64"):
+    with pytest.raises(TypeError, match="keys of table 'a' must be int64, got int32"):
         native_requests("MultiPull", [bad], [], BIG)
+
+
+def _refused(kind: type[Exception], message: str, pulls: Any = (), updates: Any = ()) -> None:
+    with pytest.raises(kind, match=message):
+        native_requests("MultiPull", list(pulls), list(updates), BIG)
+
+
+def test_the_encoder_types_every_array_it_reads() -> None:
+    """Keys, gradients and owners arrive as arrays whose dtype, rank, layout and size are
+    checked where they cross into the engine: never converted, never read past their end."""
+    table = _table("a", 4, NODES[:2])
+    pull = _call(table, np.arange(6), np.zeros((6, 4), np.float32))
+    strided = _call(table, np.arange(12)[::2], np.zeros((6, 4), np.float32))
+    strided.keys = np.arange(12, dtype=np.int64)[::2]
+    _refused(TypeError, "keys of table 'a' must be C-contiguous", [strided])
+    two_d = _call(table, np.arange(6), np.zeros((6, 4), np.float32))
+    two_d.keys = two_d.keys.reshape(2, 3)
+    _refused(ValueError, "keys of table 'a' must be 1-D", [two_d])
+    listed = _call(table, np.arange(6), np.zeros((6, 4), np.float32))
+    listed.keys = [1, 2, 3]  # type: ignore[assignment]
+    _refused(TypeError, "keys of table 'a' must be a numpy array or torch tensor", [listed])
+    cases = [
+        (np.zeros((5, 4), np.float32), ValueError, r"must be one row per key \(6\), got shape"),
+        (np.zeros((6, 4), np.float64), TypeError, "must be float32, float16 or bfloat16"),
+        (np.zeros((4, 6), np.float32).T, TypeError, "must be C-contiguous"),
+        (np.zeros(24, np.float32), ValueError, "must be 2-D"),
+    ]
+    for grads, kind, message in cases:
+        update = _call(table, np.arange(6), grads)
+        _refused(kind, f"gradients of table 'a' {message}", [pull], [update])
+
+
+def test_a_node_of_slot_table_must_cover_every_slot() -> None:
+    keys = np.arange(5, dtype=np.int64)
+    pull = ("a", 0, keys, np.zeros(NUM_SLOTS - 1, np.int32), "", [])
+    with pytest.raises(
+        ValueError, match=f"node_of_slot of table 'a' must have shape \\({NUM_SLOTS},\\)"
+    ):
+        native.encode_multi("MultiPull", [pull], [], 1)
+    wide = ("a", 0, keys, np.zeros(NUM_SLOTS, np.int64), "", [])
+    with pytest.raises(TypeError, match="node_of_slot of table 'a' must be int32"):
+        native.encode_multi("MultiPull", [wide], [], 1)
+
+
+def test_scatter_targets_are_typed_and_bounded() -> None:
+    table = _table("a", 4, NODES[:1])
+    call = _call(table, np.arange(5), np.zeros((5, 4), np.float32))
+    (request,) = native_requests("MultiPull", [call], [], BIG) or []
+    assert request.targets is not None
+    reply = _answer(request.body, [call])
+    (target,) = request.targets
+    out, transport, dim, order, offset, count = target
+    assert out is call.rows  # the caller's own rows: written in place, no copy
+    frozen = call.rows.copy()
+    frozen.flags.writeable = False
+    rest = (dim, order, offset, count)
+    wrong = [
+        ((frozen, transport, *rest), TypeError, "target 0 rows must be writable"),
+        ((out.astype(np.float64), transport, *rest), TypeError, "float32"),
+        ((out, transport, 8, order, offset, count), ValueError, "rows of dim 8, got shape"),
+        ((out, transport, dim, order.astype(np.int32), offset, count), TypeError, "int64"),
+        ((out, transport, dim, order, offset, count + 1), ValueError, "do not fit its 5 positions"),
+        ((out, transport, dim, order, -1, count), ValueError, "offset -1"),
+        ((out, transport, dim, order + 3, offset, count), ValueError, "position 5 is not one"),
+    ]
+    for bad, kind, message in wrong:
+        with pytest.raises(kind, match=message):
+            native.scatter_pull_reply(reply, [bad], 0)
+    np.testing.assert_array_equal(call.rows, 0)  # nothing copied by a refused call
+    native.scatter_pull_reply(reply, [target], 0)
+    expected = call.keys[:, None] * 10.0 + np.arange(4)
+    np.testing.assert_array_equal(call.rows, expected.astype(np.float32))
 
 
 def test_16_bit_transport_narrows_gradients_and_widens_pulled_rows() -> None:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from recstore.core import (
+    NUM_SLOTS,
     CapacityExhausted,
     DType,
     InvalidArgument,
@@ -287,3 +288,25 @@ def test_every_refusal_code_the_engine_numbers_has_its_exception(node: Node) -> 
     refused = parsed.serve([None], True, 1 << 20)
     assert refused[:2] == ("refused", native_path.Code.TABLE_NOT_FOUND)
     assert isinstance(refused[1], native_path.Code)
+
+
+def test_the_owned_slot_mask_is_a_typed_array_of_every_slot(node: Node) -> None:
+    """The validator reads a hosted table's mask where it crosses into the engine: bool,
+    one entry per slot, or it refuses before reading any of it."""
+    request = ps_pb2.MultiPullRequest(items=[_pull("sgd", FOREIGN[:2])]).SerializeToString()
+    view = list(native_path._view(node.get("sgd"), False))
+    owned = view[1]
+    assert owned.dtype == np.bool_ and owned.shape == (NUM_SLOTS,)
+    refused = native_path.parse("MultiPull", request).serve([tuple(view)], True, 1 << 20)
+    assert refused[:2] == ("refused", native_path.Code.WRONG_SHARD)  # the mask was read
+    wrong = [
+        (owned[:-1], ValueError, rf"owned slots of table 'sgd' must have shape \({NUM_SLOTS},\)"),
+        (owned.astype(np.uint8), TypeError, "owned slots of table 'sgd' must be bool"),
+        (owned.reshape(128, -1), ValueError, "owned slots of table 'sgd' must be 1-D"),
+        (owned[::-1], TypeError, "must be C-contiguous"),
+        (int(owned.ctypes.data), TypeError, "must be a numpy array or torch tensor"),
+    ]
+    for mask, kind, message in wrong:
+        view[1] = mask
+        with pytest.raises(kind, match=message):
+            native_path.parse("MultiPull", request).serve([tuple(view)], True, 1 << 20)

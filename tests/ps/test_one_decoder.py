@@ -115,7 +115,7 @@ def test_the_three_readers_read_an_edge_case_as_protobuf(
     expected_reply = _generated(ps_pb2.MultiPullResponse, answer)
     out = np.zeros((4, 8), np.float32)
     order = np.arange(4, dtype=np.int64)
-    targets = [(out.ctypes.data, 32, 8, "float32", order.ctypes.data, 0, 4)]
+    targets = [(out, "float32", 8, order, 0, 4)]
     if expected_reply is None:
         with pytest.raises(InvalidArgument):
             wire.decode_multi_pull_reply(answer)
