@@ -27,7 +27,8 @@ RECSTORE_HD uint64_t fmix64(uint64_t h) {
   return h;
 }
 
-// Routing slots (recstore.core.routing.NUM_SLOTS): a power of two, fixed forever.
+// Routing slots: a power of two, fixed forever. The one definition: Python reads it
+// as recstore._native.NUM_SLOTS (recstore.core.routing.NUM_SLOTS).
 constexpr uint32_t kNumSlots = 16384;
 
 // Slot of a key (0..16383), as recstore.core.routing.slot_of.

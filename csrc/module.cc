@@ -105,6 +105,8 @@ NB_MODULE(_native, m) {
         "Start the batch-work threads now (they keep the caller's scheduling priority)");
   m.def("fmix64", [](int64_t key) { return recstore::fmix64(static_cast<uint64_t>(key)); },
         "key"_a, "The routing hash of one key (as recstore.core.routing.hash_keys)");
+  // The routing slot count (hash.h), the one definition recstore.core.routing reads.
+  m.attr("NUM_SLOTS") = recstore::kNumSlots;
 
   recstore::arrays::def_checked_function(
       m, "unique_keys",

@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "hash.h"
 #include "ps_decode.h"
 #include "table.h"
 
@@ -125,7 +126,6 @@ void apply(Plan& plan, const std::vector<Hosted>& hosted, uint8_t* reply, size_t
 
 // The sorted distinct slots (slot_of, hash.h) of `n` keys, written to `out` (room for
 // min(n, kNumSlots)); returns how many. What a de-dup entry records of a request.
-inline constexpr size_t kNumSlots = 16384;
 size_t touched_slots(const int64_t* keys, int64_t n, uint16_t* out);
 
 // Why the node refuses rows of a `table_dtype` table travelling as `requested` ("" when

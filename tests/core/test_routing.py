@@ -30,6 +30,15 @@ def test_hash_matches_scalar_reference(key: int) -> None:
     assert int(hash_keys(np.array([key]))[0]) == _fmix64_reference(key)
 
 
+def test_python_and_the_engine_route_by_one_slot_count() -> None:
+    """The count is defined once, in the engine (csrc/hash.h); routing reads it there."""
+    from recstore import _native
+
+    assert NUM_SLOTS == _native.NUM_SLOTS == 16384  # fixed forever: every deployed map tiles it
+    keys = np.arange(200_000, dtype=np.int64)  # enough keys to reach every slot
+    np.testing.assert_array_equal(slots_touched(keys), np.arange(NUM_SLOTS))
+
+
 def test_slot_values_are_pinned() -> None:
     # Changing the hash would silently move every key of every deployed table.
     assert slot_of(np.arange(4)).tolist() == [_fmix64_reference(k) % NUM_SLOTS for k in range(4)]

@@ -23,15 +23,16 @@ import numpy.typing as npt
 
 from recstore.core.errors import InvalidArgument
 
-NUM_SLOTS = 16384
+#: the engine (by name: import-linter cannot see a compiled module)
+_native: Any = importlib.import_module("recstore._native")
+#: routing slots, fixed forever: the engine's constant (csrc/hash.h), defined once there
+NUM_SLOTS: int = int(_native.NUM_SLOTS)
 #: trailing metadata of a wrong-owner refusal: the refusing node's slot-map epoch
 EPOCH_METADATA_KEY = "x-recstore-epoch"
 _SLOT_MASK = np.uint64(NUM_SLOTS - 1)
 _C1 = np.uint64(0xFF51AFD7ED558CCD)
 _C2 = np.uint64(0xC4CEB9FE1A85EC53)
 _S33 = np.uint64(33)
-#: the engine (by name: import-linter cannot see a compiled module)
-_native: Any = importlib.import_module("recstore._native")
 
 
 def hash_keys(keys: npt.ArrayLike) -> npt.NDArray[np.uint64]:
@@ -55,7 +56,7 @@ def fmix_in_place(h: npt.NDArray[np.uint64], scratch: npt.NDArray[np.uint64]) ->
 
 
 def slot_of(keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
-    """Slot (0..16383) of every key."""
+    """Slot (0 .. NUM_SLOTS - 1) of every key."""
     return (hash_keys(keys) & _SLOT_MASK).astype(np.int64)
 
 
