@@ -11,12 +11,6 @@ namespace recstore {
 namespace cuda {
 namespace {
 
-__device__ __forceinline__ int64_t global_thread() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ int64_t grid_threads() {
-  return static_cast<int64_t>(gridDim.x) * blockDim.x;
-}
 #define RS_FOR_EACH(i, n) for (int64_t i = global_thread(); i < (n); i += grid_threads())
 
 __device__ __forceinline__ bool is_expired(const Tracking& t, int64_t row, double now) {

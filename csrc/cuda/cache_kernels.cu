@@ -15,8 +15,7 @@ namespace {
 
 __global__ void probe_kernel(CacheView c, const int64_t* keys, int64_t n, int64_t* slot_out,
                              uint8_t* miss_out, uint8_t* resident_out) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
     const int64_t s = cache_probe(c.slots, c.ways, c.sets, keys[i]);
     slot_out[i] = s;
     if (miss_out != nullptr) miss_out[i] = s < 0 ? 1 : 0;
@@ -26,8 +25,7 @@ __global__ void probe_kernel(CacheView c, const int64_t* keys, int64_t n, int64_
 
 __global__ void set_of_kernel(const int64_t* keys, int64_t n, uint64_t sets, uint64_t* set_out,
                               int64_t* member_out) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
     set_out[i] = cache_set_of(keys[i], sets);
     member_out[i] = i;
   }
@@ -47,7 +45,7 @@ __global__ void resolve_kernel(CacheView c, const uint64_t* run_sets, const int6
                                const int64_t* members, const int64_t* keys, uint64_t tick,
                                int64_t* slot_out, uint8_t* hit_out) {
   const int64_t runs = *num_runs;
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t stride = grid_threads();
   for (int64_t base = int64_t{blockIdx.x} * blockDim.x; base < runs; base += stride) {
     const int64_t r = base + threadIdx.x;
     CacheCounts k;
@@ -60,8 +58,7 @@ __global__ void resolve_kernel(CacheView c, const uint64_t* run_sets, const int6
 }
 
 __global__ void missed_kernel(const uint8_t* hit, int64_t n, int64_t* out) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
+  for (int64_t i = global_thread(); i < n; i += grid_threads())
     out[i] = hit[i] ? 0 : 1;
 }
 
@@ -70,8 +67,7 @@ __global__ void fill_kernel(CacheView c, const int64_t* slot, const uint8_t* hit
                             const int64_t* rank, int64_t n, const Unit* staged) {
   const int64_t units = c.row_bytes / static_cast<int64_t>(sizeof(Unit));
   Unit* values = reinterpret_cast<Unit*>(c.values);
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n * units;
-       e += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t e = global_thread(); e < n * units; e += grid_threads()) {
     const int64_t i = e / units, w = e % units;
     if (!hit[i] && slot[i] >= 0) values[slot[i] * units + w] = staged[rank[i] * units + w];
   }
@@ -79,7 +75,7 @@ __global__ void fill_kernel(CacheView c, const int64_t* slot, const uint8_t* hit
 
 // Counts a call's lookups: every occurrence of a distinct key, as a hit or a miss.
 __global__ void count_kernel(CacheView c, const uint8_t* hit, const int32_t* offsets, int64_t u) {
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t stride = grid_threads();
   for (int64_t base = int64_t{blockIdx.x} * blockDim.x; base < u; base += stride) {
     const int64_t i = base + threadIdx.x;
     unsigned long long hits = 0, misses = 0;
@@ -99,8 +95,7 @@ __global__ void count_kernel(CacheView c, const uint8_t* hit, const int32_t* off
 // offsets[i] <= j (runs are never empty). A binary search per position keeps a
 // hot key's many occurrences from landing on one thread.
 __global__ void segment_kernel(const int32_t* offsets, int64_t u, int64_t n, int32_t* seg_key) {
-  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < n;
-       j += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t j = global_thread(); j < n; j += grid_threads()) {
     int64_t lo = 0, hi = u - 1;
     while (lo < hi) {
       const int64_t mid = (lo + hi + 1) / 2;
@@ -119,8 +114,7 @@ __global__ void gather_kernel(CacheView c, const int64_t* slot, const uint8_t* h
                               int64_t n, const Unit* staged, Unit* out) {
   const int64_t units = c.row_bytes / static_cast<int64_t>(sizeof(Unit));
   const Unit* values = reinterpret_cast<const Unit*>(c.values);
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n * units;
-       e += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t e = global_thread(); e < n * units; e += grid_threads()) {
     const int64_t j = e / units, w = e % units;
     const int32_t i = seg_key[j];
     const Unit* src = hit[i] ? values + slot[i] * units : staged + rank[i] * units;
@@ -132,16 +126,14 @@ template <typename Unit>
 __global__ void scatter_kernel(CacheView c, const int64_t* slots, int64_t n, const Unit* rows) {
   const int64_t units = c.row_bytes / static_cast<int64_t>(sizeof(Unit));
   Unit* values = reinterpret_cast<Unit*>(c.values);
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n * units;
-       e += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t e = global_thread(); e < n * units; e += grid_threads()) {
     const int64_t i = e / units, w = e % units;
     values[slots[i] * units + w] = rows[i * units + w];
   }
 }
 
 __global__ void drop_kernel(CacheView c, const int64_t* keys, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
     const int64_t s = cache_probe(c.slots, c.ways, c.sets, keys[i]);
     if (s < 0) continue;
     auto* tick = reinterpret_cast<unsigned long long*>(&c.slots[s].tick);

@@ -38,6 +38,15 @@ namespace cuda {
 constexpr int kBlock = 256;
 
 #ifdef __CUDACC__
+// This thread's index in the grid, and the grid's thread count: a grid-stride loop
+// starts at the one and steps by the other (in 64 bits: batches pass 2^31 items).
+__device__ __forceinline__ int64_t global_thread() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t grid_threads() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+
 // Adds one per calling thread to *counter with one atomic per group of converged
 // threads of a warp (warp-aggregated), so counting many hits does not serialise
 // on a single address. Call it only from the threads that count.

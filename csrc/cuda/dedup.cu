@@ -12,21 +12,18 @@ namespace cuda {
 namespace {
 
 __global__ void iota_kernel(int32_t* out, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+  for (int64_t i = global_thread(); i < n; i += grid_threads())
     out[i] = static_cast<int32_t>(i);
 }
 
 __global__ void iota64_kernel(int64_t* out, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+  for (int64_t i = global_thread(); i < n; i += grid_threads())
     out[i] = i;
 }
 
 __global__ void permute_kernel(const uint64_t* primary, const int64_t* rows, const int64_t* perm,
                                int64_t n, uint64_t* primary_out, int64_t* rows_out) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
     primary_out[i] = primary[perm[i]];
     rows_out[i] = rows[perm[i]];
   }

@@ -11,14 +11,6 @@ namespace recstore {
 namespace cuda {
 namespace {
 
-__device__ __forceinline__ int64_t global_thread() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-
-__device__ __forceinline__ int64_t grid_threads() {
-  return static_cast<int64_t>(gridDim.x) * blockDim.x;
-}
-
 // Bytes per vector V so a row of row_bytes copies as whole vectors.
 template <typename V>
 bool fits(int64_t row_bytes, const void* a, const void* b) {

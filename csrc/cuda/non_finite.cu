@@ -10,13 +10,6 @@ namespace {
 
 constexpr int kWarp = 32;
 
-__device__ __forceinline__ int64_t global_thread() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ int64_t grid_threads() {
-  return static_cast<int64_t>(gridDim.x) * blockDim.x;
-}
-
 // A warp per row, lanes striding over its elements (coalesced): the rows with
 // every exponent bit set somewhere. flags (optional) per row, *count of such
 // rows, *first the smallest such position.
