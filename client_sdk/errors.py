@@ -10,15 +10,28 @@ catches them.
 
 from __future__ import annotations
 
+import grpc
+
 from recstore.core import InvalidArgument
 
 
 class BackendError(RuntimeError):
-    """The backend refused or failed a call; ``reason`` is the server's message."""
+    """The backend refused or failed a call; ``reason`` is the server's message.
 
-    def __init__(self, message: str, *, code: str = "UNKNOWN", reason: str = "") -> None:
+    ``status``: the gRPC status code (a ``grpc.StatusCode``; None for a failure that is
+    not one, such as an admin API's HTTP answer); ``code``: its name, or that
+    failure's own word (``HTTP_503``, ``BAD_DISCOVERY``).
+    """
+
+    def __init__(
+        self, message: str, *, code: grpc.StatusCode | str = grpc.StatusCode.UNKNOWN,
+        reason: str = "",
+    ) -> None:  # fmt: skip
+        if isinstance(code, str) and code in grpc.StatusCode.__members__:
+            raise TypeError(f"a gRPC status is a grpc.StatusCode, not its name {code!r}")
         super().__init__(message)
-        self.code = code
+        self.status = code if isinstance(code, grpc.StatusCode) else None
+        self.code = code.name if isinstance(code, grpc.StatusCode) else code
         self.reason = reason or message
 
 
@@ -41,7 +54,7 @@ class TableNotInitialized(BackendError):
     """The table is unknown to this client or to the backend."""
 
     def __init__(self, message: str, *, reason: str = "") -> None:
-        super().__init__(message, code="NOT_FOUND", reason=reason)
+        super().__init__(message, code=grpc.StatusCode.NOT_FOUND, reason=reason)
 
 
 class TableShapeMismatch(TypeError):

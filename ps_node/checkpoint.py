@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from recstore.core import InvalidArgument, RecStoreError
+from recstore.core import InvalidArgument
 from recstore.ps.wal_segments import fsync_dir
 
 FORMAT = "recstore-checkpoint"
@@ -39,21 +39,6 @@ TEMP_PREFIX = ".tmp-"
 CHECKPOINT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 Chunk = tuple[np.ndarray, np.ndarray, np.ndarray]  # keys, values, state
-
-
-class CheckpointCorrupt(RecStoreError):
-    """A checkpoint whose manifest or files do not verify (gRPC DATA_LOSS)."""
-
-    def __init__(self, checkpoint_id: str, table: str | None, reason: str) -> None:
-        where = f"checkpoint {checkpoint_id!r}" + (f", table {table!r}" if table else "")
-        super().__init__(f"{where}: {reason}")
-        self.checkpoint_id = checkpoint_id
-        self.table = table  # None: the manifest itself
-        self.reason = reason
-
-
-class CheckpointNotFound(RecStoreError):
-    """No checkpoint with that id (gRPC NOT_FOUND)."""
 
 
 @dataclass

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from recstore.core.errors import CheckpointCorrupt, CheckpointNotFound
 from recstore.ps.checkpoint import (
     CHECKPOINT_ID_PATTERN,
     FORMAT,
@@ -28,9 +29,7 @@ from recstore.ps.checkpoint import (
     MANIFEST_DIGEST,
     TEMP_PREFIX,
     VERSION,
-    CheckpointCorrupt,
     CheckpointInfo,
-    CheckpointNotFound,
     Chunk,
     info_of,
     manifest_digest,

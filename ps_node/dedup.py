@@ -37,7 +37,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from recstore.core import InvalidArgument, RecStoreError
+from recstore.core import InvalidArgument
+from recstore.core.errors import RequestOutcomeUnknown
 from recstore.core.request_id import RequestId
 
 WINDOW_ENV = "RECSTORE_DEDUP_WINDOW"
@@ -46,11 +47,6 @@ DEFAULT_CAPACITY = 4096  # ids per table: minutes of a trainer's steps, a few MB
 
 class RequestIdReused(InvalidArgument):
     """A request id already applied with other content: refused, nothing applied."""
-
-
-class RequestOutcomeUnknown(RecStoreError):
-    """A resend this node can no longer check (evicted, or known to some tables only):
-    refused, nothing applied; it may have been applied before (gRPC ABORTED)."""
 
 
 @dataclass(frozen=True, slots=True)  # thousands are held per table: no __dict__ each

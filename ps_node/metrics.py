@@ -17,7 +17,8 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from recstore.core.cache_figures import ClientCache
-    from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
+    from recstore.core.errors import CheckpointCorrupt
+    from recstore.ps.checkpoint import CheckpointInfo
     from recstore.ps.hosted_table import HostedTable
     from recstore.ps.node_tables import Refusal
     from recstore.ps.write_gate import WriteGate

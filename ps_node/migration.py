@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from recstore.core import NUM_SLOTS, InvalidArgument, RecStoreError, WrongShard, hash_keys, slot_of
+from recstore.core import NUM_SLOTS, InvalidArgument, WrongShard, hash_keys, slot_of
+from recstore.core.errors import MigrationConflict, SealTimeout
 from recstore.core.migration import ranges_mask
 from recstore.core.routing import fmix_in_place
 from recstore.ps.changes import ChangeTracker
@@ -45,14 +46,6 @@ if TYPE_CHECKING:  # import_sums builds on this module
 
 #: the longest a request waits on a sealed slot before it is refused (nothing applied)
 HOLD_LIMIT_S = 5.0
-
-
-class MigrationConflict(RecStoreError):
-    """A migration step that does not fit the node's state (gRPC FAILED_PRECONDITION)."""
-
-
-class SealTimeout(RecStoreError):
-    """Requests already inside did not finish before the seal's deadline (unsealed again)."""
 
 
 @dataclass

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from recstore.core import InvalidArgument, SlotMap, slot_of
+from recstore.core.errors import MigrationConflict, SlotMapConflict
 from recstore.core.limits import ROW_CHUNK_BYTES
 from recstore.core.migration_wire import Checksums, RowBatch
 from recstore.ps import (
@@ -33,7 +34,7 @@ from recstore.ps import (
 )
 from recstore.ps.changes import distinct
 from recstore.ps.hosted_table import HostedTable, owned_slots
-from recstore.ps.migration import MigrationConflict, keys_in, migrating_slots, rows_of
+from recstore.ps.migration import keys_in, migrating_slots, rows_of
 from recstore.ps.node import Node, Write, WriteAck
 from recstore.ps.wal import OP_IMPORT
 from recstore.store import Table
@@ -48,10 +49,6 @@ def _batch(
 
 #: encoded de-dup entries in one catch-up reply or tail, as ``page_rows`` bounds its rows
 WINDOW_PAGE_BYTES = ROW_CHUNK_BYTES // 2
-
-
-class SlotMapConflict(MigrationConflict):
-    """SetSlotMap's expected epoch is not the node's (the compare-and-swap failed)."""
 
 
 def begin_outgoing(node: Node, name: str, ranges: list[tuple[int, int]], target: int) -> None:

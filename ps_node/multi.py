@@ -26,16 +26,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from recstore.core import CapacityExhausted, RecStoreError, wire
+from recstore.core import CapacityExhausted, wire
+from recstore.core.errors import CarriedUpdatesApplied
 from recstore.ps import codec
 from recstore.ps.dedup import Entry
 from recstore.ps.hosted_table import HostedTable
 from recstore.ps.node import Node, Write, WriteAck, pull_into
 from recstore.ps.wal import OP_UPDATE
-
-
-class CarriedUpdatesApplied(RecStoreError):
-    """A MultiPull failed after the updates it carried were applied: do not resend them."""
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,12 @@ from dataclasses import replace
 from typing import Any
 
 from recstore.core import ps_fields, wire
+from recstore.core.errors import CarriedUpdatesApplied
 from recstore.core.request_id import Named
 from recstore.ps import dedup, native_path
 from recstore.ps.dedup import Entry
 from recstore.ps.hosted_table import HostedTable
-from recstore.ps.multi import CarriedUpdatesApplied, Served
+from recstore.ps.multi import Served
 from recstore.ps.node import Node, WriteAck
 
 

@@ -35,15 +35,16 @@ from recstore.core import (
     TableNotFound,
     WrongShard,
 )
+from recstore.core.errors import CarriedUpdatesApplied
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.ps import codec, multi
 from recstore.ps.dedup import Entry
 from recstore.ps.hosted_table import HostedTable
-from recstore.ps.multi import CarriedUpdatesApplied, Served
+from recstore.ps.multi import Served
 from recstore.ps.node import Node
 from recstore.store.options import non_finite_code
 
-#: the compiled engine (no type stubs: it takes raw buffer addresses)
+#: the compiled engine (no type stubs)
 _native: Any = _native_module
 
 #: False: the node applies every checked request itself (tests run both ways)

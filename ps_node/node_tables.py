@@ -19,12 +19,12 @@ from pathlib import Path
 
 from recstore.core import (
     InvalidArgument,
-    RecStoreError,
     SlotMap,
     TableExists,
     TableNotFound,
     TableSpec,
 )
+from recstore.core.errors import TableUnrecoverable
 from recstore.core.proto_convert import TableCondition
 from recstore.ps import catalogue
 from recstore.ps.cache_reports import CacheReports
@@ -39,10 +39,6 @@ from recstore.ps.wal import encode_window_record
 from recstore.ps.wal_io import SegmentFile, SegmentOpener
 from recstore.ps.write_gate import WriteGate
 from recstore.store import Store
-
-
-class TableUnrecoverable(RecStoreError):
-    """A table whose saved state could not be restored: refused (gRPC FAILED_PRECONDITION)."""
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,10 @@ from typing import Any
 import numpy as np
 
 from recstore.core import slots_touched
+from recstore.core.errors import CheckpointCorrupt
 from recstore.ps import checkpoint, checkpoint_read, incremental
 from recstore.ps.catalogue import CatalogueEntry
-from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
+from recstore.ps.checkpoint import CheckpointInfo
 from recstore.ps.hosted_table import HostedTable
 from recstore.ps.node import Node
 from recstore.ps.wal import OP_ERASE, OP_IMPORT, OP_PUSH, OP_STEP, WalRecord

@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recstore.core import TableNotFound
+from recstore.core.errors import CheckpointCorrupt
 from recstore.core.proto_convert import TableCondition, TableRecovery
 from recstore.ps import catalogue, checkpoint_read, held_slots, wal_repair, wal_segments
 from recstore.ps.catalogue import CatalogueEntry
-from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointInfo
+from recstore.ps.checkpoint import CheckpointInfo
 from recstore.ps.hosted_table import HostedTable
 from recstore.ps.node import Node
 from recstore.ps.node_tables import Refusal

@@ -32,15 +32,10 @@ from typing import Any
 import numpy as np
 
 from recstore.core import InvalidArgument, SlotMap, TableExists, TableMode, TableSpec, slot_of
+from recstore.core.errors import CheckpointCorrupt, CheckpointNotFound
 from recstore.ps import checkpoint_read, persistence
 from recstore.ps.catalogue import CatalogueEntry
-from recstore.ps.checkpoint import (
-    MANIFEST,
-    CheckpointCorrupt,
-    CheckpointInfo,
-    CheckpointNotFound,
-    Chunk,
-)
+from recstore.ps.checkpoint import MANIFEST, CheckpointInfo, Chunk
 from recstore.ps.hosted_table import HostedTable, owned_slots
 from recstore.ps.node import Node
 from recstore.ps.persistence import OnDamaged

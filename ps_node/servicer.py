@@ -2,7 +2,7 @@
 
 Handlers never loop over keys; they run the node's blocking batch methods on a
 thread pool, wait for the write-ahead log when one is enabled, and turn
-failures into status codes through ``recstore.ps.status``. No reply is built
+failures into status codes through ``recstore.core.grpc_status``. No reply is built
 over the node's message limit (``recstore.ps.limits``). The data path
 (``FAST_METHODS``, registered without protobuf serializers by ``add_to_server``)
 takes and returns raw message bytes, so pulled rows are written straight into
@@ -40,6 +40,7 @@ from recstore.core import (
 from recstore.core import migration_wire as wire_migration
 from recstore.core.background import background_pool
 from recstore.core.cache_figures import client_cache_from_proto
+from recstore.core.grpc_status import status_of, trailing_metadata_of
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.core.proto_convert import (
     TableStats,
@@ -69,7 +70,6 @@ from recstore.ps.multi import Served
 from recstore.ps.node import Node, WriteAck
 from recstore.ps.node_tables import Refusal
 from recstore.ps.offload import Offload
-from recstore.ps.status import status_of, trailing_metadata_of
 from recstore.v1 import ps_pb2, ps_pb2_grpc
 
 log = logging.getLogger(__name__)

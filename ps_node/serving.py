@@ -23,12 +23,12 @@ from grpc_reflection.v1alpha import reflection
 
 from recstore.core import WritesStopped
 from recstore.core.data_dir import DataDirLock
+from recstore.core.errors import CheckpointCorrupt
 from recstore.core.limits import grpc_options, message_limit
 from recstore.core.reconcile import LIVENESS_SERVICE
 from recstore.ps import failstop, persistence, recovery, table_specs
 from recstore.ps import metrics as metrics_module
 from recstore.ps.auth import TokenAuth
-from recstore.ps.checkpoint import CheckpointCorrupt
 from recstore.ps.node import Node
 from recstore.ps.node_config import NodeConfig
 from recstore.ps.offload import Offload

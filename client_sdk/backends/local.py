@@ -17,6 +17,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+import grpc
 import numpy as np
 import torch
 
@@ -24,10 +25,7 @@ from recstore.client.backends.base import CreateResult, PullRequest, RowChunk, U
 from recstore.client.errors import BackendError, TableNotInitialized
 from recstore.client.tensors import rows_from_numpy
 from recstore.core import (
-    CapacityExhausted,
-    DeviceUnavailable,
     DType,
-    InferenceTable,
     RecStoreError,
     StorageTier,
     TableExists,
@@ -35,6 +33,7 @@ from recstore.core import (
 )
 from recstore.core import TableSpec as TableSpec
 from recstore.core.cache_figures import ClientCache
+from recstore.core.grpc_status import status_of
 from recstore.core.limits import ROW_CHUNK_BYTES
 
 if TYPE_CHECKING:
@@ -86,13 +85,7 @@ def _backend_error(error: RecStoreError, name: str) -> BackendError:
         return TableNotInitialized(
             f"table {name!r} does not exist in the local store", reason=str(error)
         )
-    code = "INVALID_ARGUMENT"
-    if isinstance(error, CapacityExhausted):
-        code = "RESOURCE_EXHAUSTED"
-    elif isinstance(
-        error, InferenceTable | DeviceUnavailable
-    ):  # the PS node's status, as over gRPC
-        code = "FAILED_PRECONDITION"
+    code = status_of(error) or grpc.StatusCode.INTERNAL  # the PS node's status, as over gRPC
     return BackendError(
         f"local store refused the call on table {name!r}: {error}", code=code, reason=str(error)
     )

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+import grpc
 import numpy as np
 import torch
 
@@ -180,7 +181,7 @@ class GrpcBackend:
         if spec is None:
             raise BackendError(
                 f"PS node {self._endpoints[0]} answered no spec for table {name!r}",
-                code="DATA_LOSS",
+                code=grpc.StatusCode.DATA_LOSS,
             )
         newest = _newest(s.slot_map for s in stats)
         _check_order(self._endpoints, stats, newest)
@@ -206,13 +207,13 @@ class GrpcBackend:
                 break
             except BackendError as error:
                 # refused keys wait out a restart of the admin API (nothing of them applied)
-                if error.code != "UNAVAILABLE" or not patience.wait():
+                if error.status is not grpc.StatusCode.UNAVAILABLE or not patience.wait():
                     raise
         if found.slot_map.epoch < node_epoch:
             raise BackendError(
                 f"slot map of {name!r} is at epoch {found.slot_map.epoch} but a node is at "
                 f"{node_epoch}; the table is being resharded, retry later",
-                code="FAILED_PRECONDITION",
+                code=grpc.StatusCode.FAILED_PRECONDITION,
             )
         self._tables[name].endpoints = found.endpoints
         return found.slot_map
@@ -234,7 +235,10 @@ class GrpcBackend:
             replies = self._each_endpoint(endpoints, create_table_rpc(spec, slot_map), spec.name)
         except BackendError as error:
             # a read-only token may not create, but it may open a table that exists
-            attachable = error.code in ("ALREADY_EXISTS", "PERMISSION_DENIED")
+            attachable = error.status in (
+                grpc.StatusCode.ALREADY_EXISTS,
+                grpc.StatusCode.PERMISSION_DENIED,
+            )
             existing = self.describe(spec.name) if attachable else None
             if existing is None:
                 raise

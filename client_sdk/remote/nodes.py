@@ -35,10 +35,10 @@ from recstore.client.errors import (
     WriteAppliedNotDurable,
     WriteNotApplied,
 )
-from recstore.core import APPLIED_METADATA_KEY, WrongShard, wire
+from recstore.core import WrongShard, wire
+from recstore.core.grpc_status import applied_of, node_epoch
 from recstore.core.limits import grpc_options
 from recstore.core.request_id import RequestIds, with_request_id
-from recstore.core.routing import EPOCH_METADATA_KEY
 from recstore.core.tls import ClientTls, channel
 from recstore.v1 import ps_pb2, ps_pb2_grpc
 
@@ -190,7 +190,7 @@ class NodeCalls:
     def _error(self, error: grpc.RpcError, method: str, table: str) -> Exception:
         call: Any = error
         return map_rpc_error(
-            call.code().name,
+            call.code(),
             call.details() or "",
             call.trailing_metadata(),
             method=method,
@@ -202,29 +202,10 @@ class NodeCalls:
         self.channel.close()
 
 
-def node_epoch(trailing_metadata: object) -> int | None:
-    """The node's slot-map epoch from trailing metadata, None when absent."""
-    for key, value in trailing_metadata or ():  # type: ignore[attr-defined]
-        if key == EPOCH_METADATA_KEY:
-            try:
-                return int(value)
-            except (TypeError, ValueError):
-                return None
-    return None
-
-
-def applied_of(trailing_metadata: object) -> bool | None:
-    """Whether a failed write was applied (``x-recstore-applied``), None when unsaid."""
-    for key, value in trailing_metadata or ():  # type: ignore[attr-defined]
-        if key == APPLIED_METADATA_KEY:
-            return {"true": True, "false": False}.get(str(value))
-    return None
-
-
 def map_rpc_error(
-    code_name: str,
+    code: grpc.StatusCode,
     details: str,
-    trailing_metadata: object,
+    trailing_metadata: Any,
     *,
     method: str,
     table: str,
@@ -232,16 +213,16 @@ def map_rpc_error(
 ) -> Exception:
     """One gRPC failure as the exception the SDK raises (or WrongShard for the router)."""
     where = f"{method} on table {table!r} at PS node {endpoint}"
-    if code_name == "NOT_FOUND":
+    if code is grpc.StatusCode.NOT_FOUND:
         return TableNotInitialized(f"{where}: table not found ({details})", reason=details)
-    if code_name == "FAILED_PRECONDITION":
+    if code is grpc.StatusCode.FAILED_PRECONDITION:
         epoch = node_epoch(trailing_metadata)
         if epoch is not None:
             return WrongShard(f"{where}: {details}", epoch)
-    message = f"{where} failed: {code_name}: {details}"
+    message = f"{where} failed: {code.name}: {details}"
     applied = applied_of(trailing_metadata)
-    if code_name == "UNAVAILABLE" and applied is False:
-        return WriteNotApplied(message, code=code_name, reason=details)
-    if code_name == "DATA_LOSS" and applied is True:
-        return WriteAppliedNotDurable(message, code=code_name, reason=details)
-    return BackendError(message, code=code_name, reason=details)
+    if code is grpc.StatusCode.UNAVAILABLE and applied is False:
+        return WriteNotApplied(message, code=code, reason=details)
+    if code is grpc.StatusCode.DATA_LOSS and applied is True:
+        return WriteAppliedNotDurable(message, code=code, reason=details)
+    return BackendError(message, code=code, reason=details)

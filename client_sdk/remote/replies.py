@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import numpy as np
 
 from recstore import _native as _native_module
@@ -29,7 +30,7 @@ from recstore.client.remote.requests import Part, Request, TableCall
 from recstore.client.remote.single_table import pull_issue, update_issue
 from recstore.core import InvalidArgument, WrongShard, wire
 
-#: the compiled codec (no type stubs: it takes raw buffer addresses)
+#: the compiled codec (no type stubs)
 _native: Any = _native_module
 
 NodeOf = Callable[[str], NodeCalls]  # endpoint -> its node
@@ -118,7 +119,9 @@ class MultiCall:
                 except BaseException as error:
                     for part in request.parts:
                         self.failures.setdefault(part.index, error)
-                    if not (isinstance(error, BackendError) and error.code == "ABORTED"):
+                    if not (
+                        isinstance(error, BackendError) and error.status is grpc.StatusCode.ABORTED
+                    ):
                         for part in request.carried:  # ABORTED: the node applied them
                             self.carried_failures.setdefault(part.index, error)
             self._sent = []
@@ -152,7 +155,7 @@ class MultiCall:
         except (InvalidArgument, ValueError) as error:
             raise BackendError(
                 f"PS node {request.endpoint} answered a malformed {self.method} reply: {error}",
-                code="DATA_LOSS",
+                code=grpc.StatusCode.DATA_LOSS,
             ) from error
 
     def _saw_version(self, index: int, endpoint: str, version: int) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import grpc
 import numpy as np
 
 from recstore.client.errors import BackendError
@@ -27,7 +28,7 @@ Issue = Callable[[int, Positions, int, bool], Waiter[object]]
 def _bad_reply(node: NodeCalls, table: str, why: str) -> BackendError:
     return BackendError(
         f"PS node {node.endpoint} answered a malformed Pull reply for table {table!r}: {why}",
-        code="DATA_LOSS",
+        code=grpc.StatusCode.DATA_LOSS,
     )
 
 

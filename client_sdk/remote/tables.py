@@ -21,6 +21,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
+
 from recstore.client.errors import BackendError, TableNotInitialized
 from recstore.client.remote.routing import ShardRouter
 from recstore.core import DType, SlotMap, TableSpec
@@ -121,7 +123,7 @@ def discover(
     except (urllib.error.URLError, OSError, json.JSONDecodeError) as error:
         raise BackendError(
             f"admin API at {admin_url} unreachable for discovery of {name!r}: {error}",
-            code="UNAVAILABLE",
+            code=grpc.StatusCode.UNAVAILABLE,
         ) from error
     try:
         return parse_discovery(document)
@@ -148,5 +150,5 @@ def check_shard_order(
         raise BackendError(
             f"PS node {endpoints[index]} is shard {shard}, but it is listed as shard {index} "
             f"of {len(endpoints)} ({what}): endpoints must be given in shard order, one per shard",
-            code="FAILED_PRECONDITION",
+            code=grpc.StatusCode.FAILED_PRECONDITION,
         )

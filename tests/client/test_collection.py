@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import pytest
 import torch
 
@@ -404,7 +405,7 @@ def test_held_updates_still_go_when_the_pull_they_ride_cannot(grpc_client, monke
     locate = steps._locate
 
     def lost(name: str) -> Any:
-        raise BackendError(f"cannot find {name}", code="UNAVAILABLE")
+        raise BackendError(f"cannot find {name}", code=grpc.StatusCode.UNAVAILABLE)
 
     monkeypatch.setattr(steps, "_locate", lost)
     with pytest.raises(BackendError, match="cannot find"):

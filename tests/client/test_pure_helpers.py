@@ -222,15 +222,19 @@ def test_rows_roundtrip_through_wire_bytes(dtype) -> None:
 @pytest.mark.parametrize(
     ("code", "metadata", "expected"),
     [
-        ("NOT_FOUND", (), TableNotInitialized),
-        ("FAILED_PRECONDITION", (("x-recstore-epoch", "7"),), WrongShard),
-        ("FAILED_PRECONDITION", (), BackendError),
-        ("INVALID_ARGUMENT", (), BackendError),
-        ("UNAVAILABLE", (), BackendError),  # e.g. the connection dropped: outcome unknown
-        ("UNAVAILABLE", (("x-recstore-applied", "false"),), WriteNotApplied),
-        ("DATA_LOSS", (("x-recstore-applied", "true"),), WriteAppliedNotDurable),
-        ("DATA_LOSS", (), BackendError),
-        ("UNAVAILABLE", (("x-recstore-applied", "maybe"),), BackendError),
+        (grpc.StatusCode.NOT_FOUND, (), TableNotInitialized),
+        (grpc.StatusCode.FAILED_PRECONDITION, (("x-recstore-epoch", "7"),), WrongShard),
+        (grpc.StatusCode.FAILED_PRECONDITION, (), BackendError),
+        (grpc.StatusCode.INVALID_ARGUMENT, (), BackendError),
+        (
+            grpc.StatusCode.UNAVAILABLE,
+            (),
+            BackendError,
+        ),  # e.g. the connection dropped: outcome unknown
+        (grpc.StatusCode.UNAVAILABLE, (("x-recstore-applied", "false"),), WriteNotApplied),
+        (grpc.StatusCode.DATA_LOSS, (("x-recstore-applied", "true"),), WriteAppliedNotDurable),
+        (grpc.StatusCode.DATA_LOSS, (), BackendError),
+        (grpc.StatusCode.UNAVAILABLE, (("x-recstore-applied", "maybe"),), BackendError),
     ],
 )
 def test_rpc_errors_map_to_sdk_errors(code, metadata, expected) -> None:
@@ -240,7 +244,7 @@ def test_rpc_errors_map_to_sdk_errors(code, metadata, expected) -> None:
         assert error.epoch == 7
     else:
         assert isinstance(error, BackendError) and "why" in str(error) and error.reason == "why"
-        assert error.code == code
+        assert error.status is code and error.code == code.name
     if isinstance(error, WriteNotApplied | WriteAppliedNotDurable):
         assert error.applied is (expected is WriteAppliedNotDurable)
 

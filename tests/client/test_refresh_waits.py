@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import grpc
 import pytest
 
 from recstore.client.errors import BackendError
@@ -30,7 +31,7 @@ def _backend(outcomes: list[BackendError | Discovery]) -> GrpcBackend:
 
 def test_a_refresh_waits_for_the_admin_api_to_come_back() -> None:
     moved = SlotMap(epoch=2, ranges=SlotMap.initial(2).ranges)
-    down = BackendError("admin API unreachable", code="UNAVAILABLE")
+    down = BackendError("admin API unreachable", code=grpc.StatusCode.UNAVAILABLE)
     outcomes: list[BackendError | Discovery] = [
         down,
         down,

@@ -7,6 +7,7 @@ import stat
 from pathlib import Path
 from types import SimpleNamespace
 
+import grpc
 import httpx
 import pytest
 import torch
@@ -49,7 +50,7 @@ def test_the_platform_serves_tls_end_to_end(
         (endpoint,) = [s["endpoint"] for s in table["status"]["shards"]]
         with pytest.raises(ControlError) as refused:  # the node speaks TLS only
             ControlClient(endpoint, token=platform.token, timeout=5).stats("clicks")
-        assert refused.value.code == "UNAVAILABLE"
+        assert refused.value.code is grpc.StatusCode.UNAVAILABLE
 
         monkeypatch.setenv("RECSTORE_TLS_CA", str(ca))
         client = RecStoreClient(role="tls-e2e")

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from recstore.core import InvalidArgument
+from recstore.core.errors import CheckpointCorrupt, CheckpointNotFound
 from recstore.ps import checkpoint, checkpoint_read
-from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointNotFound
 
 
 def chunks(rows: int, dim: int, width: int, size: int) -> tuple[list[Any], tuple[Any, ...]]:

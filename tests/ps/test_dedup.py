@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from recstore.core import InvalidArgument, wire
+from recstore.core.errors import RequestOutcomeUnknown
 from recstore.core.request_id import RequestId, RequestIds, read, with_request_id
 from recstore.ps import dedup, wal
-from recstore.ps.dedup import DedupWindow, Entry, RequestIdReused, RequestOutcomeUnknown
+from recstore.ps.dedup import DedupWindow, Entry, RequestIdReused
 
 DIGEST = b"d" * 16
 OTHER = b"o" * 16

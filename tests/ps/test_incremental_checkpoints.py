@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from recstore.cli import app
 from recstore.core import KeyMode, TableSpec, wire
+from recstore.core.errors import CheckpointCorrupt
 from recstore.ps import (
     changes,
     checkpoint_read,
@@ -27,7 +28,6 @@ from recstore.ps import (
     row_transfer,
     wal_segments,
 )
-from recstore.ps.checkpoint import CheckpointCorrupt
 from recstore.ps.node import Node
 from recstore.ps.server import start_in_thread
 from recstore.store import Table

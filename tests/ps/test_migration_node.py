@@ -14,13 +14,12 @@ import numpy as np
 import pytest
 
 from recstore.core import InvalidArgument, SlotMap, WrongShard, slot_of
+from recstore.core.errors import MigrationConflict, SealTimeout, SlotMapConflict
 from recstore.core.migration import SlotBatch, moved
 from recstore.core.migration_wire import RowBatch
 from recstore.core.request_id import DIGEST_BYTES, Named, RequestId
 from recstore.ps import migration, migration_ops
 from recstore.ps.changes import ChangeTracker
-from recstore.ps.migration import MigrationConflict, SealTimeout
-from recstore.ps.migration_ops import SlotMapConflict
 from recstore.ps.node import Node
 
 from .conftest import spec

@@ -20,9 +20,9 @@ from recstore.core import (
     slot_of,
     wire,
 )
+from recstore.core.grpc_status import status_of
 from recstore.ps import native_path
 from recstore.ps.node import Node
-from recstore.ps.status import status_of
 from recstore.store import Table
 from recstore.v1 import ps_pb2
 

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from recstore.cli import app
 from recstore.core import CapacityExhausted, InvalidArgument, SlotMap, TableExists, TableSpec
+from recstore.core.errors import CheckpointCorrupt, CheckpointNotFound
 from recstore.ps import catalogue, checkpoint_read, persistence, recovery, reshard
-from recstore.ps.checkpoint import CheckpointCorrupt, CheckpointNotFound
 from recstore.ps.node import Node
 from recstore.store import Table
 

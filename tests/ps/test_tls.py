@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 import torch
 
@@ -121,13 +122,13 @@ def test_sdk_reads_the_ca_from_the_environment(tls_node, tls_files, monkeypatch)
 def test_plaintext_client_is_refused_by_a_tls_server(tls_node) -> None:
     with pytest.raises(ControlError) as refused:
         _create(tls_node.address, None)
-    assert refused.value.code == "UNAVAILABLE"
+    assert refused.value.code is grpc.StatusCode.UNAVAILABLE
 
 
 def test_client_without_the_ca_refuses_the_server(tls_node, tls_files) -> None:
     with pytest.raises(ControlError) as refused:
         _create(tls_node.address, ClientTls(tls_files.other_ca))
-    assert refused.value.code == "UNAVAILABLE"
+    assert refused.value.code is grpc.StatusCode.UNAVAILABLE
 
 
 def test_a_server_name_override_verifies_a_node_dialled_by_another_name(
@@ -144,7 +145,7 @@ def test_a_server_name_override_verifies_a_node_dialled_by_another_name(
 def test_mutual_tls_refuses_a_client_without_a_certificate(mtls_node, tls_files) -> None:
     with pytest.raises(ControlError) as refused:
         _create(mtls_node.address, ClientTls(tls_files.ca))
-    assert refused.value.code == "UNAVAILABLE"
+    assert refused.value.code is grpc.StatusCode.UNAVAILABLE
     _create(mtls_node.address, ClientTls(tls_files.ca, tls_files.client_cert, tls_files.client_key))
 
 

@@ -4,7 +4,7 @@ Each call is described once, as an ``Rpc`` (method, request, how the reply is
 read into core types; the conversions are ``recstore.core.proto_convert``'s).
 ``ControlClient`` makes it on a blocking channel, ``AsyncControlClient`` on an
 asyncio one; both send the bearer token and a deadline with every call and
-raise ``ControlError`` (status code name, details) for every failure, so a
+raise ``ControlError`` (status code, details) for every failure, so a
 caller decides in one ``except`` what a failure means to it. The data path
 (Pull, Push, Update) does not come here: it speaks ``recstore.core.wire``.
 """
@@ -42,10 +42,10 @@ DEFAULT_TIMEOUT = 30.0
 
 
 class ControlError(RecStoreError):
-    """A control call that failed: ``code`` is the gRPC status code's name."""
+    """A control call that failed: ``code`` is its gRPC status code."""
 
-    def __init__(self, code: str, details: str, *, method: str, endpoint: str) -> None:
-        super().__init__(f"{code}: {details}")
+    def __init__(self, code: grpc.StatusCode, details: str, *, method: str, endpoint: str) -> None:
+        super().__init__(f"{code.name}: {details}")
         self.code = code
         self.details = details
         self.method = method
@@ -143,7 +143,7 @@ class _NodeStub:
     def _error(self, error: grpc.RpcError, rpc: Rpc[Any]) -> ControlError:
         call: Any = error  # the raised errors are grpc.Call (sync) or AioRpcError
         return ControlError(
-            call.code().name, call.details() or "", method=rpc.method, endpoint=self.endpoint
+            call.code(), call.details() or "", method=rpc.method, endpoint=self.endpoint
         )
 
 

@@ -113,3 +113,48 @@ class WriteNotDurable(RecStoreError):
     write is durable once the node resumes and lost if it restarts before. Never resend
     it blindly: it is applied.
     """
+
+
+# What the PS node answers beyond the data path's refusals: raised by its checkpoint,
+# de-dup, resharding and recovery code, defined here so that the one status table
+# (``recstore.core.grpc_status``) names every error a node may answer.
+
+
+class CheckpointCorrupt(RecStoreError):
+    """A checkpoint whose manifest or files do not verify (gRPC DATA_LOSS)."""
+
+    def __init__(self, checkpoint_id: str, table: str | None, reason: str) -> None:
+        where = f"checkpoint {checkpoint_id!r}" + (f", table {table!r}" if table else "")
+        super().__init__(f"{where}: {reason}")
+        self.checkpoint_id = checkpoint_id
+        self.table = table  # None: the manifest itself
+        self.reason = reason
+
+
+class CheckpointNotFound(RecStoreError):
+    """No checkpoint with that id (gRPC NOT_FOUND)."""
+
+
+class RequestOutcomeUnknown(RecStoreError):
+    """A resend this node can no longer check (evicted, or known to some tables only):
+    refused, nothing applied; it may have been applied before (gRPC ABORTED)."""
+
+
+class CarriedUpdatesApplied(RecStoreError):
+    """A MultiPull failed after the updates it carried were applied: do not resend them."""
+
+
+class TableUnrecoverable(RecStoreError):
+    """A table whose saved state could not be restored: refused (gRPC FAILED_PRECONDITION)."""
+
+
+class MigrationConflict(RecStoreError):
+    """A migration step that does not fit the node's state (gRPC FAILED_PRECONDITION)."""
+
+
+class SlotMapConflict(MigrationConflict):
+    """SetSlotMap's expected epoch is not the node's (the compare-and-swap failed)."""
+
+
+class SealTimeout(RecStoreError):
+    """Requests already inside did not finish before the seal's deadline (unsealed again)."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import grpc
+
 from recstore.core.checkpoint_status import ShardCheckpoint, clip
 from recstore.core.control import ControlClient, ControlError
 from recstore.core.routing import SlotMap
@@ -16,8 +18,10 @@ from recstore.core.spec import TableSpec
 from recstore.core.tls import ClientTls
 
 #: CreateTable answers that mean "not this table, not on this node", however often asked
-REFUSALS = frozenset({"FAILED_PRECONDITION", "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT",
-                      "ALREADY_EXISTS"})  # fmt: skip
+REFUSALS = frozenset({
+    grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS,
+})  # fmt: skip
 
 
 class TableRefused(RuntimeError):
