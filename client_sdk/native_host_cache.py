@@ -1,10 +1,11 @@
-"""The host cache the SDK reads through: ``HostCache``'s policy, run by the engine.
+"""The host cache the SDK reads through: the policy of ``host_cache``, run by the engine.
 
-``host_cache.HostCache`` states the policy in numpy (set-associative, TinyLFU
-admission or LRU, byte-bounded) and is the model the tests hold this class to;
-its several array passes per batch cost about what a loopback pull saves, so
-lookups go through ``recstore._native.HostRowCache``, which runs the same steps
-in one loop each and copies hit rows straight into the caller's output.
+The policy (set-associative, TinyLFU admission or LRU, byte-bounded) stated in
+numpy is the tests' model (``tests/client/host_cache_model.py``), which this
+class is held to slot by slot; its several array passes per batch cost about
+what a loopback pull saves, so lookups go through
+``recstore._native.HostRowCache``, which runs the same steps in one loop each
+and copies hit rows straight into the caller's output.
 """
 
 from __future__ import annotations

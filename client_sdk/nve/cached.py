@@ -79,7 +79,7 @@ class StaleLookup:
 
 
 class CachedTable:
-    """Rows of ``name`` through ``client``, a ``HostCache`` of ``capacity_bytes`` in front."""
+    """Rows of ``name`` through ``client``, a ``NativeHostCache`` of ``capacity_bytes`` in front."""
 
     def __init__(
         self,

@@ -2,13 +2,14 @@
 
 A lookup that hits here never leaves the device; only the misses go down to
 the host cache and the table (``device_cache_tiers``). The tier runs the host
-cache's policy (``recstore.client.host_cache.HostCache``) step for step, in
-torch instead of numpy, so one rule governs both tiers and ``HostCache`` is
-this tier's oracle: set-associative (``WAYS`` slots per set, the same set
-hash), ``"lfu"`` with TinyLFU admission (the same count-min sketch, aging and
-victim ranking) or ``"lru"``, the same tie-breaks. Every tensor lives on
-``device`` and every operation is a batch of torch ops, so the code that runs
-on a GPU is the code the tests run on CPU tensors.
+cache's policy (``recstore.client.host_cache``) step for step, in torch, so one
+rule governs both tiers and the policy's numpy model
+(``tests/client/host_cache_model.py``) is this tier's oracle: set-associative
+(``WAYS`` slots per set, the same set hash), ``"lfu"`` with TinyLFU admission
+(the same count-min sketch, aging and victim ranking) or ``"lru"``, the same
+tie-breaks. Every tensor lives on ``device`` and every operation is a batch of
+torch ops, so the code that runs on a GPU is the code the tests run on CPU
+tensors.
 
 Bytes: rows, keys, a use stamp and a read step per slot and the sketch stay
 within ``capacity_bytes`` (``bytes_per_row``, the host cache's accounting).
@@ -92,7 +93,7 @@ class DeviceRowCache:
         on, slots = self.device, (self.num_sets, WAYS)
         self._rows = torch.empty((self.capacity_rows, dim), dtype=dtype, device=on)
         self._keys = torch.full(slots, EMPTY, dtype=torch.int64, device=on)
-        # lru: the tick of the last use; lfu: the frequency (as HostCache keeps it)
+        # lru: the tick of the last use; lfu: the frequency (as the host cache keeps it)
         self._stamps = torch.zeros(slots, dtype=torch.int64, device=on)
         self._born = torch.zeros(slots, dtype=torch.int64, device=on)  # the step it was read at
         width = SKETCH_WIDTH * self.capacity_rows
@@ -115,7 +116,7 @@ class DeviceRowCache:
         """Bytes the tier allocated: within ``capacity_bytes``."""
         return self.capacity_rows * self._row_cost
 
-    # -- hashing (HostCache's, in int64 arithmetic) ---------------------------------
+    # -- hashing (the host cache's, in int64 arithmetic) ---------------------------------
     def _sets(self, keys: torch.Tensor) -> torch.Tensor:
         return ((keys * _SET_MUL) >> 32 & _LOW32) % self.num_sets
 
@@ -179,7 +180,7 @@ class DeviceRowCache:
         lru = self.policy == "lru"
         sets = self._sets(keys)
         merit = torch.zeros_like(keys) if lru else self._estimate(keys)
-        # by set, best first within a set, ties in key order (HostCache's lexsort)
+        # by set, best first within a set, ties in key order (the host cache model's lexsort)
         by_merit = torch.argsort(-merit, stable=True)
         order = by_merit[torch.argsort(sets[by_merit], stable=True)]
         sets, merit = sets[order], merit[order]

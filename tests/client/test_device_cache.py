@@ -13,13 +13,14 @@ import torch
 
 import recstore.nve as nve
 from recstore.client import RecStoreClient
-from recstore.client.host_cache import WAYS, HostCache, bytes_per_row, to_bits
+from recstore.client.host_cache import WAYS, bytes_per_row, to_bits
 from recstore.client.nve import layers
 from recstore.client.nve.cached import CachedTable
 from recstore.client.nve.device_cache import DeviceRowCache, tier_sets
 from recstore.client.nve.device_cache_tiers import DeviceCachedTable
 
 from .conftest import unique_name
+from .host_cache_model import HostCache
 
 ROWS, DIM = 1000, 4
 ROW_COST = bytes_per_row(DIM * 4)

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from recstore.client.host_cache import WAYS, HostCache, bytes_per_row
+from recstore.client.host_cache import WAYS, bytes_per_row
+
+from .host_cache_model import HostCache
 
 DIM = 4
 ROW_COST = bytes_per_row(DIM * 4)
@@ -84,3 +86,12 @@ def test_bad_arguments_are_refused() -> None:
         HostCache(1 << 20, DIM, torch.float32, policy="fifo")
     with pytest.raises(ValueError, match="host_cache_size"):
         HostCache(-1, DIM, torch.float32)
+
+
+def test_the_numpy_model_is_a_test_oracle_not_part_of_the_package() -> None:
+    """The product's caches run the policy in the engine and in torch; the numpy
+    statement of it lives with the tests that compare them to it."""
+    import recstore.client.host_cache as product
+
+    assert not hasattr(product, "HostCache")
+    assert HostCache.__module__.endswith("host_cache_model")

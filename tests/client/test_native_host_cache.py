@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from recstore.client.host_cache import WAYS, HostCache, bytes_per_row
+from recstore.client.host_cache import WAYS, bytes_per_row
 from recstore.client.native_host_cache import NativeHostCache
+
+from .host_cache_model import HostCache
 
 DIM = 4
 ROW_COST = bytes_per_row(DIM * 4)
