@@ -9,9 +9,8 @@ import os
 import socket
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
@@ -186,32 +185,8 @@ def test_dashboard_flow(
     assert problems == []
 
 
-@contextmanager
-def _serve_page(html: str) -> Iterator[str]:
-    """Another origin (same host, other port) serving one page, as an attacker's site would."""
-    body = html.encode()
-
-    class Page(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Page)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}/"
-    server.shutdown()
-    server.server_close()
-
-
 def test_cross_origin_form_post_is_refused_in_a_real_browser(
-    app: FastAPI, base_url: str, admin_headers: dict[str, str]
+    app: FastAPI, base_url: str, admin_headers: dict[str, str], fake_http: Any
 ) -> None:
     """A page of another origin posts the create-table form with the user's live session.
 
@@ -233,11 +208,13 @@ def test_cross_origin_form_post_is_refused_in_a_real_browser(
             page.fill("input[name=token]", admin_headers["Authorization"].split()[1])
             page.click("button[type=submit]")
             page.wait_for_url(f"{base_url}/ui/")
-            with _serve_page(forged) as attacker:
-                with page.expect_response(f"{base_url}/ui/tables") as answer:
-                    page.goto(attacker)
-                assert answer.value.status == 403
-                assert "cookie" in answer.value.request.all_headers()  # the session rode along
+            # another origin (same host, other port) serving the page, as an attacker's site
+            page_of = (200, {"Content-Type": "text/html"}, forged.encode())
+            attacker = fake_http(lambda request: page_of)
+            with page.expect_response(f"{base_url}/ui/tables") as answer:
+                page.goto(f"{attacker.url}/")
+            assert answer.value.status == 403
+            assert "cookie" in answer.value.request.all_headers()  # the session rode along
         finally:
             browser.close()
     with TestClient(app) as api:

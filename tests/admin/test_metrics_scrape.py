@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import ClassVar
+from typing import Any
 
 import pytest
 from fastapi import FastAPI
@@ -121,35 +119,18 @@ def test_dashboard_metrics_json(
     assert second["error"] == NOT_PROVISIONED
 
 
-class _Target(BaseHTTPRequestHandler):
-    """Answers every GET with ``reply`` (status, headers, body) and records the paths asked."""
-
-    reply: ClassVar[tuple[int, dict[str, str], bytes]] = (200, {}, b"")
-    hits: ClassVar[list[str]] = []
-
-    def do_GET(self) -> None:
-        self.hits.append(self.path)
-        status, headers, body = self.reply
-        self.send_response(status)
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def target() -> Iterator[str]:
-    _Target.hits, _Target.reply = [], (200, {}, b"")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Target)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{server.server_port}"
-    server.shutdown()
-    server.server_close()
+def target(fake_http: Any) -> Any:
+    """A metrics endpoint answering every GET with ``target.answer`` (200, empty at first)."""
+    return fake_http(lambda request: (200, {}, b""))
+
+
+def _answers(target: Any, reply: tuple[int, dict[str, str], bytes]) -> None:
+    target.answer = lambda request: reply
+
+
+def _asked(target: Any) -> list[str]:
+    return [request.path for request in target.requests]
 
 
 def _scrape_one(endpoint: str) -> metrics_scrape.NodeSample:
@@ -160,11 +141,11 @@ def _scrape_one(endpoint: str) -> metrics_scrape.NodeSample:
 SECRET_LINE = b"root:x:0:0:the-secret-first-line"
 
 
-def test_redirects_are_not_followed(target: str) -> None:
-    _Target.reply = (302, {"Location": f"http://{target}/internal-secret"}, b"")
-    sample = _scrape_one(target)
+def test_redirects_are_not_followed(target: Any) -> None:
+    _answers(target, (302, {"Location": f"{target.url}/internal-secret"}, b""))
+    sample = _scrape_one(target.address)
     assert sample.error == "HTTP 302: redirects are not followed"
-    assert _Target.hits == ["/metrics"]  # the redirect target was never asked
+    assert _asked(target) == ["/metrics"]  # the redirect target was never asked
 
 
 @pytest.mark.parametrize(
@@ -177,18 +158,18 @@ def test_redirects_are_not_followed(target: str) -> None:
     ],
 )
 def test_errors_never_echo_the_body(
-    target: str, reply: tuple[int, dict[str, str], bytes], error: str
+    target: Any, reply: tuple[int, dict[str, str], bytes], error: str
 ) -> None:
-    _Target.reply = reply
-    sample = _scrape_one(target)
+    _answers(target, reply)
+    sample = _scrape_one(target.address)
     assert sample.error == error and sample.rows is None
     assert "secret" not in repr(sample.to_dict())
 
 
-def test_large_answers_are_cut_off(target: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_large_answers_are_cut_off(target: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(metrics_scrape, "MAX_BODY_BYTES", 1024)
-    _Target.reply = (200, {}, b"# HELP x y\n" * 1000)
-    assert _scrape_one(target).error == "the answer is larger than 1024 bytes"
+    _answers(target, (200, {}, b"# HELP x y\n" * 1000))
+    assert _scrape_one(target.address).error == "the answer is larger than 1024 bytes"
 
 
 def test_nodes_not_registered_by_the_provisioner_are_never_fetched(
@@ -196,18 +177,18 @@ def test_nodes_not_registered_by_the_provisioner_are_never_fetched(
     app: FastAPI,
     admin_headers: dict[str, str],
     provisioner_headers: dict[str, str],
-    target: str,
+    target: Any,
 ) -> None:
     """A metrics URL whose registrar is not the provisioner (an older editor's row) is not asked."""
     spec = {"name": "emb", "numEmbeddings": 100, "embeddingDim": 4, "shards": 1}
     client.post("/api/v1/tables", json=spec, headers=admin_headers)
-    body = {"table": "emb", "shard_index": 0, "endpoint": "h:1", "metrics_endpoint": target}
+    body = {"table": "emb", "shard_index": 0, "endpoint": "h:1", "metrics_endpoint": target.address}
     assert client.post("/api/v1/nodes", json=body, headers=provisioner_headers).status_code == 201
     with app.state.context.sessions() as session:
         session.execute(update(NodeRecord).values(registered_role="editor"))
         session.commit()
-    _Target.reply = (200, {}, SECRET_LINE)
+    _answers(target, (200, {}, SECRET_LINE))
     dashboard_login(client, admin_headers["Authorization"].split()[1])
     (shard,) = client.get("/ui/tables/emb/metrics.json").json()["shards"]
     assert shard["error"] == NOT_PROVISIONED
-    assert _Target.hits == []
+    assert _asked(target) == []

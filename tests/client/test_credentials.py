@@ -7,12 +7,9 @@ answers UNIMPLEMENTED); a fake admin API answers discovery with that node.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from concurrent import futures
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any, ClassVar
+from typing import Any
 
 import grpc
 import pytest
@@ -44,54 +41,29 @@ def fake_node() -> Iterator[tuple[str, _RecordingNode]]:
     server.stop(None)
 
 
-class _Admin(BaseHTTPRequestHandler):
-    """Discovery for any table: one shard, at ``endpoint``; or a redirect to ``redirect_to``."""
+def _discovery(endpoint: str, fake_http: Any) -> Any:
+    """A fake admin API's answer: discovery for any table, one shard at ``endpoint``."""
 
-    endpoint: ClassVar[str] = ""
-    redirect_to: ClassVar[str | None] = None
-    seen: ClassVar[list[tuple[str, str | None]]] = []
-
-    def do_GET(self) -> None:
-        self.seen.append((self.path, self.headers.get("Authorization")))
-        if self.redirect_to is not None and self.path.startswith("/api/"):
-            self.send_response(307)
-            self.send_header("Location", f"{self.redirect_to}/elsewhere{self.path}")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        name = self.path.rsplit("/", 2)[-2]
+    def answer(request: Any) -> Any:
+        name = request.path.rsplit("/", 2)[-2]
         spec = TableSpec(name=name, num_embeddings=10, embedding_dim=4, shards=1)
-        document: dict[str, Any] = {
+        return fake_http.json(200, {
             "name": name, "spec": spec.to_wire(), "dtype": "float32", "embedding_dim": 4,
             "num_embeddings": 10, "shards": 1, "slot_map": SlotMap.initial(1).to_dict(),
-            "endpoints": [self.endpoint],
-        }  # fmt: skip
-        data = json.dumps(document).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+            "endpoints": [endpoint],
+        })  # fmt: skip
 
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@contextmanager
-def _serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
-    server = HTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    server.server_close()
+    return answer
 
 
 @pytest.fixture
-def admin_url(fake_node: tuple[str, _RecordingNode]) -> Iterator[str]:
-    _Admin.endpoint, _Admin.redirect_to, _Admin.seen = fake_node[0], None, []
-    with _serve(_Admin) as url:
-        yield url
+def admin(fake_node: tuple[str, _RecordingNode], fake_http: Any) -> Any:
+    """The fake admin API (its ``requests`` are what the SDK sent it)."""
+    return fake_http(_discovery(fake_node[0], fake_http))
+
+
+def _authorizations(server: Any) -> list[str | None]:
+    return [request.headers.get("Authorization") for request in server.requests]
 
 
 def _init_through_discovery(admin_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,11 +79,12 @@ def _init_through_discovery(admin_url: str, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_no_ps_token_means_no_credential_to_ps_nodes(
-    admin_url: str, fake_node: tuple[str, _RecordingNode], monkeypatch: pytest.MonkeyPatch
+    admin: Any, fake_node: tuple[str, _RecordingNode], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("RECSTORE_PS_TOKEN", raising=False)
-    _init_through_discovery(admin_url, monkeypatch)
-    assert _Admin.seen and all(auth == f"Bearer {ADMIN_TOKEN}" for _, auth in _Admin.seen)
+    _init_through_discovery(admin.url, monkeypatch)
+    seen = _authorizations(admin)
+    assert seen and all(auth == f"Bearer {ADMIN_TOKEN}" for auth in seen)
     calls = fake_node[1].calls
     assert calls, "the SDK never called the node"
     for method, metadata in calls:
@@ -120,22 +93,22 @@ def test_no_ps_token_means_no_credential_to_ps_nodes(
 
 
 def test_ps_token_goes_to_ps_nodes_only(
-    admin_url: str, fake_node: tuple[str, _RecordingNode], monkeypatch: pytest.MonkeyPatch
+    admin: Any, fake_node: tuple[str, _RecordingNode], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RECSTORE_PS_TOKEN", PS_TOKEN)
-    _init_through_discovery(admin_url, monkeypatch)
-    assert all(auth == f"Bearer {ADMIN_TOKEN}" for _, auth in _Admin.seen)
+    _init_through_discovery(admin.url, monkeypatch)
+    assert all(auth == f"Bearer {ADMIN_TOKEN}" for auth in _authorizations(admin))
     calls = fake_node[1].calls
     assert calls and all(m.get("authorization") == f"Bearer {PS_TOKEN}" for _, m in calls)
 
 
 def test_a_ps_token_given_to_set_admin_url_goes_to_ps_nodes_only(
-    admin_url: str, fake_node: tuple[str, _RecordingNode], monkeypatch: pytest.MonkeyPatch
+    admin: Any, fake_node: tuple[str, _RecordingNode], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RECSTORE_PS_TOKEN", "the-environment-s")  # the argument wins
     client = RecStoreClient(role="credentials-argument")
     try:
-        client.set_admin_url(admin_url, ADMIN_TOKEN, ps_token=PS_TOKEN)
+        client.set_admin_url(admin.url, ADMIN_TOKEN, ps_token=PS_TOKEN)
         with pytest.raises(RuntimeError):  # the fake node implements nothing
             client.init_data("creds", (10, 4), torch.float32)
         client.set_ps_config("127.0.0.1", int(fake_node[0].rsplit(":", 1)[1]))  # kept
@@ -143,30 +116,21 @@ def test_a_ps_token_given_to_set_admin_url_goes_to_ps_nodes_only(
             client.init_data("creds2", (10, 4), torch.float32)
     finally:
         client.close()
-    assert _Admin.seen and all(auth == f"Bearer {ADMIN_TOKEN}" for _, auth in _Admin.seen)
+    seen = _authorizations(admin)
+    assert seen and all(auth == f"Bearer {ADMIN_TOKEN}" for auth in seen)
     calls = fake_node[1].calls
     assert len(calls) >= 2 and all(m.get("authorization") == f"Bearer {PS_TOKEN}" for _, m in calls)
 
 
-class _Elsewhere(BaseHTTPRequestHandler):
-    seen: ClassVar[list[str | None]] = []
-
-    def do_GET(self) -> None:
-        self.seen.append(self.headers.get("Authorization"))
-        self.send_response(404)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 def test_admin_token_is_not_sent_along_a_redirect(
-    admin_url: str, monkeypatch: pytest.MonkeyPatch
+    admin: Any, fake_http: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _Elsewhere.seen = []
-    with _serve(_Elsewhere) as elsewhere:
-        _Admin.redirect_to = elsewhere
-        _init_through_discovery(admin_url, monkeypatch)
-    assert _Admin.seen[0][1] == f"Bearer {ADMIN_TOKEN}"
-    assert _Elsewhere.seen == [None]  # followed, but without the admin API's token
+    elsewhere = fake_http(lambda request: (404, {}, b""))
+    admin.answer = lambda request: (
+        307,
+        {"Location": f"{elsewhere.url}/elsewhere{request.path}"},
+        b"",
+    )
+    _init_through_discovery(admin.url, monkeypatch)
+    assert _authorizations(admin)[0] == f"Bearer {ADMIN_TOKEN}"
+    assert _authorizations(elsewhere) == [None]  # followed, but without the admin API's token

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import ClassVar
+from typing import Any
 
 import grpc
 import pytest
@@ -73,52 +70,37 @@ def test_adam_steps_every_shard_once_per_update(grpc_client) -> None:
     )
 
 
-class _Discovery(BaseHTTPRequestHandler):
-    documents: ClassVar[dict[str, dict]] = {}
-    token = "s3cret"
-
-    def do_GET(self) -> None:
-        name = self.path.removeprefix("/api/v1/tables/").removesuffix("/discovery")
-        if self.headers.get("Authorization") != f"Bearer {self.token}":
-            self._reply(401, {"detail": "missing or wrong token"})
-        elif name in self.documents:
-            self._reply(200, self.documents[name])
-        else:
-            self._reply(404, {"detail": f"table {name} not found"})
-
-    def _reply(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+#: the fake admin API's catalogue: table name -> discovery document
+_DOCUMENTS: dict[str, dict[str, Any]] = {}
+_TOKEN = "s3cret"
 
 
 @pytest.fixture
-def admin_url():
-    server = HTTPServer(("127.0.0.1", 0), _Discovery)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    server.server_close()
+def admin_url(fake_http: Any) -> str:
+    """A fake admin API answering discovery of the tables in ``_DOCUMENTS`` to ``_TOKEN``."""
+
+    def discovery(request: Any) -> Any:
+        name = request.path.removeprefix("/api/v1/tables/").removesuffix("/discovery")
+        if request.headers.get("Authorization") != f"Bearer {_TOKEN}":
+            return fake_http.json(401, {"detail": "missing or wrong token"})
+        if name in _DOCUMENTS:
+            return fake_http.json(200, _DOCUMENTS[name])
+        return fake_http.json(404, {"detail": f"table {name} not found"})
+
+    return str(fake_http(discovery).url)
 
 
 def test_discovery_through_the_admin_api(admin_url, ps_endpoints, monkeypatch) -> None:
     name = unique_name()
     spec = TableSpec(name=name, num_embeddings=100, embedding_dim=4, shards=2,
                      optimizer=Optimizer(kind="sgd", lr=0.1))  # fmt: skip
-    _Discovery.documents[name] = {
+    _DOCUMENTS[name] = {
         "name": name, "spec": spec.to_wire(), "dtype": "float32", "embedding_dim": 4,
         "num_embeddings": 100, "shards": 2, "slot_map": SlotMap.initial(2).to_dict(),
         "endpoints": ps_endpoints,
     }  # fmt: skip
     monkeypatch.setenv("RECSTORE_ADMIN_URL", admin_url)
-    monkeypatch.setenv("RECSTORE_TOKEN", _Discovery.token)
+    monkeypatch.setenv("RECSTORE_TOKEN", _TOKEN)
     monkeypatch.delenv("RECSTORE_PS_ENDPOINTS", raising=False)
     client = RecStoreClient(role=unique_name("role"))
     try:
