@@ -22,6 +22,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from recstore.client import ops as _ops  # noqa: F401  (registers torch.ops.recstore)
+from recstore.client.bags import Pool
 from recstore.client.lookup import (
     Gradient,
     gradients_of,
@@ -29,7 +30,7 @@ from recstore.client.lookup import (
     renormalise_table,
     send_gradients,
 )
-from recstore.client.pooled import Pool, pooled_many
+from recstore.client.pooled import pooled_many
 from recstore.client.pooled_cat import pooled_cat
 
 

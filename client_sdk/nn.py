@@ -9,9 +9,10 @@ looked up as it comes: the store is faster than deduplicating). An
 ``Embedding`` is those rows reshaped; a bag of the plain kind (sum/mean bags
 of one fixed size: 2-D input, or offsets with a constant stride) is a sum over
 the reshaped rows, whose backward is a broadcast; every other bag is torch's
-own ``F.embedding_bag`` over the rows (each occurrence its own index, padding
+own ``embedding_bag`` over the rows (each occurrence its own index, padding
 occurrences an extra zero row), so modes, offsets, per-sample weights,
-``padding_idx`` and ``include_last_offset`` behave exactly as in torch.
+``padding_idx`` and ``include_last_offset`` behave exactly as in torch. Both
+poolings are ``recstore.client.bags``'.
 Backward hands one gradient row per occurrence to the op's backward, which
 sums them per id and sends them to the table's server-side optimizer; a dense
 torch optimizer of the trainer never sees these weights. Under
@@ -28,11 +29,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from recstore.client import dispatch, op_tables
+from recstore.client.bags import SEGMENTS, Pool, embedding_bag, pool_rows, uniform_bag_size
 from recstore.client.client import RecStoreClient
-from recstore.client.pooled import SEGMENTS, Pool, pool_rows, pools_in_engine, uniform_bag_size
+from recstore.client.pooled import pools_in_engine
 from recstore.client.state import TableState
 from recstore.client.tensors import MODULE_ID_DTYPES, check_module_id_dtype
 from recstore.core import Optimizer
@@ -194,43 +195,6 @@ class _RecStoreEmbeddingBase(TableState):
         return text
 
 
-_MODE_NUMBER = {"sum": 0, "mean": 1, "max": 2}  # aten's embedding_bag modes
-
-
-def _bags_of_rows(
-    index: torch.Tensor,
-    rows: torch.Tensor,
-    offsets: torch.Tensor | None,
-    mode: str,
-    per_sample_weights: torch.Tensor | None,
-    include_last_offset: bool,
-    padding_idx: int | None,
-) -> torch.Tensor:
-    """torch's ``embedding_bag`` of ``index`` into per-occurrence ``rows``.
-
-    While tracing, a padded batch goes straight to ``aten._embedding_bag``: torch's
-    wrapper reads the weight's row count (here the batch's id count) as an int to
-    check the padding index, which would fix that count in the graph (a compiled
-    model recompiling for each batch size, an export that cannot be dynamic).
-    """
-    if padding_idx is None or not torch.compiler.is_compiling():
-        return F.embedding_bag(
-            index, rows, offsets, mode=mode, per_sample_weights=per_sample_weights,
-            include_last_offset=include_last_offset, padding_idx=padding_idx,
-        )  # fmt: skip
-    if index.dim() == 2:  # fixed-size bags, as torch's wrapper turns them into offsets
-        width = index.shape[1]
-        offsets = torch.arange(0, index.numel(), width, dtype=index.dtype, device=index.device)
-        include_last_offset = False
-        index = index.reshape(-1)
-        if per_sample_weights is not None:
-            per_sample_weights = per_sample_weights.reshape(-1)
-    return torch.ops.aten._embedding_bag(
-        rows, index, offsets, False, _MODE_NUMBER[mode], False, per_sample_weights,
-        include_last_offset, padding_idx,
-    )[0]  # fmt: skip
-
-
 def _mode_metadata(optimize_for_training: bool) -> dict[str, str]:
     """The table spec's ``mode`` for a module: inference tables allocate no optimizer state."""
     return {} if optimize_for_training else {"mode": "inference"}
@@ -363,14 +327,10 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
         """Which rows this batch needs and how they become the output (see ``Lookup``)."""
         if self.max_norm is not None:  # renormalising writes: torch's checks of the batch first
             with torch.no_grad():
-                F.embedding_bag(
-                    torch.zeros_like(input),
-                    torch.zeros(1, 1),
-                    offsets,
-                    mode=self.mode,
-                    per_sample_weights=per_sample_weights,
-                    include_last_offset=self.include_last_offset,
-                )
+                embedding_bag(
+                    torch.zeros_like(input), torch.zeros(1, 1), offsets, self.mode,
+                    per_sample_weights, self.include_last_offset,
+                )  # fmt: skip
         flat = self._prepared(input)
         bag_size = self._fixed_bag_size(input, offsets, per_sample_weights)
         if bag_size:
@@ -393,7 +353,7 @@ class EmbeddingBag(_RecStoreEmbeddingBase):
                 index = torch.where(flat == self.padding_idx, 0, index)
                 rows = torch.cat([rows.new_zeros(1, self.embedding_dim), rows])
                 padding = 0
-            return _bags_of_rows(
+            return embedding_bag(
                 index.view(input.shape), rows, offsets, self.mode, per_sample_weights,
                 self.include_last_offset, padding,
             )  # fmt: skip

@@ -10,7 +10,8 @@ the engine sums each bag's rows into its output as it reads them
 (``Table.pool``), and backward hands it the one gradient row per bag, which it
 adds into every id of the bag, per row in position order, before the
 optimizer (``Table.update_bags``): the same sums the per-occurrence rows
-would give.
+would give (``recstore.client.bags.pool_rows``, which pools them where the
+engine does not).
 
 Eagerly ``_PooledMany`` calls the engine directly. A traced graph holds
 ``torch.ops.recstore.emb_pool_many`` (``recstore.client.pooled_ops``), whose
@@ -24,93 +25,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from recstore.client.bags import (
+    SEGMENTS,
+    Pool,
+    per_id_gradient,
+    pool_rows,
+    uniform_bag_size,
+)
 from recstore.client.lookup import Gradient, flat_keys, read_rows, send_gradients
 from recstore.client.op_tables import resolve, writable
 
 if TYPE_CHECKING:
     from recstore.client.client import RecStoreClient
 
-#: ``Pool.bag_size`` of a traced 1-D batch of sum/mean bags: told apart by their offsets at
-#: run time, as reading them would break the graph
-SEGMENTS = -1
-
-
-class Pool(NamedTuple):
-    """How a plain bag batch becomes its output: ids per bag (or ``SEGMENTS``), mean or sum."""
-
-    bag_size: int
-    mean: bool
-
 
 def pools_in_engine(client: RecStoreClient, table: str) -> bool:
     """Whether ``table``'s bags can be pooled by the engine (see the module docstring)."""
     return client._for_modules.pools_bags(table)
-
-
-_strides: dict[tuple[Any, ...], torch.Tensor] = {}  # offsets 0, s, 2s, ... already built
-
-
-def uniform_bag_size(offsets: torch.Tensor, lookups: int) -> int:
-    """s when ``offsets`` are 0, s, 2s, ... over ``lookups`` ids (bags of one size), else 0."""
-    bags = len(offsets)
-    size = lookups // bags if bags else 0
-    if size == 0 or size * bags != lookups:
-        return 0
-    key = (bags, size, offsets.dtype, offsets.device)
-    stride = _strides.get(key)
-    if stride is None:
-        if len(_strides) >= 16:  # a few batch shapes recur; keep only those
-            _strides.clear()
-        stride = torch.arange(0, lookups, size, dtype=offsets.dtype, device=offsets.device)
-        _strides[key] = stride
-    return size if torch.equal(offsets, stride) else 0
-
-
-def _bag_of(offsets: torch.Tensor, count: int) -> torch.Tensor:
-    positions = torch.arange(count, dtype=offsets.dtype, device=offsets.device)
-    return torch.bucketize(positions, offsets, right=True) - 1
-
-
-def _bag_sizes(offsets: torch.Tensor, count: int) -> torch.Tensor:
-    end = torch.full((1,), count, dtype=offsets.dtype, device=offsets.device)
-    return (torch.cat([offsets[1:], end]) - offsets).clamp(min=1).unsqueeze(1)
-
-
-def pool_rows(
-    rows: torch.Tensor,
-    pool: Pool,
-    offsets: torch.Tensor | None = None,
-    weights: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Per-occurrence ``rows`` pooled per bag (``weights``: a weighted sum), as torch does."""
-    if weights is not None:
-        rows = rows * weights.reshape(-1, 1)
-    if pool.bag_size != SEGMENTS:
-        bags = rows.view(-1, pool.bag_size, rows.shape[-1])
-        return bags.mean(1) if pool.mean else bags.sum(1)
-    assert offsets is not None
-    count = rows.shape[0]
-    out = rows.new_zeros(offsets.shape[0], rows.shape[-1]).index_add(
-        0, _bag_of(offsets, count), rows
-    )
-    return out / _bag_sizes(offsets, count).to(out.dtype) if pool.mean else out
-
-
-def _per_id_gradient(
-    grad: torch.Tensor, count: int, pool: Pool, offsets: torch.Tensor | None
-) -> torch.Tensor:
-    """``pool_rows``' backward (no weights): each occurrence's gradient row."""
-    if pool.bag_size != SEGMENTS:
-        per_bag = grad / pool.bag_size if pool.mean else grad
-        return per_bag.repeat_interleave(pool.bag_size, 0)
-    assert offsets is not None
-    if pool.mean:
-        grad = grad / _bag_sizes(offsets, count).to(grad.dtype)
-    return grad.index_select(0, _bag_of(offsets, count))
 
 
 def engine_bag_sizes(
@@ -197,7 +132,7 @@ def send_bag_gradients(
         if size:
             _engine_update(handle, flat_keys(keys), size, pool.mean, grad)
         else:
-            rest.append(Gradient(handle, keys, _per_id_gradient(grad, keys.numel(), pool, offs)))
+            rest.append(Gradient(handle, keys, per_id_gradient(grad, keys.numel(), pool, offs)))
     if rest:
         send_gradients(rest)
 

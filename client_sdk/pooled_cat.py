@@ -24,26 +24,12 @@ from typing import Any
 
 import torch
 
+from recstore.client.bags import Pool, bag_count, pool_rows
 from recstore.client.lookup import flat_keys, read_rows
 from recstore.client.op_tables import layout
-from recstore.client.pooled import (
-    SEGMENTS,
-    Pool,
-    engine_bag_sizes,
-    engine_pool,
-    pool_rows,
-    send_bag_gradients,
-)
+from recstore.client.pooled import engine_bag_sizes, engine_pool, send_bag_gradients
 from recstore.core import DType
 from recstore.store.buffers import new_rows
-
-
-def bag_count(keys: torch.Tensor, offsets: torch.Tensor | None, bag_size: int) -> int:
-    """How many bags (output rows) a table's ``keys`` make: one per offset, or per bag_size."""
-    if bag_size == SEGMENTS:
-        assert offsets is not None
-        return int(offsets.shape[0])
-    return keys.numel() // bag_size
 
 
 def cat_layout(handles: Sequence[str]) -> tuple[list[int], torch.dtype]:
@@ -133,7 +119,7 @@ class _PooledCat(torch.autograd.Function):
         trainable: list[bool],
     ) -> torch.Tensor:
         keys = [flat_keys(i) for i in ids]
-        counts = [k.numel() // p.bag_size for k, p in zip(keys, pools, strict=True)]
+        counts = [bag_count(k, None, p.bag_size) for k, p in zip(keys, pools, strict=True)]
         check_same_bags(counts)
         dims, _ = cat_layout(handles)
         out = _output(counts[0], sum(dims), torch.float32)

@@ -18,10 +18,11 @@ from typing import Any
 
 import torch
 
+from recstore.client.bags import Pool, bag_count
 from recstore.client.op_tables import layout
 from recstore.client.ops import _op
-from recstore.client.pooled import SEGMENTS, Pool, pool_bags, send_bag_gradients
-from recstore.client.pooled_cat import bag_count, cat_layout, pool_bags_cat, send_cat_gradients
+from recstore.client.pooled import pool_bags, send_bag_gradients
+from recstore.client.pooled_cat import cat_layout, pool_bags_cat, send_cat_gradients
 
 
 def _pools(bag_size: Sequence[int], mean: Sequence[bool]) -> list[Pool]:
@@ -53,8 +54,7 @@ def _(anchor, tables, ids, offsets, bag_size, mean, trainable):
     out = []
     for table, keys, offs, size in zip(tables, ids, offsets, bag_size, strict=True):
         dim, dtype = layout(table)
-        bags = offs.shape[0] if size == SEGMENTS else keys.numel() // size
-        out.append(keys.new_empty((bags, dim), dtype=dtype))
+        out.append(keys.new_empty((bag_count(keys, offs, size), dim), dtype=dtype))
     return out
 
 

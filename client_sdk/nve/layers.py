@@ -25,8 +25,8 @@ import torch
 
 import recstore.client.ops as _ops  # registers torch.ops.recstore.*
 from recstore.client import dispatch
+from recstore.client.bags import pool_indexed
 from recstore.client.lookup import read_rows
-from recstore.client.nve.bag_pooling import pool_bags
 from recstore.client.nve.batched import TablesLookup, write_gradients
 from recstore.client.nve.cache_report import CacheReporter
 from recstore.client.nve.cached import CachedTable, CacheReport, log
@@ -362,7 +362,7 @@ class NVEmbeddingBag(_NVELayer):
         """One row per key (no distinct pass: its size would depend on the data), pooled."""
         rows = self._exported_rows(keys)
         index = torch.arange(keys.numel(), device=rows.device).view(keys.shape)
-        return pool_bags(rows, index, offsets, self.mode, per_sample_weights)
+        return pool_indexed(rows, index, offsets, self.mode, per_sample_weights)
 
     def _distinct(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``keys`` checked: their distinct keys and each key's index among them."""
@@ -382,4 +382,4 @@ class NVEmbeddingBag(_NVELayer):
     ) -> torch.Tensor:
         """Bags of ``rows[indices]`` pooled (``rows``: the lookup's distinct keys' rows);
         torch's backward sums each row's gradient. The lookup counted, logged when due."""
-        return pool_bags(self._end_lookup(rows), indices, offsets, self.mode, per_sample_weights)
+        return pool_indexed(self._end_lookup(rows), indices, offsets, self.mode, per_sample_weights)

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from recstore import _native
-from recstore.client.nve import bag_pooling
-from recstore.client.nve.bag_pooling import pool_bags
+from recstore.client import bags as bag_pooling
+from recstore.client.bags import pool_indexed
 
 
 def _case(seed: int, bags: int, bag_size: int, rows: int, dim: int):
@@ -27,7 +27,7 @@ def test_engine_pooling_matches_embedding_bag_forward_and_backward(
 ) -> None:
     table, indices, grad = _case(bags + rows, bags, bag_size, rows, 16)
     ours_rows = table.clone().requires_grad_()
-    ours = pool_bags(ours_rows, indices, None, mode, None)
+    ours = pool_indexed(ours_rows, indices, None, mode, None)
     assert bag_pooling._engine_pools(ours_rows, indices, None, mode, None)
     ours.backward(grad)
     oracle_rows = table.clone().requires_grad_()
@@ -45,7 +45,7 @@ def test_a_non_contiguous_gradient_is_pooled_back_like_torch() -> None:
     table, indices, _ = _case(1, 64, 3, 40, 8)
     ours_rows, oracle_rows = table.clone().requires_grad_(), table.clone().requires_grad_()
     target = torch.randn(64, 16, generator=torch.Generator().manual_seed(0))
-    out = torch.cat([pool_bags(ours_rows, indices, None, "sum", None), torch.zeros(64, 8)], 1)
+    out = torch.cat([pool_indexed(ours_rows, indices, None, "sum", None), torch.zeros(64, 8)], 1)
     (out * target).sum().backward()
     (F.embedding_bag(indices, oracle_rows, None, mode="sum") * target[:, :8]).sum().backward()
     torch.testing.assert_close(ours_rows.grad, oracle_rows.grad)
@@ -71,7 +71,7 @@ def test_other_inputs_go_to_embedding_bag(case: str) -> None:
         indices, offsets = indices.reshape(-1), torch.arange(0, 24, 3)
     assert not bag_pooling._engine_pools(table, indices, offsets, mode, weights)
     expected = F.embedding_bag(indices, table, offsets, mode=mode, per_sample_weights=weights)
-    torch.testing.assert_close(pool_bags(table, indices, offsets, mode, weights), expected)
+    torch.testing.assert_close(pool_indexed(table, indices, offsets, mode, weights), expected)
 
 
 def test_an_index_outside_the_rows_is_refused_and_out_is_untouched() -> None:
