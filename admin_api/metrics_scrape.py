@@ -1,6 +1,6 @@
 """Read a PS node's Prometheus /metrics for the dashboard's per-shard charts.
 
-The names are the ones ``recstore.ps.metrics`` publishes:
+The names are the ones ``recstore.ps.serve.metrics`` publishes:
 
 - ``recstore_ps_table_rows{table}``           gauge: rows held
 - ``recstore_ps_table_memory_bytes{table}``   gauge: bytes of rows and optimizer state

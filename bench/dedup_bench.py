@@ -29,7 +29,7 @@ import numpy as np
 from recstore.client.remote.backend import GrpcBackend
 from recstore.core import TableSpec, wire
 from recstore.core.request_id import RequestIds, with_request_id
-from recstore.ps.server import start_in_thread
+from recstore.ps.serve.server import start_in_thread
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from recstore.core import TableSpec, wire
-from recstore.ps import native_path, persistence
+from recstore.ps import native_path
+from recstore.ps.checkpoint import persistence
 from recstore.ps.node import Node
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -2,10 +2,10 @@
 
 Laid out as the local platform runs it: every PS node is its own process
 (``python -m recstore.ps`` on loopback; two sized for 2 shards, one for 3),
-the migration runner is a separate process (the provisioner's), and the
+the reshard runner is a separate process (the provisioner's), and the
 trainer runs in this process. A table of ``--rows`` x ``--dim`` (adam, so
 optimizer state moves too) is filled, the trainer updates random rows
-through the SDK, and ``recstore.core.migration_run`` moves the table to 3
+through the SDK, and ``recstore.core.reshard.protocol`` moves the table to 3
 shards and back. Reported: each move's time and rows/s, the write pause per
 slot batch (p50/p99: from the seal call until the source's reply to the new
 map, and as the source measures it, until its held writes are refused), the trainer's
@@ -42,9 +42,9 @@ import torch
 from recstore import RecStoreClient
 from recstore.core import SlotMap, TableSpec
 from recstore.core.control import ControlClient, create_table_rpc, load_rpc, save_rpc
-from recstore.core.migration import MigrationJob
-from recstore.core.migration_run import MigrationRun
-from recstore.local.migration_store import FileJobStore
+from recstore.core.reshard.plan import ReshardJob
+from recstore.core.reshard.protocol import ReshardRun
+from recstore.local.reshard_store import FileJobStore
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP_TIMEOUT_S = 600.0
@@ -84,7 +84,7 @@ class NodeProcess:
         self.process.wait(timeout=30)
 
 
-def run_moves(
+def run_reshards(
     endpoints: list[str], job_path: str, batch_slots: int, copy_rate: float, out: Any
 ) -> None:
     """The provisioner's side, in its own process: 2 -> 3 -> 2, one result per move."""
@@ -94,7 +94,7 @@ def run_moves(
     last: list[tuple[str, float]] = []
     timeline: list[tuple[str, float]] = []  # (step, start): where the trainer's time goes
 
-    def on_step(step: str, job: MigrationJob) -> None:
+    def on_step(step: str, job: ReshardJob) -> None:
         now = time.monotonic()
         if last and last[0][0] in PAUSE_STEPS:
             steps.setdefault(last[0][0], []).append(now - last[0][1])
@@ -102,9 +102,9 @@ def run_moves(
         timeline.append((step, now))
 
     for shards in (3, 2):
-        run = MigrationRun("bench", clients, store, on_step=on_step, copy_rate=copy_rate)
+        run = ReshardRun("bench", clients, store, on_step=on_step, copy_rate=copy_rate)
         begin = time.monotonic()
-        job = run.run(MigrationJob.start("bench", store.slot_map(), shards, batch_slots))
+        job = run.run(ReshardJob.start("bench", store.slot_map(), shards, batch_slots))
         end = time.monotonic()
         moved = int(sum(r.seal_checksums.rows.sum() for r in run.records))
         pauses = sorted(r.pause_s for r in run.records)
@@ -217,7 +217,7 @@ def bench(args: argparse.Namespace, root: Path) -> None:
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     runner = context.Process(
-        target=run_moves,
+        target=run_reshards,
         args=(endpoints, str(root / "job.json"), args.batch_slots, args.copy_rate, results),
     )
     runner.start()
@@ -227,7 +227,7 @@ def bench(args: argparse.Namespace, root: Path) -> None:
         with contextlib.suppress(queue.Empty):
             moves.append(results.get_nowait())
         if len(moves) < 2 and not runner.is_alive() and results.empty():
-            raise SystemExit(f"the migration runner failed (exit code {runner.exitcode})")
+            raise SystemExit(f"the reshard runner failed (exit code {runner.exitcode})")
     runner.join()
     trainer.steps_for(3.0)
 

@@ -116,7 +116,7 @@ def echo_server(port: int) -> None:
     import grpc
 
     from recstore.core.limits import grpc_options
-    from recstore.ps.serving import GRPC_OPTIONS
+    from recstore.ps.serve.serving import GRPC_OPTIONS
 
     async def echo(request: bytes, context: object) -> bytes:
         return b""

@@ -21,7 +21,10 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from recstore.client import ops as _ops  # noqa: F401  (registers torch.ops.recstore)
+# importing them registers torch.ops.recstore's ops: lookups, KVClient calls, pooled bags
+from recstore.client import kv_ops as _kv_ops  # noqa: F401
+from recstore.client import ops as _ops  # noqa: F401
+from recstore.client import pooled_ops as _pooled_ops  # noqa: F401
 from recstore.client.bags import Pool
 from recstore.client.lookup import (
     Gradient,

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
+from recstore.client.op_registry import op as _op
+from recstore.client.op_registry import rows_like as _rows_like
 from recstore.client.op_tables import TableRef, layout, register, resolve, writable
-from recstore.client.ops import _op, _rows_like
 
 
 @_op("init_embedding_table", effect=True)

@@ -10,25 +10,51 @@ modules' own checks and dedup: CPU int64 keys (``unique``: no repeats).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-from recstore.client.backends.base import PullRequest
+from recstore.client.backends.base import Backend, PullRequest
 from recstore.client.backends.local import LocalBackend
 from recstore.client.initial_data import RowSource
+from recstore.client.specs import TableMeta
 from recstore.client.tensors import check_id_range, coalesce, unique_keys
 from recstore.core.cache_figures import ClientCache
-
-if TYPE_CHECKING:
-    from recstore.client.client import RecStoreClient
 
 #: (table, keys, gradient rows, unique) of one table in ``apply_gradients``
 GradientRows = tuple[str, torch.Tensor, torch.Tensor, bool]
 
 
+class ClientInternals(Protocol):
+    """What this object uses of the ``RecStoreClient`` that holds it."""
+
+    ops: Backend | None
+    _last_table: str | None
+    _learning_rate_set: bool
+
+    @property
+    def learning_rate(self) -> float: ...
+
+    def _create_table(
+        self,
+        name: str,
+        shape: tuple[int, int],
+        dtype: torch.dtype,
+        rows_of: RowSource | None,
+        base_offset: int = 0,
+        metadata: Mapping[str, Any] | None = None,
+        optimizer: Any = None,
+        is_gdata: bool = True,
+        part_policy: Any = None,
+    ) -> bool: ...
+
+    def _backend(self) -> Backend: ...
+
+    def _meta(self, name: str) -> TableMeta: ...
+
+
 class ModuleTables:
-    def __init__(self, client: RecStoreClient) -> None:
+    def __init__(self, client: ClientInternals) -> None:
         self._client = client
 
     def create(

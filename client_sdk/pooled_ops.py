@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from recstore.client.bags import Pool, bag_count
+from recstore.client.op_registry import op as _op
 from recstore.client.op_tables import layout
-from recstore.client.ops import _op
 from recstore.client.pooled import pool_bags, send_bag_gradients
 from recstore.client.pooled_cat import cat_layout, pool_bags_cat, send_cat_gradients
 

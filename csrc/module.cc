@@ -247,7 +247,7 @@ NB_MODULE(_native, m) {
                          sums.data());
       },
       "selected"_a.noconvert(), "counts"_a.noconvert(), "sums"_a.noconvert(),
-      "Per-slot row counts and sums of row hashes of the selected slots (migration checksums)");
+      "Per-slot row counts and sums of row hashes of the selected slots (reshard checksums)");
   def_checked(
       table, "row_hashes",
       [](Table& t, HostKeys keys, Host<uint64_t, nb::ndim<1>> hashes,
@@ -259,7 +259,7 @@ NB_MODULE(_native, m) {
         if (n) t.row_hashes(n, keys.data(), hashes.data(), reinterpret_cast<uint8_t*>(found.data()));
       },
       "keys"_a.noconvert(), "hashes"_a.noconvert(), "found"_a.noconvert(),
-      "The migration row hash of each key's row, and whether it is resident");
+      "The reshard row hash of each key's row, and whether it is resident");
   def_checked(
       table, "pool",
       [](Table& t, HostKeys keys, int64_t bag_size, bool mean,

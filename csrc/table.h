@@ -143,7 +143,7 @@ class Table {
   // Keys of the resident rows whose routing slot is selected (selected: kNumSlots flags),
   // in keys() order; one pass over the index instead of keys() then hashing (table_slots.cc).
   std::vector<int64_t> keys_in_slots(const uint8_t* selected) const;
-  // Migration checksums of the selected slots in one pass: counts[s] rows and sums[s], the
+  // Reshard checksums of the selected slots in one pass: counts[s] rows and sums[s], the
   // wrapping sum of their row hashes (row_hash in table_slots.cc), for every slot s
   // (kNumSlots entries each; unselected slots stay 0). Rows export_rows would skip
   // (expired) are left out.

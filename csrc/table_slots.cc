@@ -1,11 +1,11 @@
-// Per-slot passes over a table's resident rows, for online slot migration.
+// Per-slot passes over a table's resident rows, for online resharding.
 //
 // A move verifies each batch of slots by comparing per-slot checksums on the
 // source and the target while the slots are sealed, so the pass must be cheap:
 // one walk of the index (or the residency flags of a dense table), hashing
 // each selected row where it lies, instead of exporting the rows and hashing
 // them column by column. The row hash is defined in words, so both ends agree
-// whatever their version; recstore.ps.migration.row_hashes is the numpy twin
+// whatever their version; recstore.ps.reshard.slots.row_hashes is the numpy twin
 // and the test oracle this must equal:
 //
 //   h = fmix64(key); for every 8-byte little-endian word w of the row's value

@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 import httpx
 
-from recstore.core.migration_events import MoveEvent
+from recstore.core.reshard.events import ReshardEvent
 from recstore.core.status import TableStatus
 from recstore.core.tls import ClientTls, http_verify
 
@@ -92,7 +92,7 @@ class AdminMirror:
             self._unsent.discard(table)
         return _accepted(response, f"{what} of {table!r}", logger)
 
-    async def post_event(self, table: str, event: MoveEvent, logger: Logger) -> bool:
+    async def post_event(self, table: str, event: ReshardEvent, logger: Logger) -> bool:
         """Record a moment of the table's move in the audit log; True when accepted."""
         try:
             response = await self._client.post(

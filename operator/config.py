@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from recstore.core import copy_pace
-from recstore.core.migration import DEFAULT_BATCH_SLOTS
-from recstore.core.migration_retry import RetryPolicy
 from recstore.core.reconcile import GRPC_PORT
+from recstore.core.reshard import pace as copy_pace
+from recstore.core.reshard.plan import DEFAULT_BATCH_SLOTS
+from recstore.core.reshard.retry import RetryPolicy
 from recstore.core.tls import ClientTls
 
 
@@ -60,7 +60,7 @@ class OperatorConfig:
     reshard_batch_slots: int = DEFAULT_BATCH_SLOTS
     #: bytes per second a move's copy before each seal may take (0: no cap; copy_pace)
     reshard_copy_rate: float = 0.0
-    #: a failed online move's retries (``recstore.core.migration_retry.RetryPolicy``): the
+    #: a failed online move's retries (``recstore.core.reshard.retry.RetryPolicy``): the
     #: wait doubles from the first delay to the cap; after this many failed tries in a row
     #: (a try that commits a batch starts the row again) it waits for a new spec.shards
     #: or an operator restart

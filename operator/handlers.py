@@ -20,7 +20,7 @@ from typing import Any
 import kopf
 
 from recstore.core.checkpoint_status import outcome
-from recstore.core.migration_events import MoveEvent
+from recstore.core.reshard.events import ReshardEvent
 from recstore.core.resource import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from recstore.core.status import TableStatus
 from recstore.operator.admin_mirror import AdminMirror
@@ -90,7 +90,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
             )
         return info
 
-    async def announce(owner: Owner, table: str, event: MoveEvent) -> None:
+    async def announce(owner: Owner, table: str, event: ReshardEvent) -> None:
         """A moment of a move: a Kubernetes Event on the EmbeddingTable, and the audit log."""
         ref = kopf.Body({
             "apiVersion": API_VERSION, "kind": KIND,
@@ -116,7 +116,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
     async def close(**_: Any) -> None:
         state.stopping = True
         if state.reconciler is not None:
-            state.reconciler.stop_moves()
+            state.reconciler.reshards.stop()
             state.reconciler.checkpoints.stop()
             await state.reconciler.kube.aclose()
         if state.mirror is not None:
@@ -162,7 +162,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
         checked = rec.validate(owner, body.get("spec") or {})
         observation, _pods = await rec.observe(owner, checked, logger)
         previous = body.get("status") or {}
-        if rec.move_due(owner, checked, observation):  # a change that waited for the last move
+        if rec.reshards.due(owner, checked, observation):  # a change that waited for the last move
             await rec.apply(owner, body.get("spec") or {}, logger, previous)
         # The status describes the generation the children were last applied for.
         generation = int(

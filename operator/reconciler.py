@@ -4,8 +4,9 @@ Each procedure reads the children through ``Kube``, asks the reconcile core
 (``recstore.core.reconcile``) and the renderers what should exist and what
 the status is, and writes only the difference. kopf handlers call these
 with the resource's fields; nothing here depends on kopf's calling style.
-Online moves (start, queue, retry) are ``recstore.operator.move_control``'s,
-checkpoints asked for on demand ``recstore.operator.checkpoint_requests``'s.
+Online reshards (start, queue, retry) are ``recstore.operator.reshard_control``'s and
+checkpoints asked for on demand ``recstore.operator.checkpoint_requests``'s: collaborators
+each ``Reconciler`` holds.
 """
 
 from __future__ import annotations
@@ -19,22 +20,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recstore.core.checkpoint_status import ShardCheckpoint
-from recstore.core.errors import InvalidArgument
-from recstore.core.migration_events import MoveEvent
-from recstore.core.reconcile import (
-    Declaration,
-    Observation,
-    compute_status,
-    parse_declaration,
-)
+from recstore.core.reconcile import Declaration, Observation, compute_status
+from recstore.core.reshard.events import ReshardEvent
 from recstore.core.routing import SlotMap
 from recstore.core.status import TableStatus
 from recstore.operator import final_checkpoint, render, resharding
 from recstore.operator.checkpoint_requests import CheckpointRequests
 from recstore.operator.config import OperatorConfig
+from recstore.operator.declared import Validated, validate
 from recstore.operator.kube import Kube, path
-from recstore.operator.move_control import MoveControl
 from recstore.operator.render import Owner, RenderOptions
+from recstore.operator.reshard_control import ReshardControl
 from recstore.operator.status import observe, pod_ready
 
 Logger = logging.Logger | logging.LoggerAdapter
@@ -42,40 +38,19 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Validated:
-    declaration: Declaration | None
-    problem: str | None
-
-
-def validate(
-    owner: Owner, spec: Mapping[str, Any], config: OperatorConfig | None = None
-) -> Validated:
-    """The declaration, or why nothing may run for it (``config``: its image allow-list)."""
-    problem = render.name_problem(owner.name)
-    try:
-        declaration = parse_declaration(spec, default_name=owner.name)
-    except InvalidArgument as exc:
-        return Validated(None, "; ".join(filter(None, [problem, str(exc)])))
-    if config is not None:
-        image = config.image_problem(declaration.placement.image)
-        problem = "; ".join(filter(None, [problem, image])) or None
-    return Validated(declaration if problem is None else None, problem)
-
-
-@dataclass
-class Reconciler(MoveControl):
+class Reconciler:
     kube: Kube
     config: OperatorConfig
     #: (pod uid, restart count) of shards the table is known to exist on.
     confirmed: set[tuple[str, int]] = field(default_factory=set)
-    #: running (or last) online moves by table uid (recstore.operator.resharding)
-    movers: dict[str, resharding.Mover] = field(default_factory=dict)
     #: mirrors a table's stored status to the admin API (the new map after a commit)
     publish: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
-    #: posts a moment of a move (owner, table name, event): Kubernetes Event, audit log
-    announce: Callable[[Owner, str, MoveEvent], Awaitable[None]] | None = None
+    #: posts a moment of a reshard (owner, table name, event): Kubernetes Event, audit log
+    announce: Callable[[Owner, str, ReshardEvent], Awaitable[None]] | None = None
     #: the checkpoints asked for on demand, taken from the resource's annotation
     checkpoints: CheckpointRequests = field(init=False)
+    #: the tables' online reshards: started, queued and retried there
+    reshards: ReshardControl = field(init=False)
 
     def __post_init__(self) -> None:
         self.checkpoints = CheckpointRequests(
@@ -83,6 +58,7 @@ class Reconciler(MoveControl):
                 owner, checkpoint_id, logger, every_shard=True
             )
         )
+        self.reshards = ReshardControl(self)
 
     @property
     def options(self) -> RenderOptions:
@@ -118,7 +94,7 @@ class Reconciler(MoveControl):
         if sts is not None and (
             unfinished or int(sts["spec"].get("replicas", 1)) != decl.spec.shards
         ):
-            await self.reshard(owner, decl, int(sts["spec"].get("replicas", 1)), logger)
+            await self.reshards.start(owner, decl, int(sts["spec"].get("replicas", 1)), logger)
             return checked
         await self._ensure("Service", ns, render.render_service(owner))
         desired = render.render_statefulset(owner, decl, self.options)
@@ -151,10 +127,10 @@ class Reconciler(MoveControl):
         unconfirmed = [_without_ready(p) for p in pods if p not in usable]
         endpoint = lambda i: render.shard_endpoint(owner, i, self.options)  # noqa: E731
         observation = observe(sts, usable + unconfirmed, endpoint)
-        mover = self.movers.get(owner.uid)
-        if mover is not None and mover.progress is not None:
+        resharder = self.reshards.resharders.get(owner.uid)
+        if resharder is not None and resharder.progress is not None:
             observation = dataclasses.replace(
-                observation, resharding=mover.progress, queued_shards=mover.queued_shards
+                observation, resharding=resharder.progress, queued_shards=resharder.queued_shards
             )
         request, completed = self.checkpoints.progress(owner.uid)
         observation = dataclasses.replace(

@@ -1,6 +1,6 @@
 """Online resharding on Kubernetes: an EmbeddingTable's move to a new ``shards``.
 
-The same sequence as the local platform (``recstore.core.migration_drive``):
+The same sequence as the local platform (``recstore.core.reshard.drive``):
 growing scales the StatefulSet up first and waits until each new pod is Ready
 and serves the table (created with the stored slot map, so it owns no slot
 yet); the batches move; shrinking empties the highest shards and only then
@@ -9,7 +9,7 @@ scales the StatefulSet down. The slot map and the job live in the CR status
 aborts another, and moves the rest. The move runs in a thread of its own;
 API calls go back to kopf's loop, so the event loop never waits on a batch.
 The thread runs in a copy of the starting handler's context, so the move's
-moments (``recstore.core.migration_events``) can be posted as Kubernetes Events
+moments (``recstore.core.reshard.events``) can be posted as Kubernetes Events
 through kopf; when it ends, ``on_end`` runs on kopf's loop (a queued change
 starts, a failed move is retried).
 """
@@ -26,34 +26,34 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from recstore.core.control import ControlClient, ControlError, create_table_rpc, stats_rpc
-from recstore.core.migration import DEFAULT_BATCH_SLOTS
-from recstore.core.migration_drive import Shards, count_failed_try, move
-from recstore.core.migration_events import MoveEvent
-from recstore.core.migration_retry import Tries
 from recstore.core.reconcile import Declaration, Resharding
+from recstore.core.reshard.drive import Shards, count_failed_try, reshard
+from recstore.core.reshard.events import ReshardEvent
+from recstore.core.reshard.plan import DEFAULT_BATCH_SLOTS
+from recstore.core.reshard.retry import Tries
 from recstore.core.routing import SlotMap
 from recstore.core.spec import TableSpec
 from recstore.core.tls import ClientTls
 from recstore.operator import render
 from recstore.operator.kube import Kube, path
-from recstore.operator.migration_store import StatusJobStore, call_on
 from recstore.operator.render import Owner
+from recstore.operator.reshard_store import StatusJobStore, call_on
 from recstore.operator.status import pod_ready
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: how often the mover looks again at pods that are not Ready yet
+#: how often the resharder looks again at pods that are not Ready yet
 POLL_S = 0.2
 
 
 @dataclass
-class Mover:
+class Resharder:
     """One table's move: its thread, the progress the status shows, how to stop it.
 
     ``declared`` is the latest declaration seen while it runs: one asking for another
     shard count is queued (``queued_shards``) and started when this move ends.
-    ``tries`` counts the tries of this change (``recstore.core.migration_retry``);
+    ``tries`` counts the tries of this change (``recstore.core.reshard.retry``);
     ``retry`` is the next one's timer.
     """
 
@@ -95,7 +95,7 @@ class Mover:
 
 @dataclass
 class TableShards:
-    """A table's shards as pods of its StatefulSet, seen from the mover's thread."""
+    """A table's shards as pods of its StatefulSet, seen from the resharder's thread."""
 
     kube: Kube
     loop: asyncio.AbstractEventLoop
@@ -109,7 +109,7 @@ class TableShards:
     confirm: Callable[[dict[str, Any]], None]  # the table exists on this pod
     publish: Callable[[], Coroutine[Any, Any, None]]  # mirror the status (the new map) now
     #: post a moment of the move (Kubernetes Event, admin audit log)
-    announce: Callable[[MoveEvent], Coroutine[Any, Any, None]]
+    announce: Callable[[ReshardEvent], Coroutine[Any, Any, None]]
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return call_on(self.loop, coro)
@@ -192,12 +192,12 @@ class TableShards:
     def report(self) -> None:
         self._call(self.publish())
 
-    def record(self, event: MoveEvent) -> None:
+    def record(self, event: ReshardEvent) -> None:
         self._call(self.announce(event))
 
 
 def start(
-    mover: Mover,
+    resharder: Resharder,
     shards: TableShards,
     store: StatusJobStore,
     running: int,
@@ -205,49 +205,49 @@ def start(
     batch_slots: int = DEFAULT_BATCH_SLOTS,
     copy_rate: float = 0.0,
 ) -> None:
-    """Run the move in a thread of its own (``mover.thread``); ``on_end`` then runs on
-    kopf's loop (a failed try's wait is ``mover.tries.retry_in_s``)."""
+    """Run the move in a thread of its own (``resharder.thread``); ``on_end`` then runs on
+    kopf's loop (a failed try's wait is ``resharder.tries.retry_in_s``)."""
 
     def show(progress: Resharding) -> None:
-        mover.progress = progress
+        resharder.progress = progress
 
     def run() -> None:
         try:
             if store.stored_map() is None:
-                served = shards.served_map(running, mover.closed)
+                served = shards.served_map(running, resharder.closed)
                 if served is None:
                     return  # stopping before the shards served
                 store.initialise(served)
             drive = Shards(
                 name=shards.spec.name, endpoints=shards.endpoints, grow_to=shards.grow_to,
                 serving=shards.serving, shrink_to=shards.shrink_to, report=shards.report,
-                show=show, tls=shards.tls, closed=mover.closed, token=shards.token,
+                show=show, tls=shards.tls, closed=resharder.closed, token=shards.token,
                 record=shards.record,
             )  # fmt: skip
-            move(drive, store, mover.to_shards, batch_slots, mover.tries, copy_rate)
+            reshard(drive, store, resharder.to_shards, batch_slots, resharder.tries, copy_rate)
         except Exception as error:  # the API server gone: retried like a failed move
             log.exception("resharding %s stopped", shards.spec.name)
             # before the job was planned, no slot map was stored yet: epoch 1
-            shown = mover.progress or Resharding(running, mover.to_shards, 0, 0, 0, 1)
-            tries = mover.tries
-            count_failed_try(tries, shown.slots_moved, mover.closed)
+            shown = resharder.progress or Resharding(running, resharder.to_shards, 0, 0, 0, 1)
+            tries = resharder.tries
+            count_failed_try(tries, shown.slots_moved, resharder.closed)
             show(dataclasses.replace(
                 shown, running=False, error=str(error), attempt=tries.attempt,
                 retry_in_s=tries.retry_in_s,
             ))  # fmt: skip
         finally:
-            if not mover.closed.is_set() and not shards.loop.is_closed():
-                mover.ended.set()  # before on_end: it may start the next move
+            if not resharder.closed.is_set() and not shards.loop.is_closed():
+                resharder.ended.set()  # before on_end: it may start the next move
                 asyncio.run_coroutine_threadsafe(logged(on_end()), shards.loop)
-            mover.ended.set()
+            resharder.ended.set()
 
     # a copy of the handler's context: kopf's event posting reads it (contextvars)
     context = contextvars.copy_context()
-    mover.ended.clear()
-    mover.thread = threading.Thread(
+    resharder.ended.clear()
+    resharder.thread = threading.Thread(
         target=context.run, args=(run,), name=f"reshard-{shards.spec.name}", daemon=True
     )
-    mover.thread.start()
+    resharder.thread.start()
 
 
 async def logged(work: Awaitable[None]) -> None:

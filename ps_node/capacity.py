@@ -3,25 +3,19 @@
 A node sizes each table for its share of the start-up shard count. Online
 resharding hands a kept node more slots than that (a shrink empties the
 highest shards into the lower ones), so a target grows its table before
-importing, to what it will own (``rows_for_slots``: its share of the ids or
-of the capacity, never the whole table), and records the size in the
-catalogue: a restarted node creates the table that large before it replays
-the log or loads a checkpoint.
+importing (``recstore.ps.reshard.steps``), to what it will own
+(``rows_for_slots``: its share of the ids or of the capacity, never the whole
+table), and records the size in the catalogue: a restarted node creates the
+table that large before it replays the log or loads a checkpoint.
 """
 
 from __future__ import annotations
-
-import dataclasses
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from recstore.core.routing import SlotMap
 from recstore.core.shard_rows import rows_for_slots
 from recstore.ps.catalogue import CatalogueEntry
-
-if TYPE_CHECKING:
-    from recstore.ps.node import Node
 
 
 def owned_count(slot_map: SlotMap, shard_index: int, extra: np.ndarray | None = None) -> int:
@@ -35,21 +29,3 @@ def rows_to_host(entry: CatalogueEntry, shard_index: int) -> int:
     the slots it owns need (e.g. a checkpoint taken after a move, loaded again)."""
     owned = owned_count(entry.slot_map, shard_index)
     return max(entry.reserved_rows, rows_for_slots(entry.spec, owned))
-
-
-def reserve_for_import(node: Node, name: str, incoming: np.ndarray) -> int:
-    """Grow ``name`` to hold the rows of the slots it owns plus ``incoming`` (a mask),
-    recording the size durably before the import starts; returns the capacity.
-
-    CapacityExhausted (nothing changed) where the table cannot grow (``Table.reserve``).
-    """
-    with node.registry_lock:
-        hosted = node.get(name)
-        count = owned_count(hosted.entry.slot_map, node.shard_index, incoming)
-        if not hosted.table.reserve(rows_for_slots(hosted.entry.spec, count)):
-            return hosted.table.capacity
-        with hosted.lock:
-            reserved = hosted.table.capacity
-            hosted.entry = dataclasses.replace(hosted.entry, reserved_rows=reserved)
-            node.save_catalogue()
-        return reserved

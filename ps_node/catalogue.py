@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from recstore.core import SlotMap, TableSpec
-from recstore.ps.wal_segments import fsync_dir
+from recstore.ps.wal.segments import fsync_dir
 
 FILE_NAME = "tables.json"
 

@@ -1,6 +1,6 @@
 """Which rows of a set of slots changed since a point: the change tracker.
 
-A slot migration snapshots its slots while the source keeps serving, then
+A reshard snapshots its slots while the source keeps serving, then
 streams the rows changed meanwhile; an incremental checkpoint needs the same
 list (rows changed since the previous checkpoint). The tracker records keys,
 not rows: whoever drains it reads each row as it is then (value and optimizer

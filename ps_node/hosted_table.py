@@ -14,19 +14,15 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from recstore.core import DType, Eviction, KeyMode, SlotMap, WrongShard, slot_of, slots_touched
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.changes import ChangeTracker
-from recstore.ps.dedup import DedupWindow
-from recstore.ps.table_wal import TableWal
+from recstore.ps.wal.dedup import DedupWindow
+from recstore.ps.wal.table_log import TableWal
 from recstore.store import Table
-
-if TYPE_CHECKING:
-    from recstore.ps.incremental import ChainTip
 
 #: One increasing sequence for the versions of every table this process hosts, started
 #: at the clock: a table reloaded, or hosted again after a restart, never reports a
@@ -39,13 +35,22 @@ def next_version() -> int:
 
 
 @dataclass
+class ChainTip:
+    """What a table's newest checkpoint leaves for the next one to build on
+    (``recstore.ps.checkpoint.incremental``)."""
+
+    links: list[dict[str, str]]  # that checkpoint's chain, itself included, full one first
+    keys: np.ndarray  # sorted keys of the rows it holds (its chain replayed)
+
+
+@dataclass
 class HostedTable:
     table: Table
     entry: CatalogueEntry
     owned_slots: np.ndarray | None  # bool per slot; None when the node owns every slot
     lock: threading.Lock
     wal: TableWal | None
-    #: request ids of the updates applied lately (recstore.ps.dedup)
+    #: request ids of the updates applied lately (recstore.ps.wal.dedup)
     window: DedupWindow = field(default_factory=DedupWindow)
     #: moves after every write is applied (never before: a pull reads it before its rows,
     #: so rows read with a version are at least that new); PullResponse/TableStats.version

@@ -29,10 +29,10 @@ import numpy as np
 from recstore.core import CapacityExhausted, wire
 from recstore.core.errors import CarriedUpdatesApplied
 from recstore.ps import codec
-from recstore.ps.dedup import Entry
 from recstore.ps.hosted_table import HostedTable
 from recstore.ps.node import Node, Write, WriteAck, pull_into
-from recstore.ps.wal import OP_UPDATE
+from recstore.ps.wal.dedup import Entry
+from recstore.ps.wal.records import OP_UPDATE
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def apply_checked(
         check_room(hosted, keys_list)
     acks = node.write_logged([write for write, _ in checked])
     for write, keys in checked:
-        node.migrations.record(write.hosted.entry.spec.name, keys)
+        node.reshards.record(write.hosted.entry.spec.name, keys)
     updated = [(w.hosted.entry.spec.name, a.rows) for (w, _), a in zip(checked, acks, strict=True)]
     if method == "MultiUpdate":
         return Served(wire.encode_multi_rows_response(ack.rows for ack in acks), [], updated, acks)
@@ -139,7 +139,7 @@ def apply_checked(
         raise
     for hosted, keys, read_only, _ in pulled:
         if not read_only:  # any of them may be a new row
-            node.migrations.record(hosted.entry.spec.name, keys)
+            node.reshards.record(hosted.entry.spec.name, keys)
             hosted.note_pulled(keys)
     reply = wire.finish(message)
     return Served(reply, [(h.entry.spec.name, len(k)) for h, k, _, _ in pulled], updated, acks)

@@ -1,7 +1,7 @@
 """Named MultiPull and MultiUpdate requests: their updates applied once per request id.
 
 A request naming itself (``recstore.core.request_id``) is looked up in the de-dup
-window of every table it updates (``recstore.ps.dedup.begin_all``, in name
+window of every table it updates (``recstore.ps.wal.dedup.begin_all``, in name
 order) before it is checked and served by ``recstore.ps.native_path``: applied
 already, it is answered with the recorded rows (a MultiPull's pulls are served
 again, from the request without its carried updates); being applied right now,
@@ -18,11 +18,12 @@ from typing import Any
 from recstore.core import ps_fields, wire
 from recstore.core.errors import CarriedUpdatesApplied
 from recstore.core.request_id import Named
-from recstore.ps import dedup, native_path
-from recstore.ps.dedup import Entry
+from recstore.ps import native_path
 from recstore.ps.hosted_table import HostedTable
 from recstore.ps.multi import Served
 from recstore.ps.node import Node, WriteAck
+from recstore.ps.wal import dedup
+from recstore.ps.wal.dedup import Entry
 
 
 def serve(node: Node, method: str, request: bytes, reply_limit: int, named: Named) -> Served:

@@ -38,10 +38,10 @@ from recstore.core import (
 from recstore.core.errors import CarriedUpdatesApplied
 from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.ps import codec, multi
-from recstore.ps.dedup import Entry
 from recstore.ps.hosted_table import HostedTable
 from recstore.ps.multi import Served
 from recstore.ps.node import Node
+from recstore.ps.wal.dedup import Entry
 from recstore.store.options import non_finite_code
 
 #: the compiled engine (no type stubs)
@@ -130,9 +130,9 @@ def serve(
     with contextlib.ExitStack() as locks:
         for name in sorted(set(names)):  # held while any of their slots is sealed
             table = by_name[name]
-            if table is not None and node.migrations.tracks(name):
+            if table is not None and node.reshards.tracks(name):
                 epoch = table.entry.slot_map.epoch
-                locks.enter_context(node.migrations.admitted(name, None, epoch))
+                locks.enter_context(node.reshards.admitted(name, None, epoch))
         for name in sorted(parsed.update_tables):
             table = by_name[name]
             if table is None:
@@ -141,8 +141,7 @@ def serve(
             if node.tables.get(name) is not table:  # dropped or reloaded meanwhile
                 raise TableNotFound(f"table {name!r} is not hosted on this node")
         views = [
-            None if h is None else _view(h, node.migrations.tracks(h.entry.spec.name))
-            for h in hosted
+            None if h is None else _view(h, node.reshards.tracks(h.entry.spec.name)) for h in hosted
         ]
         result = parsed.serve(views, APPLY_NATIVELY, reply_limit)
         kind = result[0]

@@ -5,7 +5,7 @@ pool so the event loop never waits on the engine or the disk. A table's lock
 orders its writes, so the write-ahead log replays them in the order they were
 applied. In WAL mode a write is applied only once its record is in the log
 (``write_logged``); the node's ``WriteGate`` refuses every write after the log
-failed. The tables themselves are hosted by ``recstore.ps.node_tables``, each
+failed. The tables themselves are hosted by ``recstore.ps.tables``, each
 one's state is a ``recstore.ps.hosted_table.HostedTable``.
 """
 
@@ -22,11 +22,10 @@ from recstore.core import InvalidArgument, slots_touched
 from recstore.core.request_id import Named
 from recstore.core.wire import Buffer
 from recstore.ps import codec
-from recstore.ps.dedup import Entry
 from recstore.ps.hosted_table import HostedTable, check_owned
-from recstore.ps.node_tables import NodeTables
-from recstore.ps.table_wal import Appended, TableWal
-from recstore.ps.wal import (
+from recstore.ps.tables import NodeTables
+from recstore.ps.wal.dedup import Entry
+from recstore.ps.wal.records import (
     KEYS_ONLY,
     OP_PUSH,
     OP_STEP,
@@ -34,6 +33,7 @@ from recstore.ps.wal import (
     encode_record,
     encode_window_record,
 )
+from recstore.ps.wal.table_log import Appended, TableWal
 
 
 @dataclass(frozen=True)
@@ -91,14 +91,14 @@ class Node(NodeTables):
         """
         hosted = self.get(name)
         keys = codec.decode_keys(keys_buffer)
-        with self.migrations.admitted(name, keys, hosted.entry.slot_map.epoch):
+        with self.reshards.admitted(name, keys, hosted.entry.slot_map.epoch):
             check_owned(hosted, keys)
             # No table lock: the engine's reader-writer lock suffices, and rows a pull
             # inserts come from the deterministic initializer, so neither the log nor
             # a concurrent checkpoint needs to order them.
             pull_into(hosted, keys, values_out, found_out, value_dtype or hosted.dtype)
             if found_out is None:
-                self.migrations.record(name, keys)  # any of them may be a new row
+                self.reshards.record(name, keys)  # any of them may be a new row
                 hosted.note_pulled(keys)
         return len(keys)
 
@@ -109,7 +109,7 @@ class Node(NodeTables):
         codec.check_declared(dtype, dim, hosted.dtype, hosted.dim)
         keys = codec.decode_keys(keys_buffer)
         values = codec.decode_rows(values_buffer, len(keys), hosted.dim, hosted.dtype)
-        with self.migrations.admitted(name, keys, hosted.entry.slot_map.epoch):
+        with self.reshards.admitted(name, keys, hosted.entry.slot_map.epoch):
             check_owned(hosted, keys)
             write = Write(
                 hosted, OP_PUSH, keys_buffer, values_buffer, hosted.dtype, None,
@@ -117,7 +117,7 @@ class Node(NodeTables):
             )  # fmt: skip
             with hosted.lock:
                 (ack,) = self.write_logged([write])
-            self.migrations.record(name, keys)
+            self.reshards.record(name, keys)
             return ack
 
     def update(
@@ -139,13 +139,13 @@ class Node(NodeTables):
         grads = codec.decode_rows(grads_buffer, len(keys), hosted.dim, grad_dtype, "grads")
         check_lr(lr)
         apply = functools.partial(hosted.table.update, keys, grads, lr)
-        with self.migrations.admitted(name, keys, hosted.entry.slot_map.epoch):
+        with self.reshards.admitted(name, keys, hosted.entry.slot_map.epoch):
             if named is None:
                 check_owned(hosted, keys)
                 write = Write(hosted, OP_UPDATE, keys_buffer, grads_buffer, grad_dtype, lr, apply)
                 with hosted.lock:
                     (ack,) = self.write_logged([write])
-                self.migrations.record(name, keys)
+                self.reshards.record(name, keys)
                 return ack
             # Looked up before the owner check: a resend of an update applied here before
             # its slots moved away is answered from this window.
@@ -167,7 +167,7 @@ class Node(NodeTables):
                 hosted.window.abandon(named.request_id)
                 raise
             hosted.window.finish(Entry(rid, digest, rows, slots, ack.seq))
-            self.migrations.record(name, keys)
+            self.reshards.record(name, keys)
             return ack
 
     def absorb_window(self, name: str, entries: Sequence[Entry]) -> None:

@@ -1,6 +1,6 @@
 """ExportRows / ImportRows on a node: a table's rows with their optimizer state, in chunks.
 
-Moving a table's rows elsewhere (slot migration, an SDK ``state_dict`` with
+Moving a table's rows elsewhere (resharding, an SDK ``state_dict`` with
 optimizer state, a copy between clusters) needs more than Pull/Push: the
 rows' optimizer state must travel with them, and a table may be far larger
 than one message. An export streams the resident rows (optionally only those
@@ -8,7 +8,7 @@ of some slots) in chunks of bounded bytes; an import checks each chunk whole
 (dtype, dim, state width, lengths, slot ownership) before any of its rows is
 applied and writes it through ``Node.write_logged``, so in WAL mode it is
 logged and replayed like a Push; while its slots move to another node it is
-held and tracked like a Push too (``recstore.ps.migration``).
+held and tracked like a Push too (``recstore.ps.reshard.slots``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from recstore.core.routing import slot_mask
 from recstore.ps import codec
 from recstore.ps.hosted_table import HostedTable, check_owned
 from recstore.ps.node import Node, Write, WriteAck
-from recstore.ps.wal import OP_ERASE, OP_IMPORT, OP_PUSH, OP_STEP
+from recstore.ps.wal.records import OP_ERASE, OP_IMPORT, OP_PUSH, OP_STEP
 
 #: room for a chunk message's fields beyond its three buffers (tags, name, dtype)
 CHUNK_OVERHEAD_BYTES = 4096
@@ -137,11 +137,11 @@ def import_rows(
     if optimizer_step is not None:
         writes.append(step_write(hosted, optimizer_step))
     # like a Push: held while its slots are sealed, and tracked while they move out
-    with node.migrations.admitted(name, keys, hosted.entry.slot_map.epoch):
+    with node.reshards.admitted(name, keys, hosted.entry.slot_map.epoch):
         check_owned(hosted, keys)
         with hosted.lock:
             acks = node.write_logged(writes)
-        node.migrations.record(name, keys)
+        node.reshards.record(name, keys)
     # the rows' count, and the last record: once it is durable, so is every one before it
     return WriteAck(acks[0].rows, acks[-1].wal, acks[-1].seq)
 
@@ -175,6 +175,6 @@ def erase_logged(node: Node, hosted: HostedTable, keys: np.ndarray) -> tuple[int
 
 
 def wait_durable(ack: WriteAck) -> None:
-    """Block until ``ack``'s record is durable (a migration step on its own thread)."""
+    """Block until ``ack``'s record is durable (a reshard step on its own thread)."""
     if ack.wal is not None:
         ack.wal.wait_durable(ack.seq)

@@ -24,8 +24,8 @@ from recstore.admin.crud.tables import (
     get_table,
     list_tables,
     patch_table,
-    record_move,
     record_recovery,
+    record_reshard,
     set_status,
 )
 from recstore.admin.crud.tokens import active_token, create_token, list_tokens, revoke_token
@@ -49,8 +49,8 @@ __all__ = [
     "list_tokens",
     "patch_table",
     "recent_checkpoints",
-    "record_move",
     "record_recovery",
+    "record_reshard",
     "register_node",
     "request_checkpoint",
     "revoke_token",

@@ -20,7 +20,7 @@ from recstore.admin.spec_patch import apply_patch
 from recstore.core import SlotMap, TableSpec
 from recstore.core.checkpoint_status import TableCheckpoint
 from recstore.core.errors import InvalidArgument, TableExists, TableNotFound
-from recstore.core.migration_events import MoveEvent
+from recstore.core.reshard.events import ReshardEvent
 from recstore.core.status import TableStatus
 
 
@@ -170,10 +170,10 @@ def _wire(checkpoint: TableCheckpoint | None) -> dict[str, Any] | None:
     return checkpoint.to_wire() if checkpoint is not None else None
 
 
-def record_move(
-    session: Session, *, table: TableRecord, event: MoveEvent, actor: str
+def record_reshard(
+    session: Session, *, table: TableRecord, event: ReshardEvent, actor: str
 ) -> EventRecord:
-    """A moment of the table's online move (``recstore.core.migration_events``), as its own
+    """A moment of the table's online move (``recstore.core.reshard.events``), as its own
     audit event: ``reshard.<moment>`` with the event's payload as the state after."""
     return audit.record(session, actor, event.action, table=table.name, after=event.payload())
 

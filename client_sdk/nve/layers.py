@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 
 import torch
 
-import recstore.client.ops as _ops  # registers torch.ops.recstore.*
 from recstore.client import dispatch
 from recstore.client.bags import pool_indexed
 from recstore.client.lookup import read_rows
@@ -42,10 +41,11 @@ from recstore.client.nve.device_tables import (
 from recstore.client.nve.layer_state import LayerState
 from recstore.client.nve.metrics import track
 from recstore.client.nve.storage import RemoteTable, host_rows
+from recstore.client.op_registry import NAMESPACE
 from recstore.client.tensors import check_module_id_dtype, id_bounds, unique_keys
 
 _layer_ids = itertools.count()
-assert _ops.NAMESPACE == "recstore"
+assert NAMESPACE == "recstore"
 
 _Forward = TypeVar("_Forward", bound=Callable[..., Any])
 

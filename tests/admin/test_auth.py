@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from recstore.admin import Settings, create_app
-from recstore.core.migration import MigrationJob
-from recstore.core.migration_events import MoveEvent, MoveMoment
+from recstore.core.reshard.events import ReshardEvent, ReshardMoment
+from recstore.core.reshard.plan import ReshardJob
 from recstore.core.routing import SlotMap
 
 ROLES = ("viewer", "editor", "admin", "provisioner")
@@ -26,7 +26,7 @@ ALLOWED = {
 }
 SPEC = {"name": "auth_t", "numEmbeddings": 10, "embeddingDim": 4, "shards": 1}
 NODE = {"table": "auth_t", "shard_index": 0, "endpoint": "127.0.0.1:5000"}
-MOVE = MoveEvent.of(MoveMoment.started, MigrationJob.start("auth_t", SlotMap.initial(1), 2), 1)
+MOVE = ReshardEvent.of(ReshardMoment.started, ReshardJob.start("auth_t", SlotMap.initial(1), 2), 1)
 
 RECOVERY = {
     "table": "auth_t",

@@ -17,7 +17,7 @@ from recstore.admin.metrics_scrape import parse_node_metrics
 from recstore.core import TableSpec
 from recstore.core.cache_figures import CacheFigures, ClientCache, engine_figures
 from recstore.ps.cache_reports import CacheReports
-from recstore.ps.metrics import Metrics
+from recstore.ps.serve.metrics import Metrics
 from recstore.store.options import native_cache_options, native_options
 
 from .conftest import dashboard_login

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import Gauge
 from prometheus_client.exposition import start_http_server
 
-from recstore.ps.metrics import Metrics
+from recstore.ps.serve.metrics import Metrics
 
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
@@ -59,7 +59,8 @@ def base_url(app: FastAPI) -> Iterator[str]:
 
 @pytest.fixture
 def ps_metrics() -> Iterator[tuple[str, Metrics]]:
-    """A PS node's own metrics (recstore.ps.metrics), served over HTTP while the page polls."""
+    """A PS node's own metrics (recstore.ps.serve.metrics), served over HTTP while the page
+    polls."""
     metrics = Metrics()
     registry = metrics.registry
     Gauge("recstore_ps_table_rows", "rows", ["table"], registry=registry).labels("ui_table").set(

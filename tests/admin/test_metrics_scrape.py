@@ -21,7 +21,7 @@ from recstore.admin.metrics_scrape import (
     scrape_nodes,
 )
 from recstore.admin.models import NodeRecord
-from recstore.ps.metrics import Metrics
+from recstore.ps.serve.metrics import Metrics
 
 from .conftest import dashboard_login
 

@@ -8,14 +8,14 @@ from html import escape
 
 from fastapi.testclient import TestClient
 
-from recstore.core.migration import MigrationJob
-from recstore.core.migration_events import MoveEvent, MoveMoment
+from recstore.core.reshard.events import ReshardEvent, ReshardMoment
+from recstore.core.reshard.plan import ReshardJob
 from recstore.core.routing import SlotMap
 
 from .conftest import dashboard_login
 
 SPEC = {"name": "clicks", "numEmbeddings": 1000, "embeddingDim": 16, "shards": 2}
-JOB = MigrationJob.start("clicks", SlotMap.initial(2), 3)
+JOB = ReshardJob.start("clicks", SlotMap.initial(2), 3)
 
 
 def _events(client: TestClient, headers: dict[str, str]) -> list[dict[str, object]]:
@@ -29,11 +29,11 @@ def test_each_moment_of_a_move_is_its_own_audit_event(
 ) -> None:
     assert client.post("/api/v1/tables", json=SPEC, headers=admin_headers).status_code == 201
     moments = [
-        MoveEvent.of(MoveMoment.started, JOB, 1),
-        MoveEvent.of(MoveMoment.batch_committed, JOB, 2),
-        MoveEvent.of(MoveMoment.aborted, JOB, 2, reason="slots differ", retry_in_s=5.0),
-        MoveEvent.of(MoveMoment.resumed, JOB, 2, attempt=2),
-        MoveEvent.of(MoveMoment.finished, JOB, 7, attempt=2),
+        ReshardEvent.of(ReshardMoment.started, JOB, 1),
+        ReshardEvent.of(ReshardMoment.batch_committed, JOB, 2),
+        ReshardEvent.of(ReshardMoment.aborted, JOB, 2, reason="slots differ", retry_in_s=5.0),
+        ReshardEvent.of(ReshardMoment.resumed, JOB, 2, attempt=2),
+        ReshardEvent.of(ReshardMoment.finished, JOB, 7, attempt=2),
     ]
     for event in moments:
         r = client.post(
@@ -72,7 +72,7 @@ def test_only_the_provisioner_records_moves_and_bad_events_change_nothing(
     as_role: Callable[[str], dict[str, str]],
 ) -> None:
     assert client.post("/api/v1/tables", json=SPEC, headers=admin_headers).status_code == 201
-    body = MoveEvent.of(MoveMoment.started, JOB, 1).to_json()
+    body = ReshardEvent.of(ReshardMoment.started, JOB, 1).to_json()
     url = "/api/v1/tables/clicks/resharding-events"
     for role in ("viewer", "editor", "admin"):
         assert client.post(url, json=body, headers=as_role(role)).status_code == 403

@@ -18,7 +18,7 @@ def unique_name(prefix: str = "t") -> str:
 @pytest.fixture(scope="session")
 def ps_endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     """Two PS nodes (shards 0 and 1 of 2) on loopback, shared by the session."""
-    from recstore.ps.server import start_in_thread
+    from recstore.ps.serve.server import start_in_thread
 
     handles = [
         start_in_thread(

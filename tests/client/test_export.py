@@ -12,7 +12,7 @@ from recstore import RecStoreClient, export
 from recstore import nn as rnn
 from recstore.client.errors import BackendError
 from recstore.client.remote.backend import PS_TOKEN_ENV
-from recstore.ps.server import start_in_thread
+from recstore.ps.serve.server import start_in_thread
 
 from .conftest import unique_name
 

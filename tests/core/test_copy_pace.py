@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from recstore.core.copy_pace import RATE_ENV, CopyPace, check_rate, rate_from, wait_s
+from recstore.core.reshard.pace import RATE_ENV, CopyPace, check_rate, rate_from, wait_s
 
 
 @pytest.mark.parametrize(

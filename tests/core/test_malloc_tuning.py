@@ -81,13 +81,13 @@ def test_the_sdks_grpc_backend_tunes_its_process() -> None:
 
 
 MIGRATION_RUNNER = """
-from recstore.core.migration_run import MigrationRun
-MigrationRun("t", [], store=None)  # nothing is called
+from recstore.core.reshard.protocol import ReshardRun
+ReshardRun("t", [], store=None)  # nothing is called
 print(json.dumps({'faults': faults_per_step()}))
 """
 
 
-def test_a_migration_runner_tunes_its_process() -> None:
+def test_a_reshard_runner_tunes_its_process() -> None:
     """Every page of a move passes through the runner's process as messages."""
     assert _child(MIGRATION_RUNNER)["faults"] < PAGES_PER_STEP / 50  # type: ignore[operator]
     off = _child(MIGRATION_RUNNER, **{malloc_tuning.ENV: "0"})

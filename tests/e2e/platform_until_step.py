@@ -19,8 +19,8 @@ from pathlib import Path
 
 from reshard_steps import BATCH_SLOTS, stop_at  # this file's folder is on sys.path
 
-from recstore.core.migration import MigrationJob
-from recstore.core.migration_run import MigrationRun
+from recstore.core.reshard.plan import ReshardJob
+from recstore.core.reshard.protocol import ReshardRun
 from recstore.local.platform import LocalPlatform
 
 
@@ -28,7 +28,7 @@ def main() -> None:
     state, port, batch, step = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     forever, ahead = threading.Event(), threading.Event()
 
-    def block(name: str, job: MigrationJob) -> None:
+    def block(name: str, job: ReshardJob) -> None:
         if name == "begin" and job.current == batch and not ahead.is_set():
             sys.stdin.readline()  # the test's go-ahead (or end of file: it is gone)
             ahead.set()  # once: a retried batch begins again without asking
@@ -36,7 +36,7 @@ def main() -> None:
             (state / "stopped-at").write_text(f"{batch} {name}")
             forever.wait()
 
-    MigrationRun._step = stop_at(block)  # type: ignore[method-assign]
+    ReshardRun._step = stop_at(block)  # type: ignore[method-assign]
     platform = LocalPlatform(state, port=port, poll_interval=0.1, reshard_batch_slots=BATCH_SLOTS)
     platform.start()
     (state / "up").write_text(platform.url)

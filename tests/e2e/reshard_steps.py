@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from recstore.core.migration import MigrationJob
-from recstore.core.migration_run import MigrationRun
+from recstore.core.reshard.plan import ReshardJob
+from recstore.core.reshard.protocol import ReshardRun
 
 ROWS, DIM = 2000, 4
 NAME = "killed"
@@ -29,14 +29,14 @@ STEPS = ["begin", "snapshot", "catch-up", "seal", "tail", "verify", "commit", "a
 #: 2 -> 3 moves 5461 slots: in this many per batch, one batch per step and then some
 BATCH_SLOTS = 600
 
-Fault = Callable[[str, MigrationJob], None]
+Fault = Callable[[str, ReshardJob], None]
 
 
 def stop_at(fault: Fault) -> Callable[..., None]:
-    """A ``MigrationRun._step`` that runs the provisioner's callback, then ``fault``."""
-    original = MigrationRun._step
+    """A ``ReshardRun._step`` that runs the provisioner's callback, then ``fault``."""
+    original = ReshardRun._step
 
-    def step(self: MigrationRun, name: str, job: MigrationJob) -> None:
+    def step(self: ReshardRun, name: str, job: ReshardJob) -> None:
         original(self, name, job)
         fault(name, job)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from recstore.core.migration import MigrationJob
+from recstore.core.reshard.plan import ReshardJob
 from recstore.core.routing import SlotMap
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -48,7 +48,7 @@ def test_a_move_records_started_each_batch_and_finished(
             lambda: (moves := _moves(api)) and moves[-1]["action"] == "reshard.finished" and moves,
             180, "reshard.finished",
         )  # fmt: skip
-        plan = MigrationJob.start("live", SlotMap.initial(2), 3)
+        plan = ReshardJob.start("live", SlotMap.initial(2), 3)
         assert _actions(events) == ["started", *["batch_committed"] * len(plan.batches), "finished"]
         started, *committed, finished = (e["after"] for e in events)
         assert (started["from_shards"], started["to_shards"], started["epoch"]) == (2, 3, 1)

@@ -18,8 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from recstore.core.migration import MigrationJob
-from recstore.core.migration_run import MigrationRun
+from recstore.core.reshard.plan import ReshardJob
+from recstore.core.reshard.protocol import ReshardRun
 from recstore.local.platform import LocalPlatform
 
 from .reshard_faults import BATCH_SLOTS, NAME, ROWS, SPEC, STEPS, Trainer, node_rows, stop_at
@@ -45,7 +45,7 @@ def test_a_node_killed_at_each_step_of_a_move(
     platform = helpers.start_platform(tmp_path / "state", reshard_batch_slots=BATCH_SLOTS)
     killed: list[tuple[int, str, int]] = []
 
-    def kill(step: str, job: MigrationJob) -> None:
+    def kill(step: str, job: ReshardJob) -> None:
         if job.current >= len(STEPS) or step != STEPS[job.current]:
             return
         if any(batch == job.current for batch, _, _ in killed):
@@ -55,7 +55,7 @@ def test_a_node_killed_at_each_step_of_a_move(
         killed.append((job.current, step, shard))
         os.kill(pid, signal.SIGKILL)
 
-    monkeypatch.setattr(MigrationRun, "_step", stop_at(kill))
+    monkeypatch.setattr(ReshardRun, "_step", stop_at(kill))
     try:
         api = helpers.Api(platform)
         api.create_table(SPEC)

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from recstore import RecStoreClient
 from recstore.cli import app
-from recstore.ps import checkpoint_read
+from recstore.ps.checkpoint import read as checkpoint_read
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

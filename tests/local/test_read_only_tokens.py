@@ -31,7 +31,7 @@ class Statuses:
     def heartbeat(self, node_id: int, ready: bool, rows: int, memory_bytes: int) -> None:
         pass
 
-    def record_move_event(self, table: str, event: Any) -> None:
+    def record_reshard_event(self, table: str, event: Any) -> None:
         pass
 
     def report_status(self, table: str, status: dict[str, Any]) -> None:

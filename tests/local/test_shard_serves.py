@@ -4,7 +4,7 @@ A node killed mid-move restores its tables by itself, and its first answers can
 come before it has: the stats call finds no table, the create that follows meets
 the restored one, whose spec still has the shard count from before the move.
 That shard serves the table; a refusal with no table there stays a refusal.
-(Seen once in a fresh clone: the mover thread stopped on "exists with a
+(Seen once in a fresh clone: the resharder thread stopped on "exists with a
 different spec" and the move never finished.)
 """
 

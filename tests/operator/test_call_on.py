@@ -1,8 +1,9 @@
-"""``call_on``: a mover thread's call on kopf's loop; its failure is the thread's, not the loop's.
+"""``call_on``: a resharder thread's call on kopf's loop; its failure is the thread's, not
+the loop's.
 
-kopf, when it stops, re-raises the error of any task of its loop. A mover's call
+kopf, when it stops, re-raises the error of any task of its loop. A resharder's call
 that fails because the operator is stopping (its API client closed by the
-cleanup handler) must reach the mover's thread only, or the operator's own exit
+cleanup handler) must reach the resharder's thread only, or the operator's own exit
 fails with it.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from recstore.operator.migration_store import call_on
+from recstore.operator.reshard_store import call_on
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -72,13 +73,13 @@ def test_a_call_cancelled_by_the_stopping_loop_is_an_error_in_the_caller(kopf_lo
         started.set()
         await asyncio.Event().wait()
 
-    def mover() -> None:
+    def resharder() -> None:
         try:
             call_on(loop, forever())
-        except BaseException as error:  # what the mover's thread sees
+        except BaseException as error:  # what the resharder's thread sees
             errors.append(error)
 
-    caller = threading.Thread(target=mover)
+    caller = threading.Thread(target=resharder)
     caller.start()
     assert started.wait(10)
     loop.call_soon_threadsafe(lambda: [t.cancel() for t in tasks])

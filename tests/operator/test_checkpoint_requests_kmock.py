@@ -28,8 +28,8 @@ from recstore.core.resource import CHECKPOINT_REQUEST_ANNOTATION
 from recstore.core.status import TableStatus
 from recstore.local.ports import free_port
 from recstore.operator.config import OperatorConfig
-from recstore.ps import checkpoint_read
-from recstore.ps.server import ServerHandle, start_in_thread
+from recstore.ps.checkpoint import read as checkpoint_read
+from recstore.ps.serve.server import ServerHandle, start_in_thread
 
 from .cluster_objects import MERGE, STS, get, run_shards, status_of, table
 from .conftest import ET, NS, ApiServer, FakePS, running_operator, wait_for

@@ -12,7 +12,7 @@ import pytest
 from recstore.core.reconcile import parse_declaration
 from recstore.operator import render
 from recstore.operator.config import OperatorConfig
-from recstore.operator.reconciler import validate
+from recstore.operator.declared import validate
 from recstore.operator.render import Owner, RenderOptions
 from recstore.operator.status import observe
 

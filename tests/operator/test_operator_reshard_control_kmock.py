@@ -18,7 +18,7 @@ import kmock
 import pytest
 
 from recstore.core.control import ControlClient
-from recstore.core.migration_run import MigrationFailed, MigrationRun
+from recstore.core.reshard.protocol import ReshardFailed, ReshardRun
 from recstore.core.spec import TableSpec
 from recstore.operator.config import OperatorConfig
 
@@ -185,16 +185,16 @@ async def test_a_failed_move_is_retried_and_says_which_attempt(
 ) -> None:
     _operator, pods = fleet
     await _start_table(api, pods)
-    copy = MigrationRun._copy
+    copy = ReshardRun._copy
     failures = [1]
 
-    def flaky(self: MigrationRun, *args: Any) -> int:
+    def flaky(self: ReshardRun, *args: Any) -> int:
         if failures[0]:
             failures[0] -= 1
-            raise MigrationFailed("injected: the snapshot stream broke")
+            raise ReshardFailed("injected: the snapshot stream broke")
         return copy(self, *args)
 
-    monkeypatch.setattr(MigrationRun, "_copy", flaky)
+    monkeypatch.setattr(ReshardRun, "_copy", flaky)
     seen: list[str] = []
     controller = asyncio.create_task(_play_statefulset(api, pods, seen))
     try:
@@ -240,11 +240,11 @@ async def test_a_move_failing_every_attempt_stops_retrying_and_says_so(
     await _start_table(api, pods)
     tries: list[int] = []
 
-    def broken(self: MigrationRun, *args: Any) -> int:
+    def broken(self: ReshardRun, *args: Any) -> int:
         tries.append(1)
-        raise MigrationFailed("injected: the target is full")
+        raise ReshardFailed("injected: the target is full")
 
-    monkeypatch.setattr(MigrationRun, "_copy", broken)
+    monkeypatch.setattr(ReshardRun, "_copy", broken)
     controller = asyncio.create_task(_play_statefulset(api, pods, []))
     try:
         await _reshard(api, 3)

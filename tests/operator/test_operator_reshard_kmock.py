@@ -32,7 +32,7 @@ from recstore.core.routing import SlotMap
 from recstore.local.ports import free_port
 from recstore.operator.config import OperatorConfig
 from recstore.operator.handlers import register
-from recstore.ps.server import ServerHandle, start_in_thread
+from recstore.ps.serve.server import ServerHandle, start_in_thread
 
 from .cluster_objects import PODS, STS
 from .conftest import ET, NS, PS_TOKEN, ApiServer, wait_for

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from recstore.core import TableSpec
-from recstore.ps.server import ServerHandle, start_in_thread
+from recstore.ps.serve.server import ServerHandle, start_in_thread
 from recstore.v1 import ps_pb2, ps_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]

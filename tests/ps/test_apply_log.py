@@ -9,11 +9,11 @@ import pytest
 
 from recstore.core import SlotMap, slot_of
 from recstore.core.control import ControlClient
-from recstore.core.migration_wire import set_slot_map_rpc
+from recstore.core.reshard.messages import set_slot_map_rpc
 from recstore.core.routing import SlotRange
-from recstore.ps import apply_log
-from recstore.ps.apply_log import Applied, NodeLog
-from recstore.ps.server import start_in_thread
+from recstore.ps.serve.server import start_in_thread
+from recstore.ps.wal import apply_log
+from recstore.ps.wal.apply_log import Applied, NodeLog
 
 from .conftest import Client, spec
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from recstore.ps.auth import is_authorized, read_token_file
+from recstore.ps.serve.auth import is_authorized, read_token_file
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from recstore.core import SlotMap, slot_of
-from recstore.ps.server import start_in_thread
+from recstore.ps.serve.server import start_in_thread
 from recstore.v1 import ps_pb2
 
 from .conftest import Client, spec

@@ -18,7 +18,7 @@ from recstore.core.cache_figures import (
 from recstore.core.errors import InvalidArgument
 from recstore.core.proto_convert import table_stats_from_proto
 from recstore.ps.cache_reports import MAX_CACHES_PER_TABLE, STALE_AFTER_S, CacheReports
-from recstore.ps.server import ServerHandle, start_in_thread
+from recstore.ps.serve.server import ServerHandle, start_in_thread
 from recstore.v1 import ps_pb2
 
 from .conftest import Client, spec

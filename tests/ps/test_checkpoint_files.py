@@ -10,7 +10,8 @@ import pytest
 
 from recstore.core import InvalidArgument
 from recstore.core.errors import CheckpointCorrupt, CheckpointNotFound
-from recstore.ps import checkpoint, checkpoint_read
+from recstore.ps.checkpoint import read as checkpoint_read
+from recstore.ps.checkpoint import write as checkpoint
 
 
 def chunks(rows: int, dim: int, width: int, size: int) -> tuple[list[Any], tuple[Any, ...]]:

@@ -21,8 +21,9 @@ import pytest
 
 from recstore.core.proto_convert import table_stats_from_proto
 from recstore.core.wire import WireClient
-from recstore.ps import checkpoint, checkpoint_read
-from recstore.ps.server import ServerHandle
+from recstore.ps.checkpoint import read as checkpoint_read
+from recstore.ps.checkpoint import write as checkpoint
+from recstore.ps.serve.server import ServerHandle
 from recstore.store import Table
 from recstore.v1 import ps_pb2
 
@@ -285,7 +286,7 @@ def test_a_checkpoint_that_does_not_verify_after_writing_keeps_the_log(
 def test_a_final_checkpoint_that_does_not_verify_still_releases_the_data_dir(
     tmp_path: Path, start: Any, monkeypatch: Any
 ) -> None:
-    from recstore.ps.serving import FinalCheckpointFailed
+    from recstore.ps.serve.serving import FinalCheckpointFailed
 
     handle, client = start("wal")
     writes = written(client)
@@ -305,7 +306,7 @@ def test_a_final_checkpoint_that_does_not_verify_still_releases_the_data_dir(
 
 
 def test_the_log_reaches_back_to_the_oldest_kept_checkpoint(tmp_path: Path, start: Any) -> None:
-    from recstore.ps import wal_segments
+    from recstore.ps.wal import segments as wal_segments
 
     _, client = start("wal", keep_checkpoints=2)
     client.create(table_spec())
@@ -350,7 +351,7 @@ def test_after_a_load_no_checkpoint_before_it_is_a_base_for_the_log(
 
 
 def test_a_load_of_a_valid_checkpoint_ends_a_refusal(tmp_path: Path, start: Any) -> None:
-    from recstore.ps import wal_segments
+    from recstore.ps.wal import segments as wal_segments
 
     _, client = start("wal")
     writes = written(client, "A")

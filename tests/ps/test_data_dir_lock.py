@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from recstore.core.data_dir import DataDirInUse, holder
-from recstore.ps.server import start_in_thread
+from recstore.ps.serve.server import start_in_thread
 
 from .conftest import Client, MountTmpfs, spec
 

@@ -10,8 +10,9 @@ import pytest
 from recstore.core import InvalidArgument, wire
 from recstore.core.errors import RequestOutcomeUnknown
 from recstore.core.request_id import RequestId, RequestIds, read, with_request_id
-from recstore.ps import dedup, wal
-from recstore.ps.dedup import DedupWindow, Entry, RequestIdReused
+from recstore.ps.wal import dedup
+from recstore.ps.wal import records as wal
+from recstore.ps.wal.dedup import DedupWindow, Entry, RequestIdReused
 
 DIGEST = b"d" * 16
 OTHER = b"o" * 16

@@ -18,9 +18,10 @@ import torch
 from recstore.client.remote.backend import GrpcBackend
 from recstore.core import slot_of, wire
 from recstore.core.request_id import RequestId, with_request_id
-from recstore.ps import dedup, multi, native_path
-from recstore.ps.server import ServerHandle, start_in_thread
-from recstore.ps.wal_io import SegmentFile
+from recstore.ps import multi, native_path
+from recstore.ps.serve.server import ServerHandle, start_in_thread
+from recstore.ps.wal import dedup
+from recstore.ps.wal.segment_file import SegmentFile
 
 from .conftest import Client, spec
 from .drop_proxy import DropProxy

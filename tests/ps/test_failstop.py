@@ -25,7 +25,7 @@ from recstore.client.remote.nodes import NodeCalls
 from recstore.core import wire
 from recstore.core.wire import WireClient
 from recstore.ps import native_path
-from recstore.ps.server import ServerHandle, start_in_thread
+from recstore.ps.serve.server import ServerHandle, start_in_thread
 from recstore.v1 import ps_pb2
 
 from .conftest import Client, MountTmpfs, spec

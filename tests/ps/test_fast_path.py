@@ -19,7 +19,7 @@ import pytest
 
 from recstore.core import wire
 from recstore.core.wire import WireClient
-from recstore.ps.server import ServerHandle, start_in_thread
+from recstore.ps.serve.server import ServerHandle, start_in_thread
 from recstore.store import Table
 from recstore.v1 import ps_pb2, ps_pb2_grpc
 

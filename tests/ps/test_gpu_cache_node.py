@@ -13,7 +13,7 @@ import torch
 
 from recstore import _native
 from recstore.core import TableSpec
-from recstore.ps.server import start_in_thread
+from recstore.ps.serve.server import start_in_thread
 from recstore.v1 import ps_pb2
 
 from .conftest import Client, spec
@@ -82,7 +82,7 @@ class _Hosted:
 def test_cache_stats_become_table_metrics() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from recstore.ps.metrics import CACHE_METRICS, _TableCollector
+    from recstore.ps.serve.metrics import CACHE_METRICS, _TableCollector
     from recstore.store.options import native_cache_options, native_options
 
     table_spec = gpu_cache_spec()

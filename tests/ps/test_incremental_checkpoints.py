@@ -17,19 +17,13 @@ from typer.testing import CliRunner
 from recstore.cli import app
 from recstore.core import KeyMode, TableSpec, wire
 from recstore.core.errors import CheckpointCorrupt
-from recstore.ps import (
-    changes,
-    checkpoint_read,
-    incremental,
-    native_path,
-    persistence,
-    recovery,
-    reshard,
-    row_transfer,
-    wal_segments,
-)
+from recstore.ps import changes, native_path, row_transfer
+from recstore.ps.checkpoint import incremental, persistence, recovery
+from recstore.ps.checkpoint import read as checkpoint_read
 from recstore.ps.node import Node
-from recstore.ps.server import start_in_thread
+from recstore.ps.reshard import offline_restore
+from recstore.ps.serve.server import start_in_thread
+from recstore.ps.wal import segments as wal_segments
 from recstore.store import Table
 from recstore.v1 import ps_pb2
 
@@ -284,12 +278,12 @@ def test_offline_restore_accepts_the_tip_of_a_chain(tmp_path: Path) -> None:
         tip = persistence.save(node)
     want = snapshot(live(node))
     target = Node(tmp_path / "new-0")
-    reshard.restore(target, [tip.path])
+    offline_restore.restore(target, [tip.path])
     assert_same(snapshot(live(target)), want)
     damage(node.data_dir, "ckpt-00000002")
     other = Node(tmp_path / "new-1")
     with pytest.raises(CheckpointCorrupt, match="ckpt-00000002"):
-        reshard.restore(other, [tip.path])
+        offline_restore.restore(other, [tip.path])
     assert other.tables == {}
 
 

@@ -17,8 +17,8 @@ import grpc
 import numpy as np
 import pytest
 
-from recstore.ps.node_config import NodeConfig
-from recstore.ps.server import ServerHandle, start_in_thread
+from recstore.ps.serve.config import NodeConfig
+from recstore.ps.serve.server import ServerHandle, start_in_thread
 from recstore.v1 import ps_pb2
 
 from .conftest import Client, spec

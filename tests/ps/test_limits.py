@@ -23,8 +23,8 @@ from recstore.core.limits import (
     grpc_options,
     message_limit,
 )
-from recstore.ps import limits
-from recstore.ps.server import ServerHandle, start_in_thread
+from recstore.ps.serve import limits
+from recstore.ps.serve.server import ServerHandle, start_in_thread
 from recstore.v1 import ps_pb2
 
 from .conftest import Client, spec

@@ -24,7 +24,7 @@ from recstore.core.wire import WireClient
 from recstore.ps import codec, multi, native_path
 from recstore.ps.hosted_table import check_owned
 from recstore.ps.node import Node, check_lr
-from recstore.ps.server import ServerHandle, start_in_thread
+from recstore.ps.serve.server import ServerHandle, start_in_thread
 from recstore.store import Table
 from recstore.v1 import ps_pb2
 
@@ -227,7 +227,7 @@ def test_multi_calls_need_the_token(tmp_path: Path) -> None:
 
 
 def test_wal_records_every_item_before_the_reply(tmp_path: Path) -> None:
-    from recstore.ps import wal_segments
+    from recstore.ps.wal import segments as wal_segments
 
     with start_in_thread(data_dir=tmp_path, durability="wal") as handle:
         c = Client(handle.address)

@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 from recstore.core import wire
-from recstore.ps import checkpoint_read, incremental, multi, native_path, persistence
+from recstore.ps import multi, native_path
+from recstore.ps.checkpoint import incremental, persistence
+from recstore.ps.checkpoint import read as checkpoint_read
 from recstore.ps.node import Node
 from recstore.v1 import ps_pb2
 

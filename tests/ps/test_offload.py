@@ -6,7 +6,7 @@ import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from recstore.ps.offload import Offload
+from recstore.ps.serve.offload import Offload
 
 
 async def test_small_batches_inline_large_ones_on_the_pool() -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from recstore.ps.server import ServerHandle, start_in_thread
+from recstore.ps.serve.server import ServerHandle, start_in_thread
 
 from .conftest import Client, spec
 

@@ -18,8 +18,11 @@ from typer.testing import CliRunner
 from recstore.cli import app
 from recstore.core import CapacityExhausted, InvalidArgument, SlotMap, TableExists, TableSpec
 from recstore.core.errors import CheckpointCorrupt, CheckpointNotFound
-from recstore.ps import catalogue, checkpoint_read, persistence, recovery, reshard
+from recstore.ps import catalogue
+from recstore.ps.checkpoint import persistence, recovery
+from recstore.ps.checkpoint import read as checkpoint_read
 from recstore.ps.node import Node
+from recstore.ps.reshard import offline_restore
 from recstore.store import Table
 
 from .test_damaged_checkpoints import damage
@@ -139,7 +142,7 @@ def test_reshard_restores_every_row_on_its_owner(
 
     after = Fleet(tmp_path, new, wal, name="new")
     for node in after.nodes:
-        info = reshard.restore(node, sources)
+        info = offline_restore.restore(node, sources)
         assert info.tables == ["dense", "hashed"]
         assert node.tables["hashed"].entry.slot_map == SlotMap(2, SlotMap.initial(new).ranges)
     assert_matches(after, oracle)
@@ -189,7 +192,7 @@ def test_only_each_slots_owner_restores_it_from_checkpoints_taken_during_a_move(
     for new in (1, 3):
         after = Fleet(tmp_path, new, wal, name=f"new{new}")
         for node in after.nodes:
-            reshard.restore(node, sources)
+            offline_restore.restore(node, sources)
         assert_matches(after, oracle)
 
 
@@ -215,19 +218,19 @@ def test_damaged_source_refuses_whole_restore(
     damage(old_dir, two_shard_sources[1].name, "state", table="hashed")
     node = Node(tmp_path / "new-0", shard_index=0, num_shards=3, wal_enabled=wal)
     with pytest.raises(CheckpointCorrupt, match="sha256 mismatch"):
-        reshard.restore(node, two_shard_sources)
+        offline_restore.restore(node, two_shard_sources)
     _untouched(node)
 
 
 def test_source_outside_allowed_root_refused(tmp_path: Path, two_shard_sources: list[Path]) -> None:
     node = Node(tmp_path / "fleet" / "new-0", shard_index=0, num_shards=3)
     with pytest.raises(InvalidArgument, match="not under the allowed root"):
-        reshard.restore(node, two_shard_sources)  # root: tmp_path/fleet
+        offline_restore.restore(node, two_shard_sources)  # root: tmp_path/fleet
     escaping = [tmp_path / "fleet" / ".." / p.relative_to(tmp_path) for p in two_shard_sources]
     with pytest.raises(InvalidArgument, match="not under the allowed root"):
-        reshard.restore(node, escaping)
+        offline_restore.restore(node, escaping)
     _untouched(node)
-    reshard.restore(node, two_shard_sources, allowed_root=tmp_path)  # an explicit root
+    offline_restore.restore(node, two_shard_sources, allowed_root=tmp_path)  # an explicit root
     assert sorted(node.tables) == ["dense", "hashed"]
 
 
@@ -236,11 +239,11 @@ def test_incomplete_or_repeated_sources_refused(
 ) -> None:
     node = Node(tmp_path / "new-0", shard_index=0, num_shards=3)
     with pytest.raises(InvalidArgument, match="exactly once"):
-        reshard.restore(node, two_shard_sources[:1])
+        offline_restore.restore(node, two_shard_sources[:1])
     with pytest.raises(InvalidArgument, match="named twice"):
-        reshard.restore(node, [*two_shard_sources, two_shard_sources[0]])
+        offline_restore.restore(node, [*two_shard_sources, two_shard_sources[0]])
     with pytest.raises(CheckpointNotFound, match="not a checkpoint"):
-        reshard.restore(node, [tmp_path])
+        offline_restore.restore(node, [tmp_path])
     _untouched(node)
 
 
@@ -248,7 +251,7 @@ def test_restore_over_a_hosted_table_refused(tmp_path: Path, two_shard_sources: 
     node = Node(tmp_path / "new-0", shard_index=0, num_shards=3)
     node.create_table(specs(3)[0], None)
     with pytest.raises(TableExists, match="drop them before a restore"):
-        reshard.restore(node, two_shard_sources)
+        offline_restore.restore(node, two_shard_sources)
     assert sorted(node.tables) == ["hashed"] and node.tables["hashed"].table.size == 0
 
 
@@ -279,5 +282,5 @@ def test_rows_that_do_not_fit_refuse_with_node_unchanged(tmp_path: Path) -> None
     source = persistence.save(old).path
     node = Node(tmp_path / "new-0", shard_index=0, num_shards=2, wal_enabled=True)
     with pytest.raises(CapacityExhausted):  # half the capacity, more than half the slots' rows
-        reshard.restore(node, [source])
+        offline_restore.restore(node, [source])
     _untouched(node)

@@ -15,8 +15,8 @@ import pytest
 
 from recstore.core import SlotMap
 from recstore.core.routing import EPOCH_METADATA_KEY
-from recstore.ps import reshard
-from recstore.ps.server import ServerHandle, start_in_thread
+from recstore.ps.reshard import offline_restore
+from recstore.ps.serve.server import ServerHandle, start_in_thread
 
 from .conftest import Client
 from .test_reshard_offline import KEYS, Oracle, feed, specs
@@ -57,7 +57,7 @@ def test_served_fleet_reshards_two_to_three(tmp_path: Path, durability: str) -> 
     old.stop()
 
     for i in range(3):
-        reshard.restore_data_dir(
+        offline_restore.restore_data_dir(
             tmp_path / f"new-{i}", sources,
             shard_index=i, num_shards=3, durability=durability,
         )  # fmt: skip

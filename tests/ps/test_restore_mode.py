@@ -10,8 +10,9 @@ from typer.testing import CliRunner
 
 from recstore.cli import app
 from recstore.core import InferenceTable, TableMode, TableSpec
-from recstore.ps import persistence, recovery, reshard
+from recstore.ps.checkpoint import persistence, recovery
 from recstore.ps.node import Node
+from recstore.ps.reshard import offline_restore
 
 DIM = 4
 KEYS = np.arange(100)
@@ -40,7 +41,7 @@ def _trained_checkpoint(root: Path, mode: str = "training") -> tuple[Path, np.nd
 def test_a_training_checkpoint_restores_as_an_inference_table(tmp_path: Path, wal: bool) -> None:
     source, rows = _trained_checkpoint(tmp_path)
     node = Node(tmp_path / "serve-0", wal_enabled=wal)
-    reshard.restore(node, [source], mode=TableMode.inference)
+    offline_restore.restore(node, [source], mode=TableMode.inference)
     hosted = node.tables["emb"]
     assert hosted.entry.spec.inference and hosted.entry.spec.state_width == 0
     np.testing.assert_array_equal(hosted.table.pull(KEYS), rows)
@@ -56,14 +57,14 @@ def test_a_training_checkpoint_restores_as_an_inference_table(tmp_path: Path, wa
 def test_without_a_mode_the_saved_one_is_kept(tmp_path: Path) -> None:
     source, _ = _trained_checkpoint(tmp_path)
     node = Node(tmp_path / "serve-0")
-    reshard.restore(node, [source])
+    offline_restore.restore(node, [source])
     assert not node.tables["emb"].entry.spec.inference
 
 
 def test_an_inference_checkpoint_restores_for_training_with_fresh_state(tmp_path: Path) -> None:
     source, rows = _trained_checkpoint(tmp_path, mode="inference")
     node = Node(tmp_path / "train-again-0")
-    reshard.restore(node, [source], mode=TableMode.training)
+    offline_restore.restore(node, [source], mode=TableMode.training)
     table = node.tables["emb"].table
     np.testing.assert_array_equal(table.pull(KEYS), rows)
     (chunk,) = table.export_chunks()

@@ -150,7 +150,7 @@ def test_health_and_reflection(client: Client) -> None:
 
 def test_the_servicer_implements_every_method_of_the_contract() -> None:
     """The generated base class answers UNIMPLEMENTED; the node overrides every method."""
-    from recstore.ps.servicer import PsServicer
+    from recstore.ps.serve.servicer import PsServicer
 
     methods = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].methods_by_name
     generated = ps_pb2_grpc.ParameterServerServicer

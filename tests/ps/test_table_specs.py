@@ -14,7 +14,7 @@ import yaml
 
 from recstore.core import TableSpec
 from recstore.ps.node import Node
-from recstore.ps.table_specs import (
+from recstore.ps.serve.table_specs import (
     TableDeclarationError,
     declare,
     differing_fields,

@@ -21,7 +21,7 @@ from recstore.client.remote.backend import GrpcBackend
 from recstore.core import TableSpec
 from recstore.core.control import ControlClient, ControlError
 from recstore.core.tls import ClientTls, ServerTls, TlsConfigError
-from recstore.ps.server import ServerHandle, start_in_thread
+from recstore.ps.serve.server import ServerHandle, start_in_thread
 
 TOKEN = "ps-token-that-must-not-leak-7f3a"
 

@@ -14,12 +14,13 @@ import pytest
 
 from recstore.core import WriteNotDurable, WritesStopped
 from recstore.core.request_id import RequestId
-from recstore.ps import wal, wal_segments
-from recstore.ps.dedup import Entry
-from recstore.ps.table_wal import TableWal
-from recstore.ps.wal import OP_IMPORT, OP_PUSH, OP_UPDATE, WalRecord
-from recstore.ps.wal_verify import WalDamaged
-from recstore.ps.write_gate import LogFault, WriteGate
+from recstore.ps.wal import records as wal
+from recstore.ps.wal import segments as wal_segments
+from recstore.ps.wal.dedup import Entry
+from recstore.ps.wal.records import OP_IMPORT, OP_PUSH, OP_UPDATE, WalRecord
+from recstore.ps.wal.table_log import TableWal
+from recstore.ps.wal.verify import WalDamaged
+from recstore.ps.wal.write_gate import LogFault, WriteGate
 
 from .wal_faults import FailingDisk
 

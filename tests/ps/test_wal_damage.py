@@ -19,11 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from recstore.ps import wal, wal_repair, wal_segments
-from recstore.ps.server import start_in_thread
-from recstore.ps.table_wal import TableWal
-from recstore.ps.wal import OP_PUSH, WalRecord
-from recstore.ps.wal_verify import WalDamaged
+from recstore.ps.serve.server import start_in_thread
+from recstore.ps.wal import records as wal
+from recstore.ps.wal import repair as wal_repair
+from recstore.ps.wal import segments as wal_segments
+from recstore.ps.wal.records import OP_PUSH, WalRecord
+from recstore.ps.wal.table_log import TableWal
+from recstore.ps.wal.verify import WalDamaged
 
 from .conftest import Client
 
@@ -161,7 +163,7 @@ def test_a_torn_last_record_of_the_newest_segment_is_cut_and_said(
     keys = log_of(tmp_path, 10, 10)
     path = segment(tmp_path, 1)
     os.truncate(path, path.stat().st_size - cut)  # the last write was never acknowledged
-    with caplog.at_level(logging.INFO, logger="recstore.ps.wal_verify"):
+    with caplog.at_level(logging.INFO, logger="recstore.ps.wal.verify"):
         assert keys_of(tmp_path) == keys[:-1]
     (said,) = [r for r in caplog.records if "torn tail" in r.getMessage()]
     assert said.levelno == logging.INFO

@@ -24,8 +24,9 @@ from typer.testing import CliRunner
 
 from recstore.cli import app
 from recstore.core.control import ControlClient, recover_table_rpc
-from recstore.ps import wal, wal_repair
-from recstore.ps.wal_segments import segment_path
+from recstore.ps.wal import records as wal
+from recstore.ps.wal import repair as wal_repair
+from recstore.ps.wal.segments import segment_path
 from recstore.store import Table
 from recstore.v1 import ps_pb2
 

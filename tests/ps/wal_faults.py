@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from recstore.ps.wal_io import SegmentFile
+from recstore.ps.wal.segment_file import SegmentFile
 
 PathFilter = Callable[[Path], bool]
 

@@ -29,7 +29,7 @@ from recstore.admin.schemas import (
     TableRecoveryReport,
 )
 from recstore.core import TableSpec
-from recstore.core.migration_events import MoveEvent
+from recstore.core.reshard.events import ReshardEvent
 from recstore.core.status import TableStatus
 
 router = APIRouter(
@@ -183,12 +183,12 @@ def put_status(
     responses={403: {"description": "the token is not the provisioner's"}},
 )
 def post_resharding_event(
-    name: str, body: MoveEvent, session: SessionDep, principal: ProvisionerRoleDep
+    name: str, body: ReshardEvent, session: SessionDep, principal: ProvisionerRoleDep
 ) -> EventPublic:
     """A moment of the table's online move (started, a batch committed, finished, aborted,
     resumed, a change queued), written by the provisioner identity to the audit log as
     ``reshard.<moment>``."""
-    event = crud.record_move(
+    event = crud.record_reshard(
         session, table=crud.get_table(session, name=name), event=body, actor=principal.actor
     )
     crud.commit(session)

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from recstore.core.copy_pace import RATE_ENV, check_rate
+from recstore.core.reshard.pace import RATE_ENV, check_rate
 from recstore.local.state_dir import (
     ADMIN_TOKEN_FILE,
     DEFAULT_STATE_DIR,

@@ -99,11 +99,11 @@ def ps_node(
         )
 
     from recstore.core import malloc_tuning as tuning
-    from recstore.ps import logs
-    from recstore.ps.auth import read_token_file
-    from recstore.ps.node_config import NodeConfig
-    from recstore.ps.process import run
-    from recstore.ps.table_specs import load_spec_file
+    from recstore.ps.serve import logs
+    from recstore.ps.serve.auth import read_token_file
+    from recstore.ps.serve.config import NodeConfig
+    from recstore.ps.serve.process import run
+    from recstore.ps.serve.table_specs import load_spec_file
 
     tls = server_tls(tls_cert, tls_key, tls_client_ca)
     declared = []

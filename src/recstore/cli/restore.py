@@ -1,7 +1,7 @@
 """The ``recstore restore`` command: reshard offline from the old shards' checkpoints.
 
 Run against the data dir of each new shard while its node is stopped; the node
-then starts from the checkpoint the restore wrote (``recstore.ps.reshard``).
+then starts from the checkpoint the restore wrote (``recstore.ps.reshard.offline_restore``).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def restore(
         )
 
     from recstore.core import RecStoreError, TableMode
-    from recstore.ps.reshard import restore_data_dir
+    from recstore.ps.reshard.offline_restore import restore_data_dir
 
     try:
         info = restore_data_dir(

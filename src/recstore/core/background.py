@@ -1,6 +1,6 @@
 """Threads for background copying, at a lower CPU priority than training and write pauses.
 
-A slot migration copies a table's rows (snapshot pages, catch-up rounds)
+A reshard copies a table's rows (snapshot pages, catch-up rounds)
 while trainers keep using the table; on a busy machine that copy competes with
 them for the CPU. The threads that only copy lower their own scheduling
 priority (Linux: a per-thread nice value), so a trainer's requests and a
@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 #: checkpoint rate) where 10 keeps it near 0.5x. It cannot keep the trainers' share on
 #: its own: the copy's socket work runs in gRPC's threads and the kernel at the normal
 #: priority (0, 10 and SCHED_IDLE measured alike), so the share is kept by capping the
-#: copy's rate (recstore.core.copy_pace).
+#: copy's rate (recstore.core.reshard.pace).
 BACKGROUND_NICE = 10
 
 

@@ -148,11 +148,11 @@ class TableUnrecoverable(RecStoreError):
     """A table whose saved state could not be restored: refused (gRPC FAILED_PRECONDITION)."""
 
 
-class MigrationConflict(RecStoreError):
-    """A migration step that does not fit the node's state (gRPC FAILED_PRECONDITION)."""
+class ReshardConflict(RecStoreError):
+    """A reshard step that does not fit the node's state (gRPC FAILED_PRECONDITION)."""
 
 
-class SlotMapConflict(MigrationConflict):
+class SlotMapConflict(ReshardConflict):
     """SetSlotMap's expected epoch is not the node's (the compare-and-swap failed)."""
 
 

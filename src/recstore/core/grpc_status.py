@@ -25,8 +25,8 @@ from recstore.core.errors import (
     InferenceTable,
     InvalidArgument,
     MessageTooLarge,
-    MigrationConflict,
     RequestOutcomeUnknown,
+    ReshardConflict,
     SealTimeout,
     SlotMapConflict,
     TableExists,
@@ -62,7 +62,7 @@ STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (TableUnrecoverable, Code.FAILED_PRECONDITION),  # damaged data, never empty
     (InferenceTable, Code.FAILED_PRECONDITION),  # an update of a mode: inference table
     (SlotMapConflict, Code.ABORTED),  # SetSlotMap's compare-and-swap lost
-    (MigrationConflict, Code.FAILED_PRECONDITION),  # a step out of order
+    (ReshardConflict, Code.FAILED_PRECONDITION),  # a step out of order
     (SealTimeout, Code.DEADLINE_EXCEEDED),  # unsealed again: the move may retry
     (Unauthenticated, Code.UNAUTHENTICATED),
     (CheckpointCorrupt, Code.DATA_LOSS),

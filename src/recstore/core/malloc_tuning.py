@@ -11,8 +11,8 @@ and trim thresholds keeps them in the heap for reuse: what the
 environment variables do, applied at run time with mallopt(3).
 
 PS nodes apply it at start (``recstore ps-node --no-malloc-tuning`` leaves
-malloc as it is). The SDK's gRPC backend and a slot migration's runner
-(``migration_run.MigrationRun``: the provisioner's or the operator's process)
+malloc as it is). The SDK's gRPC backend and a reshard's runner
+(``recstore.core.reshard.protocol.ReshardRun``: the provisioner's or the operator's process)
 apply it once per process unless ``RECSTORE_MALLOC_TUNING`` is 0/false/no/off:
 a trainer's step over gRPC paid page faults on megabytes of such buffers every
 step, and a move on every page it copied (docs/sdk.md and docs/ps-node.md have

@@ -19,8 +19,8 @@ from pydantic import ValidationError
 
 from recstore.core.checkpoint_status import TableCheckpoint, clip, rfc3339
 from recstore.core.errors import InvalidArgument
-from recstore.core.migration_retry import attempt_note, retry_note
 from recstore.core.placement import Placement
+from recstore.core.reshard.retry import attempt_note, retry_note
 from recstore.core.routing import SlotMap
 from recstore.core.spec import Durability, StorageTier, TableSpec
 from recstore.core.status import Condition, Phase, ShardStatus, TableStatus
@@ -180,7 +180,7 @@ class Observation:
     #: why a node refused to host the table (e.g. a GPU table on a node without a GPU):
     #: retrying the same declaration cannot help, so the table is Failed with this reason
     refused: str | None = None
-    #: an online slot migration running (or the last one's failure)
+    #: an online resharding running (or the last one's failure)
     resharding: Resharding | None = None
     #: a shard count declared while a move runs, started when that move ends (operator)
     queued_shards: int | None = None
@@ -188,7 +188,7 @@ class Observation:
 
 @dataclass(frozen=True)
 class Resharding:
-    """Progress of a table's online move to a new shard count (recstore.core.migration)."""
+    """Progress of a table's online move to a new shard count (recstore.core.reshard.plan)."""
 
     from_shards: int
     to_shards: int

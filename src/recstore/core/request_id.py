@@ -5,7 +5,7 @@ update (a deadline, a dropped connection) cannot tell whether it was applied.
 The SDK names every update request it sends with a ``RequestId`` (a client id
 unique per client instance and a sequence number that only grows) and resends
 such a request byte for byte, id included; the node's de-dup window
-(``recstore.ps.dedup``) answers a resend of an applied id with the recorded
+(``recstore.ps.wal.dedup``) answers a resend of an applied id with the recorded
 reply instead of applying it again.
 
 The id is the ``request_id`` field of UpdateRequest, MultiUpdateRequest and

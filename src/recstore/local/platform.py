@@ -27,7 +27,7 @@ import uvicorn
 
 from recstore.admin.main import create_app
 from recstore.admin.settings import Settings
-from recstore.core.migration import DEFAULT_BATCH_SLOTS
+from recstore.core.reshard.plan import DEFAULT_BATCH_SLOTS
 from recstore.core.spec import TableSpec
 from recstore.core.tls import LocalTls, http_verify
 from recstore.local.provisioner import LocalProvisioner

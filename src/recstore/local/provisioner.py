@@ -35,15 +35,15 @@ from recstore.core.checkpoint_status import (
     requested_checkpoint_id,
     running,
 )
-from recstore.core.migration import DEFAULT_BATCH_SLOTS, Phase
-from recstore.core.migration_retry import RetryPolicy
 from recstore.core.placement import Placement
+from recstore.core.reshard.plan import DEFAULT_BATCH_SLOTS, Phase
+from recstore.core.reshard.retry import RetryPolicy
 from recstore.core.spec import TableSpec
 from recstore.core.tls import LocalTls
 from recstore.local import table_status
 from recstore.local.nodes import LocalNodes
 from recstore.local.reporting import Reporter
-from recstore.local.resharding import LOCAL_MOVE_RETRY, LocalMover, job_store
+from recstore.local.resharding import LOCAL_RESHARD_RETRY, LocalResharder, job_store
 from recstore.local.shard_client import ShardClient
 from recstore.local.table import LocalTable, load_or_pick_ports
 
@@ -66,7 +66,7 @@ class LocalProvisioner:
         tls: LocalTls | None = None,
         online_resharding: bool = True,
         reshard_batch_slots: int = DEFAULT_BATCH_SLOTS,
-        reshard_retry: RetryPolicy = LOCAL_MOVE_RETRY,
+        reshard_retry: RetryPolicy = LOCAL_RESHARD_RETRY,
         reshard_copy_rate: float = 0.0,
     ) -> None:
         self._root = Path(state_dir) / "tables"
@@ -90,10 +90,10 @@ class LocalProvisioner:
         self.clock: Callable[[], float] = time.monotonic
         self._lock = threading.RLock()
         #: slots per batch of a move (one seal pauses this many), retried by ``reshard_retry``
-        self._mover = LocalMover(
+        self._resharder = LocalResharder(
             lock=self._lock, start_node=self._nodes.start, stop_node=self._nodes.stop,
             report=lambda table: table_status.report_committed(table, reporter, self.clock()),
-            record=lambda name, event: reporter.record_move_event(name, event),
+            record=lambda name, event: reporter.record_reshard_event(name, event),
             tls=tls.client if tls else None, token=self._node_token,
             batch_slots=reshard_batch_slots,
             retry=reshard_retry,
@@ -134,7 +134,7 @@ class LocalProvisioner:
                 self._nodes.start(table, shard)
             job = table.store.job() if table.store else None
             if (job is not None and job.phase != Phase.done) or len(ports) != spec.shards:
-                self._start_move(table)
+                self._start_reshard(table)
         # Registration and status go through the admin API from the poller: the
         # admin calls this inside its own transaction, which a nested call would wait on.
 
@@ -157,7 +157,7 @@ class LocalProvisioner:
             table = self._tables.get(spec.name)
             if table is None:
                 raise ProvisioningError(f"table {spec.name!r} is not provisioned", 404)
-            moving = self._mover.moving(table)
+            moving = self._resharder.moving(table)
             if moving and spec.shards != table.spec.shards and table.moving:
                 raise ProvisioningError(
                     f"table {spec.name!r} is {table.moving.describe()}; change shards again "
@@ -167,7 +167,7 @@ class LocalProvisioner:
             table.generation += 1
             table.spec = spec  # the declared count
             if spec.shards != len(table.ports) and not moving:
-                self._start_move(table)
+                self._start_reshard(table)
 
     def delete_table(self, name: str) -> None:
         """Stop the nodes (each writes a final checkpoint on SIGTERM), then remove the data."""
@@ -176,8 +176,8 @@ class LocalProvisioner:
         if table is None:
             return
         table.stopped.set()
-        if table.mover is not None:
-            table.mover.join(timeout=30)
+        if table.resharder is not None:
+            table.resharder.join(timeout=30)
         self._nodes.stop_table(table)
         for client in table.clients:
             client.close()
@@ -249,8 +249,8 @@ class LocalProvisioner:
             tables = list(self._tables.values())
         for table in tables:
             table.stopped.set()
-            if table.mover is not None:
-                table.mover.join(timeout=30)
+            if table.resharder is not None:
+                table.resharder.join(timeout=30)
         self._nodes.stop_all()
         with self._lock:
             for table in self._tables.values():
@@ -275,6 +275,6 @@ class LocalProvisioner:
         while not self._closed.wait(self._poll_interval):
             self.report_now()
 
-    def _start_move(self, table: LocalTable) -> None:
+    def _start_reshard(self, table: LocalTable) -> None:
         if self._online:
-            self._mover.start(table)
+            self._resharder.start(table)

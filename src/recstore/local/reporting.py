@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from recstore.core.migration_events import MoveEvent
+from recstore.core.reshard.events import ReshardEvent
 from recstore.core.tls import ClientTls, http_verify
 
 
@@ -25,7 +25,7 @@ class Reporter(Protocol):
 
     def report_status(self, table: str, status: dict[str, Any]) -> None: ...
 
-    def record_move_event(self, table: str, event: MoveEvent) -> None: ...
+    def record_reshard_event(self, table: str, event: ReshardEvent) -> None: ...
 
 
 class AdminReporter:
@@ -70,7 +70,7 @@ class AdminReporter:
     def report_status(self, table: str, status: dict[str, Any]) -> None:
         self._client.put(f"/tables/{table}/status", json=status).raise_for_status()
 
-    def record_move_event(self, table: str, event: MoveEvent) -> None:
+    def record_reshard_event(self, table: str, event: ReshardEvent) -> None:
         reply = self._client.post(f"/tables/{table}/resharding-events", json=event.to_json())
         reply.raise_for_status()
 

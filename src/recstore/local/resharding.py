@@ -1,15 +1,15 @@
 """Online resharding on the local platform: a table's move to a new shard count.
 
 A new ``shards`` in ``update_table`` (or one found on start) runs here, in a
-thread of its own, ``recstore.core.migration_drive`` (the protocol of
-``recstore.core.migration_run``): growing
+thread of its own, ``recstore.core.reshard.drive`` (the protocol of
+``recstore.core.reshard.protocol``): growing
 starts the new nodes first (sized for the new count, owning no slot yet);
 the batches move; shrinking stops the emptied highest shards last. The slot
 map and the job live in the table's ``migration.json`` (``FileJobStore``), so
 a restarted provisioner resumes: it finishes a committed batch, aborts any
 other, and moves the rest. A try that fails (a node killed mid-move: the
 supervisor restarts it) is tried again after the shared retry policy's wait
-(``recstore.core.migration_retry``). Progress goes to the status as the
+(``recstore.core.reshard.retry``). Progress goes to the status as the
 ``Resharding`` phase and condition; after each commit the new map is reported
 to the admin API before the source starts refusing the moved slots, so a
 refused client finds the new map when it refreshes.
@@ -23,24 +23,24 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from recstore.core import copy_pace
-from recstore.core.migration import Phase
-from recstore.core.migration_drive import Shards, move
-from recstore.core.migration_events import MoveEvent
-from recstore.core.migration_retry import RetryPolicy, Tries
 from recstore.core.reconcile import Resharding
+from recstore.core.reshard import pace as copy_pace
+from recstore.core.reshard.drive import Shards, reshard
+from recstore.core.reshard.events import ReshardEvent
+from recstore.core.reshard.plan import Phase
+from recstore.core.reshard.retry import RetryPolicy, Tries
 from recstore.core.routing import SlotMap
 from recstore.core.spec import TableSpec
 from recstore.core.tls import ClientTls
-from recstore.local.migration_store import FileJobStore
 from recstore.local.ports import free_port
+from recstore.local.reshard_store import FileJobStore
 from recstore.local.shard_client import ShardClient, TableRefused
 from recstore.local.table import LocalTable
 
 log = logging.getLogger(__name__)
 
 #: the local platform's retries of a failed move: 1 s doubling to a minute, never giving up
-LOCAL_MOVE_RETRY = RetryPolicy(first_s=1.0, cap_s=60.0)
+LOCAL_RESHARD_RETRY = RetryPolicy(first_s=1.0, cap_s=60.0)
 
 
 def job_store(directory: Path, served: SlotMap | None) -> FileJobStore | None:
@@ -51,7 +51,7 @@ def job_store(directory: Path, served: SlotMap | None) -> FileJobStore | None:
     return None
 
 
-class LocalMover:
+class LocalResharder:
     """Runs tables' moves for the provisioner, which supplies how a node starts and stops
     (its supervisor), how the status is reported and where the move's moments go."""
 
@@ -62,11 +62,11 @@ class LocalMover:
         start_node: Callable[[LocalTable, int], None],
         stop_node: Callable[[LocalTable, int], None],
         report: Callable[[LocalTable], None],
-        record: Callable[[str, MoveEvent], None],
+        record: Callable[[str, ReshardEvent], None],
         tls: ClientTls | None,
         token: Callable[[], str | None],
         batch_slots: int,
-        retry: RetryPolicy = LOCAL_MOVE_RETRY,
+        retry: RetryPolicy = LOCAL_RESHARD_RETRY,
         copy_rate: float = 0.0,
     ) -> None:
         self._lock, self._start_node, self._stop_node = lock, start_node, stop_node
@@ -78,7 +78,7 @@ class LocalMover:
 
     @staticmethod
     def moving(table: LocalTable) -> bool:
-        return table.mover is not None and table.mover.is_alive()
+        return table.resharder is not None and table.resharder.is_alive()
 
     def start(self, table: LocalTable) -> None:
         reported = table.status.slot_map_epoch if table.status else None
@@ -86,10 +86,10 @@ class LocalMover:
         table.moving = Resharding(
             len(table.ports), table.spec.shards, 0, 0, 0, int(epoch or 1), running=True
         )  # until the job is planned
-        table.mover = threading.Thread(
+        table.resharder = threading.Thread(
             target=self._move, args=(table,), name=f"reshard-{table.spec.name}", daemon=True
         )
-        table.mover.start()
+        table.resharder.start()
 
     def _move(self, table: LocalTable) -> None:
         if table.store is None:
@@ -102,7 +102,7 @@ class LocalMover:
         # job, after the policy's wait.
         tries = Tries(self._retry)
         while True:
-            job = move(self._shards_of(table), table.store, table.spec.shards,
+            job = reshard(self._shards_of(table), table.store, table.spec.shards,
                        self._batch_slots, tries, self._copy_rate)  # fmt: skip
             if job is None or job.phase == Phase.done or table.stopped.is_set():
                 return

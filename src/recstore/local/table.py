@@ -5,7 +5,7 @@ move) all read and change the same per-table facts; they live here with the
 layout of the table's state directory, ``state_dir/tables/<name>/``: the
 shard ports (``ports.json``, stable across restarts of `recstore up`), one
 data directory and one log per shard, and the slot map and move job
-(``migration.json``, ``recstore.local.migration_store``).
+(``migration.json``, ``recstore.local.reshard_store``).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recstore.core.checkpoint_status import TableCheckpoint
-from recstore.core.migration import Phase
-from recstore.core.migration_retry import RetryPolicy
 from recstore.core.reconcile import Resharding
+from recstore.core.reshard.plan import Phase
+from recstore.core.reshard.retry import RetryPolicy
 from recstore.core.spec import TableSpec
 from recstore.core.status import TableStatus
-from recstore.local.migration_store import FileJobStore
 from recstore.local.ports import claim, free_port
+from recstore.local.reshard_store import FileJobStore
 from recstore.local.shard_client import ShardClient
 
 #: when a node that refused a table is asked again: 1 s, doubling to a minute
@@ -76,10 +76,10 @@ class LocalTable:
     ensuring: threading.Lock = field(default_factory=threading.Lock)
     #: one status report at a time (the poller and a move's commits both report)
     reporting: threading.Lock = field(default_factory=threading.Lock)
-    #: the slot map and migration job, once the table was (or is being) resharded online
+    #: the slot map and reshard job, once the table was (or is being) resharded online
     store: FileJobStore | None = None
     moving: Resharding | None = None
-    mover: threading.Thread | None = None
+    resharder: threading.Thread | None = None
     stopped: threading.Event = field(default_factory=threading.Event)
 
     def endpoint(self, shard: int) -> str:

@@ -344,11 +344,11 @@ class Table:
         return keys[selected[slot_of(keys)]]
 
     def native_slot_checksums(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """Migration checksums from one native pass over the rows: (row counts int64,
+        """Reshard checksums from one native pass over the rows: (row counts int64,
         wrapping sums of row hashes uint64), one entry per slot, 0 outside ``slots``.
 
         None where the engine has no such pass (the GPU tiers): the caller then hashes
-        exported rows (``recstore.ps.migration.exported_slot_checksums``, the definition).
+        exported rows (``recstore.ps.reshard.slots.exported_slot_checksums``, the definition).
         """
         native = getattr(self._engine, "slot_checksums", None)
         if native is None:
@@ -365,7 +365,7 @@ class Table:
         return getattr(self._engine, "row_hashes", None) is not None
 
     def native_row_hashes(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """The migration row hash of each key's row (uint64; 0 where absent) and whether it
+        """The reshard row hash of each key's row (uint64; 0 where absent) and whether it
         is resident (bool), hashed where the rows lie; None where the engine has no such
         call (the GPU tiers)."""
         if not self.hashes_rows_in_place:

@@ -255,7 +255,7 @@ class ParameterServerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def MigrateBegin(self, request, context):
-        """Online slot migration (planned by recstore.core.migration, driven by a
+        """Online resharding (planned by recstore.core.reshard.plan, driven by a
         provisioner). Source: MigrateBegin(SOURCE) starts tracking changes of the
         slots, MigrateRows pages the snapshot then the changes, SealSlots holds new
         writes to them, drains the running ones and returns the tail. Target:
