@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+import grpc
+
 from recstore.core.checkpoint_status import ShardCheckpoint, clip
 from recstore.core.control import AsyncControlClient, ControlError, Rpc, create_table_rpc, save_rpc
 from recstore.core.routing import SlotMap
@@ -30,6 +32,8 @@ class ShardResult:
     address: str
     ok: bool
     detail: str  # "created"/"exists", or the error
+    #: the failed call's status (None: it succeeded)
+    code: grpc.StatusCode | None = None
 
 
 async def _call_each(
@@ -47,7 +51,7 @@ async def _call_each(
             async with AsyncControlClient(address, token=token, timeout=timeout, tls=tls) as client:
                 reply = await client.call(rpc)
         except ControlError as error:
-            return ShardResult(index, address, False, str(error))
+            return ShardResult(index, address, False, str(error), error.code)
         return ShardResult(index, address, True, detail(reply))
 
     return list(await asyncio.gather(*(one(i, a) for i, a in shards)))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recstore.core.checkpoint_status import ShardCheckpoint
+from recstore.core.control import CREATE_REFUSALS
 from recstore.core.reconcile import Declaration, Observation, compute_status
 from recstore.core.reshard.events import ReshardEvent
 from recstore.core.routing import SlotMap
@@ -121,12 +122,17 @@ class Reconciler:
             if sts is None
             else await self.kube.list(path("Pod", ns), labels=render.selector_labels(owner))
         )
+        refused = None
         if checked.declaration is not None:
-            await self._create_table_on_new_shards(owner, checked.declaration, pods, logger)
+            refused = await self._create_table_on_new_shards(
+                owner, checked.declaration, pods, logger
+            )
         usable = [p for p in pods if not pod_ready(p) or _pod_key(p) in self.confirmed]
         unconfirmed = [_without_ready(p) for p in pods if p not in usable]
         endpoint = lambda i: render.shard_endpoint(owner, i, self.options)  # noqa: E731
         observation = observe(sts, usable + unconfirmed, endpoint)
+        if refused is not None:
+            observation = dataclasses.replace(observation, refused=refused)
         resharder = self.reshards.resharders.get(owner.uid)
         if resharder is not None and resharder.progress is not None:
             observation = dataclasses.replace(
@@ -140,11 +146,13 @@ class Reconciler:
 
     async def _create_table_on_new_shards(
         self, owner: Owner, decl: Declaration, pods: list[dict[str, Any]], logger: Logger
-    ) -> None:
+    ) -> str | None:
+        """CreateTable on each ready shard not known to host the table; returns a node's
+        refusal (its words), which holds until a later call finds the table served."""
         todo = [p for p in pods if pod_ready(p) and _pod_key(p) not in self.confirmed]
         shards = [(_pod_index(p), self._address(p)) for p in todo if p["status"].get("podIP")]
         if not shards:
-            return
+            return None
         ns = owner.namespace
         token = await self.ps_token(ns)
         # a table moved online: a new (or restarted) shard joins with the committed map
@@ -154,11 +162,17 @@ class Reconciler:
             shards, decl.spec, token=token, timeout=self.config.rpc_timeout, tls=self.config.tls,
             slot_map=SlotMap.from_dict(stored) if stored else None,
         )  # fmt: skip
+        refusals = []
         for pod, result in zip(todo, results, strict=False):
             if result.ok:
                 self.confirmed.add(_pod_key(pod))
             else:
                 logger.warning(f"table not created on shard {result.index}: {result.detail}")
+                if result.code in CREATE_REFUSALS:
+                    refusals.append(
+                        f"shard {result.index} ({result.address}) refused it: {result.detail}"
+                    )
+        return refusals[0] if refusals else None
 
     def _address(self, pod: Mapping[str, Any]) -> str:
         ip = pod["status"]["podIP"]

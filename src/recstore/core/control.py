@@ -41,6 +41,15 @@ R = TypeVar("R")
 DEFAULT_TIMEOUT = 30.0
 
 
+#: CreateTable answers that mean "not this table, not on this node", however often asked
+#: (a damaged log, a GPU table on a node without a GPU, another table of that name): the
+#: provisioners report them as the node's refusal instead of waiting for the shard
+CREATE_REFUSALS = frozenset({
+    grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS,
+})  # fmt: skip
+
+
 class ControlError(RecStoreError):
     """A control call that failed: ``code`` is its gRPC status code."""
 

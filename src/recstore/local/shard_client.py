@@ -9,19 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import grpc
-
 from recstore.core.checkpoint_status import ShardCheckpoint, clip
-from recstore.core.control import ControlClient, ControlError
+from recstore.core.control import CREATE_REFUSALS, ControlClient, ControlError
 from recstore.core.routing import SlotMap
 from recstore.core.spec import TableSpec
 from recstore.core.tls import ClientTls
-
-#: CreateTable answers that mean "not this table, not on this node", however often asked
-REFUSALS = frozenset({
-    grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
-    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS,
-})  # fmt: skip
 
 
 class TableRefused(RuntimeError):
@@ -73,7 +65,7 @@ class ShardClient:
         try:
             self._control.create_table(spec, slot_map, timeout=self._timeout * 10)
         except ControlError as error:
-            if error.code in REFUSALS:
+            if error.code in CREATE_REFUSALS:
                 raise TableRefused(self.endpoint, error.details) from error
             return False
         return True
