@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,37 +17,18 @@ from recstore.admin.errors import ProvisioningError
 from recstore.core import TableSpec
 from recstore.local.provisioner import LocalProvisioner
 
+from . import reporter_double
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 SPEC = TableSpec(name="clicks", num_embeddings=100, embedding_dim=4, shards=2)
 
 
-class Statuses:
-    """A Reporter that keeps each table's latest status and wakes whoever waits on it."""
-
-    def __init__(self) -> None:
-        self.latest: dict[str, dict[str, Any]] = {}
-        self.changed = threading.Condition()
-
-    def register_node(self, table: str, shard_index: int, endpoint: str, metrics: str) -> int:
-        return shard_index + 1
-
-    def heartbeat(self, node_id: int, ready: bool, rows: int, memory_bytes: int) -> None:
-        pass
-
-    def record_reshard_event(self, table: str, event: Any) -> None:
-        pass
-
-    def report_status(self, table: str, status: dict[str, Any]) -> None:
-        with self.changed:
-            self.latest[table] = status
-            self.changed.notify_all()
+class Statuses(reporter_double.Statuses):
+    """The reporter double, waiting on the one table these tests use."""
 
     def wait(self, what: str, check: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-        with self.changed:
-            met = self.changed.wait_for(lambda: check(self.latest.get("clicks", {})), timeout=120)
-            assert met, f"{what}: never reported; last {self.latest.get('clicks')}"
-            return self.latest["clicks"]
+        return self.wait_for("clicks", what, check)
 
     def request_in(self, request_id: int, state: str) -> dict[str, Any]:
         def reached(status: dict[str, Any]) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,37 +14,9 @@ from recstore.core import TableSpec
 from recstore.local.provisioner import LocalProvisioner
 from recstore.v1 import ps_pb2, ps_pb2_grpc
 
+from .reporter_double import Statuses
+
 ADMIN, READER = "node-admin-token", "node-reader-token"
-
-
-class Statuses:
-    """A Reporter that records each table's latest status and wakes whoever waits on it."""
-
-    def __init__(self) -> None:
-        self.latest: dict[str, dict[str, Any]] = {}
-        self.changed = threading.Condition()
-
-    def register_node(self, table: str, shard_index: int, endpoint: str, metrics: str) -> int:
-        return shard_index + 1
-
-    def heartbeat(self, node_id: int, ready: bool, rows: int, memory_bytes: int) -> None:
-        pass
-
-    def record_reshard_event(self, table: str, event: Any) -> None:
-        pass
-
-    def report_status(self, table: str, status: dict[str, Any]) -> None:
-        with self.changed:
-            self.latest[table] = status
-            self.changed.notify_all()
-
-    def wait_ready(self, table: str) -> dict[str, Any]:
-        with self.changed:
-            ready = self.changed.wait_for(
-                lambda: self.latest.get(table, {}).get("phase") == "Ready", timeout=120
-            )
-            assert ready, f"{table} never became Ready: {self.latest.get(table)}"
-            return self.latest[table]
 
 
 def _token_file(path: Path, token: str) -> Path:

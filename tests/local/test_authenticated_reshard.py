@@ -17,7 +17,8 @@ from recstore.core.control import ControlClient
 from recstore.local.provisioner import LocalProvisioner
 from recstore.v1 import ps_pb2
 
-from .test_read_only_tokens import ADMIN, Statuses, _call, _token_file
+from .reporter_double import Statuses
+from .test_read_only_tokens import ADMIN, _call, _token_file
 
 pytestmark = pytest.mark.slow
 ROWS = 100
