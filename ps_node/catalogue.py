@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from recstore.core import SlotMap, TableSpec
-from recstore.ps.wal.segments import fsync_dir
+from recstore.ps.wal.segments import fsync_path
 
 FILE_NAME = "tables.json"
 
@@ -68,4 +68,4 @@ def save(data_dir: Path, entries: dict[str, CatalogueEntry]) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temp, data_dir / FILE_NAME)
-    fsync_dir(data_dir)
+    fsync_path(data_dir)

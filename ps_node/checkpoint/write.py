@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from recstore.core import InvalidArgument
-from recstore.ps.wal.segments import fsync_dir
+from recstore.ps.wal.segments import fsync_path
 
 FORMAT = "recstore-checkpoint"
 VERSION = 1
@@ -205,10 +205,10 @@ class CheckpointWriter:
             os.fsync(handle.fileno())
         for directory in [*self.temp.glob("tables/*"), self.temp / "tables", self.temp]:
             if directory.is_dir():
-                fsync_dir(directory)
+                fsync_path(directory)
         final = self.root / self.checkpoint_id
         os.rename(self.temp, final)
-        fsync_dir(self.root)
+        fsync_path(self.root)
         return info_of(final, self.manifest)
 
     def abort(self) -> None:

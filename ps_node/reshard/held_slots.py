@@ -25,7 +25,7 @@ from recstore.core.reshard.plan import ranges_mask
 from recstore.ps.changes import ChangeTracker
 from recstore.ps.node import Node
 from recstore.ps.reshard.slots import Outgoing, mask_ranges
-from recstore.ps.wal.segments import fsync_dir
+from recstore.ps.wal.segments import fsync_path
 
 FILE_NAME = "seals.json"
 _lock = threading.Lock()
@@ -84,4 +84,4 @@ def _write(data_dir: Path, seals: dict[str, Any]) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temp, data_dir / FILE_NAME)
-    fsync_dir(data_dir)
+    fsync_path(data_dir)

@@ -26,7 +26,7 @@ from recstore.ps.wal.scan import census
 from recstore.ps.wal.segments import (
     NEWEST,
     Replay,
-    fsync_dir,
+    fsync_path,
     generations,
     record_newest,
     segment_path,
@@ -84,13 +84,13 @@ def cut(directory: Path, start: int, replayed: Replay, data_dir: Path) -> LogLos
         _copy(path, quarantine / path.name)
         writes = census(data, kept).writes
         dropped.append(DroppedLog(generation, kept, len(data) - kept, writes))
-    fsync_dir(quarantine)
-    fsync_dir(root)
+    fsync_path(quarantine)
+    fsync_path(root)
     for segment in dropped:
         path = segment_path(directory, segment.generation)
         if segment.offset:
             os.truncate(path, segment.offset)
-            _fsync(path)
+            fsync_path(path)
         else:
             path.unlink()
     left = generations(directory)
@@ -98,18 +98,10 @@ def cut(directory: Path, start: int, replayed: Replay, data_dir: Path) -> LogLos
         record_newest(directory, left[-1])
     else:
         (directory / NEWEST).unlink(missing_ok=True)
-    fsync_dir(directory)
+    fsync_path(directory)
     return LogLoss(str(replayed.damage), replayed.records, tuple(dropped), quarantine)
 
 
 def _copy(source: Path, target: Path) -> None:
     shutil.copyfile(source, target)
-    _fsync(target)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(target)

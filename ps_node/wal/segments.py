@@ -61,7 +61,7 @@ def record_newest(directory: Path, generation: int) -> None:
     finally:
         os.close(fd)
     os.replace(temporary, directory / NEWEST)
-    fsync_dir(directory)
+    fsync_path(directory)
 
 
 def newest_created(directory: Path) -> int | None:
@@ -194,8 +194,9 @@ def records_end(directory: Path, generation: int) -> int:
         return reader.end
 
 
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """Make a file's contents, or a directory's entries, durable."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

@@ -29,7 +29,7 @@ from recstore.ps.wal.commit import GroupCommit
 from recstore.ps.wal.records import FRAME, HEADER_SIZE, NO_PREDECESSOR, frame, segment_header
 from recstore.ps.wal.segment_file import SegmentFile, SegmentOpener
 from recstore.ps.wal.segments import (
-    fsync_dir,
+    fsync_path,
     generations,
     record_newest,
     records_end,
@@ -99,7 +99,7 @@ class TableWal(GroupCommit):
                 + b"".join(frame(payload, index) for index, payload in enumerate(opening))
             )
             handle.sync()
-            fsync_dir(self.directory)
+            fsync_path(self.directory)
             record_newest(self.directory, generation)
         except BaseException:
             with contextlib.suppress(OSError):
