@@ -103,7 +103,7 @@ class GroupCommit:
         log.error("wal: %s", fault.describe())
         if cut_to is not None and handle is not None:
             try:
-                handle.truncate(cut_to)
+                handle.cut(cut_to)
                 handle.sync()
             except OSError as cut_error:
                 log.error(
@@ -134,7 +134,8 @@ class GroupCommit:
             with self._cond:
                 self._syncing = False
                 self._settled = max(self._settled, upto)
-                self._durable_size = size
+                if handle is self._file:  # not a segment rotated away meanwhile
+                    self._durable_size = size
                 ready = [w for w in self._waiters if w[0] <= upto]
                 self._waiters = [w for w in self._waiters if w[0] > upto]
                 self._cond.notify_all()

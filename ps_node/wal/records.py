@@ -1,15 +1,21 @@
 """The write-ahead log's format: how a segment and one logged write in it are framed.
 
 A segment opens with ``MAGIC`` and a ``SEGMENT`` header (its generation, where
-its predecessor's records end, a CRC32 of both), then holds records: a
-``FRAME`` (payload length, CRC32, the record's index in its segment: 0, 1, ...)
-and the payload, a ``HEAD`` (op, dtype, flags, rows, dim, lr) and the request's
-raw buffers. The CRC covers the length, the index and the payload, so a record
-that is damaged, missing, repeated or out of order fails it. Segments of the
-previous format (``MAGIC_V1``: no header, ``FRAME_V1`` without an index) are
-still read. Reading a segment and every check on it is ``recstore.ps.wal.verify``;
-the open log that appends records is ``recstore.ps.wal.table_log``; a table's
-segments on disk and their replay are ``recstore.ps.wal.segments``.
+its predecessor's records end, the segment's length, a CRC32 of them), then
+holds records: a ``FRAME`` (payload length, CRC32, the record's index in its
+segment: 0, 1, ...) and the payload, a ``HEAD`` (op, dtype, flags, rows, dim,
+lr) and the request's raw buffers. The CRC covers the length, the index and the
+payload, so a record that is damaged, missing, repeated or out of order fails
+it. A segment is created at its full length (``SEGMENT_BYTES`` unless a record
+needs more, as etcd preallocates its 64 MB segments; a sparse file until
+written), so a file cut short of the length its header records is a
+truncation, wherever the cut falls; what was never written reads as zeros.
+Segments of the previous formats are still read: ``MAGIC_V2`` (a header
+without a length, grown record by record) and ``MAGIC_V1`` (no header,
+``FRAME_V1`` without an index). Reading a segment and every check on it is
+``recstore.ps.wal.verify``; the open log that appends records is
+``recstore.ps.wal.table_log``; a table's segments on disk and their replay are
+``recstore.ps.wal.segments``.
 
 A write record also says under which slot-map epoch the node applied it
 (``FLAG_EPOCH``: the epoch follows the head), so a table's logs tell which node
@@ -31,12 +37,16 @@ from recstore.ps.codec import KEY_DTYPE, WIRE_DTYPES
 from recstore.ps.wal.dedup import Entry
 from recstore.ps.wal.dedup_log import FLAG_REQUEST, decode_entries, encode_entries, encode_entry
 
-MAGIC = b"RSWAL002"
-#: generation, where the predecessor's records end (``NO_PREDECESSOR``), crc32(magic + both)
-SEGMENT = struct.Struct("<QQI")
-_SEGMENT_FIELDS = struct.Struct("<QQ")  # what the header's CRC covers after the magic
+MAGIC = b"RSWAL003"
+#: generation, where the predecessor's records end (``NO_PREDECESSOR``), the segment's
+#: length in bytes, crc32 of the magic and the three
+SEGMENT = struct.Struct("<QQQI")
 HEADER_SIZE = len(MAGIC) + SEGMENT.size
+SEGMENT_BYTES = 64 << 20  # a segment's length unless its first records need more
 NO_PREDECESSOR = 2**64 - 1  # the log had no segment before this one
+MAGIC_V2 = b"RSWAL002"  # the previous format: a header without a length
+SEGMENT_V2 = struct.Struct("<QQI")  # generation, predecessor end, crc32(magic + both)
+HEADER_SIZE_V2 = len(MAGIC_V2) + SEGMENT_V2.size
 FRAME = struct.Struct("<IIQ")  # payload length, crc32(length, index, payload), index
 _FRAME_FIELDS = struct.Struct("<IQ")  # what the CRC covers before the payload
 MAGIC_V1 = b"RSWAL001"  # the previous format: no header, records framed by FRAME_V1
@@ -111,21 +121,36 @@ def frame(payload: bytes, index: int) -> bytes:
     return FRAME.pack(len(payload), frame_crc(payload, index), index) + payload
 
 
-def segment_header(generation: int, predecessor_end: int) -> bytes:
-    """What a segment starts with; ``predecessor_end``: the size of the previous segment
-    that holds its records (``NO_PREDECESSOR`` when there is none)."""
-    fields = _SEGMENT_FIELDS.pack(generation, predecessor_end)
-    return MAGIC + SEGMENT.pack(generation, predecessor_end, zlib.crc32(MAGIC + fields))
+@dataclass(frozen=True)
+class SegmentHeader:
+    """A segment's verified header."""
+
+    version: int  # 3, or 2: the previous format
+    generation: int
+    predecessor_end: int  # ``NO_PREDECESSOR``: the log had no segment before it
+    length: int | None  # the file's size, fixed at creation (None: format 2, grown)
+    size: int  # the header's bytes: where records start
 
 
-def parse_header(data: bytes) -> tuple[int, int] | None:
-    """(generation, predecessor end) of a segment header; None when it does not verify."""
-    if len(data) < HEADER_SIZE or not data.startswith(MAGIC):
-        return None
-    generation, predecessor_end, crc = SEGMENT.unpack_from(data, len(MAGIC))
-    if zlib.crc32(data[: HEADER_SIZE - 4]) != crc:
-        return None
-    return generation, predecessor_end
+def segment_header(generation: int, predecessor_end: int, length: int) -> bytes:
+    """What a segment of ``length`` bytes starts with; ``predecessor_end``: the size of
+    the previous segment that holds its records (``NO_PREDECESSOR`` when there is none)."""
+    fields = MAGIC + SEGMENT.pack(generation, predecessor_end, length, 0)[:-4]
+    return fields + struct.pack("<I", zlib.crc32(fields))
+
+
+def parse_header(data: bytes) -> SegmentHeader | None:
+    """The header ``data`` starts with, of this format or the previous; None when it
+    does not verify."""
+    if data.startswith(MAGIC) and len(data) >= HEADER_SIZE:
+        generation, predecessor_end, length, crc = SEGMENT.unpack_from(data, len(MAGIC))
+        if zlib.crc32(data[: HEADER_SIZE - 4]) == crc:
+            return SegmentHeader(3, generation, predecessor_end, length, HEADER_SIZE)
+    elif data.startswith(MAGIC_V2) and len(data) >= HEADER_SIZE_V2:
+        generation, predecessor_end, crc = SEGMENT_V2.unpack_from(data, len(MAGIC_V2))
+        if zlib.crc32(data[: HEADER_SIZE_V2 - 4]) == crc:
+            return SegmentHeader(2, generation, predecessor_end, None, HEADER_SIZE_V2)
+    return None
 
 
 def decode_payload(payload: bytes) -> WalRecord:

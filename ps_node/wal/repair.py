@@ -6,8 +6,9 @@ for it (the ``RecoverTable`` RPC with ``accept_log_loss``, ``recstore recover
 --accept-log-loss``): the replay stops at the damage, the intact prefix applied,
 and ``cut`` makes the log on disk say the same. Every segment from the damage on
 is copied whole to ``<data dir>/wal-quarantine/<log>-<time>-*/``; then the
-segment holding the damage is truncated where its intact records end and every
-later one is removed, so a restart replays exactly that prefix and new writes
+segment holding the damage is cut where its intact records end (zeros to the
+length its header records, so it does not read as cut short) and every later
+one is removed, so a restart replays exactly that prefix and new writes
 follow it. ``LogLoss`` says what was dropped: per segment, from which offset,
 how many bytes and how many intact records the damage left unreachable.
 """
@@ -22,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recstore.core.proto_convert import DroppedLog
+from recstore.ps.wal.records import parse_header
 from recstore.ps.wal.scan import census
+from recstore.ps.wal.segment_file import read_segment
 from recstore.ps.wal.segments import (
     NEWEST,
     Replay,
@@ -73,23 +76,31 @@ def cut(directory: Path, start: int, replayed: Replay, data_dir: Path) -> LogLos
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     quarantine = Path(tempfile.mkdtemp(prefix=f"{directory.name}-{stamp}-", dir=root))
     dropped: list[DroppedLog] = []
+    lengths: dict[int, int | None] = {}  # the length each cut segment's header records
     for generation in generations(directory):
         if generation < first:
             continue
         path = segment_path(directory, generation)
-        data = path.read_bytes()
+        data, size = read_segment(path)
         kept = keep if generation == first else 0
-        if len(data) <= kept:
-            continue
+        header = parse_header(data)
+        length = header.length if header is not None else None
+        written = len(data.rstrip(b"\0"))
+        if written <= kept and length in (None, size):
+            continue  # nothing after the prefix, and not cut short
         _copy(path, quarantine / path.name)
         writes = census(data, kept).writes
-        dropped.append(DroppedLog(generation, kept, len(data) - kept, writes))
+        dropped.append(DroppedLog(generation, kept, max(0, written - kept), writes))
+        lengths[generation] = length
     fsync_path(quarantine)
     fsync_path(root)
     for segment in dropped:
         path = segment_path(directory, segment.generation)
         if segment.offset:
             os.truncate(path, segment.offset)
+            length = lengths[segment.generation]
+            if length is not None:
+                os.truncate(path, length)  # zeros after the prefix, to its full length
             fsync_path(path)
         else:
             path.unlink()

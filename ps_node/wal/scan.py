@@ -5,9 +5,9 @@ CRC matches) and says whether a failure may be a torn write: incomplete, or
 with a sector that reads as zeros, never written (etcd's rule).
 ``intact_after`` finds the intact records that lie past a damaged spot (a
 record can only be a torn tail when none does); ``census`` counts those a
-segment holds, whatever damage lies between them. Records of both formats
-(``recstore.ps.wal.records``) are read; the segment-level checks are
-``recstore.ps.wal.verify``'s.
+segment holds, whatever damage lies between them; ``record_starts`` gives its
+layout. Records of every format (``recstore.ps.wal.records``) are read; the
+segment-level checks are ``recstore.ps.wal.verify``'s.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from recstore.ps.wal.records import (
     FRAME,
     FRAME_V1,
     HEAD,
-    HEADER_SIZE,
     MAGIC_V1,
     OP_WINDOW,
     OPS,
@@ -69,8 +68,20 @@ def census(data: bytes, start: int = 0) -> Census:
     damage lies between them."""
     version = 1 if data.startswith(MAGIC_V1) else 2
     if start == 0:
-        start = len(MAGIC_V1) if version == 1 else HEADER_SIZE if parse_header(data) else 0
+        header = parse_header(data)
+        start = len(MAGIC_V1) if version == 1 else header.size if header is not None else 0
     return intact_after(data, start, len(data), version, 0)
+
+
+def record_starts(data: bytes) -> list[int]:
+    """Where each record of a segment (with a header) starts, in order, up to the first
+    that fails a check or where nothing was written: a segment's layout, for tools."""
+    header = parse_header(data)
+    starts, offset = [], header.size if header is not None else len(data)
+    while not isinstance(found := frame_at(data, offset, len(data), 2), Bad):
+        starts.append(offset)
+        offset = found.end
+    return starts
 
 
 @dataclass(frozen=True)
@@ -83,7 +94,7 @@ class Frame:
 def frame_at(data: bytes, offset: int, limit: int, version: int) -> Frame | Bad:
     """The record at ``offset`` if its frame fits and its CRC matches; else what is wrong
     (``torn``: it may be the incomplete last write)."""
-    frame = FRAME if version == 2 else FRAME_V1
+    frame = FRAME if version >= 2 else FRAME_V1
     if limit - offset < frame.size:
         return Bad(f"incomplete record frame ({limit - offset} bytes)", torn=True)
     length, crc = FRAME_V1.unpack_from(data, offset)  # both formats start so
@@ -92,11 +103,12 @@ def frame_at(data: bytes, offset: int, limit: int, version: int) -> Frame | Bad:
         return Bad(f"a record of {length} bytes runs past the end ({limit})", torn=True)
     if length < HEAD.size:
         problem = f"record length {length} is below a record head's {HEAD.size} bytes"
-        return Bad(problem, torn=_zeros(data, offset, limit))
+        return Bad(problem, torn=zeros(data, offset, limit))
     payload = data[offset + frame.size : end]
-    index = FRAME.unpack_from(data, offset)[2] if version == 2 else 0
-    if (frame_crc(payload, index) if version == 2 else zlib.crc32(payload)) != crc:
-        return Bad("checksum mismatch", torn=end == limit and _zero_sector(data, offset, end))
+    index = FRAME.unpack_from(data, offset)[2] if version >= 2 else 0
+    if (frame_crc(payload, index) if version >= 2 else zlib.crc32(payload)) != crc:
+        last = end == limit or zeros(data, end, limit)  # nothing written after it
+        return Bad("checksum mismatch", torn=last and _zero_sector(data, offset, end))
     return Frame(end, index, payload)
 
 
@@ -114,7 +126,7 @@ def _next_intact(
     Offsets are screened a chunk at a time (a length that fits, a known op and
     dtype, an index not below ``min_index``); only those passing get a CRC.
     """
-    frame = FRAME if version == 2 else FRAME_V1
+    frame = FRAME if version >= 2 else FRAME_V1
     view = memoryview(data)
     position = start
     while True:
@@ -128,7 +140,7 @@ def _next_intact(
         room = (limit - frame.size - position) - np.arange(count, dtype=np.int64)
         plausible = (lengths >= HEAD.size) & (lengths <= room)
         plausible &= np.isin(ops, list(OPS)) & (codes < len(DTYPE_NAMES))
-        if version == 2:
+        if version >= 2:
             indexes = np.ndarray((count,), "<u8", buffer=view, offset=position + 8, strides=(1,))
             plausible &= indexes >= min_index
         for candidate in np.flatnonzero(plausible):
@@ -139,9 +151,9 @@ def _next_intact(
         position += count
 
 
-def _zeros(data: bytes, start: int, end: int) -> bool:
+def zeros(data: bytes, start: int, end: int) -> bool:
     """Whether ``data[start:end]`` is all zero bytes: space the file got, never written."""
-    return not np.frombuffer(data, np.uint8, end - start, start).any()
+    return end <= start or not np.frombuffer(data, np.uint8, end - start, start).any()
 
 
 def _zero_sector(data: bytes, start: int, end: int) -> bool:

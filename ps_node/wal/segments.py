@@ -34,6 +34,7 @@ from recstore.ps.wal.records import (
     WalRecord,
     parse_header,
 )
+from recstore.ps.wal.segment_file import read_segment
 from recstore.ps.wal.verify import SegmentReader, WalDamaged, read_through, segment_name
 
 log = logging.getLogger(__name__)
@@ -131,9 +132,8 @@ def _replay(
     for generation in range(start, newest + 1):
         if generation not in there:
             raise WalDamaged(generation, 0, _missing(present, marker))
-        data = segment_path(directory, generation).read_bytes()
         recorded = _recorded_end(directory, generation + 1) if generation < newest else None
-        reader = SegmentReader(data, generation, recorded_end=recorded)
+        reader = open_segment(directory, generation, recorded, marker)
         if generation > start and reader.predecessor_end == NO_PREDECESSOR:
             raise WalDamaged(
                 generation, len(MAGIC) + 8,
@@ -158,9 +158,19 @@ def _recorded_end(directory: Path, successor: int) -> int | None:
             parsed = parse_header(handle.read(HEADER_SIZE))
     except FileNotFoundError:
         return None
-    if parsed is None or parsed[1] == NO_PREDECESSOR:
+    if parsed is None or parsed.predecessor_end == NO_PREDECESSOR:
         return None
-    return parsed[1]
+    return parsed.predecessor_end
+
+
+def open_segment(
+    directory: Path, generation: int, recorded_end: int | None, marker: int | None
+) -> SegmentReader:
+    """A reader of segment ``generation``'s bytes; ``marker``: the newest generation the
+    log's marker names (None: no marker)."""
+    data, size = read_segment(segment_path(directory, generation))
+    created = None if marker is None else generation <= marker
+    return SegmentReader(data, generation, recorded_end=recorded_end, size=size, created=created)
 
 
 def _missing(present: list[int], marker: int | None) -> str:
@@ -183,9 +193,8 @@ def records_end(directory: Path, generation: int) -> int:
     """Where the intact records of segment ``generation`` end, read as the newest is
     (a torn tail cut; a damaged one stops at the damage): what its successor records.
     ``NO_PREDECESSOR`` when its header is damaged: a replay across it then stops."""
-    data = segment_path(directory, generation).read_bytes()
     try:
-        reader = SegmentReader(data, generation, recorded_end=None)
+        reader = open_segment(directory, generation, None, newest_created(directory))
     except WalDamaged:
         return NO_PREDECESSOR
     try:

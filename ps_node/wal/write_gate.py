@@ -30,7 +30,7 @@ class LogFault:
     """One failure of a table's log: the condition a stopped node reports."""
 
     table: str
-    operation: str  # write, fsync, open, truncate
+    operation: str  # write, fsync, open, cut
     path: str
     errno: int | None
     error: str  # the operating system's message

@@ -25,6 +25,7 @@ from recstore.local.ports import free_port
 from recstore.operator.config import OperatorConfig
 from recstore.ps.serve.server import ServerHandle, start_in_thread
 from recstore.ps.wal import records as wal
+from recstore.ps.wal.scan import record_starts
 from recstore.ps.wal.segments import generations, segment_path
 from recstore.v1 import ps_pb2, ps_pb2_grpc
 
@@ -65,10 +66,8 @@ def flip_a_middle_record(data_dir: Path) -> None:
     """One bit of a record in the middle of the newest segment: intact records follow it."""
     (directory,) = (data_dir / "wal").glob("clicks-*")
     path = segment_path(directory, generations(directory)[-1])
-    data, starts, offset = bytearray(path.read_bytes()), [], wal.HEADER_SIZE
-    while offset < len(data):
-        starts.append(offset)
-        offset += wal.FRAME.size + wal.FRAME.unpack_from(data, offset)[0]
+    data = bytearray(path.read_bytes())
+    starts = record_starts(bytes(data))
     assert len(starts) > UPDATES // 2
     data[starts[len(starts) // 2] + wal.FRAME.size + 4] ^= 0x01
     path.write_bytes(bytes(data))

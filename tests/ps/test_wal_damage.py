@@ -40,6 +40,7 @@ def payload(key: int, dim: int = DIM) -> bytes:
 
 
 RECORD = wal.FRAME.size + len(payload(0))
+SEGMENT = 4096  # the segments' length here: small files to damage, the real format
 
 
 def at(index: int) -> int:
@@ -49,7 +50,7 @@ def at(index: int) -> int:
 
 def log_of(directory: Path, *counts: int) -> list[int]:
     """A closed log whose segments hold ``counts`` records; the keys, in order."""
-    log = TableWal(directory)
+    log = TableWal(directory, segment_bytes=SEGMENT)
     keys: list[int] = []
     for number, count in enumerate(counts):
         if number:
@@ -114,14 +115,14 @@ def test_a_record_removed_from_the_middle_is_refused(tmp_path: Path) -> None:
     log_of(tmp_path, 10)
     path = segment(tmp_path, 0)
     data = path.read_bytes()
-    path.write_bytes(data[: at(3)] + data[at(4) :])
+    path.write_bytes(data[: at(3)] + data[at(4) :] + bytes(RECORD))  # the length it had
     assert refused(tmp_path, 0, at(3)).startswith("record index 4 where 3 was expected")
 
 
 # -- segment headers ---------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("offset", "problem"),
-    [(0, "bad segment magic b'QSWAL002'"), (9, "segment header checksum mismatch")],
+    [(0, "bad segment magic b'QSWAL003'"), (9, "segment header checksum mismatch")],
 )
 @pytest.mark.parametrize("generation", [0, 1, 2])
 def test_a_damaged_segment_header_is_refused(
@@ -156,54 +157,110 @@ def test_a_middle_segment_cut_short_is_refused(tmp_path: Path, into: int) -> Non
     )
 
 
-@pytest.mark.parametrize("cut", [1, 15, 16, 30, RECORD - 1])
+def overwrite(path: Path, offset: int, data: bytes) -> None:
+    """Write ``data`` into the file at ``offset``, its length unchanged."""
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        handle.write(data)
+
+
 def test_a_torn_last_record_of_the_newest_segment_is_cut_and_said(
-    tmp_path: Path, cut: int, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    keys = log_of(tmp_path, 10, 10)
+    keys = log_of(tmp_path, 10, 18)  # the last record, at(17), runs across byte 1024
+    assert at(17) < 1024 < at(18)
+    # the last write was never acknowledged: a device writes whole sectors, and the last of
+    # its sectors never reached the disk
     path = segment(tmp_path, 1)
-    os.truncate(path, path.stat().st_size - cut)  # the last write was never acknowledged
+    written = path.read_bytes()[1024 : at(18)]
+    overwrite(path, 1024, bytes(at(18) - 1024))
     with caplog.at_level(logging.INFO, logger="recstore.ps.wal.verify"):
         assert keys_of(tmp_path) == keys[:-1]
     (said,) = [r for r in caplog.records if "torn tail" in r.getMessage()]
     assert said.levelno == logging.INFO
-    assert f"segment 000000000001.wal: torn tail at offset {at(9)}" in said.getMessage()
+    assert f"segment 000000000001.wal: torn tail at offset {at(17)}" in said.getMessage()
+    # part of a sector written, the rest of it zeros: not what a device does, damage
+    overwrite(path, 1024, written[:12])
+    assert refused(tmp_path, 1, at(17)) == "checksum mismatch"
 
 
-def test_a_zero_filled_tail_of_the_newest_segment_was_never_written(tmp_path: Path) -> None:
-    keys = log_of(tmp_path, 3)
-    with open(segment(tmp_path, 0), "ab") as handle:
-        handle.write(bytes(4096))  # space the file got, its data never written
+NEWEST_CUTS = {  # where the newest segment is cut, and where the replay must stop
+    "inside its last record": (at(9) + 30, at(9)),
+    "inside its frame": (at(9) + 5, at(9)),
+    "at a record boundary": (at(9), at(9)),
+    "after its last record": (at(10) + 100, at(10)),
+    "inside an earlier record": (at(4) + 20, at(4)),
+}
+
+
+@pytest.mark.parametrize("where", NEWEST_CUTS)
+def test_the_newest_segment_cut_anywhere_is_refused(tmp_path: Path, where: str) -> None:
+    """A segment is created at its full length: a cut is never taken for a clean end."""
+    keys = log_of(tmp_path, 10, 10)
+    size, stop = NEWEST_CUTS[where]
+    os.truncate(segment(tmp_path, 1), size)
+    problem = refused(tmp_path, 1, stop)
+    assert problem.startswith(
+        f"truncated: the segment is {size} bytes, but its header records {SEGMENT}"
+    )
+    prefix: list[WalRecord] = []  # what the operator may accept: every record before the cut
+    wal_segments.replay(tmp_path, 0, prefix.append, stop_at_damage=True)
+    assert [int(r.keys[0]) for r in prefix] == keys[: 10 + (stop - at(0)) // RECORD]
+
+
+def test_the_newest_segment_cut_into_its_header_is_refused(tmp_path: Path) -> None:
+    log_of(tmp_path, 5, 5)
+    os.truncate(segment(tmp_path, 1), 12)  # the log's marker says it was created whole
+    assert refused(tmp_path, 1, 0) == "segment header cut off (12 bytes)"
+
+
+def test_a_full_segment_is_followed_by_a_fresh_one(tmp_path: Path) -> None:
+    per_segment = (SEGMENT - wal.HEADER_SIZE) // RECORD
+    keys = log_of(tmp_path, 2 * per_segment + 3)  # no rotation asked for
+    assert wal_segments.generations(tmp_path) == [0, 1, 2]
     assert keys_of(tmp_path) == keys
+    log = TableWal(tmp_path, segment_bytes=SEGMENT)
+    big = payload(7, dim=2000)  # more than a segment holds: a segment of its own length
+    log.append(big)
+    log.append(payload(8))
+    log.wait_durable()
+    log.close()
+    assert wal_segments.generations(tmp_path) == [0, 1, 2, 3, 4, 5]
+    sizes = [segment(tmp_path, g).stat().st_size for g in (3, 4, 5)]
+    assert sizes == [SEGMENT, wal.HEADER_SIZE + wal.FRAME.size + len(big), SEGMENT]
+    assert keys_of(tmp_path) == [*keys, 7, 8]
+    # each full segment's end is recorded by its successor: a cut in one is refused
+    os.truncate(segment(tmp_path, 0), at(per_segment - 1))
+    assert refused(tmp_path, 0, at(per_segment - 1)).startswith(
+        f"truncated: the segment is {at(per_segment - 1)} bytes, but its successor records "
+        f"that its records end at byte {at(per_segment)}"
+    )
 
 
 def test_a_last_record_with_a_sector_never_written_is_a_torn_tail(tmp_path: Path) -> None:
-    log = TableWal(tmp_path)
+    log = TableWal(tmp_path, segment_bytes=3 * SEGMENT)
     log.append(payload(0))
     log.append(payload(1, dim=1024))  # spans sectors
     log.wait_durable()
     log.close()
     path = segment(tmp_path, 0)
-    data = bytearray(path.read_bytes())
-    data[1024:1536] = bytes(512)  # a whole sector of it lost
-    path.write_bytes(bytes(data))
+    overwrite(path, 1024, bytes(512))  # a whole sector of it lost
     assert keys_of(tmp_path) == [0]
-    data[1024:1536] = b"\x01" * 512  # garbage is not an unwritten sector: damage
-    path.write_bytes(bytes(data))
+    overwrite(path, 1024, b"\x01" * 512)  # garbage is not an unwritten sector: damage
     assert refused(tmp_path, 0, at(1)) == "checksum mismatch"
 
 
 def test_what_follows_a_segments_recorded_end_was_never_acknowledged(tmp_path: Path) -> None:
     """A failed cut-back leaves bytes after what the successor records: ignored."""
     keys = log_of(tmp_path, 5, 5)
-    with open(segment(tmp_path, 0), "ab") as handle:
-        handle.write(wal.frame(payload(99), 5)[:30])
+    overwrite(segment(tmp_path, 0), at(5), wal.frame(payload(99), 5)[:30])
     assert keys_of(tmp_path) == keys
 
 
-def test_a_segment_whose_header_was_being_written_holds_nothing(tmp_path: Path) -> None:
+def test_a_segment_whose_creation_never_finished_holds_nothing(tmp_path: Path) -> None:
     keys = log_of(tmp_path, 5)
-    segment(tmp_path, 1).write_bytes(wal.segment_header(1, at(5))[:12])
+    # the node died creating segment 1, before the log's marker named it
+    segment(tmp_path, 1).write_bytes(wal.segment_header(1, at(5), SEGMENT)[:12])
     assert keys_of(tmp_path) == keys
     reopened = TableWal(tmp_path)  # a restart: its successor records that it held nothing
     reopened.append(payload(5))
@@ -289,15 +346,43 @@ def test_an_accepted_loss_cuts_the_log_back_to_its_intact_prefix(tmp_path: Path)
     assert keys_of(log_dir) == [*keys[:14], 99]
 
 
-def test_a_node_of_the_previous_release_restarts_on_this_one_with_every_write(
-    tmp_path: Path,
+def v2_segment(generation: int, keys: list[int], predecessor_end: int) -> bytes:
+    """A segment of the previous format: a header without a length, grown record by record."""
+    fields = wal.MAGIC_V2 + wal.SEGMENT_V2.pack(generation, predecessor_end, 0)[:-4]
+    out = fields + zlib.crc32(fields).to_bytes(4, "little")
+    return out + b"".join(wal.frame(payload(key), index) for index, key in enumerate(keys))
+
+
+def test_a_log_of_the_format_before_is_read_with_its_rules_and_continued(tmp_path: Path) -> None:
+    first = v2_segment(0, [0, 1, 2], wal.NO_PREDECESSOR)
+    segment(tmp_path, 0).write_bytes(first + bytes(100))  # written past: ignored
+    second = v2_segment(1, [3, 4], len(first))
+    segment(tmp_path, 1).write_bytes(second + bytes(4096))  # space it got, never written
+    assert keys_of(tmp_path) == [0, 1, 2, 3, 4]
+    segment(tmp_path, 1).write_bytes(second[:-RECORD])  # its limit: a cut at a boundary
+    assert keys_of(tmp_path) == [0, 1, 2, 3]
+    segment(tmp_path, 1).write_bytes(second[:-10])  # a torn last record
+    assert keys_of(tmp_path) == [0, 1, 2, 3]
+    segment(tmp_path, 0).write_bytes(first[:-10])  # its successor records where it ended
+    assert refused(tmp_path, 0, len(first) - RECORD).startswith("truncated")
+    segment(tmp_path, 0).write_bytes(first)
+    log = TableWal(tmp_path, segment_bytes=SEGMENT)
+    log.append(payload(5))
+    log.wait_durable()
+    log.close()
+    assert keys_of(tmp_path) == [0, 1, 2, 3, 5]
+
+
+@pytest.mark.parametrize(("fixture", "magic"), [("wal_v1", wal.MAGIC_V1), ("wal_v2", wal.MAGIC_V2)])
+def test_a_node_of_a_previous_release_restarts_on_this_one_with_every_write(
+    tmp_path: Path, fixture: str, magic: bytes
 ) -> None:
-    """``data/wal_v1``: a WAL node's data dir as the previous release left it (two
-    ``RSWAL001`` segments, no checkpoint), with the rows it then served."""
-    fixture = Path(__file__).parent / "data" / "wal_v1"
+    """``data/wal_v1``, ``data/wal_v2``: a WAL node's data dir as a previous release left
+    it (two segments of its format, no checkpoint), with the rows it then served."""
+    source = Path(__file__).parent / "data" / fixture
     data_dir = tmp_path / "node"
-    shutil.copytree(fixture / "node", data_dir)
-    expected = np.array(json.loads((fixture / "expected.json").read_text()), np.float32)
+    shutil.copytree(source / "node", data_dir)
+    expected = np.array(json.loads((source / "expected.json").read_text()), np.float32)
     keys = np.arange(len(expected))
     for _ in range(2):  # and again, once this release continued the log in its format
         handle = start_in_thread(data_dir=data_dir, durability="wal")
@@ -310,9 +395,5 @@ def test_a_node_of_the_previous_release_restarts_on_this_one_with_every_write(
             handle.stop(final_checkpoint=False)
         np.testing.assert_array_equal(expected_99, np.full((1, 4), 9.0))
     (log_dir,) = (data_dir / "wal").iterdir()
-    assert [segment(log_dir, g).read_bytes()[:8] for g in range(4)] == [
-        wal.MAGIC_V1,
-        wal.MAGIC_V1,
-        wal.MAGIC,
-        wal.MAGIC,
-    ]
+    with_headers = [segment(log_dir, g).read_bytes()[:8] for g in range(4)]
+    assert with_headers == [magic, magic, wal.MAGIC, wal.MAGIC]

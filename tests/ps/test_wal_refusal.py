@@ -11,6 +11,7 @@ the node must go on serving throughout.
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,8 +25,8 @@ from typer.testing import CliRunner
 
 from recstore.cli import app
 from recstore.core.control import ControlClient, recover_table_rpc
-from recstore.ps.wal import records as wal
 from recstore.ps.wal import repair as wal_repair
+from recstore.ps.wal.scan import record_starts
 from recstore.ps.wal.segments import segment_path
 from recstore.store import Table
 from recstore.v1 import ps_pb2
@@ -71,11 +72,7 @@ def log_dir(data_dir: Path) -> Path:
 
 def offsets(path: Path) -> list[int]:
     """Where each record of a segment starts (the first is its de-dup window record)."""
-    data, found, offset = path.read_bytes(), [], wal.HEADER_SIZE
-    while offset < len(data):
-        found.append(offset)
-        offset += wal.FRAME.size + wal.FRAME.unpack_from(data, offset)[0]
-    return found
+    return record_starts(path.read_bytes())
 
 
 def three_segments(start: Any) -> Updates:
@@ -109,6 +106,16 @@ def cut_middle(directory: Path) -> None:
     path.write_bytes(path.read_bytes()[: offsets(path)[51] + 10])
 
 
+def cut_newest(into: int) -> Callable[[Path], None]:
+    """The newest segment cut ``into`` bytes past the start of update 250 (its 51st record)."""
+
+    def act(directory: Path) -> None:
+        path = segment_path(directory, 2)
+        os.truncate(path, offsets(path)[51] + into)
+
+    return act
+
+
 def drop_segment(generation: int) -> Callable[[Path], None]:
     return lambda directory: segment_path(directory, generation).unlink()
 
@@ -134,9 +141,15 @@ DAMAGES = {
         flip_record, 1, 51, "checksum mismatch; 49 intact records follow it", 150, [1, 2], 149
     ),
     "bad segment magic": Damage(
-        bad_magic, 1, None, "bad segment magic b'XSWAL002'", 100, [1, 2], 200
+        bad_magic, 1, None, "bad segment magic b'XSWAL003'", 100, [1, 2], 200
     ),
     "middle segment cut mid-record": Damage(cut_middle, 1, 51, "truncated", 150, [1, 2], 100),
+    "newest segment cut mid-record": Damage(
+        cut_newest(10), 2, 51, "truncated: the segment is", 250, [2], 0
+    ),
+    "newest segment cut at a record boundary": Damage(
+        cut_newest(0), 2, 51, "truncated: the segment is", 250, [2], 0
+    ),
     "newest segment missing": Damage(
         drop_segment(2), 2, None, "the segment is missing", 200, [], 0
     ),
@@ -210,16 +223,18 @@ def conditions_of(client: Client, table: str) -> list[Any]:
     return next(list(t.conditions) for t in listed if t.table == table)
 
 
-def test_a_torn_last_record_is_cut_and_every_update_before_it_served(
+def test_a_last_write_that_never_reached_the_disk_leaves_every_update_before_it_served(
     tmp_path: Path, start: Any
 ) -> None:
     updates = three_segments(start)
     path = segment_path(log_dir(tmp_path), 2)
-    last = offsets(path)[-1]
-    path.write_bytes(path.read_bytes()[: last + 20])  # the last write, torn mid-record
-    handle, client = start("wal")
+    last, end = offsets(path)[-1], len(path.read_bytes().rstrip(b"\0"))
+    with open(path, "r+b") as handle:  # its sectors never written: zeros, as created
+        handle.seek(last)
+        handle.write(bytes(end - last))
+    handle_, client = start("wal")
     np.testing.assert_allclose(client.pull("emb", KEYS), updates.after(299), rtol=1e-6)
-    registry = handle.server.metrics.registry
+    registry = handle_.server.metrics.registry
     assert registry.get_sample_value("recstore_ps_wal_damaged_total", {"table": "emb"}) is None
 
 
@@ -270,8 +285,9 @@ def test_kill9_then_one_bit_flipped_refuses_until_recstore_recover_accepts_the_l
     (shard,) = json.loads(result.output)["shards"]
     assert shard["outcome"] == "recovered" and shard["replayed_records"] == 100
     assert shard["writes_dropped"] == 199
+    written = len(data.rstrip(b"\0"))  # the segment's bytes before its unwritten rest
     assert shard["dropped"] == [
-        {"generation": 0, "offset": record_100, "bytes": len(data) - record_100, "writes": 199}
+        {"generation": 0, "offset": record_100, "bytes": written - record_100, "writes": 199}
     ]
     assert f"offset {record_100}: checksum mismatch" in shard["damage"]
     np.testing.assert_allclose(again.pull("emb", KEYS), updates.after(100), rtol=1e-6)
