@@ -50,7 +50,7 @@ def pool_status(
         problem=problem, declared_shards=spec.shards if spec else None, observation=observation,
         generation=generation, previous=as_table, now=now,
     )  # fmt: skip
-    conditions = [c for c in nodes.conditions if c.type != "ReshardRequired"]
+    conditions = list(nodes.conditions)
     listed, memory = [], None
     if spec is not None and admission is not None:
         for table in tables:

@@ -100,11 +100,15 @@ class Pools:
         return admit(pool, spec, specs, shards), tables
 
     async def apply(self, owner: Owner, spec: PoolSpec) -> None:
-        """Create or update the pool's children; a running StatefulSet keeps its replicas."""
+        """Create or update the pool's children. A running StatefulSet keeps its replicas and
+        its nodes their shard count: only a move changes those (its status says one is due)."""
         ns, name = owner.namespace, render.fleet_name(owner)
         await self._ensure("Service", ns, render.render_service(owner))
-        desired = render.render_statefulset(owner, spec.fleet, self.options)
         sts = await self.statefulset(owner)
+        fleet = spec.fleet
+        if sts is not None:
+            fleet = replace(fleet, shards=int(sts["spec"].get("replicas", spec.shards)))
+        desired = render.render_statefulset(owner, fleet, self.options)
         if sts is None:
             await self.kube.create(path("StatefulSet", ns), desired)
         else:
