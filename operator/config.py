@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from recstore.core.reconcile import GRPC_PORT
+from recstore.core.fleet import GRPC_PORT
 from recstore.core.reshard import pace as copy_pace
 from recstore.core.reshard.plan import DEFAULT_BATCH_SLOTS
 from recstore.core.reshard.retry import RetryPolicy

@@ -31,9 +31,9 @@ from typing import Any
 from pydantic.alias_generators import to_camel
 
 from recstore.core.placement import Placement
+from recstore.core.pool import POOL_NAME
 from recstore.core.resource import (
     CHECKPOINT_REQUEST_ANNOTATION,
-    CRD_NAME,
     GROUP,
     KIND,
     PLURAL,
@@ -62,7 +62,9 @@ _DESCRIPTIONS = {
     "checkpoint": "Periodic checkpoints and write durability.",
     "transportDtype": "Dtype a float32 table's rows and gradients travel in over gRPC "
     "(float16 or bfloat16: half the bytes; the node keeps float32). Unset: the table dtype.",
-    "placement": "Image, resources, GPUs and node constraints of the shard pods.",
+    "placement": "Image, resources, GPUs and node constraints of the shard pods (not with pool).",
+    "pool": "The EmbeddingPool whose nodes hold the table (then no shards nor placement of "
+    "its own); unset: a fleet of its own.",
 }
 
 #: `kubectl explain` texts of the status fields (the nested models carry their docstrings).
@@ -148,8 +150,11 @@ def spec_schema() -> dict[str, Any]:
     """The CR ``spec``: every TableSpec field (``name`` optional) plus ``placement``."""
     table = to_structural(TableSpec.model_json_schema(by_alias=True, mode="validation"))
     placement = to_structural(Placement.model_json_schema(by_alias=True, mode="validation"))
-    placement["default"] = {}
-    properties = {**table["properties"], "placement": placement}
+    # neither shards nor placement is defaulted by the server: a table on a pool has none
+    # (the operator applies the model's defaults to a table of its own)
+    table["properties"]["shards"].pop("default", None)
+    pool = {"type": "string", "pattern": POOL_NAME.pattern, "maxLength": 63}
+    properties = {**table["properties"], "placement": placement, "pool": pool}
     for field, text in _DESCRIPTIONS.items():
         properties[field].setdefault("description", text)
     for path in IMMUTABLE_FIELDS:
@@ -188,28 +193,46 @@ def status_schema() -> dict[str, Any]:
 
 
 def build_crd() -> dict[str, Any]:
-    """The whole CustomResourceDefinition object."""
+    """The EmbeddingTable CustomResourceDefinition."""
     columns = [
         ("Phase", "string", ".status.phase"),
         ("Ready", "integer", ".status.readyShards"),
         ("Shards", "integer", ".spec.shards"),
+        ("Pool", "string", ".spec.pool"),
         ("Dim", "integer", ".spec.embeddingDim"),
         ("Rows", "integer", ".spec.numEmbeddings"),
         ("Age", "date", ".metadata.creationTimestamp"),
     ]
+    names = (KIND, PLURAL, SINGULAR, SHORT_NAMES)
+    schema = {"spec": spec_schema(), "status": status_schema()}
+    return crd_object(names, columns, schema, "A sharded, checkpointed embedding table.")
+
+
+def crd_object(
+    names: tuple[str, str, str, tuple[str, ...]],
+    columns: list[tuple[str, str, str]],
+    schema: dict[str, Any],
+    description: str,
+) -> dict[str, Any]:
+    """A namespaced CRD of the group with a status subresource: ``names`` (kind, plural,
+    singular, short names), printer ``columns``, the ``spec`` and ``status`` ``schema``."""
+    kind, plural, singular, short_names = names
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": CRD_NAME, "labels": {"app.kubernetes.io/part-of": "recstore"}},
+        "metadata": {
+            "name": f"{plural}.{GROUP}",
+            "labels": {"app.kubernetes.io/part-of": "recstore"},
+        },
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
             "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": list(SHORT_NAMES),
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": list(short_names),
                 "categories": ["recstore"],
             },
             "versions": [
@@ -225,14 +248,13 @@ def build_crd() -> dict[str, Any]:
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",
-                            "description": "A sharded, checkpointed embedding table.",
+                            "description": description,
                             "required": ["spec"],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
                                 "metadata": {"type": "object"},
-                                "spec": spec_schema(),
-                                "status": status_schema(),
+                                **schema,
                             },
                         }
                     },

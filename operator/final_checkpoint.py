@@ -1,11 +1,12 @@
-"""gRPC calls the operator makes to a table's shards: create the table, save it.
+"""gRPC calls the operator makes to a table's shards: create the table, save it, drop it.
 
 A freshly started PS node holds no tables; once a shard's pod is ready the
 operator creates the table on it (CreateTable is idempotent: the same spec
 again is a no-op). Before a table's pods are removed the operator asks every
 serving shard for a final checkpoint (Save), so deleting an EmbeddingTable
 never loses the writes since the last periodic checkpoint; a checkpoint asked
-for on demand (``recstore.operator.checkpoint_requests``) saves the same way.
+for on demand (``recstore.operator.checkpoint_requests``) saves the same way. A
+table deleted from a pool is dropped from the pool's nodes, which stay.
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from typing import TypeVar
 import grpc
 
 from recstore.core.checkpoint_status import ShardCheckpoint, clip
-from recstore.core.control import AsyncControlClient, ControlError, Rpc, create_table_rpc, save_rpc
+from recstore.core.control import (
+    AsyncControlClient,
+    ControlError,
+    Rpc,
+    create_table_rpc,
+    drop_table_rpc,
+    save_rpc,
+)
 from recstore.core.routing import SlotMap
 from recstore.core.spec import TableSpec
 from recstore.core.tls import ClientTls
@@ -94,3 +102,26 @@ async def create_table_on(
     return await _call_each(
         shards, rpc, lambda reply: "created" if reply.created else "exists", token, timeout, tls
     )
+
+
+async def drop_table_on(
+    shards: Sequence[tuple[int, str]],
+    table: str,
+    *,
+    token: str | None,
+    timeout: float = 30.0,
+    tls: ClientTls | None = None,
+) -> None:
+    """Drop ``table`` from every (index, host:port) node of a pool, freeing its memory (the
+    pool's other tables stay); a node that no longer holds it is done. Raises the first
+    other failure (the deletion is retried)."""
+    results = await _call_each(
+        shards, drop_table_rpc(table), lambda _: "dropped", token, timeout, tls
+    )
+    failed = [r for r in results if not r.ok and r.code != grpc.StatusCode.NOT_FOUND]
+    if failed:
+        first = failed[0]
+        raise ControlError(
+            first.code or grpc.StatusCode.UNKNOWN, f"shard {first.index}: {first.detail}",
+            method="DropTable", endpoint=first.address,
+        )  # fmt: skip

@@ -23,6 +23,7 @@ from recstore.core.checkpoint_status import outcome
 from recstore.core.reshard.events import ReshardEvent
 from recstore.core.resource import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from recstore.core.status import TableStatus
+from recstore.operator import pool_handlers
 from recstore.operator.admin_mirror import AdminMirror
 from recstore.operator.config import OperatorConfig
 from recstore.operator.kube import Kube, path
@@ -69,6 +70,7 @@ def final_checkpoint_id(deletion_timestamp: str | None) -> str:
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = None) -> None:
     state = _State(config or OperatorConfig.from_env())
+    pool_handlers.register(registry, state.config, state.get)
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -159,7 +161,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
         rec.checkpoints.take(owner, body, logger)
         if not applied_generation_current(body):
             return  # a spec change is being applied: its handler writes the status
-        checked = rec.validate(owner, body.get("spec") or {})
+        checked = await rec.validate(owner, body.get("spec") or {})
         observation, _pods = await rec.observe(owner, checked, logger)
         previous = body.get("status") or {}
         if rec.reshards.due(owner, checked, observation):  # a change that waited for the last move
@@ -179,7 +181,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
     async def finalize(body: kopf.Body, retry: int, logger: Any, **_: Any) -> None:
         rec, owner = state.get(), _owner(body)
         abandoned = rec.checkpoints.abandon(owner, body)
-        checked = rec.validate(owner, body.get("spec") or {})
+        checked = await rec.validate(owner, body.get("spec") or {})
         observation, _pods = await rec.observe(owner, checked, logger)
         generation = int(body["metadata"].get("generation") or 1)
         deleting = rec.status(
@@ -204,4 +206,4 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = No
             await rec.kube.patch(url, {"status": {"lastCheckpoint": last.to_wire()}})
         if state.mirror is not None:
             await state.mirror.put_status(_table(body), deleting, logger)
-        await rec.remove_children(owner)
+        await rec.remove_children(owner, body.get("spec") or {})

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import kopf
 
-from recstore.core.resource import API_VERSION, KIND, PLURAL
+from recstore.core.resource import API_VERSION, KIND, PLURAL, POOL_KIND, POOL_PLURAL
 
 #: (api prefix, plural) of every kind the operator touches.
 KINDS = {
@@ -24,6 +24,7 @@ KINDS = {
     "Pod": ("/api/v1", "pods"),
     "Secret": ("/api/v1", "secrets"),
     KIND: (f"/apis/{API_VERSION}", PLURAL),
+    POOL_KIND: (f"/apis/{API_VERSION}", POOL_PLURAL),
 }
 
 

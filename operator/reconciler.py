@@ -30,6 +30,7 @@ from recstore.operator.checkpoint_requests import CheckpointRequests
 from recstore.operator.config import OperatorConfig
 from recstore.operator.declared import Validated, validate
 from recstore.operator.kube import Kube, path
+from recstore.operator.pools import Pools, place, pool_of
 from recstore.operator.render import Owner, RenderOptions
 from recstore.operator.reshard_control import ReshardControl
 from recstore.operator.status import observe, pod_ready
@@ -42,8 +43,9 @@ log = logging.getLogger(__name__)
 class Reconciler:
     kube: Kube
     config: OperatorConfig
-    #: (pod uid, restart count) of shards the table is known to exist on.
-    confirmed: set[tuple[str, int]] = field(default_factory=set)
+    #: (table uid, pod uid, restart count): the shards each table is known to exist on
+    #: (a pool's pod holds many tables)
+    confirmed: set[tuple[str, str, int]] = field(default_factory=set)
     #: mirrors a table's stored status to the admin API (the new map after a commit)
     publish: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
     #: posts a moment of a reshard (owner, table name, event): Kubernetes Event, audit log
@@ -52,6 +54,8 @@ class Reconciler:
     checkpoints: CheckpointRequests = field(init=False)
     #: the tables' online reshards: started, queued and retried there
     reshards: ReshardControl = field(init=False)
+    #: the pools tables are placed on
+    pools: Pools = field(init=False)
 
     def __post_init__(self) -> None:
         self.checkpoints = CheckpointRequests(
@@ -60,6 +64,7 @@ class Reconciler:
             )
         )
         self.reshards = ReshardControl(self)
+        self.pools = Pools(self.kube, self.options)
 
     @property
     def options(self) -> RenderOptions:
@@ -72,8 +77,9 @@ class Reconciler:
             tls_mutual=self.config.ps_tls_mutual,
         )
 
-    def validate(self, owner: Owner, spec: Mapping[str, Any]) -> Validated:
-        return validate(owner, spec, self.config)
+    async def validate(self, owner: Owner, spec: Mapping[str, Any]) -> Validated:
+        """The declaration; a table on a pool placed there (``recstore.operator.pools``)."""
+        return await place(self.pools, owner, validate(owner, spec, self.config))
 
     async def apply(
         self,
@@ -84,11 +90,13 @@ class Reconciler:
     ) -> Validated:
         """Create or update the children; a changed shard count (or a stored unfinished
         move, ``status``) starts an online move instead; nothing when invalid."""
-        checked = self.validate(owner, spec)
+        checked = await self.validate(owner, spec)
         decl = checked.declaration
         if decl is None:
             logger.error(f"invalid EmbeddingTable, nothing changed: {checked.problem}")
             return checked
+        if checked.fleet is not None or checked.placing is not None:
+            return checked  # on a pool: its nodes are the pool's, the table is created there
         name, ns = render.workload_name(owner.name), owner.namespace
         sts = await self.kube.get(path("StatefulSet", ns, name))
         unfinished = ((status or {}).get("migrationJob") or {}).get("phase") not in (None, "done")
@@ -115,24 +123,31 @@ class Reconciler:
         self, owner: Owner, checked: Validated, logger: Logger
     ) -> tuple[Observation, list[dict[str, Any]]]:
         """What runs; a ready pod counts as a ready shard once the table exists on it."""
-        ns, name = owner.namespace, render.workload_name(owner.name)
+        if checked.held:  # on a pool that is not there, or too large for it: nothing runs
+            return Observation(pool=checked.placing), []
+        fleet, decl = checked.runs_on(owner), checked.declaration
+        ns, name = owner.namespace, render.fleet_name(fleet)
         sts = await self.kube.get(path("StatefulSet", ns, name))
         pods = (
             []
             if sts is None
-            else await self.kube.list(path("Pod", ns), labels=render.selector_labels(owner))
+            else await self.kube.list(path("Pod", ns), labels=render.selector_labels(fleet))
         )
+        if sts is not None and decl is not None and checked.fleet is not None:
+            # a pool's nodes beyond the table's shards (a pool growing) do not hold it yet
+            sts = {**sts, "spec": {**sts.get("spec", {}), "replicas": decl.spec.shards}}
+            pods = [p for p in pods if _pod_index(p) < decl.spec.shards]
         refused = None
-        if checked.declaration is not None:
-            refused = await self._create_table_on_new_shards(
-                owner, checked.declaration, pods, logger
-            )
-        usable = [p for p in pods if not pod_ready(p) or _pod_key(p) in self.confirmed]
+        if decl is not None:
+            refused = await self._create_table_on_new_shards(owner, decl, pods, logger)
+        usable = [p for p in pods if not pod_ready(p) or self._key(owner, p) in self.confirmed]
         unconfirmed = [_without_ready(p) for p in pods if p not in usable]
-        endpoint = lambda i: render.shard_endpoint(owner, i, self.options)  # noqa: E731
+        endpoint = lambda i: render.shard_endpoint(fleet, i, self.options)  # noqa: E731
         observation = observe(sts, usable + unconfirmed, endpoint)
         if refused is not None:
             observation = dataclasses.replace(observation, refused=refused)
+        if checked.placing is not None:
+            observation = dataclasses.replace(observation, pool=checked.placing)
         resharder = self.reshards.resharders.get(owner.uid)
         if resharder is not None and resharder.progress is not None:
             observation = dataclasses.replace(
@@ -149,7 +164,7 @@ class Reconciler:
     ) -> str | None:
         """CreateTable on each ready shard not known to host the table; returns a node's
         refusal (its words), which holds until a later call finds the table served."""
-        todo = [p for p in pods if pod_ready(p) and _pod_key(p) not in self.confirmed]
+        todo = [p for p in pods if pod_ready(p) and self._key(owner, p) not in self.confirmed]
         shards = [(_pod_index(p), self._address(p)) for p in todo if p["status"].get("podIP")]
         if not shards:
             return None
@@ -158,14 +173,17 @@ class Reconciler:
         # a table moved online: a new (or restarted) shard joins with the committed map
         table = await self.kube.get(path("EmbeddingTable", ns, owner.name)) or {}
         stored = (table.get("status") or {}).get("slotMap")
+        slot_map = SlotMap.from_dict(stored) if stored else None
+        if slot_map is None and decl.pool is not None:  # a pool's nodes hold tables of any count
+            slot_map = SlotMap.initial(decl.spec.shards)
         results = await final_checkpoint.create_table_on(
             shards, decl.spec, token=token, timeout=self.config.rpc_timeout, tls=self.config.tls,
-            slot_map=SlotMap.from_dict(stored) if stored else None,
+            slot_map=slot_map,
         )  # fmt: skip
         refusals = []
         for pod, result in zip(todo, results, strict=False):
             if result.ok:
-                self.confirmed.add(_pod_key(pod))
+                self.confirmed.add(self._key(owner, pod))
             else:
                 logger.warning(f"table not created on shard {result.index}: {result.detail}")
                 if result.code in CREATE_REFUSALS:
@@ -173,6 +191,10 @@ class Reconciler:
                         f"shard {result.index} ({result.address}) refused it: {result.detail}"
                     )
         return refusals[0] if refusals else None
+
+    @staticmethod
+    def _key(owner: Owner, pod: Mapping[str, Any]) -> tuple[str, str, int]:
+        return (owner.uid, *_pod_key(pod))
 
     def _address(self, pod: Mapping[str, Any]) -> str:
         ip = pod["status"]["podIP"]
@@ -212,8 +234,10 @@ class Reconciler:
         """Save every serving shard under ``checkpoint_id``. ``every_shard``: a shard of the
         StatefulSet that does not serve is listed too, failed (an on-demand checkpoint is
         of the whole table); else only the serving ones are asked (the final checkpoint)."""
+        table = await self.kube.get(path("EmbeddingTable", owner.namespace, owner.name)) or {}
+        fleet = pool_of(owner, table.get("spec") or {})
         pods = await self.kube.list(
-            path("Pod", owner.namespace), labels=render.selector_labels(owner)
+            path("Pod", owner.namespace), labels=render.selector_labels(fleet)
         )
         serving = {_pod_index(p): p for p in pods if pod_ready(p) and p["status"].get("podIP")}
         token = await self.ps_token(owner.namespace)
@@ -226,7 +250,7 @@ class Reconciler:
         )
         if every_shard:
             sts = await self.kube.get(
-                path("StatefulSet", owner.namespace, render.workload_name(owner.name))
+                path("StatefulSet", owner.namespace, render.fleet_name(fleet))
             )
             replicas = int((sts or {}).get("spec", {}).get("replicas", 0))
             results += [
@@ -239,7 +263,22 @@ class Reconciler:
             say(f"checkpoint {checkpoint_id} of shard {r.index}: {r.error or 'saved'}")
         return sorted(results, key=lambda r: r.index)
 
-    async def remove_children(self, owner: Owner) -> None:
+    async def remove_children(self, owner: Owner, spec: Mapping[str, Any]) -> None:
+        """Remove what holds the table: its own fleet, or the table from its pool's nodes
+        (the pool's other tables untouched)."""
+        fleet = pool_of(owner, spec)
+        if fleet is not owner:
+            pods = await self.kube.list(
+                path("Pod", owner.namespace), labels=render.selector_labels(fleet)
+            )
+            serving = [(_pod_index(p), self._address(p)) for p in pods if pod_ready(p)]
+            name = str(spec.get("name") or owner.name)
+            token = await self.ps_token(owner.namespace)
+            await final_checkpoint.drop_table_on(
+                serving, name, token=token, timeout=self.config.rpc_timeout, tls=self.config.tls
+            )
+            self.confirmed = {key for key in self.confirmed if key[0] != owner.uid}
+            return
         name, ns = render.workload_name(owner.name), owner.namespace
         for kind in ("StatefulSet", "PodDisruptionBudget", "Service"):
             await self.kube.delete(path(kind, ns, name))

@@ -1,4 +1,8 @@
-"""Pure rendering of an EmbeddingTable's children: StatefulSet, headless Service, PDB.
+"""Pure rendering of a fleet's children: StatefulSet, headless Service, PDB.
+
+A fleet is a table's own (the EmbeddingTable owns the children) or an
+EmbeddingPool's that many tables share (the pool owns them); both render the
+same way from a ``recstore.core.fleet.Fleet``, only their names and selector differ.
 
 One pod per shard in a StatefulSet: the pod ordinal is the shard index (read
 from the ``apps.kubernetes.io/pod-index`` label through the downward API), the
@@ -15,17 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from recstore.core.fleet import DATA_DIR, GRPC_PORT, METRICS_PORT, Fleet, node_args
 from recstore.core.placement import Spread
-from recstore.core.reconcile import (
-    DATA_DIR,
-    GRPC_PORT,
-    LIVENESS_SERVICE,
-    METRICS_PORT,
-    Declaration,
-    ps_node_args,
-    takes_read_only_token,
-)
-from recstore.core.resource import API_VERSION, GROUP, KIND
+from recstore.core.reconcile import LIVENESS_SERVICE, Declaration
+from recstore.core.resource import API_VERSION, GROUP, KIND, POOL_KIND
 from recstore.core.tls import ServerTls
 
 SHARD_INDEX_ENV = "RECSTORE_SHARD_INDEX"
@@ -47,12 +44,15 @@ TMP_DIR = "/tmp"
 TMP_SIZE_LIMIT = "1Gi"
 #: the StatefulSet controller labels pods with "<name>-<10-char hash>", 63 chars at most.
 MAX_RESOURCE_NAME = 63 - len("-ps") - 11
+#: a pool's children end in "-pool" (a table's in "-ps"): the two never share a name
+POOL_SUFFIX = "-pool"
+MAX_POOL_NAME = 63 - len(POOL_SUFFIX) - 11
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
 class Owner:
-    """The EmbeddingTable the children belong to."""
+    """The EmbeddingTable (or EmbeddingPool) the children belong to."""
 
     name: str
     namespace: str
@@ -67,7 +67,7 @@ class RenderOptions:
     #: Secret whose key ``token`` the PS nodes read as their auth token.
     token_secret: str | None = None
     #: Secret whose key ``token`` the nodes of inference tables read as their read-only
-    #: token (``recstore.core.reconcile.takes_read_only_token``); needs ``token_secret``.
+    #: token (``recstore.core.fleet.Fleet.read_only_tokens``); needs ``token_secret``.
     read_only_token_secret: str | None = None
     cluster_domain: str = "cluster.local"
     #: Secret with ``tls.crt``, ``tls.key``, ``ca.crt``: the nodes serve gRPC over TLS.
@@ -84,15 +84,15 @@ class RenderOptions:
         return ServerTls(cert, key, ca if self.tls_mutual else None)
 
 
-def name_problem(name: str) -> str | None:
+def name_problem(name: str, *, longest: int = MAX_RESOURCE_NAME) -> str | None:
     """Why a resource name cannot name the children (None when it can)."""
     if not _DNS_LABEL.fullmatch(name):
         return (
             f"metadata.name {name!r} must be a DNS label (lowercase letters, digits, '-', "
             "starting with a letter): it names the shards' Service and pods"
         )
-    if len(name) > MAX_RESOURCE_NAME:
-        return f"metadata.name {name!r} is longer than {MAX_RESOURCE_NAME} characters"
+    if len(name) > longest:
+        return f"metadata.name {name!r} is longer than {longest} characters"
     return None
 
 
@@ -100,8 +100,22 @@ def workload_name(table: str) -> str:
     return f"{table}-ps"
 
 
+def is_pool(owner: Owner) -> bool:
+    return owner.kind == POOL_KIND
+
+
+def fleet_name(owner: Owner) -> str:
+    """The StatefulSet, Service and PDB name of a table's own fleet or of a pool."""
+    return f"{owner.name}{POOL_SUFFIX}" if is_pool(owner) else workload_name(owner.name)
+
+
 def selector_labels(owner: Owner) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "recstore-ps", "app.kubernetes.io/instance": owner.name}
+    app = "recstore-pool" if is_pool(owner) else "recstore-ps"
+    return {"app.kubernetes.io/name": app, "app.kubernetes.io/instance": owner.name}
+
+
+def as_fleet(fleet: Fleet | Declaration) -> Fleet:
+    return fleet.fleet if isinstance(fleet, Declaration) else fleet
 
 
 def labels(owner: Owner) -> dict[str, str]:
@@ -115,7 +129,7 @@ def labels(owner: Owner) -> dict[str, str]:
 
 def shard_endpoint(owner: Owner, index: int, options: RenderOptions) -> str:
     """Stable DNS name and port of shard ``index`` (its StatefulSet pod)."""
-    name = workload_name(owner.name)
+    name = fleet_name(owner)
     return f"{name}-{index}.{name}.{owner.namespace}.svc.{options.cluster_domain}:{GRPC_PORT}"
 
 
@@ -142,7 +156,7 @@ def render_service(owner: Owner) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(owner, workload_name(owner.name)),
+        "metadata": _meta(owner, fleet_name(owner)),
         "spec": {
             "clusterIP": "None",
             # Shard names resolve while a pod starts: clients see UNAVAILABLE, not NXDOMAIN.
@@ -161,19 +175,19 @@ def render_pdb(owner: Owner) -> dict[str, Any]:
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": _meta(owner, workload_name(owner.name)),
+        "metadata": _meta(owner, fleet_name(owner)),
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(owner)}},
     }
 
 
-def _resources(decl: Declaration) -> dict[str, Any]:
-    res = decl.placement.resources
+def _resources(fleet: Fleet) -> dict[str, Any]:
+    res = fleet.placement.resources
     requests: dict[str, str] = {"cpu": res.cpu, "memory": res.memory}
     limits: dict[str, str] = {"memory": res.memory_limit or res.memory}
     if res.cpu_limit:
         limits["cpu"] = res.cpu_limit
-    if decl.placement.gpus:  # extended resources: request == limit
-        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(decl.placement.gpus)
+    if fleet.placement.gpus:  # extended resources: request == limit
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(fleet.placement.gpus)
     return {"requests": requests, "limits": limits}
 
 
@@ -190,9 +204,9 @@ def _affinity(owner: Owner, spread: Spread) -> dict[str, Any] | None:
     return None
 
 
-def _tolerations(decl: Declaration) -> list[dict[str, Any]]:
-    out = [t.model_dump(by_alias=True, exclude_none=True) for t in decl.placement.tolerations]
-    if decl.placement.gpus:  # GPU nodes are commonly tainted for GPU workloads only
+def _tolerations(fleet: Fleet) -> list[dict[str, Any]]:
+    out = [t.model_dump(by_alias=True, exclude_none=True) for t in fleet.placement.tolerations]
+    if fleet.placement.gpus:  # GPU nodes are commonly tainted for GPU workloads only
         gpu = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
         if gpu not in out:
             out.append(gpu)
@@ -236,15 +250,16 @@ def scrape_annotations() -> dict[str, str]:
     }
 
 
-def render_pod_template(owner: Owner, decl: Declaration, options: RenderOptions) -> dict[str, Any]:
+def render_pod_template(
+    owner: Owner, declared: Fleet | Declaration, options: RenderOptions
+) -> dict[str, Any]:
+    fleet = as_fleet(declared)
     token_file = f"{TOKEN_DIR}/token" if options.token_secret else None
     read_only_secret = (
-        options.read_only_token_secret
-        if options.token_secret and takes_read_only_token(decl.spec)
-        else None
+        options.read_only_token_secret if options.token_secret and fleet.read_only_tokens else None
     )
-    args = ps_node_args(
-        decl,
+    args = node_args(
+        fleet,
         shard_index=f"$({SHARD_INDEX_ENV})",
         auth_token_file=token_file,
         read_only_token_file=f"{READ_ONLY_TOKEN_DIR}/token" if read_only_secret else None,
@@ -253,7 +268,7 @@ def render_pod_template(owner: Owner, decl: Declaration, options: RenderOptions)
     probe = {"grpc": {"port": GRPC_PORT}, "periodSeconds": 10, "timeoutSeconds": 5}
     container: dict[str, Any] = {
         "name": "ps",
-        "image": decl.placement.image or options.default_image,
+        "image": fleet.placement.image or options.default_image,
         "command": ["recstore"],
         "args": args,
         "env": [
@@ -261,13 +276,12 @@ def render_pod_template(owner: Owner, decl: Declaration, options: RenderOptions)
                 "name": SHARD_INDEX_ENV,
                 "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}},
             },
-            {"name": "RECSTORE_TABLE", "value": decl.spec.name},
         ],
         "ports": [
             {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
-        "resources": _resources(decl),
+        "resources": _resources(fleet),
         # Loading a large checkpoint takes a while: the startup probe covers it (10 min).
         "startupProbe": {**probe, "failureThreshold": 60},
         "readinessProbe": {**probe, "failureThreshold": 2},
@@ -287,7 +301,7 @@ def render_pod_template(owner: Owner, decl: Declaration, options: RenderOptions)
         # a PS node never calls the Kubernetes API: no service account token in its pods
         "automountServiceAccountToken": False,
         "securityContext": pod_security_context(),
-        "terminationGracePeriodSeconds": decl.placement.termination_grace_seconds,
+        "terminationGracePeriodSeconds": fleet.placement.termination_grace_seconds,
         "containers": [container],
         "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}}],
     }
@@ -328,33 +342,38 @@ def render_pod_template(owner: Owner, decl: Declaration, options: RenderOptions)
                 },
             }
         )
-    if decl.placement.node_selector:
-        pod["nodeSelector"] = dict(decl.placement.node_selector)
-    if tolerations := _tolerations(decl):
+    if fleet.table is not None:  # a table's own fleet: the one table its nodes serve
+        container["env"].append({"name": "RECSTORE_TABLE", "value": fleet.table})
+    if fleet.placement.node_selector:
+        pod["nodeSelector"] = dict(fleet.placement.node_selector)
+    if tolerations := _tolerations(fleet):
         pod["tolerations"] = tolerations
-    if affinity := _affinity(owner, Spread(decl.placement.spread)):
+    if affinity := _affinity(owner, Spread(fleet.placement.spread)):
         pod["affinity"] = affinity
     metadata = {"labels": labels(owner), "annotations": scrape_annotations()}
     return {"metadata": metadata, "spec": pod}
 
 
-def render_statefulset(owner: Owner, decl: Declaration, options: RenderOptions) -> dict[str, Any]:
-    storage = decl.placement.storage
+def render_statefulset(
+    owner: Owner, declared: Fleet | Declaration, options: RenderOptions
+) -> dict[str, Any]:
+    fleet = as_fleet(declared)
+    storage = fleet.placement.storage
     claim_spec: dict[str, Any] = {
         "accessModes": ["ReadWriteOnce"],
         "resources": {"requests": {"storage": storage.size}},
     }
     if storage.storage_class_name:
         claim_spec["storageClassName"] = storage.storage_class_name
-    meta = _meta(owner, workload_name(owner.name))
-    meta["annotations"] = {SHARDS_ANNOTATION: str(decl.spec.shards)}
+    meta = _meta(owner, fleet_name(owner))
+    meta["annotations"] = {SHARDS_ANNOTATION: str(fleet.shards)}
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
         "metadata": meta,
         "spec": {
-            "serviceName": workload_name(owner.name),
-            "replicas": decl.spec.shards,
+            "serviceName": fleet_name(owner),
+            "replicas": fleet.shards,
             "podManagementPolicy": "Parallel",  # shards are independent: start them together
             # partition 0: an apply rolls every pod, also those a grow kept on their revision
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}},
@@ -363,7 +382,7 @@ def render_statefulset(owner: Owner, decl: Declaration, options: RenderOptions) 
                 "whenScaled": "Retain",
             },
             "selector": {"matchLabels": selector_labels(owner)},
-            "template": render_pod_template(owner, decl, options),
+            "template": render_pod_template(owner, fleet, options),
             "volumeClaimTemplates": [
                 {
                     "apiVersion": "v1",

@@ -39,14 +39,14 @@ class ReconcilerView(Protocol):
 
     kube: Kube
     config: OperatorConfig
-    confirmed: set[tuple[str, int]]
+    confirmed: set[tuple[str, str, int]]
     publish: Callable[[str, dict[str, Any]], Awaitable[None]] | None
     announce: Callable[[Owner, str, ReshardEvent], Awaitable[None]] | None
 
     @property
     def options(self) -> RenderOptions: ...
 
-    def validate(self, owner: Owner, spec: Mapping[str, Any]) -> Validated: ...
+    async def validate(self, owner: Owner, spec: Mapping[str, Any]) -> Validated: ...
 
     async def observe(
         self, owner: Owner, checked: Validated, logger: Logger
@@ -128,7 +128,7 @@ class ReshardControl:
             template=template,
             token=await rec.ps_token(owner.namespace), tls=rec.config.tls,
             timeout=self.reconciler.config.rpc_timeout, publish=publish, announce=announce,
-            confirm=lambda pod: self.reconciler.confirmed.add(resharding.pod_key(pod)),
+            confirm=lambda pod: rec.confirmed.add((owner.uid, *resharding.pod_key(pod))),
         )  # fmt: skip
         store = StatusJobStore(self.reconciler.kube, loop, owner.namespace, owner.name)
         resharding.start(
@@ -195,7 +195,7 @@ class ReshardControl:
         body = await self.reconciler.kube.get(url)
         if body is None:
             return
-        checked = self.reconciler.validate(owner, body.get("spec") or {})
+        checked = await self.reconciler.validate(owner, body.get("spec") or {})
         observation, _pods = await self.reconciler.observe(owner, checked, log)
         previous = body.get("status") or {}
         generation = int(

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from helm_python.errors import HelmRenderError
 
-from recstore.core.resource import CRD_NAME
+from recstore.core.resource import CRD_NAME, POOL_CRD_NAME
 
 TLS = {"tls": {"enabled": True, "existingSecret": "my-tls"}}
 
@@ -214,8 +214,9 @@ def test_the_operator_never_gets_the_bootstrap_admin_token(chart, scenario) -> N
 
 
 def test_the_crd_is_a_template_that_upgrades_and_survives_uninstall(chart) -> None:
-    (crd,) = chart.render().find("CustomResourceDefinition")
-    assert crd["metadata"]["name"] == CRD_NAME
-    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    crds = chart.render().find("CustomResourceDefinition")
+    assert sorted(crd["metadata"]["name"] for crd in crds) == sorted([CRD_NAME, POOL_CRD_NAME])
+    for crd in crds:
+        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
     assert not chart.loaded.crds  # crds/ is installed once and never upgraded
     assert chart.render({"crds": {"install": False}}).find("CustomResourceDefinition") == []

@@ -17,7 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from recstore.core.resource import API_VERSION, CRD_NAME
+from recstore.core.resource import API_VERSION, CRD_NAME, POOL_CRD_NAME
 
 EXPECTED_SCENARIOS = {
     "default-values.yaml",
@@ -212,9 +212,27 @@ def test_chart_crds_validate_strictly(chart) -> None:
     crds = chart.crds
     assert crds, "templates/crd.yaml is missing"
     names = {crd["metadata"]["name"] for crd in crds}
-    assert CRD_NAME in names
+    assert {CRD_NAME, POOL_CRD_NAME} <= names
     for crd in crds:
         _validate_strict(crd, chart.kube_version)
+
+
+def test_the_example_pool_and_its_table_match_the_chart_crds(chart) -> None:
+    """examples/tables/pool: the EmbeddingPool and a table placed on it, as the API server
+    installed by the chart takes them; a pool with shards 0 it refuses."""
+    examples = chart.directory.parents[1] / "examples/tables/pool"
+    objects = [yaml.safe_load(p.read_text()) for p in sorted(examples.glob("*.yaml"))]
+    assert sorted(o["kind"] for o in objects) == ["EmbeddingPool", "EmbeddingTable"]
+    for obj in objects:
+        schema = _crd_schema(chart.crds, obj["kind"])
+        assert schema is not None, f"no CRD for {obj['kind']}"
+        jsonschema.Draft4Validator(schema).validate(obj)
+    pool = next(o for o in objects if o["kind"] == "EmbeddingPool")
+    broken = copy.deepcopy(pool)
+    broken["spec"]["shards"] = 0
+    schema = _crd_schema(chart.crds, "EmbeddingPool")
+    assert schema is not None
+    assert not jsonschema.Draft4Validator(schema).is_valid(broken)
 
 
 def test_strict_validation_rejects_an_unknown_field(chart) -> None:

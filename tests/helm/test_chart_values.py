@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from helm_python.errors import HelmRenderError
 
-from recstore.core.resource import GROUP, PLURAL
+from recstore.core.resource import GROUP, PLURAL, POOL_PLURAL
 
 SQLITE_URL = "sqlite:////var/lib/recstore/admin.db"
 
@@ -279,17 +279,17 @@ READ = ["get", "list", "watch"]
 NAMESPACED_RULES = [
     {
         "apiGroups": [GROUP],
-        "resources": [PLURAL],
+        "resources": [PLURAL, POOL_PLURAL],
         "verbs": ["get", "list", "watch", "patch"],
     },
     {
         "apiGroups": [GROUP],
-        "resources": [f"{PLURAL}/status"],
+        "resources": [f"{PLURAL}/status", f"{POOL_PLURAL}/status"],
         "verbs": ["get", "patch"],
     },
     {
         "apiGroups": [GROUP],
-        "resources": [f"{PLURAL}/finalizers"],
+        "resources": [f"{PLURAL}/finalizers", f"{POOL_PLURAL}/finalizers"],
         "verbs": ["update"],
     },
     {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": WRITE},

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from recstore.core.reconcile import DATA_DIR, GRPC_PORT, METRICS_PORT
+from recstore.core.fleet import DATA_DIR, GRPC_PORT, METRICS_PORT
 
 DOCKER_DIR = Path(__file__).resolve().parents[2] / "docker"
 CHART_UID = 10001  # the chart's pod securityContext runAsUser for operator and admin

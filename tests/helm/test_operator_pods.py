@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from recstore.core.reconcile import METRICS_PORT, parse_declaration
+from recstore.core.fleet import METRICS_PORT
+from recstore.core.reconcile import parse_declaration
 from recstore.operator import render
 from recstore.operator.render import Owner, RenderOptions
 

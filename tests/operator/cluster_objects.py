@@ -50,10 +50,13 @@ async def run_shards(
     name: str,
     shards: int,
     pod_ip: Callable[[int], str] = lambda index: "127.0.0.1",
+    *,
+    suffix: str = "-ps",
 ) -> None:
     """Play the StatefulSet controller and kubelet: every shard pod up and ready (pod i at
-    ``pod_ip(i)``)."""
-    sts = await get(api, f"{STS}/{name}-ps")
+    ``pod_ip(i)``); ``suffix``: "-pool" for a pool's StatefulSet."""
+    workload = f"{name}{suffix}"
+    sts = await get(api, f"{STS}/{workload}")
     assert sts is not None
     selector = sts["spec"]["selector"]["matchLabels"]
     generation = sts["metadata"]["generation"]
@@ -62,17 +65,18 @@ async def run_shards(
         "readyReplicas": shards,
         "updatedReplicas": shards,
         "observedGeneration": generation,
-        "currentRevision": f"{name}-ps-{generation}",
-        "updateRevision": f"{name}-ps-{generation}",
+        "currentRevision": f"{workload}-{generation}",
+        "updateRevision": f"{workload}-{generation}",
     }
-    patched = await api.patch(f"{STS}/{name}-ps/status", json={"status": sts_status}, headers=MERGE)
+    url = f"{STS}/{workload}/status"
+    patched = await api.patch(url, json={"status": sts_status}, headers=MERGE)
     patched.raise_for_status()
     for i in range(shards):
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
-                "name": f"{name}-ps-{i}",
+                "name": f"{workload}-{i}",
                 "namespace": NS,
                 "labels": {**selector, "apps.kubernetes.io/pod-index": str(i)},
             },
@@ -82,5 +86,5 @@ async def run_shards(
                 "containerStatuses": [{"name": "ps", "restartCount": 0}],
             },
         }
-        if await get(api, f"{PODS}/{name}-ps-{i}") is None:
+        if await get(api, f"{PODS}/{workload}-{i}") is None:
             (await api.post(PODS, json=pod)).raise_for_status()

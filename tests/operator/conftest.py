@@ -29,7 +29,7 @@ import kopf
 import pytest
 from kopf.testing import KopfRunner
 
-from recstore.core.resource import API_VERSION, PLURAL, collection_path
+from recstore.core.resource import API_VERSION, PLURAL, POOL_PLURAL, collection_path
 from recstore.operator.config import OperatorConfig
 from recstore.operator.handlers import register
 from recstore.v1 import ps_pb2, ps_pb2_grpc
@@ -117,6 +117,14 @@ async def api_server(tmp_path, monkeypatch) -> AsyncIterator[ApiServer]:
             "subresources": ["status"],
             "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
         }
+        server.resources[f"{API_VERSION}/{POOL_PLURAL}"] = {
+            "namespaced": True,
+            "kind": "EmbeddingPool",
+            "singular": "embeddingpool",
+            "shortnames": ["ep"],
+            "subresources": ["status"],
+            "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+        }
         for res, kind in [
             ("v1/events", "Event"),
             ("v1/pods", "Pod"),
@@ -151,6 +159,7 @@ class FakePS(ps_pb2_grpc.ParameterServerServicer):
     takes its time)."""
 
     created: list[dict[str, Any]] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
     saves: list[str] = field(default_factory=list)
     fail_saves: int = 0
     hold_saves: asyncio.Event | None = None
@@ -161,6 +170,12 @@ class FakePS(ps_pb2_grpc.ParameterServerServicer):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad token")
         self.created.append(json.loads(request.spec_json))
         return ps_pb2.CreateTableResponse(created=True)
+
+    async def DropTable(self, request, context):
+        if dict(context.invocation_metadata()).get("authorization") != f"Bearer {PS_TOKEN}":
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad token")
+        self.dropped.append(request.table)
+        return ps_pb2.DropTableResponse()
 
     async def Save(self, request, context):
         if dict(context.invocation_metadata()).get("authorization") != f"Bearer {PS_TOKEN}":

@@ -115,6 +115,7 @@ def test_names_columns_and_status_subresource():
         "Phase": ".status.phase",
         "Ready": ".status.readyShards",
         "Shards": ".spec.shards",
+        "Pool": ".spec.pool",
         "Dim": ".spec.embeddingDim",
         "Rows": ".spec.numEmbeddings",
         "Age": ".metadata.creationTimestamp",
@@ -135,8 +136,10 @@ def test_server_defaults_equal_the_model_defaults():
     from_defaults = parse_declaration(defaulted, default_name="t")
     assert from_defaults == parse_declaration(spec, default_name="t")
     wire = from_defaults.spec.to_wire()
-    assert {k: v for k, v in defaulted.items() if k != "placement"} == {
-        k: v for k, v in wire.items() if k != "name" and v is not None
+    # shards and placement have no server default: a table on a pool declares neither
+    assert "shards" not in defaulted and "placement" not in defaulted
+    assert defaulted == {
+        k: v for k, v in wire.items() if k not in ("name", "shards") and v is not None
     } | {"keys": {k: v for k, v in wire["keys"].items() if v is not None}}
 
 

@@ -20,9 +20,8 @@ from recstore.core.control import Rpc
 from recstore.core.reshard.capacity import peak_slots
 from recstore.core.reshard.plan import Phase, ReshardJob
 from recstore.core.routing import NUM_SLOTS
-from recstore.core.shard_rows import rows_for_slots
+from recstore.core.shard_rows import rows_for_slots, shard_layout
 from recstore.ps.serve.server import start_in_thread
-from recstore.store.options import shard_layout
 from recstore.v1 import ps_pb2
 
 from .conftest import spec

@@ -21,7 +21,7 @@ from recstore.core import (
     NonFiniteValues,
     TableSpec,
 )
-from recstore.store.options import shard_layout
+from recstore.core.shard_rows import shard_layout
 
 MASK = (1 << 64) - 1
 

@@ -18,9 +18,10 @@ from pydantic import ValidationError
 from recstore import _native
 from recstore.core import DeviceUnavailable, TableSpec
 from recstore.core.reconcile import parse_declaration, ps_node_args
+from recstore.core.shard_rows import cache_size
 from recstore.store import Table
 from recstore.store.buffers import NUMPY_DTYPES
-from recstore.store.options import cache_size, native_cache_options, native_options
+from recstore.store.options import native_cache_options, native_options
 
 from .cache_model import CacheModel
 

@@ -7,7 +7,7 @@ import pytest
 
 from recstore import _native
 from recstore.core import TableSpec, hash_keys
-from recstore.store.options import Layout, shard_layout
+from recstore.core.shard_rows import Layout, shard_layout
 
 
 def spec(mode: str = "dense", n: int = 1000, capacity: int | None = None) -> TableSpec:

@@ -169,13 +169,13 @@ that one Secret (the operator authenticates its own CreateTable and Save calls w
 Secret is mounted into PS pods by the kubelet: the operator never reads it. */}}
 {{- define "recstore.operator.namespacedRules" -}}
 - apiGroups: ["recstore.io"]
-  resources: ["embeddingtables"]
+  resources: ["embeddingtables", "embeddingpools"]
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["recstore.io"]
-  resources: ["embeddingtables/status"]
+  resources: ["embeddingtables/status", "embeddingpools/status"]
   verbs: ["get", "patch"]
 - apiGroups: ["recstore.io"]
-  resources: ["embeddingtables/finalizers"]
+  resources: ["embeddingtables/finalizers", "embeddingpools/finalizers"]
   verbs: ["update"]
 - apiGroups: ["apps"]
   resources: ["statefulsets"]

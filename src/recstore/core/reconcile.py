@@ -19,119 +19,85 @@ from pydantic import ValidationError
 
 from recstore.core.checkpoint_status import TableCheckpoint, clip, rfc3339
 from recstore.core.errors import InvalidArgument
+from recstore.core.fleet import Fleet, node_args, table_fleet
 from recstore.core.placement import Placement
+from recstore.core.pool import POOL_NAME
 from recstore.core.reshard.retry import attempt_note, retry_note
 from recstore.core.routing import SlotMap
-from recstore.core.spec import Durability, StorageTier, TableSpec
+from recstore.core.spec import StorageTier, TableSpec, describe_errors
 from recstore.core.status import Condition, Phase, ShardStatus, TableStatus
-from recstore.core.tls import ServerTls
 
-GRPC_PORT = 50051
-#: a PS pod listens on all its addresses (loopback is the node's own default)
-POD_LISTEN_HOST = "0.0.0.0"
-METRICS_PORT = 9100
 #: the gRPC health service a liveness probe asks: SERVING while the node process serves,
 #: also while writes are stopped after a log failure ("" and the ParameterServer service
 #: then say NOT_SERVING: not ready for writes, yet alive and serving reads)
 LIVENESS_SERVICE = "liveness"
-DATA_DIR = "/data"
 
 
 @dataclass(frozen=True)
 class Declaration:
-    """A validated table: what it is (spec) and where its shards run (placement)."""
+    """A validated table: what it is (spec) and where its shards run (placement, or the
+    pool it is placed on)."""
 
     spec: TableSpec
     placement: Placement
+    #: the EmbeddingPool whose nodes hold the table (None: a fleet of its own)
+    pool: str | None = None
+
+    @property
+    def fleet(self) -> Fleet:
+        """The nodes of the table's own fleet."""
+        return table_fleet(self.spec, self.placement)
 
 
 def parse_declaration(data: Mapping[str, Any], *, default_name: str) -> Declaration:
-    """Validate a declared table (CR ``spec``: table fields plus ``placement``).
+    """Validate a declared table (CR ``spec``: table fields plus ``placement``, or ``pool``).
 
-    ``name`` is optional and defaults to ``default_name`` (the resource name).
-    Raises InvalidArgument naming every offending field.
+    ``name`` is optional and defaults to ``default_name`` (the resource name). A table
+    placed on a pool takes its shards and placement from the pool, so it may declare
+    neither. Raises InvalidArgument naming every offending field.
     """
     fields = dict(data)
+    pool = fields.pop("pool", None)
     placement_data = fields.pop("placement", None) or {}
     fields.setdefault("name", default_name)
     problems: list[str] = []
+    if pool is not None:
+        problems += pool_field_problems(pool, data)
     spec = placement = None
     try:
         spec = TableSpec.model_validate(fields)
     except ValidationError as exc:
-        problems += _describe(exc, "spec")
+        problems += describe_errors(exc, "spec")
     try:
         placement = Placement.model_validate(placement_data)
     except ValidationError as exc:
-        problems += _describe(exc, "spec.placement")
-    if spec is not None and placement is not None:
+        problems += describe_errors(exc, "spec.placement")
+    if spec is not None and placement is not None and pool is None:
         tier = StorageTier(spec.storage)
         if tier != StorageTier.host and placement.gpus == 0:
             problems.append(f"spec.storage: tier {tier.value!r} needs spec.placement.gpus >= 1")
     if problems or spec is None or placement is None:
         raise InvalidArgument("; ".join(problems))
-    return Declaration(spec=spec, placement=placement)
+    return Declaration(spec=spec, placement=placement, pool=pool)
 
 
-def _describe(exc: ValidationError, prefix: str) -> list[str]:
-    out = []
-    for err in exc.errors():
-        path = ".".join([prefix, *(str(part) for part in err["loc"])])
-        out.append(f"{path}: {err['msg']}")
-    return out
+def pool_field_problems(pool: Any, data: Mapping[str, Any]) -> list[str]:
+    """What is wrong with ``spec.pool`` and the fields a table on a pool may not have."""
+    if not isinstance(pool, str) or not POOL_NAME.fullmatch(pool):
+        return [f"spec.pool: {pool!r} is not the name of an EmbeddingPool (a DNS label)"]
+    own = [f"spec.{name}" for name in ("shards", "placement") if name in data]
+    if own:
+        return [
+            f"{' and '.join(own)}: a table on pool {pool!r} runs on the pool's nodes; "
+            "declare shards and placement on the EmbeddingPool, or leave out spec.pool"
+        ]
+    return []
 
 
-def takes_read_only_token(spec: TableSpec) -> bool:
-    """Whether a table's nodes accept read-only tokens: those serving an inference table
-    (its readers never write; a training table's trainers all do)."""
-    return spec.inference
-
-
-def ps_node_args(
-    decl: Declaration,
-    *,
-    shard_index: int | str,
-    port: int = GRPC_PORT,
-    metrics_port: int = METRICS_PORT,
-    data_dir: str = DATA_DIR,
-    auth_token_file: str | None = None,
-    read_only_token_file: str | None = None,
-    host: str = POD_LISTEN_HOST,
-    tls: ServerTls | None = None,
-) -> list[str]:
-    """Arguments of ``recstore ps-node`` for one shard.
-
-    ``read_only_token_file`` is passed to the nodes of a table that takes read-only
-    tokens (``takes_read_only_token``); it needs ``auth_token_file``.
-
-    ``host`` is the address the node listens on: every address of a pod by
-    default (its Service reaches it there); the node itself defaults to loopback.
-
-    ``shard_index`` may be a string such as ``$(RECSTORE_SHARD_INDEX)`` where
-    the runtime substitutes it (Kubernetes expands ``$(VAR)`` in args).
-    """
-    args = [
-        "ps-node",
-        "--port", str(port),
-        "--metrics-port", str(metrics_port),
-        "--data-dir", data_dir,
-        "--shard-index", str(shard_index),
-        "--num-shards", str(decl.spec.shards),
-        "--device", "cpu" if StorageTier(decl.spec.storage) == StorageTier.host else "cuda",
-        "--durability", Durability(decl.spec.checkpoint.durability).value,
-        "--checkpoint-interval", str(decl.spec.checkpoint.interval_seconds),
-        "--keep-checkpoints", str(decl.spec.checkpoint.keep),
-        "--host", host,
-    ]  # fmt: skip
-    if read_only_token_file and not auth_token_file:
-        raise ValueError("a read-only token file needs an auth token file (else anyone writes)")
-    if auth_token_file:
-        args += ["--auth-token-file", auth_token_file]
-    if read_only_token_file and takes_read_only_token(decl.spec):
-        args += ["--read-only-token-file", read_only_token_file]
-    if tls is not None:
-        args += tls.args()
-    return args
+def ps_node_args(decl: Declaration, *, shard_index: int | str, **options: Any) -> list[str]:
+    """Arguments of ``recstore ps-node`` for one shard of the table's own fleet
+    (``recstore.core.fleet.node_args``'s options)."""
+    return node_args(decl.fleet, shard_index=shard_index, **options)
 
 
 @dataclass(frozen=True)
@@ -184,6 +150,19 @@ class Observation:
     resharding: Resharding | None = None
     #: a shard count declared while a move runs, started when that move ends (operator)
     queued_shards: int | None = None
+    #: a table on a pool: where it stands (None: a table with a fleet of its own)
+    pool: PoolPlacing | None = None
+
+
+@dataclass(frozen=True)
+class PoolPlacing:
+    """A table placed on a pool: the pool, and why it does not run there (yet)."""
+
+    name: str
+    #: why it waits (the pool does not exist yet, or is not valid); None: the pool is there
+    waiting: str | None = None
+    #: why the pool's nodes cannot hold it (the figures); None: it fits
+    capacity: str | None = None
 
 
 @dataclass(frozen=True)
@@ -238,10 +217,13 @@ def compute_status(
     )  # fmt: skip
     all_ready = running is not None and ready == running == len(shards) and running > 0
 
+    placing = observation.pool
     if deleting:
         phase = Phase.deleting
     elif problem is not None or observation.refused is not None:
         phase = Phase.failed
+    elif placing is not None and placing.capacity is not None:
+        phase = Phase.failed  # nothing was created: the pool's nodes cannot hold it
     elif running is None:
         phase = Phase.pending
     elif not observation.rolling and moving is not None and moving.running:
@@ -259,7 +241,9 @@ def compute_status(
         ("SpecValid", problem is None, "Accepted" if problem is None else "InvalidSpec",
          "the declaration is valid" if problem is None else problem),
         ("Ready", phase in (Phase.ready, Phase.resharding),
-         "NodeRefused" if problem is None and observation.refused else _ready_reason(phase),
+         "NodeRefused" if problem is None and observation.refused
+         else "Capacity" if problem is None and placing is not None and placing.capacity
+         else _ready_reason(phase),
          (observation.refused or shard_msg) if problem is None else shard_msg),
         ("Progressing", observation.rolling or phase in (Phase.pending, Phase.provisioning),
          "RollingUpdate" if observation.rolling else phase.value, shard_msg),
@@ -267,6 +251,15 @@ def compute_status(
          f"spec.shards is {declared_shards} but {running} shards run, and no move is running"
          if reshard else "shard count matches"),
     ]  # fmt: skip
+    if placing is not None:
+        wanted += [
+            ("Pool", placing.waiting is None,
+             "PoolFound" if placing.waiting is None else "PoolNotReady",
+             placing.waiting or f"placed on pool {placing.name!r}"),
+            ("Capacity", placing.capacity is None,
+             "Fits" if placing.capacity is None else "Exceeded",
+             placing.capacity or f"fits beside the other tables of pool {placing.name!r}"),
+        ]  # fmt: skip
     if moving is not None:
         wanted.append(
             ("Resharding", moving.running,

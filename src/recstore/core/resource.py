@@ -1,8 +1,9 @@
-"""Where a table lives in the Kubernetes API: the EmbeddingTable resource's names.
+"""Where tables and pools live in the Kubernetes API: the EmbeddingTable and EmbeddingPool
+resources' names.
 
-The operator serves the resource, the admin API's Kubernetes provisioner writes it, the
-CLI reads its YAML and the CRD is generated from these; each imports them from here, so
-the group, version and plural are spelled once. The annotations the components exchange
+The operator serves the resources, the admin API's Kubernetes provisioner writes them, the
+CLI reads their YAML and the CRDs are generated from these; each imports them from here, so
+the group, version and plurals are spelled once. The annotations the components exchange
 on the resource are in its group too, with how a checkpoint request is read from it.
 """
 
@@ -23,6 +24,13 @@ SHORT_NAMES = ("et",)
 API_VERSION = f"{GROUP}/{VERSION}"
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
+#: the fleet many tables share (``recstore.core.pool``)
+POOL_KIND = "EmbeddingPool"
+POOL_PLURAL = "embeddingpools"
+POOL_SINGULAR = "embeddingpool"
+POOL_SHORT_NAMES = ("ep",)
+POOL_CRD_NAME = f"{POOL_PLURAL}.{GROUP}"
+
 #: The admin API writes the id of a requested checkpoint here; the operator takes it.
 CHECKPOINT_REQUEST_ANNOTATION = f"{GROUP}/checkpoint-request"
 
@@ -30,6 +38,11 @@ CHECKPOINT_REQUEST_ANNOTATION = f"{GROUP}/checkpoint-request"
 def collection_path(namespace: str) -> str:
     """The API path of a namespace's EmbeddingTables (a name appended: one of them)."""
     return f"/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}"
+
+
+def pool_collection_path(namespace: str) -> str:
+    """The API path of a namespace's EmbeddingPools (a name appended: one of them)."""
+    return f"/apis/{API_VERSION}/namespaces/{namespace}/{POOL_PLURAL}"
 
 
 def reported_request(resource: Mapping[str, Any]) -> TableCheckpoint | None:

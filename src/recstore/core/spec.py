@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from recstore.core.errors import InferenceTable
@@ -309,3 +309,12 @@ def check_transport_dtype(dtype: DType | str, transport: DType | str | None) -> 
         f"transport_dtype {DType(transport).value} needs a float32 table; "
         f"a {DType(dtype).value} table's rows travel as {DType(dtype).value}"
     )
+
+
+def describe_errors(exc: ValidationError, prefix: str) -> list[str]:
+    """Each error of a model's validation as ``path.to.field: message`` under ``prefix``."""
+    out = []
+    for err in exc.errors():
+        path = ".".join([prefix, *(str(part) for part in err["loc"])])
+        out.append(f"{path}: {err['msg']}")
+    return out
