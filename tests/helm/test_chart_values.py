@@ -285,7 +285,7 @@ NAMESPACED_RULES = [
     {
         "apiGroups": [GROUP],
         "resources": [f"{PLURAL}/status", f"{POOL_PLURAL}/status"],
-        "verbs": ["get", "patch"],
+        "verbs": ["get", "patch", "update"],  # the reshard store's PUT is an update
     },
     {
         "apiGroups": [GROUP],

@@ -173,7 +173,8 @@ Secret is mounted into PS pods by the kubelet: the operator never reads it. */}}
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["recstore.io"]
   resources: ["embeddingtables/status", "embeddingpools/status"]
-  verbs: ["get", "patch"]
+  # update: a reshard's record is written with PUT, against its resourceVersion
+  verbs: ["get", "patch", "update"]
 - apiGroups: ["recstore.io"]
   resources: ["embeddingtables/finalizers", "embeddingpools/finalizers"]
   verbs: ["update"]
