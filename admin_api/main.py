@@ -19,7 +19,16 @@ from pydantic import ValidationError
 
 from recstore import __version__
 from recstore.admin import db
-from recstore.admin.api.routes import checkpoints, dashboard, events, health, nodes, tables, tokens
+from recstore.admin.api.routes import (
+    checkpoints,
+    dashboard,
+    events,
+    health,
+    nodes,
+    pools,
+    tables,
+    tokens,
+)
 from recstore.admin.body_limit import BodyLimit
 from recstore.admin.context import AppContext
 from recstore.admin.errors import http_status_of
@@ -80,7 +89,7 @@ def create_app(
     # added last, so it runs first: no body over the cap is read, not even to authenticate
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_body_bytes)
 
-    for module in (tables, checkpoints, nodes, events, tokens):
+    for module in (tables, pools, checkpoints, nodes, events, tokens):
         app.include_router(module.router, prefix=API_PREFIX)
     app.include_router(health.router)
     app.include_router(dashboard.router)

@@ -64,6 +64,8 @@ class TableRecord(Base):
     name: Mapped[str] = mapped_column(String(63), unique=True, index=True)
     #: The TableSpec in its snake_case JSON form.
     spec: Mapped[dict[str, Any]]
+    #: The EmbeddingPool whose nodes hold the table (NULL: a fleet of its own).
+    pool: Mapped[str | None] = mapped_column(String(63), nullable=True, index=True)
     #: Grows with every spec change (what the operator's observedGeneration tracks).
     generation: Mapped[int] = mapped_column(Integer, default=1)
     resource_version: Mapped[int] = mapped_column(Integer, nullable=False)
@@ -88,6 +90,27 @@ class TableRecord(Base):
     checkpoints: Mapped[list[CheckpointRecord]] = relationship(
         back_populates="table", cascade="all, delete-orphan"
     )
+
+    __mapper_args__ = {"version_id_col": resource_version}  # noqa: RUF012
+
+
+class PoolRecord(Base):
+    """An EmbeddingPool: PS nodes that the tables naming it (``TableRecord.pool``) share."""
+
+    __tablename__ = "pools"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True, index=True)
+    #: The PoolSpec in its snake_case JSON form.
+    spec: Mapped[dict[str, Any]]
+    generation: Mapped[int] = mapped_column(Integer, default=1)
+    resource_version: Mapped[int] = mapped_column(Integer, nullable=False)
+    phase: Mapped[str] = mapped_column(String(32), default="Pending", index=True)
+    #: The PoolStatus as the provisioner reported it (camelCase), NULL before the first.
+    status: Mapped[Any] = mapped_column(JSON, nullable=True)
+    created_by: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
     __mapper_args__ = {"version_id_col": resource_version}  # noqa: RUF012
 

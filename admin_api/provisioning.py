@@ -26,11 +26,14 @@ import httpx
 from recstore.admin.errors import ProvisioningError
 from recstore.core import TableSpec
 from recstore.core.errors import InvalidArgument
+from recstore.core.pool import PoolSpec
 from recstore.core.resource import (
     API_VERSION,
     CHECKPOINT_REQUEST_ANNOTATION,
     KIND,
+    POOL_KIND,
     collection_path,
+    pool_collection_path,
     waiting_request,
 )
 
@@ -43,13 +46,19 @@ CONFLICT_ATTEMPTS = 3
 
 @runtime_checkable
 class Provisioner(Protocol):
-    def create_table(self, spec: TableSpec) -> None: ...
+    def create_table(self, spec: TableSpec, *, pool: str | None = None) -> None: ...
 
     def update_table(self, spec: TableSpec, *, previous: TableSpec) -> None: ...
 
     def delete_table(self, name: str) -> None: ...
 
     def request_checkpoint(self, name: str, checkpoint_id: int) -> None: ...
+
+    def create_pool(self, name: str, spec: PoolSpec) -> None: ...
+
+    def update_pool(self, name: str, spec: PoolSpec, *, previous: PoolSpec) -> None: ...
+
+    def delete_pool(self, name: str) -> None: ...
 
 
 class LocalProvisionerHook:
@@ -75,9 +84,9 @@ class LocalProvisionerHook:
         with self._lock:
             return self._target
 
-    def create_table(self, spec: TableSpec) -> None:
+    def create_table(self, spec: TableSpec, *, pool: str | None = None) -> None:
         if (target := self._current()) is not None:
-            target.create_table(spec)
+            target.create_table(spec, pool=pool)
 
     def update_table(self, spec: TableSpec, *, previous: TableSpec) -> None:
         if (target := self._current()) is not None:
@@ -91,18 +100,55 @@ class LocalProvisionerHook:
         if (target := self._current()) is not None:
             target.request_checkpoint(name, checkpoint_id)
 
+    def create_pool(self, name: str, spec: PoolSpec) -> None:
+        if (target := self._current()) is not None:
+            target.create_pool(name, spec)
+
+    def update_pool(self, name: str, spec: PoolSpec, *, previous: PoolSpec) -> None:
+        if (target := self._current()) is not None:
+            target.update_pool(name, spec, previous=previous)
+
+    def delete_pool(self, name: str) -> None:
+        if (target := self._current()) is not None:
+            target.delete_pool(name)
+
 
 def resource_name(table_name: str) -> str:
     """The CR's metadata.name: table names may hold '_', Kubernetes names may not."""
     return table_name.replace("_", "-")
 
 
-def embedding_table_manifest(spec: TableSpec, namespace: str) -> dict[str, Any]:
+def embedding_table_manifest(
+    spec: TableSpec, namespace: str, pool: str | None = None
+) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
         "metadata": {
             "name": resource_name(spec.name),
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": "recstore-admin"},
+        },
+        "spec": table_resource_spec(spec, pool),
+    }
+
+
+def table_resource_spec(spec: TableSpec, pool: str | None) -> dict[str, Any]:
+    """The EmbeddingTable's spec: a table on a pool names it and declares no shards (the
+    operator refuses a table on a pool that does)."""
+    wire = spec.to_wire()
+    if pool is None:
+        return wire
+    wire.pop("shards", None)
+    return {**wire, "pool": pool}
+
+
+def embedding_pool_manifest(name: str, spec: PoolSpec, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": POOL_KIND,
+        "metadata": {
+            "name": name,
             "namespace": namespace,
             "labels": {"app.kubernetes.io/managed-by": "recstore-admin"},
         },
@@ -161,8 +207,29 @@ class KubernetesProvisioner:
             raise ProvisioningError(message, status_code=502)
         return response
 
-    def create_table(self, spec: TableSpec) -> None:
-        self._call("POST", self._collection, json=embedding_table_manifest(spec, self._namespace))
+    def create_table(self, spec: TableSpec, *, pool: str | None = None) -> None:
+        manifest = embedding_table_manifest(spec, self._namespace, pool)
+        self._call("POST", self._collection, json=manifest)
+
+    def create_pool(self, name: str, spec: PoolSpec) -> None:
+        manifest = embedding_pool_manifest(name, spec, self._namespace)
+        self._call("POST", pool_collection_path(self._namespace), json=manifest)
+
+    def update_pool(self, name: str, spec: PoolSpec, *, previous: PoolSpec) -> None:
+        """The operator takes a changed pool (a changed shard count only flags the move due)."""
+        self._call(
+            "PATCH",
+            f"{pool_collection_path(self._namespace)}/{name}",
+            json={"spec": spec.to_wire()},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+
+    def delete_pool(self, name: str) -> None:
+        try:
+            self._call("DELETE", f"{pool_collection_path(self._namespace)}/{name}")
+        except ProvisioningError as exc:
+            if "answered 404" not in str(exc):  # already gone is what we wanted
+                raise
 
     def update_table(self, spec: TableSpec, *, previous: TableSpec) -> None:
         self._call(

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from recstore.admin.security import Role
-from recstore.core.spec import MAX_SHARDS
+from recstore.core.pool import POOL_NAME, PoolSpec
+from recstore.core.spec import MAX_SHARDS, TableSpec
 from recstore.core.status import TableStatus, validate_endpoint
 
 T = TypeVar("T")
@@ -32,6 +33,16 @@ class Page(BaseModel, Generic[T]):
 
 
 # --- tables -----------------------------------------------------------------
+
+
+class TableCreate(TableSpec):
+    """A TableSpec, and the EmbeddingPool whose nodes hold the table (none: its own)."""
+
+    #: a table on a pool takes its shards from the pool: it may not declare them
+    pool: Annotated[str, Field(min_length=1, max_length=63)] | None = None
+
+    def table_spec(self) -> TableSpec:
+        return TableSpec.model_validate(self.model_dump(exclude={"pool"}, exclude_unset=True))
 
 
 class TablePatch(BaseModel):
@@ -63,6 +74,8 @@ class TablePatch(BaseModel):
 class TablePublic(BaseModel):
     name: str
     spec: dict[str, Any]  # TableSpec in camelCase wire form
+    #: the EmbeddingPool whose nodes hold the table (null: a fleet of its own)
+    pool: str | None = None
     generation: int
     resource_version: int
     #: as reported, less the slot map (discovery serves it); readyShards counted here
@@ -92,6 +105,49 @@ class Discovery(BaseModel):
     shards: int
     slot_map: SlotMapPublic
     endpoints: list[str]
+
+
+# --- pools -------------------------------------------------------------------
+
+
+class PoolCreate(PoolSpec):
+    """A PoolSpec (camelCase, as the EmbeddingPool's ``spec``) and the pool's name."""
+
+    name: Annotated[str, Field(min_length=1, max_length=63, pattern=POOL_NAME.pattern)]
+
+    def pool_spec(self) -> PoolSpec:
+        return PoolSpec.model_validate(self.model_dump(exclude={"name"}, exclude_unset=True))
+
+
+class PoolPatch(BaseModel):
+    """A partial PoolSpec (snake_case or camelCase) plus the version it was read at."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    shards: int | None = None
+    placement: dict[str, Any] | None = None
+    checkpoint: dict[str, Any] | None = None
+    gpu_memory: str | None = None
+    read_only_tokens: bool | None = None
+    resource_version: str | int | None = None
+
+    def spec_changes(self) -> dict[str, Any]:
+        return self.model_dump(exclude_unset=True, exclude={"resource_version"})
+
+
+class PoolPublic(BaseModel):
+    name: str
+    spec: dict[str, Any]  # PoolSpec in camelCase wire form
+    generation: int
+    resource_version: int
+    phase: str
+    #: as the provisioner reported it (``recstore.core.pool.PoolStatus``); null before
+    status: dict[str, Any] | None
+    #: the catalogue's tables that name the pool, by name
+    tables: list[str]
+    created_by: str
+    created_at: datetime
+    updated_at: datetime
 
 
 # --- caches (recstore.core.cache_figures, read live from the nodes) ---------

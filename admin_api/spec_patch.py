@@ -1,4 +1,5 @@
-"""Apply a partial table spec to a stored one: pure functions, tested with parameter tables.
+"""Apply a partial table (or pool) spec to a stored one: pure functions, tested with
+parameter tables.
 
 A patch may use snake_case or camelCase at any depth; ``None`` resets a field
 to its default. The result is validated as a whole TableSpec, so a patch is
@@ -13,6 +14,7 @@ from pydantic import BaseModel
 
 from recstore.core import TableSpec
 from recstore.core.errors import InvalidArgument
+from recstore.core.pool import PoolSpec, parse_pool
 from recstore.core.spec import IMMUTABLE_FIELDS
 
 #: What to do instead, where there is more to say than "create a new table".
@@ -90,3 +92,10 @@ def apply_patch(current: TableSpec, changes: dict[str, Any]) -> TableSpec:
                 + _INSTEAD.get(path, "create a new table")
             )
     return candidate
+
+
+def apply_pool_patch(current: PoolSpec, changes: dict[str, Any]) -> PoolSpec:
+    """The pool spec ``changes`` turn ``current`` into (InvalidArgument naming every bad
+    field of the result)."""
+    merged = _deep_merge(current.model_dump(mode="json"), normalise_keys(PoolSpec, changes))
+    return parse_pool(merged)

@@ -8,15 +8,23 @@ from __future__ import annotations
 from typing import Any
 
 from recstore.admin.errors import NotReady
-from recstore.admin.models import CheckpointRecord, NodeRecord, TableRecord, TokenRecord
+from recstore.admin.models import (
+    CheckpointRecord,
+    NodeRecord,
+    PoolRecord,
+    TableRecord,
+    TokenRecord,
+)
 from recstore.admin.schemas import (
     CheckpointPublic,
     Discovery,
     NodePublic,
+    PoolPublic,
     SlotMapPublic,
     TablePublic,
 )
 from recstore.core import DType, SlotMap, TableSpec
+from recstore.core.pool import PoolSpec
 from recstore.core.status import TableStatus
 
 
@@ -60,6 +68,7 @@ def table_public(table: TableRecord) -> TablePublic:
     return TablePublic(
         name=table.name,
         spec=spec_of(table).to_wire(),
+        pool=table.pool,
         generation=table.generation,
         resource_version=table.resource_version,
         status=status_of(table),
@@ -69,6 +78,26 @@ def table_public(table: TableRecord) -> TablePublic:
         created_by=table.created_by,
         created_at=table.created_at,
         updated_at=table.updated_at,
+    )
+
+
+def pool_spec_of(pool: PoolRecord) -> PoolSpec:
+    return PoolSpec.model_validate(pool.spec)
+
+
+def pool_public(pool: PoolRecord, tables: list[str]) -> PoolPublic:
+    """``tables``: the catalogue's tables that name the pool."""
+    return PoolPublic(
+        name=pool.name,
+        spec=pool_spec_of(pool).to_wire(),
+        generation=pool.generation,
+        resource_version=pool.resource_version,
+        phase=pool.phase,
+        status=pool.status,
+        tables=tables,
+        created_by=pool.created_by,
+        created_at=pool.created_at,
+        updated_at=pool.updated_at,
     )
 
 
@@ -148,11 +177,23 @@ def checkpoint_public(record: CheckpointRecord) -> CheckpointPublic:
 
 
 def table_snapshot(table: TableRecord) -> dict[str, Any]:
-    return {
+    snapshot = {
         "spec": dict(table.spec),
         "generation": table.generation,
         "resourceVersion": table.resource_version,
         "status": status_of(table).to_wire(),
+    }
+    if table.pool is not None:
+        snapshot["pool"] = table.pool
+    return snapshot
+
+
+def pool_snapshot(pool: PoolRecord) -> dict[str, Any]:
+    return {
+        "spec": dict(pool.spec),
+        "generation": pool.generation,
+        "resourceVersion": pool.resource_version,
+        "status": pool.status,
     }
 
 

@@ -9,17 +9,16 @@ its finalizer, with a ``Deletable`` condition naming them, until they are gone.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any
 
 import kopf
 
-from recstore.core.pool import PoolMemory, PoolSpec, PoolStatus, PoolTable
-from recstore.core.pool_capacity import NODE_BYTES, Admission, budget
-from recstore.core.reconcile import Observation, compute_status
+from recstore.core.pool import PoolStatus
+from recstore.core.pool_status import TableOnPool
+from recstore.core.pool_status import pool_status as core_pool_status
 from recstore.core.resource import GROUP, POOL_KIND, POOL_PLURAL, VERSION
 from recstore.core.routing import SlotMap
-from recstore.core.status import Condition, TableStatus
 from recstore.operator import render
 from recstore.operator.config import OperatorConfig
 from recstore.operator.kube import path
@@ -30,75 +29,17 @@ from recstore.operator.status import observe, status_changed
 POOL = (GROUP, VERSION, POOL_PLURAL)
 
 
-def pool_status(
-    *,
-    problem: str | None,
-    spec: PoolSpec | None,
-    observation: Observation,
-    admission: Admission | None,
-    tables: list[dict[str, Any]],
-    generation: int,
-    previous: Mapping[str, Any] | None,
-    now: dt.datetime,
-    holding: list[str] | None = None,
-) -> PoolStatus:
-    """The pool's status: its nodes as a table's (phase, Ready), the tables it holds and
-    their memory; ``holding``: the tables a requested deletion waits for."""
-    before = PoolStatus.model_validate(previous) if previous and previous.get("phase") else None
-    as_table = TableStatus(phase=before.phase, conditions=before.conditions) if before else None
-    nodes = compute_status(
-        problem=problem, declared_shards=spec.shards if spec else None, observation=observation,
-        generation=generation, previous=as_table, now=now,
-    )  # fmt: skip
-    conditions = list(nodes.conditions)
-    listed, memory = [], None
-    if spec is not None and admission is not None:
-        for table in tables:
-            name = table["metadata"]["name"]
-            need = admission.placed.get(name)
-            stored = (table.get("status") or {}).get("slotMap")
-            listed.append(PoolTable(
-                name=name, phase=(table.get("status") or {}).get("phase"),
-                shards=SlotMap.from_dict(stored).num_shards if stored else None,
-                memory_bytes=need.host if need else 0, gpu_memory_bytes=need.gpu if need else 0,
-                placed=need is not None,
-            ))  # fmt: skip
-        limits = budget(spec)
-        memory = PoolMemory(
-            request_bytes=limits.request, node_bytes=NODE_BYTES,
-            reserved_bytes=admission.reserved.host, gpu_request_bytes=limits.gpu,
-            gpu_reserved_bytes=admission.reserved.gpu,
-        )  # fmt: skip
-        refused = sorted(admission.refused)
-        conditions.append(_condition(
-            "Capacity", not refused, "Fits" if not refused else "TablesRefused",
-            f"tables that do not fit: {', '.join(refused)}" if refused
-            else f"{len(admission.placed)} tables fit", generation, now, before,
+def pool_status(*, tables: list[dict[str, Any]], **facts: Any) -> PoolStatus:
+    """``recstore.core.pool_status.pool_status`` over the pool's EmbeddingTable resources."""
+    on_pool = []
+    for table in tables:
+        status = table.get("status") or {}
+        stored = status.get("slotMap")
+        on_pool.append(TableOnPool(
+            name=table["metadata"]["name"], phase=status.get("phase"),
+            shards=SlotMap.from_dict(stored).num_shards if stored else None,
         ))  # fmt: skip
-    if holding is not None:
-        conditions.append(_condition(
-            "Deletable", not holding, "HoldsTables" if holding else "Empty",
-            f"the pool still holds tables {', '.join(holding)}: delete them first" if holding
-            else "no table is placed on the pool", generation, now, before,
-        ))  # fmt: skip
-    return PoolStatus(
-        phase=nodes.phase, conditions=conditions, observed_generation=generation,
-        ready_shards=nodes.ready_shards, shards=nodes.shards, tables=listed, memory=memory,
-    )  # fmt: skip
-
-
-def _condition(
-    kind: str, ok: bool, reason: str, message: str, generation: int, now: dt.datetime,
-    before: PoolStatus | None,
-) -> Condition:  # fmt: skip
-    status: Literal["True", "False"] = "True" if ok else "False"
-    old = next((c for c in before.conditions if c.type == kind), None) if before else None
-    stamp = old.last_transition_time if old is not None and old.status == status else None
-    return Condition(
-        type=kind, status=status, reason=reason, message=message[:1000],
-        last_transition_time=stamp or now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        observed_generation=generation,
-    )  # fmt: skip
+    return core_pool_status(tables=on_pool, **facts)
 
 
 def register(

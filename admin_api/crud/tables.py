@@ -42,12 +42,17 @@ def list_tables(
     return page(session, query, limit=limit, offset=offset)
 
 
-def create_table(session: Session, *, spec: TableSpec, actor: str) -> TableRecord:
+def create_table(
+    session: Session, *, spec: TableSpec, actor: str, pool: str | None = None
+) -> TableRecord:
+    """Record the table; ``pool``: the EmbeddingPool whose nodes hold it (``spec`` then
+    already has the pool's shards, when the pool exists)."""
     if session.scalar(select(TableRecord.id).where(TableRecord.name == spec.name)) is not None:
         raise TableExists(f"table {spec.name!r} already exists")
     table = TableRecord(
         name=spec.name,
         spec=spec.model_dump(mode="json"),
+        pool=pool,
         generation=1,
         phase="Pending",
         conditions=[],
@@ -83,6 +88,13 @@ def patch_table(
     updated = apply_patch(previous, changes)
     if updated == previous:
         return table, None
+    if table.pool is not None:
+        moved = [f for f in ("shards", "checkpoint") if getattr(updated, f) != getattr(previous, f)]
+        if moved:
+            raise InvalidArgument(
+                f"{' and '.join(moved)}: table {table.name!r} runs on the nodes of pool "
+                f"{table.pool!r}, whose {' and '.join(moved)} it takes; change the pool instead"
+            )
     before = views.table_snapshot(table)
     with writes(session):
         table.spec = updated.model_dump(mode="json")

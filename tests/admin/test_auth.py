@@ -49,6 +49,12 @@ ROUTES: list[tuple[str, str, str, Any]] = [
     ("GET", "/api/v1/tables/{name}/checkpoints", "viewer", None),
     ("POST", "/api/v1/tables/{name}/checkpoints", "editor", {"note": "x"}),
     ("POST", "/api/v1/tables/{name}/recoveries", "editor", RECOVERY),
+    ("GET", "/api/v1/pools", "viewer", None),
+    ("POST", "/api/v1/pools", "editor", {"name": "made-{role}", "shards": 2}),
+    ("GET", "/api/v1/pools/{name}", "viewer", None),
+    ("PATCH", "/api/v1/pools/{name}", "editor", {"placement": {"resources": {"memory": "4Gi"}}}),
+    ("DELETE", "/api/v1/pools/{name}", "editor", None),
+    ("PUT", "/api/v1/pools/{name}/status", "provisioner", {"phase": "Ready"}),
     ("GET", "/api/v1/nodes", "viewer", None),
     ("POST", "/api/v1/nodes", "provisioner", NODE),
     ("GET", "/api/v1/nodes/{node_id}", "viewer", None),
@@ -89,11 +95,14 @@ def test_auth_matrix(
     body: Any,
 ) -> None:
     assert client.post("/api/v1/tables", json=SPEC, headers=admin_headers).status_code == 201
+    pool = {"name": "auth-pool", "shards": 1}
+    assert client.post("/api/v1/pools", json=pool, headers=admin_headers).status_code == 201
     node = client.post("/api/v1/nodes", json=NODE, headers=provisioner_headers).json()
     victim = client.post(
         "/api/v1/tokens", json={"name": "victim", "role": "viewer"}, headers=admin_headers
     ).json()
-    url = _fill(path, {"name": "auth_t", "node_id": node["id"], "token_id": victim["id"]})
+    name = "auth-pool" if path.startswith("/api/v1/pools/") else "auth_t"
+    url = _fill(path, {"name": name, "node_id": node["id"], "token_id": victim["id"]})
 
     def call(headers: dict[str, str], role: str) -> int:
         payload = body

@@ -14,7 +14,7 @@ from recstore.admin import Settings, create_app, db, views
 from recstore.admin.models import Base, CheckpointRecord, TableRecord, UTCDateTime
 from recstore.core import SlotMap, TableSpec
 
-TABLES = {"tables", "nodes", "checkpoints", "events", "tokens", "dashboard_sessions"}
+TABLES = {"tables", "nodes", "checkpoints", "events", "tokens", "dashboard_sessions", "pools"}
 
 
 def test_upgrade_downgrade_upgrade(db_url: str) -> None:

@@ -19,6 +19,7 @@ from recstore.admin.provisioning import (
     Provisioner,
 )
 from recstore.core import TableSpec
+from recstore.core.pool import PoolSpec
 from recstore.core.resource import CHECKPOINT_REQUEST_ANNOTATION
 
 BASE = "/apis/recstore.io/v1alpha1/namespaces/ml/embeddingtables"
@@ -170,7 +171,7 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
 
-    def create_table(self, spec: TableSpec) -> None:
+    def create_table(self, spec: TableSpec, *, pool: str | None = None) -> None:
         self.calls.append(("create", spec.name))
 
     def update_table(self, spec: TableSpec, *, previous: TableSpec) -> None:
@@ -181,6 +182,15 @@ class Recorder:
 
     def request_checkpoint(self, name: str, checkpoint_id: int) -> None:
         self.calls.append(("checkpoint", (name, checkpoint_id)))
+
+    def create_pool(self, name: str, spec: PoolSpec) -> None:
+        self.calls.append(("create pool", name))
+
+    def update_pool(self, name: str, spec: PoolSpec, *, previous: PoolSpec) -> None:
+        self.calls.append(("update pool", (previous.shards, spec.shards)))
+
+    def delete_pool(self, name: str) -> None:
+        self.calls.append(("delete pool", name))
 
 
 def test_local_hook_forwards_once_attached(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
-"""A Reporter for the local provisioner's tests: keeps each table's latest status and wakes
-whoever waits on it (the admin API's part, without the admin API)."""
+"""A Reporter for the local provisioner's tests: keeps each table's (and pool's) latest
+status and wakes whoever waits on it (the admin API's part, without the admin API)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 class Statuses:
     def __init__(self) -> None:
         self.latest: dict[str, dict[str, Any]] = {}
+        self.pools: dict[str, dict[str, Any]] = {}
         self.changed = threading.Condition()
 
     def register_node(self, table: str, shard_index: int, endpoint: str, metrics: str) -> int:
@@ -26,6 +27,20 @@ class Statuses:
         with self.changed:
             self.latest[table] = status
             self.changed.notify_all()
+
+    def report_pool_status(self, pool: str, status: dict[str, Any]) -> None:
+        with self.changed:
+            self.pools[pool] = status
+            self.changed.notify_all()
+
+    def wait_for_pool(
+        self, pool: str, what: str, check: Callable[[dict[str, Any]], bool]
+    ) -> dict[str, Any]:
+        """``pool``'s first reported status that passes ``check`` (fails after 120 s)."""
+        with self.changed:
+            met = self.changed.wait_for(lambda: check(self.pools.get(pool, {})), timeout=120)
+            assert met, f"pool {pool} {what}: never reported; last {self.pools.get(pool)}"
+            return self.pools[pool]
 
     def wait_for(
         self, table: str, what: str, check: Callable[[dict[str, Any]], bool]

@@ -24,11 +24,11 @@ from recstore.admin.schemas import (
     EventPublic,
     Page,
     TableCachePublic,
+    TableCreate,
     TablePatch,
     TablePublic,
     TableRecoveryReport,
 )
-from recstore.core import TableSpec
 from recstore.core.reshard.events import ReshardEvent
 from recstore.core.status import TableStatus
 
@@ -55,14 +55,19 @@ def _etag(response: Response, public: TablePublic) -> TablePublic:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=TablePublic)
 def create_table(
-    spec: TableSpec,
+    body: TableCreate,
     response: Response,
     session: SessionDep,
     provisioner: ProvisionerDep,
     principal: EditorDep,
 ) -> TablePublic:
-    table = crud.create_table(session, spec=spec, actor=principal.actor)
-    provisioner.create_table(spec)  # raises (and nothing is committed) if refused
+    """A table of its own fleet, or (``pool``) one its pool's nodes hold: Pending with
+    condition Pool until the pool exists."""
+    spec = body.table_spec()
+    if body.pool is not None:
+        spec = crud.placed_spec(session, pool=body.pool, spec=spec, declared=body.model_fields_set)
+    table = crud.create_table(session, spec=spec, actor=principal.actor, pool=body.pool)
+    provisioner.create_table(spec, pool=body.pool)  # raises (nothing committed) if refused
     crud.commit(session)
     response.headers["Location"] = f"/api/v1/tables/{table.name}"
     return _etag(response, views.table_public(table))

@@ -1,4 +1,4 @@
-"""Table commands: apply, get, delete, checkpoint — kubectl-like, over the admin API."""
+"""Table and pool commands: apply, get, delete, checkpoint — kubectl-like, over the admin API."""
 
 from __future__ import annotations
 
@@ -20,10 +20,19 @@ from recstore.cli.api_client import (
     resolve_tls,
     resolve_token,
 )
-from recstore.cli.manifests import read_declarations
+from recstore.cli.manifests import PoolDeclaration, read_manifests
 from recstore.core.checkpoint_status import CheckpointState
 from recstore.core.errors import InvalidArgument
-from recstore.core.resource import PLURAL, SHORT_NAMES, SINGULAR
+from recstore.core.reconcile import Declaration
+from recstore.core.resource import (
+    PLURAL,
+    POOL_PLURAL,
+    POOL_SHORT_NAMES,
+    POOL_SINGULAR,
+    SHORT_NAMES,
+    SINGULAR,
+)
+from recstore.core.spec import Checkpoint
 from recstore.local.state_dir import DEFAULT_STATE_DIR
 
 AdminUrl = Annotated[
@@ -36,6 +45,7 @@ StateDir = Annotated[Path, typer.Option("--state-dir", help="Where `recstore up`
 console = Console()
 #: how a command may name the table resource, as kubectl does
 TABLE_KINDS = ("table", "tables", SINGULAR, PLURAL, *SHORT_NAMES)
+POOL_KINDS = ("pool", "pools", POOL_SINGULAR, POOL_PLURAL, *POOL_SHORT_NAMES)
 #: a requested checkpoint's states before its outcome
 WAITING = (CheckpointState.requested.value, CheckpointState.running.value)
 
@@ -45,45 +55,66 @@ def _client(url: str, token: str | None, state_dir: Path) -> AdminClient:
 
 
 def apply(
-    file: Annotated[Path, typer.Option("-f", "--filename", help="EmbeddingTable YAML.")],
+    file: Annotated[
+        Path, typer.Option("-f", "--filename", help="EmbeddingTable / EmbeddingPool YAML.")
+    ],
     admin_url: AdminUrl = DEFAULT_ADMIN_URL,
     token: Token = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
 ) -> None:
-    """Create or update the tables an EmbeddingTable YAML declares."""
-    declarations = read_declarations(file)
+    """Create or update the pools and tables an EmbeddingPool / EmbeddingTable YAML declares
+    (its pools first, so the tables placed on them need not wait)."""
+    manifests = read_manifests(file)
     client = _client(admin_url, token, state_dir)
-    for declaration in declarations:
-        spec = declaration.spec
-        wire = spec.to_wire()
-        current = client.get_or_none(f"/tables/{spec.name}")
-        if current is None:
-            client.request("POST", "/tables", json=wire)
-            console.print(f"{SINGULAR}/{spec.name} created")
-            continue
-        changes = {k: v for k, v in wire.items() if current["spec"].get(k) != v}
-        if not changes:
-            console.print(f"{SINGULAR}/{spec.name} unchanged")
-            continue
-        client.request(
-            "PATCH",
-            f"/tables/{spec.name}",
-            json=changes,
-            headers={"If-Match": str(current["resource_version"])},
-        )
-        console.print(f"{SINGULAR}/{spec.name} configured")
+    for pool in [m for m in manifests if isinstance(m, PoolDeclaration)]:
+        _apply(client, "pools", POOL_SINGULAR, pool.name, pool.spec.to_wire(), {"name": pool.name})
+    for table in [m for m in manifests if isinstance(m, Declaration)]:
+        wire, extra = table.spec.to_wire(), {}
+        if table.pool is not None:  # its shards (and checkpoints) are the pool's
+            wire.pop("shards")
+            if table.spec.checkpoint == Checkpoint():
+                wire.pop("checkpoint")
+            extra = {"pool": table.pool}
+        _apply(client, "tables", SINGULAR, table.spec.name, wire, extra)
+
+
+def _apply(
+    client: AdminClient, collection: str, kind: str, name: str, wire: dict[str, Any],
+    extra: dict[str, Any],
+) -> None:  # fmt: skip
+    """Create ``name`` from ``wire`` (with ``extra``), or patch the fields that differ."""
+    current = client.get_or_none(f"/{collection}/{name}")
+    if current is None:
+        client.request("POST", f"/{collection}", json={**wire, **extra})
+        console.print(f"{kind}/{name} created")
+        return
+    changes = {k: v for k, v in wire.items() if current["spec"].get(k) != v}
+    if not changes:
+        console.print(f"{kind}/{name} unchanged")
+        return
+    client.request(
+        "PATCH",
+        f"/{collection}/{name}",
+        json=changes,
+        headers={"If-Match": str(current["resource_version"])},
+    )
+    console.print(f"{kind}/{name} configured")
 
 
 def get(
-    kind: Annotated[str, typer.Argument(help="tables | table")],
-    name: Annotated[str | None, typer.Argument(help="Table name (for `get table`).")] = None,
+    kind: Annotated[str, typer.Argument(help="tables | table | pools | pool")],
+    name: Annotated[str | None, typer.Argument(help="Name (for `get table`, `get pool`).")] = None,
     output: Annotated[str, typer.Option("-o", "--output", help="table | yaml")] = "table",
     admin_url: AdminUrl = DEFAULT_ADMIN_URL,
     token: Token = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
 ) -> None:
-    """List tables (`get tables`) or show one (`get table NAME`)."""
+    """List tables (`get tables`) or pools (`get pools`), or show one (`get table NAME`,
+    `get pool NAME`)."""
     client = _client(admin_url, token, state_dir)
+    if kind in POOL_KINDS:
+        _get_pools(client, name, output)
+        return
     if kind in TABLE_KINDS and name is None:
         items = _all_tables(client)
         if output == "yaml":
@@ -92,7 +123,10 @@ def get(
         console.print(_tables_view(items))
         return
     if kind not in TABLE_KINDS or name is None:
-        raise CliError("usage: recstore get tables | recstore get table NAME")
+        raise CliError(
+            "usage: recstore get tables | recstore get table NAME | recstore get pools | "
+            "recstore get pool NAME"
+        )
     table = client.get(f"/tables/{name}")
     if output == "yaml":
         typer.echo(yaml.safe_dump(table, sort_keys=False))
@@ -110,6 +144,49 @@ def get(
         )
     _print_checkpoints(status)
     _print_caches(client.get(f"/tables/{name}/cache"))
+
+
+def _get_pools(client: AdminClient, name: str | None, output: str) -> None:
+    pools = _all(client, "pools") if name is None else [client.get(f"/pools/{name}")]
+    if output == "yaml":
+        typer.echo(yaml.safe_dump(pools if name is None else pools[0], sort_keys=False))
+        return
+    console.print(_pools_view(pools))
+    if name is None:
+        return
+    status = pools[0].get("status") or {}
+    tables = RichTable("TABLE", "PHASE", "SHARDS", "MEMORY/NODE", "PLACED", box=None,
+                       pad_edge=False)  # fmt: skip
+    for table in status.get("tables") or []:
+        tables.add_row(
+            table["name"], table.get("phase") or "Pending", str(table.get("shards") or "-"),
+            _bytes(int(table.get("memoryBytes", 0))), str(table.get("placed", True)).lower(),
+        )  # fmt: skip
+    console.print(tables)
+    for condition in status.get("conditions") or []:
+        console.print(
+            f"{condition['type']}={condition['status']} ({condition.get('reason', '')}): "
+            f"{condition.get('message', '')}"
+        )
+
+
+def _pools_view(items: list[dict[str, Any]]) -> RichTable:
+    view = RichTable("NAME", "PHASE", "READY", "TABLES", "RESERVED/REQUEST", "AGE", box=None,
+                     pad_edge=False)  # fmt: skip
+    now = dt.datetime.now(dt.timezone.utc)
+    for item in items:
+        status = item.get("status") or {}
+        memory = status.get("memory") or {}
+        reserved = (
+            f"{_bytes(int(memory['reservedBytes']))}/{_bytes(int(memory['requestBytes']))}"
+            if memory else "-"
+        )  # fmt: skip
+        view.add_row(
+            item["name"], item.get("phase") or "Pending",
+            f"{status.get('readyShards') or 0}/{item['spec']['shards']}",
+            str(len(item.get("tables") or [])), reserved, _age(now, item["created_at"]),
+        )  # fmt: skip
+    return view
 
 
 def _print_checkpoints(status: dict[str, Any]) -> None:
@@ -163,24 +240,36 @@ def _print_caches(cache: dict[str, Any]) -> None:
 
 
 def delete(
-    kind: Annotated[str, typer.Argument(help="table")] = "table",
-    name: Annotated[str | None, typer.Argument(help="Table name.")] = None,
+    kind: Annotated[str, typer.Argument(help="table | pool")] = "table",
+    name: Annotated[str | None, typer.Argument(help="Table or pool name.")] = None,
     file: Annotated[Path | None, typer.Option("-f", "--filename")] = None,
     admin_url: AdminUrl = DEFAULT_ADMIN_URL,
     token: Token = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
 ) -> None:
-    """Delete a table (`delete table NAME` or `delete -f FILE`): its nodes stop, its rows go."""
+    """Delete a table or pool (`delete table NAME`, `delete pool NAME`, `delete -f FILE`): a
+    table's rows go (its own nodes stop, or it is dropped from its pool's); a pool's nodes
+    stop once no table is placed on it."""
+    doomed: list[tuple[str, str, str]] = []  # (collection, kind, name): tables first
     if file is not None:
-        names = [d.spec.name for d in read_declarations(file)]
+        manifests = read_manifests(file)
+        doomed += [("tables", SINGULAR, m.spec.name) for m in manifests
+                   if isinstance(m, Declaration)]  # fmt: skip
+        doomed += [("pools", POOL_SINGULAR, m.name) for m in manifests
+                   if isinstance(m, PoolDeclaration)]  # fmt: skip
     elif name is not None and kind in TABLE_KINDS:
-        names = [name]
+        doomed = [("tables", SINGULAR, name)]
+    elif name is not None and kind in POOL_KINDS:
+        doomed = [("pools", POOL_SINGULAR, name)]
     else:
-        raise CliError("usage: recstore delete table NAME | recstore delete -f FILE")
+        raise CliError(
+            "usage: recstore delete table NAME | recstore delete pool NAME | "
+            "recstore delete -f FILE"
+        )
     client = _client(admin_url, token, state_dir)
-    for table in names:
-        client.request("DELETE", f"/tables/{table}")
-        console.print(f"{SINGULAR}/{table} deleted")
+    for collection, singular, doomed_name in doomed:
+        client.request("DELETE", f"/{collection}/{doomed_name}")
+        console.print(f"{singular}/{doomed_name} deleted")
 
 
 def checkpoint(
@@ -232,9 +321,13 @@ def wait(
 
 
 def _all_tables(client: AdminClient) -> list[dict[str, Any]]:
+    return _all(client, "tables")
+
+
+def _all(client: AdminClient, collection: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     while True:
-        page = client.get("/tables", params={"limit": 500, "offset": len(items)})
+        page = client.get(f"/{collection}", params={"limit": 500, "offset": len(items)})
         items += page["items"]
         if not page["items"] or len(items) >= page["total"]:
             return items
@@ -242,8 +335,9 @@ def _all_tables(client: AdminClient) -> list[dict[str, Any]]:
 
 def _tables_view(items: list[dict[str, Any]]) -> RichTable:
     view = RichTable(
-        "NAME", "PHASE", "READY", "DIM", "DTYPE", "ROWS", "MEMORY", "AGE", box=None, pad_edge=False
-    )
+        "NAME", "PHASE", "READY", "POOL", "DIM", "DTYPE", "ROWS", "MEMORY", "AGE", box=None,
+        pad_edge=False,
+    )  # fmt: skip
     now = dt.datetime.now(dt.timezone.utc)
     for item in items:
         spec, status = item["spec"], item.get("status") or {}
@@ -253,6 +347,7 @@ def _tables_view(items: list[dict[str, Any]]) -> RichTable:
             item["name"],
             status.get("phase", "Pending"),
             ready,
+            item.get("pool") or "-",
             str(spec["embeddingDim"]),
             spec["dtype"],
             str(item.get("rows", 0)),

@@ -1,6 +1,7 @@
 """The PS node processes of the local platform: how a shard's node is started and stopped.
 
-Every shard of every table is one ``recstore ps-node`` process on loopback,
+Every shard of every table with nodes of its own, and every node of a pool, is one
+``recstore ps-node`` process on loopback,
 run by a `Supervisor` (which restarts a crashed one with the same port and
 data directory). Its arguments come from the reconcile core, as the
 operator's pod arguments do, plus what only the local platform adds: the
@@ -14,11 +15,14 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
+from recstore.core.fleet import node_args
 from recstore.core.placement import Placement
 from recstore.core.reconcile import Declaration, ps_node_args
 from recstore.core.tls import ServerTls
 from recstore.local.leftovers import stop_leftover
+from recstore.local.pool import LocalPool
 from recstore.local.supervisor import ProcessSpec, Supervisor
 from recstore.local.table import LocalTable, process_name
 
@@ -54,6 +58,27 @@ class LocalNodes:
         for shard in range(len(table.ports)):
             self.stop(table, shard)
 
+    def start_pool(self, pool: LocalPool, shard: int) -> None:
+        stop_leftover(pool.shard_dir(shard))
+        grpc_port, metrics_port = pool.ports[shard]
+        args = node_args(
+            pool.spec.fleet,
+            shard_index=shard,
+            port=grpc_port,
+            metrics_port=metrics_port,
+            data_dir=str(pool.shard_dir(shard)),
+            **self._shared_options(),
+        )
+        args[args.index("--num-shards") + 1] = str(pool.shards)
+        self._supervisor.start(self._spec(pool.process_name(shard), args, pool.directory, shard))
+
+    def stop_pool(self, pool: LocalPool) -> None:
+        for shard in range(pool.shards):
+            self._supervisor.stop(pool.process_name(shard))
+
+    def pool_pid(self, pool: LocalPool, shard: int) -> int:
+        return self._supervisor.pid(pool.process_name(shard))
+
     def stop_all(self) -> None:
         self._supervisor.stop_all()
 
@@ -71,19 +96,28 @@ class LocalNodes:
             port=grpc_port,
             metrics_port=metrics_port,
             data_dir=str(table.shard_dir(shard)),
-            auth_token_file=str(self._auth_token_file) if self._auth_token_file else None,
-            read_only_token_file=(
-                str(self._read_only_token_file) if self._read_only_token_file else None
-            ),
-            host="127.0.0.1",
-            tls=self._tls,
+            **self._shared_options(),
         )
         args[args.index("--num-shards") + 1] = str(table.sizing_shards(shard))
-        args += ["--parent-pid", str(os.getpid())]  # the node stops when this process exits
+        return self._spec(table.process_name(shard), args, table.directory, shard)
+
+    def _shared_options(self) -> dict[str, Any]:
+        """What every local node is started with: tokens, loopback, TLS."""
+        return {
+            "auth_token_file": str(self._auth_token_file) if self._auth_token_file else None,
+            "read_only_token_file": (
+                str(self._read_only_token_file) if self._read_only_token_file else None
+            ),
+            "host": "127.0.0.1",
+            "tls": self._tls,
+        }
+
+    def _spec(self, name: str, args: list[str], directory: Path, shard: int) -> ProcessSpec:
+        args = [*args, "--parent-pid", str(os.getpid())]  # the node stops when we exit
         return ProcessSpec(
-            name=table.process_name(shard),
+            name=name,
             argv=[self._python, "-m", "recstore", *args],
-            log_path=table.directory / f"shard-{shard}.log",
+            log_path=directory / f"shard-{shard}.log",
         )
 
 

@@ -3,7 +3,7 @@
 This is the embedded default — the whole platform on one machine with no
 cluster. The admin API is the same app a cluster runs; only its provisioner
 differs (PS node processes here instead of EmbeddingTable resources). On start
-the tables already in the catalogue are provisioned again, so their nodes
+the pools and tables already in the catalogue are provisioned again, so their nodes
 come back with the rows of their data directories.
 
 Four secrets live in the state dir (``recstore.local.state_dir``): the admin
@@ -21,12 +21,14 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
 
 from recstore.admin.main import create_app
 from recstore.admin.settings import Settings
+from recstore.core.pool import PoolSpec
 from recstore.core.reshard.plan import DEFAULT_BATCH_SLOTS
 from recstore.core.spec import TableSpec
 from recstore.core.tls import LocalTls, http_verify
@@ -122,19 +124,23 @@ class LocalPlatform:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError(f"the admin API did not become ready on {self.url}")
             time.sleep(0.05)
-        for spec in self._catalogue():
-            self.provisioner.create_table(spec)
+        for name, pool in self._catalogue("pools"):
+            self.provisioner.create_pool(name, PoolSpec.model_validate(pool["spec"]))
+        for _, table in self._catalogue("tables"):
+            spec = TableSpec.model_validate(table["spec"])
+            self.provisioner.create_table(spec, pool=table.get("pool"))
         # The catalogue still shows the status of the last run: replace it before
         # anyone reads it (nodes that are still starting make it Provisioning).
         self.provisioner.report_now()
 
-    def _catalogue(self) -> list[TableSpec]:
-        specs: list[TableSpec] = []
+    def _catalogue(self, collection: str) -> list[tuple[str, dict[str, Any]]]:
+        """Every item of ``/api/v1/<collection>`` (tables, pools), by name."""
+        items: list[tuple[str, dict[str, Any]]] = []
         headers = {"Authorization": f"Bearer {self.token}"}
         offset = 0
         while True:
             page = httpx.get(
-                f"{self.url}/api/v1/tables",
+                f"{self.url}/api/v1/{collection}",
                 params={"limit": 500, "offset": offset},
                 headers=headers,
                 timeout=10.0,
@@ -142,10 +148,10 @@ class LocalPlatform:
             )
             page.raise_for_status()
             body = page.json()
-            specs += [TableSpec.model_validate(item["spec"]) for item in body["items"]]
+            items += [(item["name"], item) for item in body["items"]]
             offset += len(body["items"])
             if not body["items"] or offset >= body["total"]:
-                return specs
+                return items
 
     def stop(self) -> None:
         """Stop the nodes first (each writes a final checkpoint), then the API."""

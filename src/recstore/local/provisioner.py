@@ -11,7 +11,8 @@ restores its shard by itself).
 This module provisions: tables created, changed, checkpointed and deleted, and
 their nodes started and stopped. Each table's state and on-disk layout are
 ``recstore.local.table``; the status reports ``recstore.local.table_status``;
-an online move to a new shard count ``recstore.local.resharding``. A node
+an online move to a new shard count ``recstore.local.resharding``; pools, whose
+nodes many tables share, ``recstore.local.pools``. A node
 serving no table yet is given it with CreateTable, as the operator does; a
 restarted node restores its tables from its data directory by itself.
 """
@@ -36,12 +37,15 @@ from recstore.core.checkpoint_status import (
     running,
 )
 from recstore.core.placement import Placement
+from recstore.core.pool import PoolSpec
 from recstore.core.reshard.plan import DEFAULT_BATCH_SLOTS, Phase
 from recstore.core.reshard.retry import RetryPolicy
 from recstore.core.spec import TableSpec
 from recstore.core.tls import LocalTls
 from recstore.local import table_status
 from recstore.local.nodes import LocalNodes
+from recstore.local.pool import waiting_for
+from recstore.local.pools import LocalPools
 from recstore.local.reporting import Reporter
 from recstore.local.resharding import LOCAL_RESHARD_RETRY, LocalResharder, job_store
 from recstore.local.shard_client import ShardClient
@@ -99,16 +103,29 @@ class LocalProvisioner:
             retry=reshard_retry,
             copy_rate=reshard_copy_rate,
         )  # fmt: skip
+        self._pools = LocalPools(
+            Path(state_dir) / "pools", nodes=self._nodes, tables=self._tables, lock=self._lock,
+            client_of=self._shard_client, reporter=reporter,
+        )  # fmt: skip
         self._closed = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="local-status", daemon=True)
         self._poller.start()
 
     # --- the Provisioner protocol -------------------------------------------------
 
-    def create_table(self, spec: TableSpec) -> None:
+    def create_table(self, spec: TableSpec, *, pool: str | None = None) -> None:
+        """Start the table's nodes; a table on ``pool`` is placed on the pool's nodes instead
+        (now if the pool is there and has room, else once it does)."""
         with self._lock:
             if spec.name in self._tables:
                 raise ProvisioningError(f"table {spec.name!r} is already provisioned", 409)
+            if pool is not None:
+                self._tables[spec.name] = LocalTable(
+                    spec=spec, directory=self._root / spec.name, ports=[], clients=[],
+                    node_ids=[], pool=pool, placing=waiting_for(pool),
+                )  # fmt: skip
+                self._pools.place()
+                return
             directory = self._root / spec.name
             directory.mkdir(parents=True, exist_ok=True)
             ports = load_or_pick_ports(directory / "ports.json", spec.shards)
@@ -117,14 +134,7 @@ class LocalProvisioner:
                 spec=spec,
                 directory=directory,
                 ports=ports,
-                clients=[
-                    ShardClient(
-                        f"127.0.0.1:{grpc}",
-                        token=self._node_token(),
-                        tls=self._tls.client if self._tls else None,
-                    )
-                    for grpc, _ in ports
-                ],
+                clients=[self._shard_client(f"127.0.0.1:{grpc}") for grpc, _ in ports],
                 node_ids=[None] * spec.shards,
             )
             self._tables[spec.name] = table
@@ -165,6 +175,8 @@ class LocalProvisioner:
                     status_code=409,
                 )
             table.generation += 1
+            if table.pool is not None:  # its shards are the pool's (the admin API checks)
+                return
             table.spec = spec  # the declared count
             if spec.shards != len(table.ports) and not moving:
                 self._start_reshard(table)
@@ -174,6 +186,10 @@ class LocalProvisioner:
         with self._lock:
             table = self._tables.pop(name, None)
         if table is None:
+            return
+        if table.pool is not None:
+            self._pools.drop(table)  # its pool's nodes, and their other tables, keep serving
+            self._pools.place()  # its memory is free: a table that waited for room may fit
             return
         table.stopped.set()
         if table.resharder is not None:
@@ -190,6 +206,12 @@ class LocalProvisioner:
             table = self._tables.get(name)
             if table is None:
                 raise ProvisioningError(f"table {name!r} is not provisioned", 404)
+            if table.held:
+                raise ProvisioningError(
+                    f"table {name!r} is not placed on the nodes of pool {table.pool!r} yet: "
+                    "nothing to checkpoint",
+                    status_code=409,
+                )
             asked = table.checkpoint_request
             if asked is not None and not asked.finished:
                 raise ProvisioningError(
@@ -218,6 +240,15 @@ class LocalProvisioner:
             if result.state == CheckpointState.completed:
                 table.last_checkpoint = result
 
+    def create_pool(self, name: str, spec: PoolSpec) -> None:
+        self._pools.create(name, spec)
+
+    def update_pool(self, name: str, spec: PoolSpec, *, previous: PoolSpec) -> None:
+        self._pools.update(name, spec, previous=previous)
+
+    def delete_pool(self, name: str) -> None:
+        self._pools.delete(name)
+
     # --- queries ------------------------------------------------------------------
 
     def endpoints(self, name: str) -> list[str]:
@@ -228,6 +259,15 @@ class LocalProvisioner:
     def table_names(self) -> list[str]:
         with self._lock:
             return sorted(self._tables)
+
+    def pool_names(self) -> list[str]:
+        return self._pools.names()
+
+    def pool_endpoints(self, name: str) -> list[str]:
+        return self._pools.endpoints(name)
+
+    def pool_node_pid(self, name: str, shard: int) -> int:
+        return self._pools.pid(name, shard)
 
     def node_pid(self, name: str, shard: int) -> int:
         return self._nodes.pid(name, shard)
@@ -257,8 +297,14 @@ class LocalProvisioner:
                 for client in table.clients:
                     client.close()
             self._tables.clear()
+        self._pools.close()
 
     # --- internals ----------------------------------------------------------------
+
+    def _shard_client(self, endpoint: str) -> ShardClient:
+        return ShardClient(
+            endpoint, token=self._node_token(), tls=self._tls.client if self._tls else None
+        )
 
     def _node_token(self) -> str | None:
         """The nodes' auth token (the provisioner creates and checkpoints tables with it)."""
@@ -266,10 +312,12 @@ class LocalProvisioner:
 
     def report_now(self) -> None:
         """Observe every table and report what changed (the poller does this periodically)."""
+        self._pools.place()
         with self._lock:
             tables = list(self._tables.values())
         for table in tables:
             table_status.report_polled(table, self._reporter, self.clock())
+        self._pools.report()
 
     def _poll(self) -> None:
         while not self._closed.wait(self._poll_interval):

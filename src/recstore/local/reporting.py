@@ -27,6 +27,8 @@ class Reporter(Protocol):
 
     def record_reshard_event(self, table: str, event: ReshardEvent) -> None: ...
 
+    def report_pool_status(self, pool: str, status: dict[str, Any]) -> None: ...
+
 
 class AdminReporter:
     """Reports to an admin API with a provisioner token (no other role may write these)."""
@@ -69,6 +71,9 @@ class AdminReporter:
 
     def report_status(self, table: str, status: dict[str, Any]) -> None:
         self._client.put(f"/tables/{table}/status", json=status).raise_for_status()
+
+    def report_pool_status(self, pool: str, status: dict[str, Any]) -> None:
+        self._client.put(f"/pools/{pool}/status", json=status).raise_for_status()
 
     def record_reshard_event(self, table: str, event: ReshardEvent) -> None:
         reply = self._client.post(f"/tables/{table}/resharding-events", json=event.to_json())

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from recstore.core.checkpoint_status import ShardCheckpoint, clip
 from recstore.core.control import CREATE_REFUSALS, ControlClient, ControlError
+from recstore.core.limits import grpc_options
 from recstore.core.routing import SlotMap
 from recstore.core.spec import TableSpec
 from recstore.core.tls import ClientTls
+from recstore.core.tls import channel as tls_channel
 
 
 class TableRefused(RuntimeError):
@@ -43,7 +48,27 @@ class ShardClient:
     ) -> None:
         self.endpoint = endpoint
         self._timeout = timeout
-        self._control = ControlClient(endpoint, token=token, timeout=timeout, tls=tls)
+        self._channel = tls_channel(endpoint, tls, grpc_options())
+        self._control = ControlClient(endpoint, token=token, timeout=timeout, channel=self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def serving(self) -> bool:
+        """The node answers and serves (its health says SERVING): a pool's node holding no
+        table yet is ready for one."""
+        try:
+            reply = self._health.Check(health_pb2.HealthCheckRequest(), timeout=self._timeout)
+        except grpc.RpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+    def drop_table(self, table: str) -> bool:
+        """Drop ``table`` from the node (its rows and memory go): True when the node no longer
+        holds it, False when the node could not be asked."""
+        try:
+            self._control.drop_table(table, timeout=self._timeout * 10)
+        except ControlError as error:
+            return error.code == grpc.StatusCode.NOT_FOUND
+        return True
 
     def stats(self, table: str) -> ShardStats | None:
         """Rows, memory bytes and slot map of this shard of ``table``; None while not served."""
@@ -83,3 +108,4 @@ class ShardClient:
 
     def close(self) -> None:
         self._control.close()
+        self._channel.close()

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recstore.core.checkpoint_status import TableCheckpoint
-from recstore.core.reconcile import Resharding
+from recstore.core.reconcile import PoolPlacing, Resharding
 from recstore.core.reshard.plan import Phase
 from recstore.core.reshard.retry import RetryPolicy
+from recstore.core.routing import SlotMap
 from recstore.core.spec import TableSpec
 from recstore.core.status import TableStatus
 from recstore.local.ports import claim, free_port
@@ -81,6 +82,26 @@ class LocalTable:
     moving: Resharding | None = None
     resharder: threading.Thread | None = None
     stopped: threading.Event = field(default_factory=threading.Event)
+    #: the pool whose nodes hold the table (None: nodes of its own); ``ports`` and
+    #: ``clients`` are then the pool's nodes', empty until it is placed there
+    pool: str | None = None
+    #: a table on a pool: placed, waiting for the pool, or too large for it
+    placing: PoolPlacing | None = None
+    #: why the pool can never hold it (a GPU tier without GPUs, checkpoints of its own)
+    unfit: str | None = None
+
+    @property
+    def held(self) -> bool:
+        """On a pool and not placed there: no node holds it."""
+        return self.pool is not None and not self.ports
+
+    def create_map(self) -> SlotMap | None:
+        """The slot map a node is given the table with: the committed one of a table moved
+        online, the initial one over a pool's nodes (a pool's node holds tables of any
+        count), else the node's own (None)."""
+        if self.store is not None:
+            return self.store.slot_map()
+        return SlotMap.initial(len(self.ports)) if self.pool is not None else None
 
     def endpoint(self, shard: int) -> str:
         return f"127.0.0.1:{self.ports[shard][0]}"

@@ -17,7 +17,7 @@ import logging
 import httpx
 
 from recstore.core.reconcile import Observation, ShardState, compute_status
-from recstore.core.status import SlotMapStatus
+from recstore.core.status import SlotMapStatus, TableStatus
 from recstore.local.reporting import Reporter
 from recstore.local.shard_client import ShardClient, TableRefused
 from recstore.local.table import LocalTable
@@ -32,9 +32,7 @@ def ensure(table: LocalTable, shard: int, client: ShardClient, now: float) -> bo
             return False
         try:
             # a table moved online: a node without it (a new shard) joins the moving map
-            created = client.ensure_table(
-                table.spec, table.store.slot_map() if table.store is not None else None
-            )
+            created = client.ensure_table(table.spec, table.create_map())
         except TableRefused as error:
             if error.reason != table.refused_reason:  # said once, not at every poll or shard
                 table.refused_reason = error.reason
@@ -67,6 +65,9 @@ def report(table: LocalTable, reporter: Reporter, now: float) -> None:
 
 
 def _report_locked(table: LocalTable, reporter: Reporter, now: float) -> None:
+    if table.held:  # on a pool that is not there, or too large for it: nothing runs
+        _report(table, reporter, Observation(pool=table.placing, refused=table.unfit))
+        return
     committed = table.store.slot_map() if table.store is not None else None
     # a shard being emptied for removal, which the committed map no longer names, is not
     # shown, and its node is not reported: the catalogue forgets it (the status's width)
@@ -106,6 +107,7 @@ def _report_locked(table: LocalTable, reporter: Reporter, now: float) -> None:
             resharding=table.moving,
             last_checkpoint=table.last_checkpoint,
             checkpoint_request=table.checkpoint_request,
+            pool=table.placing,
         ),
         generation=table.generation,
         previous=table.status,
@@ -125,6 +127,22 @@ def _report_locked(table: LocalTable, reporter: Reporter, now: float) -> None:
         status = status.model_copy(
             update={"slot_map": SlotMapStatus.model_validate(served.to_dict())}
         )
+    _send(table, reporter, status)
+
+
+def _report(table: LocalTable, reporter: Reporter, observation: Observation) -> None:
+    status = compute_status(
+        problem=None,
+        declared_shards=table.spec.shards,
+        observation=observation,
+        generation=table.generation,
+        previous=table.status,
+        now=dt.datetime.now(dt.timezone.utc),
+    )
+    _send(table, reporter, status)
+
+
+def _send(table: LocalTable, reporter: Reporter, status: TableStatus) -> None:
     if status != table.status:
         reporter.report_status(table.spec.name, status.to_wire())
         table.status = status
