@@ -221,3 +221,59 @@ def test_cross_origin_form_post_is_refused_in_a_real_browser(
     with TestClient(app) as api:
         listed = api.get("/api/v1/tables", headers=admin_headers).json()
     assert listed["total"] == 0
+
+
+def test_pools_page_lists_pools_with_their_tables_and_memory(
+    app: FastAPI,
+    base_url: str,
+    admin_headers: dict[str, str],
+    provisioner_headers: dict[str, str],
+) -> None:
+    _need_chromium()
+    from playwright.sync_api import sync_playwright
+
+    with TestClient(app) as api:
+        pool = {"name": "criteo", "shards": 2, "placement": {"resources": {"memory": "1Gi"}}}
+        assert api.post("/api/v1/pools", json=pool, headers=admin_headers).status_code == 201
+        for name in ("c1", "c2"):
+            table = {"name": name, "numEmbeddings": 1000, "embeddingDim": 16, "pool": "criteo"}
+            assert api.post("/api/v1/tables", json=table, headers=admin_headers).status_code == 201
+        status = {
+            "phase": "Ready", "readyShards": 2,
+            "tables": [
+                {"name": "c1", "phase": "Ready", "shards": 2, "memoryBytes": 3 * 2**20},
+                {"name": "c2", "phase": "Failed", "memoryBytes": 0, "placed": False},
+            ],
+            "memory": {"requestBytes": 2**30, "nodeBytes": 150 * 2**20,
+                       "reservedBytes": 3 * 2**20},
+        }  # fmt: skip
+        reported = api.put("/api/v1/pools/criteo/status", json=status, headers=provisioner_headers)
+        assert reported.status_code == 200, reported.text
+    token = admin_headers["Authorization"].split()[1]
+    problems: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        try:
+            page.goto(f"{base_url}/ui/login")
+            page.fill("input[name=token]", token)
+            page.click("button[type=submit]")
+            page.wait_for_selector("#tables")
+            assert "criteo" in page.inner_text("#tables tr[data-table=c1]")  # its pool
+            page.click("header >> text=Pools")
+            page.wait_for_selector("#pools")
+            row = page.locator("#pools tr[data-pool=criteo]")
+            assert "Ready" in row.inner_text() and "2/2" in row.inner_text()
+            assert row.locator("td.memory").inner_text() == "3.0 MiB / 1.00 GiB"
+            tables = page.locator("table.pool-tables[data-pool=criteo]")
+            assert "3.0 MiB" in tables.locator("tr[data-table=c1]").inner_text()
+            assert "does not fit" in tables.locator("tr[data-table=c2]").inner_text()
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=SCREENSHOTS / "pools.png", full_page=True)
+            page.click("table.pool-tables >> text=c1")
+            page.wait_for_url(f"{base_url}/ui/tables/c1")
+        finally:
+            browser.close()
+    assert problems == []

@@ -1,5 +1,6 @@
-"""Server-rendered dashboard (Jinja2 + one small script): tables, shards, charts, checkpoints,
-events, and a token login that starts a server-side session (see ``dashboard_auth``)."""
+"""Server-rendered dashboard (Jinja2 + one small script): tables, pools, shards, charts,
+checkpoints, events, and a token login that starts a server-side session
+(see ``dashboard_auth``)."""
 
 from __future__ import annotations
 
@@ -205,6 +206,17 @@ async def table_metrics(name: str, context: ContextDep, principal: UiPrincipal) 
                 scraped.pop(key)
         shard.update(scraped)
     return JSONResponse({"at": time.time(), "shards": shards, "cache": cache})
+
+
+@router.get("/pools")
+def pools_page(request: Request, session: SessionDep, principal: UiPrincipal) -> HTMLResponse:
+    """The pools with their tables and the memory those reserve per node against the
+    request."""
+    items, total = crud.list_pools(session, limit=500, offset=0)
+    pools = [
+        views.pool_public(p, [t.name for t in crud.tables_on(session, name=p.name)]) for p in items
+    ]
+    return _render(request, "pools.html", principal, pools=pools, total=total)
 
 
 @router.get("/checkpoints")
