@@ -90,3 +90,40 @@ def test_token_create_mints_a_provisioner_token(
         assert status.status_code == 200, status.text
         listed = client.get("/api/v1/tokens", headers=admin_headers).json()["items"]
         assert [(t["name"], t["role"]) for t in listed] == [("operator", "provisioner")]
+
+
+def test_apply_get_and_delete_a_pool_and_its_table(
+    app: Any, admin_headers: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``recstore apply -f`` of the example pool and a table on it (the pool first), ``get
+    pools``, ``get tables`` naming the pool, a re-apply unchanged, and deletion."""
+    from recstore.cli import api_client
+    from recstore.cli import app as cli
+
+    def in_process(*, base_url: str, headers: dict[str, str], **_: Any) -> TestClient:
+        return TestClient(app, base_url=base_url, headers=headers)
+
+    monkeypatch.setattr(api_client.httpx, "Client", in_process)
+    monkeypatch.setenv("COLUMNS", "200")
+    examples = Path(__file__).resolve().parents[2] / "examples" / "tables" / "pool"
+    both = tmp_path / "both.yaml"  # the table before its pool: apply creates the pool first
+    both.write_text((examples / "criteo-c1.yaml").read_text() + "---\n"
+                    + (examples / "criteo-pool.yaml").read_text())  # fmt: skip
+    admin = admin_headers["Authorization"].split()[1]
+    common = ["--admin-url", "http://testserver", "--token", admin, "--state-dir", str(tmp_path)]
+    applied = CliRunner().invoke(cli, ["apply", "-f", str(both), *common])
+    assert applied.exit_code == 0, applied.output
+    assert applied.output.splitlines() == ["embeddingpool/criteo created",
+                                           "embeddingtable/criteo-c1 created"]  # fmt: skip
+    again = CliRunner().invoke(cli, ["apply", "-f", str(both), *common])
+    assert "embeddingtable/criteo-c1 unchanged" in again.output, again.output
+    pools = CliRunner().invoke(cli, ["get", "pools", *common])
+    assert pools.exit_code == 0 and "criteo" in pools.output and "0/2" in pools.output
+    tables = CliRunner().invoke(cli, ["get", "tables", *common])
+    assert "criteo-c1" in tables.output and "criteo" in tables.output.split("criteo-c1")[1]
+    refused = CliRunner().invoke(cli, ["delete", "pool", "criteo", *common])
+    assert refused.exit_code == 1 and "still holds tables criteo-c1" in refused.output
+    deleted = CliRunner().invoke(cli, ["delete", "-f", str(both), *common])
+    assert deleted.exit_code == 0, deleted.output
+    assert deleted.output.splitlines() == ["embeddingtable/criteo-c1 deleted",
+                                           "embeddingpool/criteo deleted"]  # fmt: skip
