@@ -48,7 +48,9 @@ CONFLICT_ATTEMPTS = 3
 class Provisioner(Protocol):
     def create_table(self, spec: TableSpec, *, pool: str | None = None) -> None: ...
 
-    def update_table(self, spec: TableSpec, *, previous: TableSpec) -> None: ...
+    def update_table(
+        self, spec: TableSpec, *, previous: TableSpec, pool: str | None = None
+    ) -> None: ...
 
     def delete_table(self, name: str) -> None: ...
 
@@ -88,9 +90,11 @@ class LocalProvisionerHook:
         if (target := self._current()) is not None:
             target.create_table(spec, pool=pool)
 
-    def update_table(self, spec: TableSpec, *, previous: TableSpec) -> None:
+    def update_table(
+        self, spec: TableSpec, *, previous: TableSpec, pool: str | None = None
+    ) -> None:
         if (target := self._current()) is not None:
-            target.update_table(spec, previous=previous)
+            target.update_table(spec, previous=previous, pool=pool)
 
     def delete_table(self, name: str) -> None:
         if (target := self._current()) is not None:
@@ -231,11 +235,13 @@ class KubernetesProvisioner:
             if "answered 404" not in str(exc):  # already gone is what we wanted
                 raise
 
-    def update_table(self, spec: TableSpec, *, previous: TableSpec) -> None:
+    def update_table(
+        self, spec: TableSpec, *, previous: TableSpec, pool: str | None = None
+    ) -> None:
         self._call(
             "PATCH",
             f"{self._collection}/{resource_name(spec.name)}",
-            json={"spec": spec.to_wire()},
+            json={"spec": table_resource_spec(spec, pool)},
             headers={"Content-Type": "application/merge-patch+json"},
         )
 

@@ -70,6 +70,18 @@ def test_kubernetes_provisioner_requests() -> None:
     assert (delete.method, delete.url.path) == ("DELETE", f"{BASE}/user-emb")
 
 
+def test_a_table_on_a_pool_is_patched_without_shards_of_its_own() -> None:
+    """The operator refuses a table on a pool that declares shards: a patch names the pool."""
+    api = FakeApiServer()
+    spec = TableSpec(name="clicks", num_embeddings=10, embedding_dim=4, shards=2)
+    changed = spec.model_copy(update={"optimizer": {"kind": "sgd", "lr": 0.5}})
+    api.provisioner().update_table(changed, previous=spec, pool="criteo")
+    (update,) = api.requests
+    sent = json.loads(update.content)["spec"]
+    assert sent["pool"] == "criteo" and "shards" not in sent
+    assert sent["optimizer"]["lr"] == 0.5
+
+
 def _checkpoint(request_id: int, state: str) -> dict[str, Any]:
     return {"id": f"request-{request_id}", "requestId": request_id, "state": state}
 
@@ -174,7 +186,9 @@ class Recorder:
     def create_table(self, spec: TableSpec, *, pool: str | None = None) -> None:
         self.calls.append(("create", spec.name))
 
-    def update_table(self, spec: TableSpec, *, previous: TableSpec) -> None:
+    def update_table(
+        self, spec: TableSpec, *, previous: TableSpec, pool: str | None = None
+    ) -> None:
         self.calls.append(("update", (previous.shards, spec.shards)))
 
     def delete_table(self, name: str) -> None:

@@ -129,7 +129,7 @@ def patch_table(
         actor=principal.actor,
     )
     if previous is not None:
-        provisioner.update_table(views.spec_of(table), previous=previous)
+        provisioner.update_table(views.spec_of(table), previous=previous, pool=table.pool)
         crud.commit(session)
     return _etag(response, views.table_public(table))
 

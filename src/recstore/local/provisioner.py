@@ -148,7 +148,9 @@ class LocalProvisioner:
         # Registration and status go through the admin API from the poller: the
         # admin calls this inside its own transaction, which a nested call would wait on.
 
-    def update_table(self, spec: TableSpec, *, previous: TableSpec) -> None:
+    def update_table(
+        self, spec: TableSpec, *, previous: TableSpec, pool: str | None = None
+    ) -> None:
         """A new shard count is declared (ReshardRequired follows); nothing else may change.
 
         Running nodes keep the spec their table was created with, so any other
