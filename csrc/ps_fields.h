@@ -236,6 +236,8 @@ inline constexpr int kMultiUpdateResponse_items_wire = 2;
 // SaveRequest
 inline constexpr uint32_t kSaveRequest_checkpoint_id = 1;  // string
 inline constexpr int kSaveRequest_checkpoint_id_wire = 2;
+inline constexpr uint32_t kSaveRequest_tables = 2;  // string
+inline constexpr int kSaveRequest_tables_wire = 2;
 
 // CheckpointInfo
 inline constexpr uint32_t kCheckpointInfo_checkpoint_id = 1;  // string

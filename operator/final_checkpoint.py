@@ -72,9 +72,11 @@ async def save_all(
     token: str | None,
     timeout: float = 300.0,
     tls: ClientTls | None = None,
+    tables: Sequence[str] = (),
 ) -> list[ShardCheckpoint]:
-    """Ask every (index, host:port) shard for checkpoint ``checkpoint_id``, all at once."""
-    rpc = save_rpc(checkpoint_id)
+    """Ask every (index, host:port) shard for checkpoint ``checkpoint_id`` of ``tables``
+    (empty: every table it holds), all at once."""
+    rpc = save_rpc(checkpoint_id, tables)
 
     async def one(index: int, address: str) -> ShardCheckpoint:
         try:

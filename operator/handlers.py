@@ -19,6 +19,7 @@ from typing import Any
 
 import kopf
 
+from recstore.core import checkpoint_status
 from recstore.core.checkpoint_status import outcome
 from recstore.core.reshard.events import ReshardEvent
 from recstore.core.resource import API_VERSION, GROUP, KIND, PLURAL, VERSION
@@ -65,7 +66,7 @@ def final_checkpoint_id(deletion_timestamp: str | None) -> str:
     when = dt.datetime.now(dt.timezone.utc)
     if deletion_timestamp:
         when = dt.datetime.fromisoformat(deletion_timestamp.replace("Z", "+00:00"))
-    return f"final-{when.astimezone(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
+    return checkpoint_status.final_checkpoint_id(when)
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig | None = None) -> None:

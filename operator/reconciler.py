@@ -235,7 +235,10 @@ class Reconciler:
         StatefulSet that does not serve is listed too, failed (an on-demand checkpoint is
         of the whole table); else only the serving ones are asked (the final checkpoint)."""
         table = await self.kube.get(path("EmbeddingTable", owner.namespace, owner.name)) or {}
-        fleet = pool_of(owner, table.get("spec") or {})
+        spec = table.get("spec") or {}
+        fleet = pool_of(owner, spec)
+        # a pool's nodes hold its other tables too: this table is saved alone
+        alone = [str(spec.get("name") or owner.name)] if fleet is not owner else []
         pods = await self.kube.list(
             path("Pod", owner.namespace), labels=render.selector_labels(fleet)
         )
@@ -244,6 +247,7 @@ class Reconciler:
         results = await final_checkpoint.save_all(
             [(index, self._address(pod)) for index, pod in sorted(serving.items())],
             checkpoint_id=checkpoint_id,
+            tables=alone,
             token=token,
             timeout=self.config.save_timeout,
             tls=self.config.tls,

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from recstore.core import slots_touched
-from recstore.core.errors import CheckpointCorrupt
+from recstore.core.errors import CheckpointCorrupt, TableNotFound
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.checkpoint import incremental
 from recstore.ps.checkpoint import read as checkpoint_read
@@ -65,16 +65,20 @@ def save(
     on_damaged: OnDamaged | None = None,
     *,
     history_restarts: Collection[str] = (),
+    tables: Collection[str] = (),
 ) -> CheckpointInfo:
-    """Write every table of the node as one new checkpoint; keep the newest ``keep``.
+    """Write the node's tables as one new checkpoint; keep the newest ``keep`` (of each
+    table: see ``checkpoint_read.prune``).
 
-    ``history_restarts``: tables whose state was just replaced (a Load), so no
+    ``tables``: only these (a table of a pool is checkpointed alone); empty: every
+    table. ``history_restarts``: tables whose state was just replaced (a Load), so no
     older checkpoint is a base for their log any more.
     """
     root = checkpoint_root(node)
     root.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with node.registry_lock:
+        chosen = _chosen(node, tables)
         sequence = checkpoint_read.next_sequence(root)
         writer = checkpoint.CheckpointWriter(
             root,
@@ -82,10 +86,12 @@ def save(
             sequence,
             {"shard_index": node.shard_index, "num_shards": node.num_shards},
         )
+        if tables:  # not every table: says nothing of the tables it does not hold
+            writer.manifest["partial"] = True
         rotated: list[tuple[HostedTable, int]] = []
         written: dict[str, tuple[HostedTable, incremental.Written]] = {}
         try:
-            for name, hosted in sorted(node.tables.items()):
+            for name, hosted in chosen:
                 with hosted.lock:
                     written[name] = (hosted, _write_table(writer, name, hosted))
                     if hosted.wal is not None:
@@ -98,18 +104,18 @@ def save(
                 incremental.advance(hosted, info, table)
         except BaseException:
             writer.abort()
-            _restart_chains(node.tables.values())
+            _restart_chains(hosted for _, hosted in chosen)
             raise
     try:  # the log it would let go of is still whole: a bad write loses nothing
         checkpoint_read.verify(info, from_disk=True)
     except CheckpointCorrupt as error:
         shutil.rmtree(info.path, ignore_errors=True)
-        _restart_chains(node.tables.values())
+        _restart_chains(hosted for _, hosted in chosen)
         reporter(on_damaged)(error)
         raise CheckpointCorrupt(
             info.checkpoint_id, error.table, f"did not verify after writing ({error.reason})"
         ) from error
-    checkpoint_read.prune(root, keep, protect=_holding_refused(node, root))
+    checkpoint_read.prune(root, keep, protect=_holding_refused(node, root), tables=node.tables)
     _trim_logs(root, rotated, history_restarts)
     log.info(
         "checkpoint saved",
@@ -121,6 +127,18 @@ def save(
         },
     )
     return info
+
+
+def _chosen(node: Node, tables: Collection[str]) -> list[tuple[str, HostedTable]]:
+    """The hosted tables a save writes, by name; TableNotFound naming any not hosted."""
+    if not tables:
+        return sorted(node.tables.items())
+    missing = sorted(set(tables) - set(node.tables))
+    if missing:
+        raise TableNotFound(
+            f"cannot checkpoint {', '.join(map(repr, missing))}: not hosted on this node"
+        )
+    return sorted((name, node.tables[name]) for name in set(tables))
 
 
 def logged_generation(info: CheckpointInfo, entry: CatalogueEntry) -> int | None:
@@ -137,12 +155,17 @@ def _trim_logs(
 ) -> None:
     """Delete each table's segments below what the oldest kept checkpoint needs: its
     generation, or 0 when it does not hold the table (created after it) or holds it
-    without a log (written in checkpoint durability)."""
+    without a log (written in checkpoint durability). A checkpoint of some tables only
+    says nothing of the others."""
     kept = checkpoint_read.list_checkpoints(root)
     for hosted, generation in rotated:
         floor = generation
         if hosted.entry.spec.name not in history_restarts:
-            needed = (logged_generation(info, hosted.entry) or 0 for info in kept)
+            needed = (
+                logged_generation(info, hosted.entry) or 0
+                for info in kept
+                if not info.manifest.get("partial") or hosted.entry.spec.name in info.tables
+            )
             floor = min(needed, default=generation)
         hosted.wal.remove_before(floor)  # type: ignore[union-attr]
 

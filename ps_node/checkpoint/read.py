@@ -239,11 +239,17 @@ def next_sequence(root: Path) -> int:
     return existing[-1].sequence + 1 if existing else 1
 
 
-def prune(root: Path, keep: int, protect: Collection[str] = ()) -> list[str]:
-    """Delete all but the newest ``keep`` checkpoints, sparing the ids in ``protect`` and
-    every base a kept checkpoint's chains need."""
+def prune(
+    root: Path, keep: int, protect: Collection[str] = (), tables: Collection[str] = ()
+) -> list[str]:
+    """Delete all but the newest ``keep`` checkpoints, sparing the ids in ``protect``, for
+    each of ``tables`` the newest ``keep`` that hold it (a table saved alone, as a pool's
+    tables are, keeps its own history whatever its neighbours save), and every base a
+    kept checkpoint's chains need."""
     infos = list_checkpoints(root)
     kept = {info.checkpoint_id for info in infos[-keep:]} if keep > 0 else set()
+    for table in tables if keep > 0 else ():
+        kept |= {i.checkpoint_id for i in [i for i in infos if table in i.tables][-keep:]}
     spared = set(protect) | kept
     for info in [i for i in infos if i.checkpoint_id in spared]:  # a chain lists all its bases
         spared |= {str(ln.get("checkpoint_id")) for t in info.tables for ln in chain_links(info, t)}

@@ -377,7 +377,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
     @rpc
     async def Save(self, request, context):
         info = await self._run(
-            persistence.save,
+            functools.partial(persistence.save, tables=tuple(request.tables)),
             self.node,
             request.checkpoint_id or None,
             self.keep,

@@ -27,6 +27,7 @@ from recstore.core import TableSpec
 from recstore.core.pool_capacity import engine_bytes
 from recstore.local.platform import LocalPlatform
 from recstore.local.shard_client import ShardClient
+from recstore.ps.checkpoint.read import list_checkpoints
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -138,6 +139,10 @@ def test_a_pool_holds_many_tables_on_its_own_nodes(
     for node, was, now, held_bytes in zip(nodes, before, after, held_per_node, strict=True):
         assert was - now > held_bytes // 2, (node.endpoint, was, now, held_bytes)
     torch.testing.assert_close(client.pull("early", torch.arange(1000)), kept)  # still serves
+    for shard in (0, 1):  # its final checkpoint, of it alone: the nodes hold "early" too
+        root = platform.state_dir / "pools" / "model" / f"shard-{shard}" / "checkpoints"
+        finals = [i for i in list_checkpoints(root) if i.checkpoint_id.startswith("final-")]
+        assert [i.tables for i in finals] == [["wide"]]
     client.close()
     for node in nodes:
         node.close()

@@ -161,6 +161,8 @@ class FakePS(ps_pb2_grpc.ParameterServerServicer):
     created: list[dict[str, Any]] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     saves: list[str] = field(default_factory=list)
+    #: the tables each Save named (empty: every table of the node)
+    saved_tables: list[tuple[str, ...]] = field(default_factory=list)
     fail_saves: int = 0
     hold_saves: asyncio.Event | None = None
     port: int = 0
@@ -186,6 +188,7 @@ class FakePS(ps_pb2_grpc.ParameterServerServicer):
             self.fail_saves -= 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, "disk busy")
         self.saves.append(request.checkpoint_id)
+        self.saved_tables.append(tuple(request.tables))
         info = ps_pb2.CheckpointInfo(checkpoint_id=request.checkpoint_id)
         return ps_pb2.SaveResponse(checkpoint=info)
 

@@ -105,6 +105,10 @@ async def test_tables_share_the_pool_fleet_and_its_capacity(
     await wait_for(lambda: "a" in fake_ps.dropped, what="a dropped from the nodes")
     await wait_for(lambda: _gone(api, "a"), what="a deleted")
     assert fake_ps.dropped.count("b") == 0
+    # its final checkpoint is of it alone: the pool's nodes hold b too
+    saves = zip(fake_ps.saves, fake_ps.saved_tables, strict=True)
+    finals = [tables for checkpoint, tables in saves if checkpoint.startswith("final-")]
+    assert finals and set(finals) == {("a",)}
     assert (await status_of(api, "b")).get("phase") == "Ready"
     for name in ("b", "huge"):
         (await api.delete(f"{ET}/{name}")).raise_for_status()

@@ -76,6 +76,11 @@ class TableCheckpoint(WireModel):
         return self.state in FINISHED
 
 
+def final_checkpoint_id(when: dt.datetime) -> str:
+    """The id a deleted table's last checkpoint is saved under: when deletion was asked."""
+    return f"final-{when.astimezone(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
+
+
 def requested_checkpoint_id(request_id: int) -> str:
     """The id the shards save an on-demand checkpoint under."""
     return f"{REQUEST_PREFIX}{request_id}"

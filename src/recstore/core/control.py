@@ -101,11 +101,11 @@ def cache_report_rpc(name: str, caches: Sequence[ClientCache]) -> Rpc[None]:
     return Rpc("CacheReport", request, lambda _: None)
 
 
-def save_rpc(checkpoint_id: str = "") -> Rpc[SavedCheckpoint]:
-    """Save every table of the node; an empty id lets the node pick one."""
+def save_rpc(checkpoint_id: str = "", tables: Sequence[str] = ()) -> Rpc[SavedCheckpoint]:
+    """Save ``tables`` of the node (empty: every table); an empty id lets the node pick one."""
     return Rpc(
         "Save",
-        ps_pb2.SaveRequest(checkpoint_id=checkpoint_id),
+        ps_pb2.SaveRequest(checkpoint_id=checkpoint_id, tables=tables),
         lambda reply: checkpoint_from_proto(reply.checkpoint),
     )
 
@@ -194,8 +194,10 @@ class ControlClient(_NodeStub):
     def stats(self, name: str, *, timeout: float | None = None) -> TableStats:
         return self.call(stats_rpc(name), timeout=timeout)
 
-    def save(self, checkpoint_id: str = "", *, timeout: float | None = None) -> SavedCheckpoint:
-        return self.call(save_rpc(checkpoint_id), timeout=timeout)
+    def save(
+        self, checkpoint_id: str = "", *, tables: Sequence[str] = (), timeout: float | None = None
+    ) -> SavedCheckpoint:
+        return self.call(save_rpc(checkpoint_id, tables), timeout=timeout)
 
     def load(self, checkpoint_id: str = "", *, timeout: float | None = None) -> SavedCheckpoint:
         return self.call(load_rpc(checkpoint_id), timeout=timeout)

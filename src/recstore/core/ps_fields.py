@@ -182,6 +182,7 @@ class MultiUpdateResponse:
 
 class SaveRequest:
     checkpoint_id: Final = 1
+    tables: Final = 2
 
 
 class CheckpointInfo:
@@ -493,6 +494,7 @@ SCHEMAS: Final[dict[str, dict[int, tuple[str, str]]]] = {
     },
     "SaveRequest": {
         1: ("checkpoint_id", "string"),
+        2: ("tables", "string"),
     },
     "CheckpointInfo": {
         1: ("checkpoint_id", "string"),

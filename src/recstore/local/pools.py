@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from recstore.admin.errors import ProvisioningError
+from recstore.core.checkpoint_status import final_checkpoint_id
 from recstore.core.pool import PoolSpec
 from recstore.core.pool_status import TableOnPool, pool_status
 from recstore.core.reconcile import Observation, PoolPlacing, ShardState
@@ -113,7 +114,14 @@ class LocalPools:
         shutil.rmtree(pool.directory, ignore_errors=True)
 
     def drop(self, table: LocalTable) -> None:
-        """Drop a deleted table from its pool's nodes (their other tables keep serving)."""
+        """Drop a deleted table from its pool's nodes (their other tables keep serving),
+        after a last checkpoint of it alone, as a table's own nodes write when stopped."""
+        final = final_checkpoint_id(dt.datetime.now(dt.timezone.utc))
+        for index, client in enumerate(table.clients):
+            saved = client.save(final, index=index, tables=[table.spec.name])
+            if not saved.ok:
+                log.warning("table %r: no final checkpoint on %s: %s", table.spec.name,
+                            client.endpoint, saved.error)  # fmt: skip
         for client in table.clients:
             if not client.drop_table(table.spec.name):
                 log.warning("table %r not dropped from %s (not reachable): its node drops it "

@@ -228,8 +228,10 @@ class LocalProvisioner:
 
     def _checkpoint(self, table: LocalTable, request_id: int) -> None:
         checkpoint_id = requested_checkpoint_id(request_id)
+        alone = [table.spec.name] if table.pool else []  # a pool's nodes hold other tables
         shards = [
-            client.save(checkpoint_id, index=index) for index, client in enumerate(table.clients)
+            client.save(checkpoint_id, index=index, tables=alone)
+            for index, client in enumerate(table.clients)
         ]
         result = outcome(
             checkpoint_id, shards, now=dt.datetime.now(dt.timezone.utc), request_id=request_id

@@ -7,6 +7,7 @@ calls (``recstore.core.control``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -95,11 +96,18 @@ class ShardClient:
             return False
         return True
 
-    def save(self, checkpoint_id: str, *, index: int, timeout: float = 600.0) -> ShardCheckpoint:
-        """Write a checkpoint of every table on the node (shard ``index``): what it saved,
-        or why it did not."""
+    def save(
+        self,
+        checkpoint_id: str,
+        *,
+        index: int,
+        tables: Sequence[str] = (),
+        timeout: float = 600.0,
+    ) -> ShardCheckpoint:
+        """Write a checkpoint of ``tables`` on the node (shard ``index``; empty: every table
+        it holds): what it saved, or why it did not."""
         try:
-            info = self._control.save(checkpoint_id, timeout=timeout)
+            info = self._control.save(checkpoint_id, tables=tables, timeout=timeout)
         except ControlError as error:
             return ShardCheckpoint(index=index, endpoint=self.endpoint, error=clip(str(error)))
         return ShardCheckpoint(

@@ -304,10 +304,12 @@ class MultiUpdateResponse(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[UpdateResponse, _Mapping]]] = ...) -> None: ...
 
 class SaveRequest(_message.Message):
-    __slots__ = ("checkpoint_id",)
+    __slots__ = ("checkpoint_id", "tables")
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
     checkpoint_id: str
-    def __init__(self, checkpoint_id: _Optional[str] = ...) -> None: ...
+    tables: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, checkpoint_id: _Optional[str] = ..., tables: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CheckpointInfo(_message.Message):
     __slots__ = ("checkpoint_id", "path", "sequence", "created_unix", "tables", "rows", "bytes")
