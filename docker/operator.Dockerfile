@@ -11,6 +11,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential cmake ninja-build \
+      libgrpc++-dev libprotobuf-dev protobuf-compiler-grpc \
  && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
@@ -24,6 +25,7 @@ RUN grep -v '^torch==' /tmp/lock.txt > /tmp/constraints.txt \
 ENV PIP_CONSTRAINT=/tmp/constraints.txt
 WORKDIR /src
 COPY pyproject.toml CMakeLists.txt README.md ./
+COPY cmake/ cmake/
 COPY csrc/ csrc/
 COPY src/ src/
 COPY client_sdk/ client_sdk/

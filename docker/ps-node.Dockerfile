@@ -18,6 +18,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       python3 python3-dev python3-venv build-essential cmake ninja-build \
+      libgrpc++-dev libprotobuf-dev protobuf-compiler-grpc \
  && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
@@ -31,6 +32,7 @@ RUN grep -v '^torch==' /tmp/lock.txt > /tmp/constraints.txt \
 ENV PIP_CONSTRAINT=/tmp/constraints.txt
 WORKDIR /src
 COPY pyproject.toml CMakeLists.txt README.md ./
+COPY cmake/ cmake/
 COPY csrc/ csrc/
 COPY src/ src/
 COPY client_sdk/ client_sdk/

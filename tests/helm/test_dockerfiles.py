@@ -255,3 +255,13 @@ def _declaration() -> Any:
     return parse_declaration(
         {"numEmbeddings": 10, "embeddingDim": 4, "placement": {"gpus": 1}}, default_name="t"
     )
+
+
+@pytest.mark.parametrize("dockerfile", sorted(IMAGES))
+def test_builder_stage_has_grpc_cpp_and_its_cmake_module(
+    dockerfile: str, grpc_apt_packages: list[str]
+) -> None:
+    builder = parse(dockerfile)[0]
+    installs = " ".join(run for run in builder.all("RUN") if "apt-get install" in run).split()
+    assert set(grpc_apt_packages) <= set(installs), set(grpc_apt_packages) - set(installs)
+    assert "cmake/ cmake/" in builder.all("COPY")
