@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from processes import free_port, process_cpu_seconds
@@ -53,15 +54,15 @@ def start_node(root: Path, token: bool) -> tuple[subprocess.Popen[bytes], str]:
 
 
 class Target:
-    """One server process and the raw-bytes MultiPull requests sent to it."""
+    """One server process and the raw-bytes requests sent to it (MultiPull unless told)."""
 
-    def __init__(self, label: str, process: subprocess.Popen[bytes], address: str,
-                 token: bool, requests: dict[str, bytes]) -> None:  # fmt: skip
+    def __init__(self, label: str, process: subprocess.Popen[Any], address: str, token: bool,
+                 requests: dict[str, bytes], method: str = METHOD) -> None:  # fmt: skip
         import grpc
 
         self.label, self.process, self.token = label, process, token
         self.channel = grpc.insecure_channel(address)
-        self.pull = self.channel.unary_unary(METHOD)  # raw bytes both ways
+        self.pull = self.channel.unary_unary(method)  # raw bytes both ways
         self.metadata = (("authorization", f"Bearer {TOKEN}"),) if token else ()
         self.requests = requests
 
