@@ -54,8 +54,11 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
+# The gRPC C++ runtime the native module links, named by the dev package's dependency
+# (libgrpc++1.51 on Debian 12, libgrpc++1.51t64 on Debian 13 and Ubuntu 24.04).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 \
+      "$(apt-cache depends libgrpc++-dev | sed -n 's/^ *Depends: \(libgrpc++[0-9].*\)/\1/p')" \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --gid 10001 recstore \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \

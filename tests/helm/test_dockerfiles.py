@@ -258,10 +258,13 @@ def _declaration() -> Any:
 
 
 @pytest.mark.parametrize("dockerfile", sorted(IMAGES))
-def test_builder_stage_has_grpc_cpp_and_its_cmake_module(
+def test_images_have_grpc_cpp_to_build_and_run_the_native_module(
     dockerfile: str, grpc_apt_packages: list[str]
 ) -> None:
-    builder = parse(dockerfile)[0]
+    builder, final = parse(dockerfile)
     installs = " ".join(run for run in builder.all("RUN") if "apt-get install" in run).split()
     assert set(grpc_apt_packages) <= set(installs), set(grpc_apt_packages) - set(installs)
     assert "cmake/ cmake/" in builder.all("COPY")
+    # the runtime library the module links, whatever the base names it
+    runtime = " ".join(run for run in final.all("RUN") if "apt-get install" in run)
+    assert "$(apt-cache depends libgrpc++-dev" in runtime
