@@ -16,21 +16,31 @@ Call::Call(grpc::ByteBuffer request, double timeout_s, bool wait_for_ready,
   for (const auto& [key, value] : metadata) context_.AddMetadata(key, value);
 }
 
-void Call::finish(grpc::Status status) {
-  std::lock_guard<std::mutex> guard(lock_);
-  status_ = std::move(status);
-  done_ = true;
-  finished_.notify_all();
+Call::~Call() {
+  if (started_ && !done_) {  // a call given up on (an error on the waiter's side)
+    context_.TryCancel();
+    wait();
+  }
+  queue_.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (queue_.Next(&tag, &ok)) {
+  }
 }
 
 bool Call::wait_for(std::chrono::milliseconds wait) {
-  std::unique_lock<std::mutex> guard(lock_);
-  return finished_.wait_for(guard, wait, [this] { return done_; });
+  if (done_) return true;
+  void* tag = nullptr;
+  bool ok = false;
+  const auto deadline = std::chrono::system_clock::now() + wait;
+  // Finish is the only operation on the queue: its tag is the call's one event.
+  if (queue_.AsyncNext(&tag, &ok, deadline) == grpc::CompletionQueue::GOT_EVENT) done_ = true;
+  return done_;
 }
 
 void Call::wait() {
-  std::unique_lock<std::mutex> guard(lock_);
-  finished_.wait(guard, [this] { return done_; });
+  while (!wait_for(std::chrono::milliseconds(1000))) {
+  }
 }
 
 Metadata Call::trailing() const {
@@ -65,12 +75,13 @@ DataChannel::DataChannel(const std::string& target, const std::vector<ChannelArg
   stub_ = std::make_unique<grpc::GenericStub>(channel_);
 }
 
-void DataChannel::start(const std::shared_ptr<Call>& call, const std::string& method) {
+void DataChannel::start(Call& call, const std::string& method) {
   std::lock_guard<std::mutex> guard(lock_);
   if (!stub_) throw std::runtime_error("the channel to this PS node is closed");
-  Call* raw = call.get();
-  stub_->UnaryCall(&raw->context_, method, grpc::StubOptions(), &raw->request_, &raw->reply_,
-                   [call](grpc::Status status) { call->finish(std::move(status)); });
+  call.reader_ = stub_->PrepareUnaryCall(&call.context_, method, call.request_, &call.queue_);
+  call.reader_->StartCall();
+  call.reader_->Finish(&call.reply_, &call.status_, &call);
+  call.started_ = true;
 }
 
 void DataChannel::close() {

@@ -2,19 +2,19 @@
 //
 // grpcio's client spends more CPU per call than the bytes it moves cost (a
 // 2 MiB reply: ~4 ms of client CPU against ~1.8 ms in C++, bench/transport_floor_bench.py),
-// and holds the GIL while it copies. Here a unary call goes out on gRPC's
-// callback API through a GenericStub (raw ByteBuffers, no protobuf): the
-// request's bytes are sent from the caller's buffer as they are (a slice
-// released when gRPC no longer needs it), and the caller waits on a condition
-// variable it can wake up from to look for signals. Plain C++ over gRPC: the
-// bindings (data_channel_bindings.h) hold the buffers and the GIL.
+// and holds the GIL while it copies. Here a unary call goes out through a
+// GenericStub (raw ByteBuffers, no protobuf): the request's bytes are sent
+// from the caller's buffer as they are (a slice released when gRPC no longer
+// needs it), and the caller's own thread drives the call's completion queue
+// (no hop through a gRPC callback thread, as gRPC's own blocking calls do),
+// waking every few milliseconds so that it can look for signals. Plain C++
+// over gRPC: the bindings (data_channel_bindings.h) hold the buffers and the GIL.
 #pragma once
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -41,10 +41,14 @@ struct TlsPems {
 
 using Metadata = std::vector<std::pair<std::string, std::string>>;
 
-// One unary call: started by DataChannel::start, finished once; whoever made it waits.
+// One unary call: started by DataChannel::start, then waited for by the one thread
+// that made it (wait_for and wait drive its completion queue).
 class Call {
  public:
   Call(grpc::ByteBuffer request, double timeout_s, bool wait_for_ready, const Metadata& metadata);
+  ~Call();
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
 
   // True once the call has finished (status set), waiting at most `wait`.
   bool wait_for(std::chrono::milliseconds wait);
@@ -59,14 +63,14 @@ class Call {
 
  private:
   friend class DataChannel;
-  void finish(grpc::Status status);
 
   grpc::ClientContext context_;
+  grpc::CompletionQueue queue_;
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> reader_;
   grpc::ByteBuffer request_;
   grpc::ByteBuffer reply_;
   grpc::Status status_;
-  std::mutex lock_;
-  std::condition_variable finished_;
+  bool started_ = false;
   bool done_ = false;
 };
 
@@ -76,9 +80,9 @@ class DataChannel {
   DataChannel(const std::string& target, const std::vector<ChannelArg>& args,
               const TlsPems* tls);
 
-  // Sends `call` to `method` ("/package.Service/Method"); its completion wakes its waiter.
-  // The call must outlive its completion. Throws std::runtime_error once closed.
-  void start(const std::shared_ptr<Call>& call, const std::string& method);
+  // Sends `call` to `method` ("/package.Service/Method"). Throws std::runtime_error
+  // once closed.
+  void start(Call& call, const std::string& method);
   // No call starts after this; those in flight finish.
   void close();
 

@@ -6,7 +6,8 @@
 // gRPC's threads without the GIL, so released buffers wait in a list that the
 // next call (holding the GIL) empties. The GIL is released while the call is
 // in flight; every 50 ms the waiter takes it back to look for signals (Ctrl-C
-// cancels the call, which still finishes before the error is raised).
+// cancels the call, which still finishes before the error is raised). The
+// waiting thread drives the call's own completion queue, as gRPC's blocking calls do.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -149,9 +150,9 @@ inline void bind(nb::module_& m) {
           [](DataChannel& self, const std::string& method, nb::handle request, double timeout,
              bool wait_for_ready, const Metadata& metadata) -> nb::tuple {
             Released::now();
-            auto call = std::make_shared<Call>(request_of(request), timeout, wait_for_ready,
+            auto call = std::make_unique<Call>(request_of(request), timeout, wait_for_ready,
                                                metadata);
-            self.start(call, method);
+            self.start(*call, method);
             if (wait_interruptibly(*call)) throw nb::python_error();
             const grpc::Status& status = call->status();
             if (status.ok()) return nb::make_tuple(0, reply_bytes(call->reply()), nb::tuple());
