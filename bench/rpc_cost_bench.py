@@ -35,13 +35,17 @@ METHOD = "/recstore.v1.ParameterServer/MultiPull"
 TOKEN = "bench-token"
 
 
-def start_node(root: Path, token: bool) -> tuple[subprocess.Popen[bytes], str]:
+def start_node(
+    root: Path, token: bool, shard: tuple[int, int] = (0, 1)
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A node process (shard ``shard[0]`` of ``shard[1]``) and its address, once it serves."""
     import grpc
 
     root.mkdir(parents=True)
     port = free_port()
     command = [sys.executable, "-m", "recstore.ps", "--host", "127.0.0.1", "--port", str(port),
-               "--data-dir", str(root / "ps"), "--log-level", "WARNING"]  # fmt: skip
+               "--data-dir", str(root / "ps"), "--log-level", "WARNING",
+               "--shard-index", str(shard[0]), "--num-shards", str(shard[1])]  # fmt: skip
     if token:
         (root / "token").write_text(TOKEN)
         command += ["--auth-token-file", str(root / "token")]

@@ -10,6 +10,8 @@ median round is quoted; the machine is shared):
   ``grpc.aio`` echo server with the node's options, and a real node's empty
   MultiPull (one item of no keys), without and with a bearer token. Ratios
   are to the C++ echo.
+* **the SDK's client CPU per pull** of ``--sdk-ids`` rows (2 MiB at dim 64) from 2
+  nodes, its data calls on the native channel against the same calls on grpcio.
 * **throughput from 2 servers in parallel** (one call to each at once, both
   awaited, as the SDK sends one request per node): a pull-sized call
   (``--ids`` × 8 bytes of keys out, ``--ids`` × ``--dim`` float32 rows back)
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from processes import free_port, process_cpu_seconds, write_report
-from rpc_cost_bench import Target, node_target
+from rpc_cost_bench import Target, node_target, start_node
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOOR_SOURCE = ROOT / "bench" / "transport_floor"
@@ -288,7 +290,72 @@ def throughputs(args: argparse.Namespace, floor: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def report(empty: list[dict[str, Any]], moved: list[dict[str, Any]]) -> None:
+class GrpcioData:
+    """The SDK's data calls on grpcio's channel (what they went through before the native
+    channel): the baseline of the SDK's client CPU per pull."""
+
+    def __init__(self, channel: Any) -> None:
+        self.channel = channel
+
+    def call(self, method: str, request: bytes, **options: Any) -> bytes:
+        reply: bytes = self.channel.unary_unary(method)(request, **options)
+        return reply
+
+    def close(self) -> None:
+        pass
+
+
+def sdk_pulls(args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
+    """The SDK's client CPU per pull of ``--sdk-ids`` rows of dim ``--dim`` from 2 nodes,
+    its data calls on the native channel against grpcio's."""
+    import numpy as np
+    import torch
+
+    from recstore.client.remote.backend import GrpcBackend
+    from recstore.core import TableSpec
+
+    nodes = [start_node(tmp / f"sdk{i}", False, (i, args.servers)) for i in range(args.servers)]
+    endpoints = tuple(address for _, address in nodes)
+    backends = {"native (C++)": GrpcBackend(endpoints=endpoints),
+                "grpcio": GrpcBackend(endpoints=endpoints)}  # fmt: skip
+    rows = 1 << 20
+    spec = TableSpec(name="sdk_pull", num_embeddings=rows, embedding_dim=args.dim)
+    keys = torch.from_numpy(np.random.default_rng(0).choice(rows, args.sdk_ids, replace=False))
+    samples: dict[str, list[tuple[float, float]]] = {label: [] for label in backends}
+    try:
+        backends["grpcio"].create_table(spec)
+        for label, backend in backends.items():
+            backend.pull("sdk_pull", keys)  # warm: channels, rows inserted
+            if label == "grpcio":
+                for node in backend._nodes.values():
+                    node.data = GrpcioData(node.channel)  # type: ignore[assignment]
+        for _ in range(args.rounds):
+            for label, backend in backends.items():
+                cpu, wall = time.process_time(), time.perf_counter()
+                for _ in range(args.calls):
+                    backend.pull("sdk_pull", keys)
+                samples[label].append((time.perf_counter() - wall, time.process_time() - cpu))
+    finally:
+        for backend in backends.values():
+            backend.close()
+        for process, _ in nodes:
+            process.terminate()
+            process.wait(timeout=60)
+    pulled = args.sdk_ids * args.dim * 4
+    out = [{
+        "client": label, "ids": args.sdk_ids, "dim": args.dim, "pulled_bytes": pulled,
+        "pulls": args.calls * args.rounds,
+        "client_cpu_us": statistics.median(c for _, c in runs) / args.calls * 1e6,
+        "wall_us": statistics.median(w for w, _ in runs) / args.calls * 1e6,
+    } for label, runs in samples.items()]  # fmt: skip
+    for row in out:
+        row["cpu_vs_grpcio"] = row["client_cpu_us"] / out[-1]["client_cpu_us"]
+    return out
+
+
+def report(
+    empty: list[dict[str, Any]], moved: list[dict[str, Any]], sdk: list[dict[str, Any]]
+) -> None:
     print(f"{'server (empty call)':<20} {'server CPU us':>14} {'vs C++ echo':>12} "
           f"{'client CPU us':>14}")  # fmt: skip
     for row in empty:
@@ -301,6 +368,13 @@ def report(empty: list[dict[str, Any]], moved: list[dict[str, Any]]) -> None:
         print(f"{row['stack']:<18} {row['payload']:<16} {row['gb_per_s']:>6.2f} "
               f"{row['vs_cpp']:>6.2f}x {row['client_cpu_us']:>19.0f} "
               f"{row['server_cpu_us']:>19.0f}")  # fmt: skip
+    print()
+    print(f"{'SDK pull, data calls on':<24} {'MiB':>5} {'client CPU us':>14} {'vs grpcio':>10} "
+          f"{'wall us':>9}")  # fmt: skip
+    for row in sdk:
+        print(f"{row['client']:<24} {row['pulled_bytes'] / MIB:>5.1f} "
+              f"{row['client_cpu_us']:>14.0f} {row['cpu_vs_grpcio']:>9.2f}x "
+              f"{row['wall_us']:>9.0f}")  # fmt: skip
 
 
 def main() -> None:
@@ -311,6 +385,7 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=2)
     parser.add_argument("--ids", type=int, default=4096)
     parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--sdk-ids", type=int, default=8192, help="ids of the SDK's pull")
     default_out = ROOT / "bench" / "results" / "transport_floor_bench.json"
     parser.add_argument("--out", type=Path, default=default_out)
     parser.add_argument("--python-server", action="store_true", help=argparse.SUPPRESS)
@@ -323,9 +398,10 @@ def main() -> None:
     floor = build_floor()
     with tempfile.TemporaryDirectory() as tmp:
         empty = empty_call_costs(args, floor, Path(tmp))
+        sdk = sdk_pulls(args, Path(tmp))
     moved = throughputs(args, floor)
-    report(empty, moved)
-    write_report(args.out, {"empty_call": empty, "throughput": moved, "args": {
+    report(empty, moved, sdk)
+    write_report(args.out, {"empty_call": empty, "throughput": moved, "sdk_pull": sdk, "args": {
         k: v for k, v in vars(args).items() if k not in ("out", "python_server", "pool", "port")
     }})  # fmt: skip
 
