@@ -72,15 +72,19 @@ inline grpc::ByteBuffer request_of(nb::handle request) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
-// The reply's slices copied into one new bytes object.
+// The reply's slices copied into one new bytes object; the copy runs without the GIL
+// (nothing else holds the new object yet).
 inline nb::bytes reply_bytes(const grpc::ByteBuffer& reply) {
   std::vector<grpc::Slice> slices;
   if (!reply.Dump(&slices).ok()) throw std::runtime_error("unreadable reply");
   uint8_t* out = nullptr;
   nb::bytes bytes = protowire::bindings::new_bytes(reply.Length(), out);
-  for (const grpc::Slice& s : slices) {
-    std::memcpy(out, s.begin(), s.size());
-    out += s.size();
+  {
+    nb::gil_scoped_release release;
+    for (const grpc::Slice& s : slices) {
+      std::memcpy(out, s.begin(), s.size());
+      out += s.size();
+    }
   }
   return bytes;
 }
