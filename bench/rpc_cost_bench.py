@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from processes import free_port, process_cpu_seconds
@@ -34,13 +35,17 @@ METHOD = "/recstore.v1.ParameterServer/MultiPull"
 TOKEN = "bench-token"
 
 
-def start_node(root: Path, token: bool) -> tuple[subprocess.Popen[bytes], str]:
+def start_node(
+    root: Path, token: bool, shard: tuple[int, int] = (0, 1)
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A node process (shard ``shard[0]`` of ``shard[1]``) and its address, once it serves."""
     import grpc
 
     root.mkdir(parents=True)
     port = free_port()
     command = [sys.executable, "-m", "recstore.ps", "--host", "127.0.0.1", "--port", str(port),
-               "--data-dir", str(root / "ps"), "--log-level", "WARNING"]  # fmt: skip
+               "--data-dir", str(root / "ps"), "--log-level", "WARNING",
+               "--shard-index", str(shard[0]), "--num-shards", str(shard[1])]  # fmt: skip
     if token:
         (root / "token").write_text(TOKEN)
         command += ["--auth-token-file", str(root / "token")]
@@ -53,15 +58,15 @@ def start_node(root: Path, token: bool) -> tuple[subprocess.Popen[bytes], str]:
 
 
 class Target:
-    """One server process and the raw-bytes MultiPull requests sent to it."""
+    """One server process and the raw-bytes requests sent to it (MultiPull unless told)."""
 
-    def __init__(self, label: str, process: subprocess.Popen[bytes], address: str,
-                 token: bool, requests: dict[str, bytes]) -> None:  # fmt: skip
+    def __init__(self, label: str, process: subprocess.Popen[Any], address: str, token: bool,
+                 requests: dict[str, bytes], method: str = METHOD) -> None:  # fmt: skip
         import grpc
 
         self.label, self.process, self.token = label, process, token
         self.channel = grpc.insecure_channel(address)
-        self.pull = self.channel.unary_unary(METHOD)  # raw bytes both ways
+        self.pull = self.channel.unary_unary(method)  # raw bytes both ways
         self.metadata = (("authorization", f"Bearer {TOKEN}"),) if token else ()
         self.requests = requests
 

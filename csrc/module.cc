@@ -19,6 +19,7 @@
 
 #include "arrays.h"
 #include "cache_bindings.h"
+#include "data_channel_bindings.h"
 #include "distinct_bags.h"
 #include "hash.h"
 #include "host_row_cache_bindings.h"
@@ -297,6 +298,7 @@ NB_MODULE(_native, m) {
   recstore::protowire::bindings::bind(m);
   recstore::protowire::decode::bind(m);
   recstore::request_id::bindings::bind(m);
+  recstore::rpc::bindings::bind(m);
   recstore::row_buffers::bindings::bind(m);
 
 #ifdef RECSTORE_BIND_CUDA

@@ -11,6 +11,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential cmake ninja-build \
+      libgrpc++-dev libprotobuf-dev protobuf-compiler-grpc \
  && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
@@ -24,6 +25,7 @@ RUN grep -v '^torch==' /tmp/lock.txt > /tmp/constraints.txt \
 ENV PIP_CONSTRAINT=/tmp/constraints.txt
 WORKDIR /src
 COPY pyproject.toml CMakeLists.txt README.md ./
+COPY cmake/ cmake/
 COPY csrc/ csrc/
 COPY src/ src/
 COPY client_sdk/ client_sdk/
@@ -41,7 +43,13 @@ LABEL org.opencontainers.image.title="recstore-operator" \
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
-RUN groupadd --gid 10001 recstore \
+# The gRPC C++ runtime the native module links, named by the dev package's dependency
+# (libgrpc++1.51 on Debian 12, libgrpc++1.51t64 on Debian 13 and Ubuntu 24.04).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      "$(apt-cache depends libgrpc++-dev | sed -n 's/^ *Depends: \(libgrpc++[0-9].*\)/\1/p')" \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --gid 10001 recstore \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin recstore
 COPY --from=builder /opt/venv /opt/venv

@@ -18,6 +18,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       python3 python3-dev python3-venv build-essential cmake ninja-build \
+      libgrpc++-dev libprotobuf-dev protobuf-compiler-grpc \
  && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
@@ -31,6 +32,7 @@ RUN grep -v '^torch==' /tmp/lock.txt > /tmp/constraints.txt \
 ENV PIP_CONSTRAINT=/tmp/constraints.txt
 WORKDIR /src
 COPY pyproject.toml CMakeLists.txt README.md ./
+COPY cmake/ cmake/
 COPY csrc/ csrc/
 COPY src/ src/
 COPY client_sdk/ client_sdk/
@@ -52,8 +54,11 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
+# The gRPC C++ runtime the native module links, named by the dev package's dependency
+# (libgrpc++1.51 on Debian 12, libgrpc++1.51t64 on Debian 13 and Ubuntu 24.04).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 \
+      "$(apt-cache depends libgrpc++-dev | sed -n 's/^ *Depends: \(libgrpc++[0-9].*\)/\1/p')" \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --gid 10001 recstore \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \

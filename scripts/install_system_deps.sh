@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the tests and the demo use (PostgreSQL server,
-# Chromium for the dashboard tests, Redis for the PS benchmark baseline).
+# Installs the Debian packages the build, the tests and the demo use (gRPC C++ for
+# the native module: the three packages cmake/grpc.cmake names; PostgreSQL
+# server, Chromium for the dashboard tests, Redis for the PS benchmark baseline).
 # Does nothing when they are all present; needs root (or sudo) otherwise.
 set -euo pipefail
 
-packages=(postgresql chromium redis-server)
+packages=(libgrpc++-dev libprotobuf-dev protobuf-compiler-grpc postgresql chromium redis-server)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

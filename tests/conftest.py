@@ -174,3 +174,15 @@ def fake_http() -> Iterator[FakeHttpServers]:
     yield servers
     for server in servers.started:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def grpc_apt_packages() -> list[str]:
+    """The system packages gRPC C++ comes from, as cmake/grpc.cmake names them (the one list
+    the install script and the images' builder stages must agree with)."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "cmake" / "grpc.cmake").read_text()
+    found = re.search(r"^set\(RECSTORE_GRPC_APT_PACKAGES ([^)]+)\)", text, re.MULTILINE)
+    assert found, "cmake/grpc.cmake sets no RECSTORE_GRPC_APT_PACKAGES"
+    return found.group(1).split()

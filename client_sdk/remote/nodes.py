@@ -2,15 +2,14 @@
 
 Data-path calls go on raw message bytes, started without a thread of their own.
 
-Pull, Push and Update go through ``recstore.core.wire`` (the hand-written,
-zero-copy protobuf codec the nodes also speak) on multi-callables without
-(de)serializers, so protobuf never copies a payload on this side. A call is
-either run to completion now (``blocking``: the caller's own thread waits in
-gRPC's C core) or handed to a sender thread that makes the same blocking call;
-either way the caller gets a waiter that returns the reply bytes or raises the
-SDK's error for the failure. (gRPC's own futures on a synchronous channel were
-measured slower here: each burst of them starts a channel-spin thread whose
-Python event loop roughly doubles the client's CPU time per call.)
+Pull, Push, Update, MultiPull and MultiUpdate go through ``recstore.core.wire``
+(the hand-written, zero-copy protobuf codec the nodes also speak) on the node's
+native channel (``native_channel``: gRPC C++, raw bytes, the GIL released while
+a call is in flight), so protobuf never copies a payload on this side. A call
+is either run to completion now (``blocking``: the caller's own thread waits)
+or handed to a sender thread that makes the same blocking call; either way the
+caller gets a waiter that returns the reply bytes or raises the SDK's error
+for the failure. Control calls and the row streams go through grpcio's channel.
 
 Updates are sent once, named: every Update, MultiUpdate and MultiPull that
 carries updates gets a request id (``recstore.core.request_id``). When its
@@ -35,6 +34,7 @@ from recstore.client.errors import (
     WriteAppliedNotDurable,
     WriteNotApplied,
 )
+from recstore.client.remote.native_channel import DataChannel
 from recstore.core import WrongShard, wire
 from recstore.core.grpc_status import applied_of, node_epoch
 from recstore.core.limits import grpc_options
@@ -101,13 +101,11 @@ class NodeCalls:
         self.resent = 0
         self.channel = channel(endpoint, tls, CHANNEL_OPTIONS)
         self.stub = ps_pb2_grpc.ParameterServerStub(self.channel)
-        self._methods = {
-            "Pull": self.channel.unary_unary(wire.PULL),
-            "Push": self.channel.unary_unary(wire.PUSH),
-            "Update": self.channel.unary_unary(wire.UPDATE),
-            "MultiPull": self.channel.unary_unary(wire.MULTI_PULL),
-            "MultiUpdate": self.channel.unary_unary(wire.MULTI_UPDATE),
-        }
+        self.data = DataChannel(endpoint, tls, CHANNEL_OPTIONS)
+        self._paths = {
+            "Pull": wire.PULL, "Push": wire.PUSH, "Update": wire.UPDATE,
+            "MultiPull": wire.MULTI_PULL, "MultiUpdate": wire.MULTI_UPDATE,
+        }  # fmt: skip
         self._import_rows = self.channel.stream_unary(wire.SERVICE + "ImportRows")
         # Control calls (CreateTable, stats) fail fast, so a wrong endpoint is
         # reported at once. Data calls wait for a node that is restarting (up to
@@ -175,12 +173,11 @@ class NodeCalls:
 
     def _send(self, method: str, request: bytes, resend: bool) -> bytes:
         """One call; a named write is sent again, unchanged, while its outcome is unknown."""
-        callable_ = self._methods[method]
+        path = self._paths[method]
         attempts = 0
         while True:
             try:
-                reply: bytes = callable_(request, **self._data_options)
-                return reply
+                return self.data.call(path, request, **self._data_options)
             except grpc.RpcError as error:
                 if not resend or attempts >= self.resends or not ambiguous(error):
                     raise
@@ -199,6 +196,7 @@ class NodeCalls:
         )
 
     def close(self) -> None:
+        self.data.close()
         self.channel.close()
 
 

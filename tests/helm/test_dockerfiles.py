@@ -255,3 +255,16 @@ def _declaration() -> Any:
     return parse_declaration(
         {"numEmbeddings": 10, "embeddingDim": 4, "placement": {"gpus": 1}}, default_name="t"
     )
+
+
+@pytest.mark.parametrize("dockerfile", sorted(IMAGES))
+def test_images_have_grpc_cpp_to_build_and_run_the_native_module(
+    dockerfile: str, grpc_apt_packages: list[str]
+) -> None:
+    builder, final = parse(dockerfile)
+    installs = " ".join(run for run in builder.all("RUN") if "apt-get install" in run).split()
+    assert set(grpc_apt_packages) <= set(installs), set(grpc_apt_packages) - set(installs)
+    assert "cmake/ cmake/" in builder.all("COPY")
+    # the runtime library the module links, whatever the base names it
+    runtime = " ".join(run for run in final.all("RUN") if "apt-get install" in run)
+    assert "$(apt-cache depends libgrpc++-dev" in runtime

@@ -146,18 +146,19 @@ class ClientTls:
             env.get(SERVER_NAME_ENV, "").strip() or None,
         )
 
+    def pems(self) -> tuple[bytes, bytes | None, bytes | None]:
+        """(CA, client key, client certificate) as PEM, read now; no identity: None, None."""
+        if self.key is not None and self.cert is not None:
+            key, cert = _read(self.key, "client key"), _read(self.cert, "client certificate")
+            return _read(self.ca, "CA"), key, cert
+        return _read(self.ca, "CA"), None, None
+
     def grpc_credentials(self) -> grpc.ChannelCredentials:
         import grpc
 
-        identity = (
-            (_read(self.key, "client key"), _read(self.cert, "client certificate"))
-            if self.key is not None and self.cert is not None
-            else (None, None)
-        )
+        ca, key, cert = self.pems()
         return grpc.ssl_channel_credentials(
-            root_certificates=_read(self.ca, "CA"),
-            private_key=identity[0],
-            certificate_chain=identity[1],
+            root_certificates=ca, private_key=key, certificate_chain=cert
         )
 
     def channel_options(self) -> list[tuple[str, Any]]:
