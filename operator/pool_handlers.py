@@ -19,10 +19,11 @@ from recstore.core.pool_capacity import NODE_BYTES, Admission, budget
 from recstore.core.reconcile import Observation, compute_status
 from recstore.core.resource import GROUP, POOL_KIND, POOL_PLURAL, VERSION
 from recstore.core.routing import SlotMap
-from recstore.core.status import Condition, TableStatus
+from recstore.core.status import Condition, Phase, TableStatus
 from recstore.operator import render
 from recstore.operator.config import OperatorConfig
 from recstore.operator.kube import path
+from recstore.operator.pool_reshard import PoolMoveState
 from recstore.operator.pools import pool_owner, pool_problem
 from recstore.operator.reconciler import Reconciler
 from recstore.operator.status import observe, status_changed
@@ -41,16 +42,28 @@ def pool_status(
     previous: Mapping[str, Any] | None,
     now: dt.datetime,
     holding: list[str] | None = None,
+    moves: PoolMoveState | None = None,
 ) -> PoolStatus:
     """The pool's status: its nodes as a table's (phase, Ready), the tables it holds and
-    their memory; ``holding``: the tables a requested deletion waits for."""
+    their memory; ``holding``: the tables a requested deletion waits for; ``moves``: a
+    change of its shards (phase Resharding while it runs, condition Resharding)."""
     before = PoolStatus.model_validate(previous) if previous and previous.get("phase") else None
     as_table = TableStatus(phase=before.phase, conditions=before.conditions) if before else None
+    moving = moves is not None and moves.moving
+    declared = spec.shards if spec else None
     nodes = compute_status(
-        problem=problem, declared_shards=spec.shards if spec else None, observation=observation,
-        generation=generation, previous=as_table, now=now,
+        problem=problem, declared_shards=observation.running_shards if moving else declared,
+        observation=observation, generation=generation, previous=as_table, now=now,
     )  # fmt: skip
     conditions = list(nodes.conditions)
+    phase, kept = nodes.phase, before.resharding if before is not None else None
+    if moving and phase in (Phase.ready, Phase.degraded, Phase.provisioning):
+        phase = Phase.resharding
+    if moves is not None and (moves.progress is not None or moves.refused is not None):
+        conditions.append(_condition(
+            "Resharding", moving and moves.refused is None, *_resharding(moves), generation,
+            now, before,
+        ))  # fmt: skip
     listed, memory = [], None
     if spec is not None and admission is not None:
         for table in tables:
@@ -82,9 +95,26 @@ def pool_status(
             else "no table is placed on the pool", generation, now, before,
         ))  # fmt: skip
     return PoolStatus(
-        phase=nodes.phase, conditions=conditions, observed_generation=generation,
+        phase=phase, conditions=conditions, observed_generation=generation,
         ready_shards=nodes.ready_shards, shards=nodes.shards, tables=listed, memory=memory,
+        resharding=moves.progress if moves is not None else kept,
     )  # fmt: skip
+
+
+def _resharding(moves: PoolMoveState) -> tuple[str, str]:
+    """The Resharding condition's reason and message."""
+    if moves.refused is not None:
+        return "CapacityExceeded", moves.refused
+    p = moves.progress
+    assert p is not None
+    where = f"resharding {p.from_shards} -> {p.to_shards} shards: "
+    where += f"{p.tables_moved}/{p.tables_total} tables moved"
+    failed = "; ".join(f"{name}: {moves.errors.get(name, 'failed')}" for name in p.failed)
+    if failed:
+        where += f"; failed (rolled back, retried as a table's move is) {failed}"
+    if moves.moving:
+        return "MovingTables", where
+    return ("MoveFailed" if p.failed else "MoveDone"), where
 
 
 def _condition(
@@ -106,11 +136,11 @@ def register(
 ) -> None:
     """The pool handlers; ``reconciler`` gives the operator's (once logged in)."""
 
-    async def current(body: kopf.Body, holding: list[str] | None) -> dict[str, Any]:
+    async def current(
+        body: kopf.Body, holding: list[str] | None, moves: PoolMoveState | None = None
+    ) -> dict[str, Any]:
         rec, owner = reconciler(), pool_owner(body)
-        spec, problem = pool_problem(owner.name, body.get("spec") or {})
-        if spec is not None and (image := rec.config.image_problem(spec.placement.image)):
-            spec, problem = None, image
+        spec, problem = valid(body)
         sts = await rec.pools.statefulset(owner)
         pods = []
         if sts is not None:
@@ -127,24 +157,32 @@ def register(
             problem=problem, spec=spec, observation=observation, admission=admission,
             tables=tables, generation=int(body["metadata"].get("generation") or 1),
             previous=body.get("status"), now=dt.datetime.now(dt.timezone.utc), holding=holding,
+            moves=moves,
         ).to_wire()  # fmt: skip
         return status
 
-    async def write_status(body: kopf.Body, patch: kopf.Patch) -> None:
-        status = await current(body, None)
+    async def write_status(
+        body: kopf.Body, patch: kopf.Patch, moves: PoolMoveState | None = None
+    ) -> None:
+        status = await current(body, None, moves)
         if status_changed(body.get("status"), status):
             patch.status.update(status)
 
+    def valid(body: kopf.Body) -> tuple[PoolSpec | None, str | None]:
+        spec, problem = pool_problem(body["metadata"]["name"], body.get("spec") or {})
+        if spec is not None and problem is None:
+            problem = reconciler().config.image_problem(spec.placement.image)
+        return (None, problem) if problem else (spec, None)
+
     async def apply(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
         rec, owner = reconciler(), pool_owner(body)
-        spec, problem = pool_problem(owner.name, body.get("spec") or {})
-        if spec is not None and problem is None:
-            problem = rec.config.image_problem(spec.placement.image)
-        if spec is None or problem:
+        (spec, problem), moves = valid(body), None
+        if spec is None:
             logger.error(f"invalid EmbeddingPool, nothing changed: {problem}")
         else:
             await rec.pools.apply(owner, spec)
-        await write_status(body, patch)
+            moves = await rec.pool_moves.advance(owner, spec, body.get("status"), logger)
+        await write_status(body, patch, moves)
 
     backoff = config.retry_delay
     kopf.on.create(*POOL, id="pool-create", backoff=backoff, registry=registry)(apply)
@@ -152,9 +190,15 @@ def register(
     kopf.on.resume(*POOL, id="pool-resume", backoff=backoff, registry=registry)(apply)
 
     @kopf.timer(*POOL, interval=config.status_interval, idle=0, registry=registry)
-    async def refresh(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        if not body["metadata"].get("deletionTimestamp"):
-            await write_status(body, patch)
+    async def refresh(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
+        """The status, after the next step of a change of shards (a move that ended)."""
+        if body["metadata"].get("deletionTimestamp"):
+            return
+        rec, owner = reconciler(), pool_owner(body)
+        (spec, _problem), moves = valid(body), None
+        if spec is not None:
+            moves = await rec.pool_moves.advance(owner, spec, body.get("status"), logger)
+        await write_status(body, patch, moves)
 
     @kopf.on.delete(*POOL, id="pool-finalize", backoff=backoff, registry=registry)
     async def finalize(body: kopf.Body, **_: Any) -> None:
