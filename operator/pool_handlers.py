@@ -14,7 +14,8 @@ from typing import Any
 
 import kopf
 
-from recstore.core.pool import PoolStatus
+from recstore.core.pool import PoolSpec, PoolStatus
+from recstore.core.pool_reshard import PoolMoveState
 from recstore.core.pool_status import TableOnPool
 from recstore.core.pool_status import pool_status as core_pool_status
 from recstore.core.resource import GROUP, POOL_KIND, POOL_PLURAL, VERSION
@@ -47,11 +48,11 @@ def register(
 ) -> None:
     """The pool handlers; ``reconciler`` gives the operator's (once logged in)."""
 
-    async def current(body: kopf.Body, holding: list[str] | None) -> dict[str, Any]:
+    async def current(
+        body: kopf.Body, holding: list[str] | None, moves: PoolMoveState | None = None
+    ) -> dict[str, Any]:
         rec, owner = reconciler(), pool_owner(body)
-        spec, problem = pool_problem(owner.name, body.get("spec") or {})
-        if spec is not None and (image := rec.config.image_problem(spec.placement.image)):
-            spec, problem = None, image
+        spec, problem = valid(body)
         sts = await rec.pools.statefulset(owner)
         pods = []
         if sts is not None:
@@ -68,24 +69,32 @@ def register(
             problem=problem, spec=spec, observation=observation, admission=admission,
             tables=tables, generation=int(body["metadata"].get("generation") or 1),
             previous=body.get("status"), now=dt.datetime.now(dt.timezone.utc), holding=holding,
+            moves=moves,
         ).to_wire()  # fmt: skip
         return status
 
-    async def write_status(body: kopf.Body, patch: kopf.Patch) -> None:
-        status = await current(body, None)
+    async def write_status(
+        body: kopf.Body, patch: kopf.Patch, moves: PoolMoveState | None = None
+    ) -> None:
+        status = await current(body, None, moves)
         if status_changed(body.get("status"), status):
             patch.status.update(status)
 
+    def valid(body: kopf.Body) -> tuple[PoolSpec | None, str | None]:
+        spec, problem = pool_problem(body["metadata"]["name"], body.get("spec") or {})
+        if spec is not None and problem is None:
+            problem = reconciler().config.image_problem(spec.placement.image)
+        return (None, problem) if problem else (spec, None)
+
     async def apply(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
         rec, owner = reconciler(), pool_owner(body)
-        spec, problem = pool_problem(owner.name, body.get("spec") or {})
-        if spec is not None and problem is None:
-            problem = rec.config.image_problem(spec.placement.image)
-        if spec is None or problem:
+        (spec, problem), moves = valid(body), None
+        if spec is None:
             logger.error(f"invalid EmbeddingPool, nothing changed: {problem}")
         else:
             await rec.pools.apply(owner, spec)
-        await write_status(body, patch)
+            moves = await rec.pool_moves.advance(owner, spec, body.get("status"), logger)
+        await write_status(body, patch, moves)
 
     backoff = config.retry_delay
     kopf.on.create(*POOL, id="pool-create", backoff=backoff, registry=registry)(apply)
@@ -93,9 +102,15 @@ def register(
     kopf.on.resume(*POOL, id="pool-resume", backoff=backoff, registry=registry)(apply)
 
     @kopf.timer(*POOL, interval=config.status_interval, idle=0, registry=registry)
-    async def refresh(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        if not body["metadata"].get("deletionTimestamp"):
-            await write_status(body, patch)
+    async def refresh(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> None:
+        """The status, after the next step of a change of shards (a move that ended)."""
+        if body["metadata"].get("deletionTimestamp"):
+            return
+        rec, owner = reconciler(), pool_owner(body)
+        (spec, _problem), moves = valid(body), None
+        if spec is not None:
+            moves = await rec.pool_moves.advance(owner, spec, body.get("status"), logger)
+        await write_status(body, patch, moves)
 
     @kopf.on.delete(*POOL, id="pool-finalize", backoff=backoff, registry=registry)
     async def finalize(body: kopf.Body, **_: Any) -> None:

@@ -19,6 +19,7 @@ from recstore.core.pool import PoolSpec, checkpoint_problem, parse_pool, table_p
 from recstore.core.pool_capacity import Admission, admit
 from recstore.core.reconcile import Declaration, PoolPlacing, parse_declaration
 from recstore.core.resource import POOL_KIND
+from recstore.core.routing import SlotMap
 from recstore.core.spec import StorageTier, TableSpec
 from recstore.operator import render
 from recstore.operator.declared import Validated
@@ -101,17 +102,16 @@ class Pools:
 
     async def apply(self, owner: Owner, spec: PoolSpec) -> None:
         """Create or update the pool's children. A running StatefulSet keeps its replicas and
-        its nodes their shard count: only a move changes those (its status says one is due)."""
+        its nodes their shard count: only the pool's move changes those
+        (``recstore.operator.pool_reshard``), and while its count differs from the declared
+        one the pods are left on their template (an update would restart them mid-move)."""
         ns, name = owner.namespace, render.fleet_name(owner)
         await self._ensure("Service", ns, render.render_service(owner))
         sts = await self.statefulset(owner)
-        fleet = spec.fleet
-        if sts is not None:
-            fleet = replace(fleet, shards=int(sts["spec"].get("replicas", spec.shards)))
-        desired = render.render_statefulset(owner, fleet, self.options)
+        desired = render.render_statefulset(owner, spec.fleet, self.options)
         if sts is None:
             await self.kube.create(path("StatefulSet", ns), desired)
-        else:
+        elif int(sts["spec"].get("replicas", spec.shards)) == spec.shards:
             await self.kube.patch(path("StatefulSet", ns, name), render.statefulset_update(desired))
         await self._ensure("PodDisruptionBudget", ns, render.render_pdb(owner))
 
@@ -150,8 +150,10 @@ async def place(pools: Pools, owner: Owner, checked: Validated) -> Validated:
     if sts is None:
         why = f"the nodes of pool {name!r} are not created yet"
         return replace(checked, placing=PoolPlacing(name, waiting=why), fleet=fleet)
-    shards = int((sts.get("spec") or {}).get("replicas", spec.shards))
-    admission, _ = await pools.admission(ns, name, spec, shards)
+    replicas = int((sts.get("spec") or {}).get("replicas", spec.shards))
+    admission, _ = await pools.admission(ns, name, spec, replicas)
+    table = await pools.kube.get(path("EmbeddingTable", ns, owner.name)) or {}
+    shards = table_shards(table, replicas, spec.shards)
     held = decl.spec.model_copy(update={"shards": shards, "checkpoint": spec.checkpoint})
     return Validated(
         Declaration(held, spec.placement, pool=name),
@@ -159,6 +161,14 @@ async def place(pools: Pools, owner: Owner, checked: Validated) -> Validated:
         placing=PoolPlacing(name, capacity=admission.refused.get(owner.name)),
         fleet=fleet,
     )
+
+
+def table_shards(table: Mapping[str, Any], replicas: int, declared: int) -> int:
+    """The pool's nodes a table is spread over: its stored slot map's (a pool's move
+    changes it table by table); a table not created yet, the nodes that stay (the
+    fewer of those running and those declared: a shrink's nodes that go get none)."""
+    stored = (table.get("status") or {}).get("slotMap")
+    return SlotMap.from_dict(stored).num_shards if stored else min(replicas, declared)
 
 
 def pool_of(owner: Owner, spec: Mapping[str, Any]) -> Owner:

@@ -30,6 +30,7 @@ from recstore.operator.checkpoint_requests import CheckpointRequests
 from recstore.operator.config import OperatorConfig
 from recstore.operator.declared import Validated, validate
 from recstore.operator.kube import Kube, path
+from recstore.operator.pool_reshard import PoolMoves
 from recstore.operator.pools import Pools, place, pool_of
 from recstore.operator.render import Owner, RenderOptions
 from recstore.operator.reshard_control import ReshardControl
@@ -56,6 +57,8 @@ class Reconciler:
     reshards: ReshardControl = field(init=False)
     #: the pools tables are placed on
     pools: Pools = field(init=False)
+    #: the pools' moves to a new shard count (each of their tables through ``reshards``)
+    pool_moves: PoolMoves = field(init=False)
 
     def __post_init__(self) -> None:
         self.checkpoints = CheckpointRequests(
@@ -65,6 +68,7 @@ class Reconciler:
         )
         self.reshards = ReshardControl(self)
         self.pools = Pools(self.kube, self.options)
+        self.pool_moves = PoolMoves(self)
 
     @property
     def options(self) -> RenderOptions:
@@ -133,10 +137,15 @@ class Reconciler:
             if sts is None
             else await self.kube.list(path("Pod", ns), labels=render.selector_labels(fleet))
         )
+        resharder = self.reshards.resharders.get(owner.uid)
         if sts is not None and decl is not None and checked.fleet is not None:
-            # a pool's nodes beyond the table's shards (a pool growing) do not hold it yet
-            sts = {**sts, "spec": {**sts.get("spec", {}), "replicas": decl.spec.shards}}
-            pods = [p for p in pods if _pod_index(p) < decl.spec.shards]
+            # a pool's nodes beyond the table's slot map (a pool growing) do not hold it
+            # until its own move spans them
+            spans = decl.spec.shards
+            if resharder is not None and resharder.running and resharder.progress is not None:
+                spans = max(spans, resharder.progress.from_shards, resharder.progress.to_shards)
+            sts = {**sts, "spec": {**sts.get("spec", {}), "replicas": spans}}
+            pods = [p for p in pods if _pod_index(p) < spans]
         refused = None
         if decl is not None:
             refused = await self._create_table_on_new_shards(owner, decl, pods, logger)
@@ -148,7 +157,6 @@ class Reconciler:
             observation = dataclasses.replace(observation, refused=refused)
         if checked.placing is not None:
             observation = dataclasses.replace(observation, pool=checked.placing)
-        resharder = self.reshards.resharders.get(owner.uid)
         if resharder is not None and resharder.progress is not None:
             observation = dataclasses.replace(
                 observation, resharding=resharder.progress, queued_shards=resharder.queued_shards
@@ -171,11 +179,16 @@ class Reconciler:
         ns = owner.namespace
         token = await self.ps_token(ns)
         # a table moved online: a new (or restarted) shard joins with the committed map
-        table = await self.kube.get(path("EmbeddingTable", ns, owner.name)) or {}
+        url = path("EmbeddingTable", ns, owner.name)
+        table = await self.kube.get(url) or {}
         stored = (table.get("status") or {}).get("slotMap")
         slot_map = SlotMap.from_dict(stored) if stored else None
-        if slot_map is None and decl.pool is not None:  # a pool's nodes hold tables of any count
+        if slot_map is None and decl.pool is not None:
+            # a pool's nodes hold tables of any count: the map is stored before any node
+            # holds it, so the pool's move knows where each of its tables starts
             slot_map = SlotMap.initial(decl.spec.shards)
+            status = {"slotMap": slot_map.to_dict(), "slotMapEpoch": slot_map.epoch}
+            await self.kube.patch(f"{url}/status", {"status": status})
         results = await final_checkpoint.create_table_on(
             shards, decl.spec, token=token, timeout=self.config.rpc_timeout, tls=self.config.tls,
             slot_map=slot_map,

@@ -73,10 +73,19 @@ class ReshardControl:
     #: running (or last) reshards by table uid (recstore.operator.resharding)
     resharders: dict[str, resharding.Resharder] = field(default_factory=dict)
 
-    async def start(self, owner: Owner, decl: Declaration, running: int, logger: Logger) -> None:
+    async def start(
+        self,
+        owner: Owner,
+        decl: Declaration,
+        running: int,
+        logger: Logger,
+        fleet: Owner | None = None,
+    ) -> None:
         """Start the online move to ``decl``'s shard count. A second change while one runs
         is queued (a ``ReshardQueued`` condition and Event) and started when that move
-        ends; a failed move is retried after the policy's wait (``config.reshard_retry``)."""
+        ends; a failed move is retried after the policy's wait (``config.reshard_retry``).
+        ``fleet``: the pool whose pods hold the table (None: its own StatefulSet), which
+        the pool scales itself (``recstore.operator.pool_reshard``)."""
         resharder = self.resharders.get(owner.uid)
         if resharder is not None and resharder.running:
             queued_before = resharder.queued_shards
@@ -92,7 +101,9 @@ class ReshardControl:
         if resharder is not None:
             resharder.cancel_retry()  # a new change replaces a retry that waits
         tries = Tries(self.reconciler.config.reshard_retry)
-        resharder = self.resharders[owner.uid] = resharding.Resharder(decl.spec.shards, decl, tries)
+        resharder = self.resharders[owner.uid] = resharding.Resharder(
+            decl.spec.shards, decl, tries, fleet
+        )
         logger.info(f"resharding {running} -> {decl.spec.shards} shards online")
         await self._start(owner, resharder, running)
 
@@ -123,9 +134,11 @@ class ReshardControl:
         async def ended() -> None:
             await self._after_reshard(owner, resharder)
 
+        on_pool = resharder.fleet is not None
         shards = resharding.TableShards(
-            kube=rec.kube, loop=loop, owner=owner, spec=spec, port=rec.config.ps_port,
-            template=template,
+            kube=rec.kube, loop=loop, fleet=resharder.fleet or owner, spec=spec,
+            port=rec.config.ps_port, template=template, scales=not on_pool,
+            span=max(running, resharder.to_shards) if on_pool else None,
             token=await rec.ps_token(owner.namespace), tls=rec.config.tls,
             timeout=self.reconciler.config.rpc_timeout, publish=publish, announce=announce,
             confirm=lambda pod: rec.confirmed.add((owner.uid, *resharding.pod_key(pod))),
@@ -151,7 +164,7 @@ class ReshardControl:
                     lambda: loop.create_task(resharding.logged(self._retry(owner, resharder))),
                 )
         elif resharder.declared.spec.shards != resharder.moving_to:
-            await self.start(owner, resharder.declared, resharder.moving_to, log)
+            await self.start(owner, resharder.declared, resharder.moving_to, log, resharder.fleet)
         await self._write_status(owner)
 
     async def _retry(self, owner: Owner, resharder: resharding.Resharder) -> None:

@@ -60,6 +60,8 @@ class Resharder:
     to_shards: int
     declared: Declaration
     tries: Tries
+    #: whose StatefulSet and pods hold the table: its pool's (None: its own)
+    fleet: Owner | None = None
     closed: threading.Event = field(default_factory=threading.Event)
     progress: Resharding | None = None
     thread: threading.Thread | None = None
@@ -95,11 +97,15 @@ class Resharder:
 
 @dataclass
 class TableShards:
-    """A table's shards as pods of its StatefulSet, seen from the resharder's thread."""
+    """A table's shards as pods of the StatefulSet it runs on (its own, or its pool's),
+    seen from the resharder's thread. A pool's node count is the pool's to change
+    (``recstore.operator.pool_reshard``: grown before its tables move, shrunk after
+    all of them): ``scales`` is False there, and the move only waits for the nodes."""
 
     kube: Kube
     loop: asyncio.AbstractEventLoop
-    owner: Owner
+    #: the owner of the StatefulSet and pods: the table's own, or its pool's
+    fleet: Owner
     spec: TableSpec
     port: int
     token: str | None
@@ -110,17 +116,21 @@ class TableShards:
     publish: Callable[[], Coroutine[Any, Any, None]]  # mirror the status (the new map) now
     #: post a moment of the move (Kubernetes Event, admin audit log)
     announce: Callable[[ReshardEvent], Coroutine[Any, Any, None]]
+    #: the move scales the StatefulSet itself (a table's own fleet)
+    scales: bool = True
+    #: the pods the move spans (a pool's may have more, moving to another count)
+    span: int | None = None
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return call_on(self.loop, coro)
 
     @property
     def _sts(self) -> str:
-        return path("StatefulSet", self.owner.namespace, render.workload_name(self.owner.name))
+        return path("StatefulSet", self.fleet.namespace, render.fleet_name(self.fleet))
 
     def pods(self) -> dict[int, dict[str, Any]]:
-        labels = render.selector_labels(self.owner)
-        pods = self._call(self.kube.list(path("Pod", self.owner.namespace), labels=labels))
+        labels = render.selector_labels(self.fleet)
+        pods = self._call(self.kube.list(path("Pod", self.fleet.namespace), labels=labels))
         return {pod_index(p): p for p in pods}
 
     def address(self, pod: dict[str, Any]) -> str:
@@ -129,7 +139,7 @@ class TableShards:
 
     def endpoints(self) -> list[str]:
         pods = self.pods()
-        return [self.address(pods[i]) for i in sorted(pods)]
+        return [self.address(pods[i]) for i in sorted(pods)][: self.span]
 
     def replicas(self) -> int:
         sts = self._call(self.kube.get(self._sts)) or {}
@@ -142,13 +152,11 @@ class TableShards:
         """Add pods sized for ``count`` shards (a node refuses an index beyond its count);
         the partition keeps the running pods on their template, so none restarts."""
         running = self.replicas()
-        if running < count:
-            strategy = {"type": "RollingUpdate", "rollingUpdate": {"partition": running}}
-            spec = {"replicas": count, "updateStrategy": strategy, "template": self.template(count)}
-            self._call(self.kube.patch(self._sts, {"spec": spec}))
+        if self.scales and running < count:
+            self._call(self.kube.patch(self._sts, grow_patch(running, count, self.template(count))))
 
     def shrink_to(self, count: int) -> None:
-        if self.replicas() > count:
+        if self.scales and self.replicas() > count:
             self.scale(count)
 
     def _client(self, address: str) -> ControlClient:
@@ -248,6 +256,13 @@ def start(
         target=context.run, args=(run,), name=f"reshard-{shards.spec.name}", daemon=True
     )
     resharder.thread.start()
+
+
+def grow_patch(running: int, count: int, template: dict[str, Any]) -> dict[str, Any]:
+    """The StatefulSet patch adding pods up to ``count`` on ``template`` (rendered for that
+    count); ``partition`` keeps the ``running`` pods on their revision, so none restarts."""
+    strategy = {"type": "RollingUpdate", "rollingUpdate": {"partition": running}}
+    return {"spec": {"replicas": count, "updateStrategy": strategy, "template": template}}
 
 
 async def logged(work: Awaitable[None]) -> None:

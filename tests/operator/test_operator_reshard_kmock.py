@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +47,13 @@ SPEC = {
 
 
 class Pods:
-    """PS nodes as pods: node i listens on 127.0.0.{i+1}:port (its pod IP)."""
+    """PS nodes as pods of StatefulSet ``workload`` (a table's, or a pool's): node i listens
+    on 127.0.0.{i+1}:port (its pod IP)."""
 
-    def __init__(self, root: Path, api: httpx.AsyncClient, port: int) -> None:
-        self.root, self.api, self.port = root, api, port
+    def __init__(
+        self, root: Path, api: httpx.AsyncClient, port: int, workload: str = "live-ps"
+    ) -> None:
+        self.root, self.api, self.port, self.workload = root, api, port, workload
         self.nodes: dict[int, ServerHandle] = {}
 
     def endpoint(self, index: int) -> str:
@@ -58,7 +61,7 @@ class Pods:
 
     async def start(self, index: int) -> None:
         """As the StatefulSet controller would: with the template's arguments."""
-        sts = (await self.api.get(f"{STS}/live-ps")).json()
+        sts = (await self.api.get(f"{STS}/{self.workload}")).json()
         args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
         num_shards = int(args[args.index("--num-shards") + 1])
         self.nodes[index] = await asyncio.to_thread(
@@ -70,7 +73,7 @@ class Pods:
         }  # fmt: skip
         pod = {
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"live-ps-{index}", "namespace": NS, "labels": labels,
+            "metadata": {"name": f"{self.workload}-{index}", "namespace": NS, "labels": labels,
                          "uid": f"pod-{index}"},
             "status": {"podIP": f"127.0.0.{index + 1}",
                        "conditions": [{"type": "Ready", "status": "True"}],
@@ -79,7 +82,7 @@ class Pods:
         (await self.api.post(PODS, json=pod)).raise_for_status()
 
     async def stop(self, index: int) -> None:
-        (await self.api.delete(f"{PODS}/live-ps-{index}")).raise_for_status()
+        (await self.api.delete(f"{PODS}/{self.workload}-{index}")).raise_for_status()
         node = self.nodes.pop(index)
         await asyncio.to_thread(node.stop)
 
@@ -89,13 +92,16 @@ class Pods:
 
 
 class Trainer:
-    """Updates random rows by unique integer deltas through the SDK until told to stop."""
+    """Updates random rows of ``tables`` by unique integer deltas through the SDK (each
+    update with its request id) until told to stop."""
 
-    def __init__(self, admin_url: str) -> None:
+    def __init__(self, admin_url: str, tables: Sequence[str] = ("live",)) -> None:
         self.client = RecStoreClient(role="operator-reshard-trainer")
         self.client.set_admin_url(admin_url, "trainer-token")
-        self.client.init_data("live", (ROWS, DIM), torch.float32)
-        self.sums = np.zeros(ROWS, dtype=np.int64)
+        self.tables = tuple(tables)
+        for name in self.tables:
+            self.client.init_data(name, (ROWS, DIM), torch.float32)
+        self.sums = {name: np.zeros(ROWS, dtype=np.int64) for name in self.tables}
         self.steps = 0
         self.stop = threading.Event()
         self.error: BaseException | None = None
@@ -106,13 +112,14 @@ class Trainer:
         rng = np.random.default_rng(5)
         try:
             while not self.stop.is_set() or self.steps < 20:
-                ids = rng.choice(ROWS, 64, replace=False)
                 delta = self.steps + 1
-                self.client.update(
-                    "live", torch.from_numpy(ids), torch.full((64, DIM), float(delta))
-                )
-                self.client.pull("live", torch.from_numpy(ids[:2]))  # the update is in
-                self.sums[ids] += delta
+                for name in self.tables:
+                    ids = rng.choice(ROWS, 64, replace=False)
+                    self.client.update(
+                        name, torch.from_numpy(ids), torch.full((64, DIM), float(delta))
+                    )
+                    self.client.pull(name, torch.from_numpy(ids[:2]))  # the update is in
+                    self.sums[name][ids] += delta
                 self.steps += 1
         except BaseException as error:  # the test reports it
             self.error = error
@@ -122,11 +129,12 @@ class Trainer:
         await asyncio.to_thread(self.thread.join, 120)
         assert self.error is None, self.error
         try:
-            got = await asyncio.to_thread(self.client.pull, "live", torch.arange(ROWS))
+            for name in self.tables:
+                got = await asyncio.to_thread(self.client.pull, name, torch.arange(ROWS))
+                expected = -self.sums[name][:, None].astype(np.float32).repeat(DIM, 1)
+                np.testing.assert_array_equal(got.numpy(), expected, err_msg=name)
         finally:
             self.client.close()  # the role's client must not outlive the test
-        expected = -self.sums[:, None].astype(np.float32).repeat(DIM, 1)
-        np.testing.assert_array_equal(got.numpy(), expected)
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ their own; the pool's status lists them with the memory they reserve per node. A
 on a pool that does not exist waits (Pending, condition Pool naming it) and proceeds once
 the pool appears; one that does not fit is Failed with the figures and created nowhere;
 one that also declares shards is refused; a pool still holding tables is not deleted;
-deleting a table drops it from the pool's nodes, the pool and its other tables stay.
+deleting a table drops it from the pool's nodes, the pool and its other tables stay; a
+shrink its tables would not fit is refused with the figures before anything moves.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import httpx
 import pytest
 from kopf.testing import KopfRunner
 
+from recstore.core.pool_capacity import NODE_BYTES, footprint
 from recstore.core.resource import API_VERSION, POOL_KIND, pool_collection_path
+from recstore.core.routing import SlotMap
+from recstore.core.spec import TableSpec
 
 from .cluster_objects import STS, condition, get, run_shards, status_of, table
 from .conftest import ET, NS, FakePS, wait_for
@@ -146,3 +150,41 @@ async def test_a_table_on_a_pool_with_shards_of_its_own_is_refused(
     assert invalid["status"] == "False"
     assert "spec.shards: a table on pool 'model' runs on the pool's nodes" in invalid["message"]
     assert await get(api, f"{STS}/both-ps") is None and fake_ps.created == []
+
+
+async def test_a_shrink_the_tables_would_not_fit_is_refused_and_nothing_moves(
+    operator: KopfRunner, api: httpx.AsyncClient, fake_ps: FakePS
+) -> None:
+    rows = 200_000
+    spec = TableSpec(name="t", num_embeddings=rows, embedding_dim=16)
+    on3, on2 = footprint(spec, 3).host, footprint(spec, 2).host
+    memory = (NODE_BYTES + 2 * on3 + (2 * on2 - 2 * on3) // 2) // 2**20  # 2 fit on 3, not on 2
+    body = pool(shards=3, placement={"resources": {"memory": f"{memory}Mi"}})
+    (await api.post(EP, json=body)).raise_for_status()
+    await wait_for(lambda: get(api, f"{STS}/model-pool"), what="the pool's StatefulSet")
+    await run_shards(api, "model", 3, suffix="-pool")
+    for name in ("a", "b"):
+        (await api.post(ET, json=on_pool(name, rows=rows))).raise_for_status()
+        await wait_for(lambda n=name: phase(api, n, "Ready"), what=f"{name} Ready")
+    maps = [(await status_of(api, name))["slotMap"] for name in ("a", "b")]
+    assert [SlotMap.from_dict(m).num_shards for m in maps] == [3, 3]  # stored at creation
+
+    headers = {"Content-Type": "application/merge-patch+json"}
+    patch = {"spec": {"shards": 2}}
+    (await api.patch(f"{EP}/model", json=patch, headers=headers)).raise_for_status()
+
+    async def refused() -> dict[str, Any] | None:
+        found = [c for c in (await pool_status(api)).get("conditions", [])
+                 if c["type"] == "Resharding"]  # fmt: skip
+        return found[0] if found and found[0]["reason"] == "CapacityExceeded" else None
+
+    resharding = await wait_for(refused, what="the shrink refused")
+    assert resharding["status"] == "False"
+    assert "from 3 to 2 nodes is refused and nothing moved" in resharding["message"]
+    assert "table 'b' needs" in resharding["message"] and "MiB" in resharding["message"]
+    status = await pool_status(api)
+    assert condition(status, "ReshardRequired")["status"] == "True"
+    assert (await get(api, f"{STS}/model-pool") or {})["spec"]["replicas"] == 3
+    for name, stored in zip(("a", "b"), maps, strict=True):
+        now = await status_of(api, name)
+        assert now["slotMap"] == stored and now.get("migrationJob") is None

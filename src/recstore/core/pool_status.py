@@ -2,9 +2,10 @@
 
 Both provisioners report a pool the same way: its nodes' phase and conditions as a
 table's (``compute_status``), the tables it holds with what each reserves per node,
-the memory reserved against the pool's request, whether every table fits, and while
-a deletion waits, the tables it waits for. The operator reads its tables from their
-resources, the local provisioner from its own records; both hand this the same facts.
+the memory reserved against the pool's request, whether every table fits, how a
+change of its shards goes, and while a deletion waits, the tables it waits for. The
+operator reads its tables from their resources, the local provisioner from its own
+records; both hand this the same facts.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any, Literal
 
 from recstore.core.pool import PoolMemory, PoolSpec, PoolStatus, PoolTable
 from recstore.core.pool_capacity import NODE_BYTES, Admission, budget
+from recstore.core.pool_reshard import PoolMoveState
 from recstore.core.reconcile import Observation, compute_status
-from recstore.core.status import Condition, TableStatus
+from recstore.core.status import Condition, Phase, TableStatus
 
 
 @dataclass(frozen=True)
@@ -41,16 +43,28 @@ def pool_status(
     previous: Mapping[str, Any] | None,
     now: dt.datetime,
     holding: list[str] | None = None,
+    moves: PoolMoveState | None = None,
 ) -> PoolStatus:
     """The pool's status: its nodes as a table's (phase, Ready), the tables it holds and
-    their memory; ``holding``: the tables a requested deletion waits for."""
+    their memory; ``holding``: the tables a requested deletion waits for; ``moves``: a
+    change of its shards (phase Resharding while it runs, condition Resharding)."""
     before = PoolStatus.model_validate(previous) if previous and previous.get("phase") else None
     as_table = TableStatus(phase=before.phase, conditions=before.conditions) if before else None
+    moving = moves is not None and moves.moving
+    declared = spec.shards if spec else None
     nodes = compute_status(
-        problem=problem, declared_shards=spec.shards if spec else None, observation=observation,
-        generation=generation, previous=as_table, now=now,
+        problem=problem, declared_shards=observation.running_shards if moving else declared,
+        observation=observation, generation=generation, previous=as_table, now=now,
     )  # fmt: skip
     conditions = list(nodes.conditions)
+    phase, kept = nodes.phase, before.resharding if before is not None else None
+    if moving and phase in (Phase.ready, Phase.degraded, Phase.provisioning):
+        phase = Phase.resharding
+    if moves is not None and (moves.progress is not None or moves.refused is not None):
+        conditions.append(_condition(
+            "Resharding", moving and moves.refused is None, *_resharding(moves), generation,
+            now, before,
+        ))  # fmt: skip
     listed, memory = [], None
     if spec is not None and admission is not None:
         for table in tables:
@@ -79,9 +93,26 @@ def pool_status(
             else "no table is placed on the pool", generation, now, before,
         ))  # fmt: skip
     return PoolStatus(
-        phase=nodes.phase, conditions=conditions, observed_generation=generation,
+        phase=phase, conditions=conditions, observed_generation=generation,
         ready_shards=nodes.ready_shards, shards=nodes.shards, tables=listed, memory=memory,
+        resharding=moves.progress if moves is not None else kept,
     )  # fmt: skip
+
+
+def _resharding(moves: PoolMoveState) -> tuple[str, str]:
+    """The Resharding condition's reason and message."""
+    if moves.refused is not None:
+        return "CapacityExceeded", moves.refused
+    p = moves.progress
+    assert p is not None
+    where = f"resharding {p.from_shards} -> {p.to_shards} shards: "
+    where += f"{p.tables_moved}/{p.tables_total} tables moved"
+    failed = "; ".join(f"{name}: {moves.errors.get(name, 'failed')}" for name in p.failed)
+    if failed:
+        where += f"; failed (rolled back, retried as a table's move is) {failed}"
+    if moves.moving:
+        return "MovingTables", where
+    return ("MoveFailed" if p.failed else "MoveDone"), where
 
 
 def _condition(
