@@ -1,10 +1,11 @@
-"""EmbeddingTable YAML as `recstore apply -f` reads it: the operator's validation, clear errors."""
+"""EmbeddingTable and EmbeddingPool YAML as `recstore apply -f` reads it: the operator's
+validation, clear errors."""
 
 from pathlib import Path
 
 import pytest
 
-from recstore.cli.manifests import read_declarations
+from recstore.cli.manifests import PoolDeclaration, read_manifests
 from recstore.core.errors import InvalidArgument
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,22 +20,28 @@ apiVersion: recstore.io/v1alpha1
 kind: EmbeddingTable
 metadata: {name: users}
 spec: {numEmbeddings: 50, embeddingDim: 4, optimizer: {kind: adagrad, lr: 0.1}}
+---
+apiVersion: recstore.io/v1alpha1
+kind: EmbeddingPool
+metadata: {name: shared}
+spec: {shards: 3}
 """
 
 
 def test_multi_document_file(tmp_path: Path) -> None:
     path = tmp_path / "tables.yaml"
     path.write_text(GOOD)
-    declarations = read_declarations(path)
-    assert [(d.spec.name, d.spec.shards, d.spec.optimizer.kind) for d in declarations] == [
+    *tables, pool = read_manifests(path)
+    assert [(d.spec.name, d.spec.shards, d.spec.optimizer.kind) for d in tables] == [
         ("items", 2, "sgd"),
         ("users", 1, "adagrad"),
     ]
+    assert isinstance(pool, PoolDeclaration) and (pool.name, pool.spec.shards) == ("shared", 3)
 
 
-@pytest.mark.parametrize("example", sorted((ROOT / "examples/tables").glob("*.yaml")))
+@pytest.mark.parametrize("example", sorted((ROOT / "examples/tables").glob("**/*.yaml")))
 def test_shipped_examples_are_valid(example: Path) -> None:
-    assert read_declarations(example)
+    assert read_manifests(example)
 
 
 @pytest.mark.parametrize(
@@ -63,9 +70,9 @@ def test_bad_files_name_the_problem(tmp_path: Path, text: str, message: str) -> 
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     with pytest.raises(InvalidArgument, match=message):
-        read_declarations(path)
+        read_manifests(path)
 
 
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument, match="No such file"):
-        read_declarations(tmp_path / "absent.yaml")
+        read_manifests(tmp_path / "absent.yaml")
