@@ -124,6 +124,10 @@ def patch_pool(
     with writes(session):
         pool.spec = updated.model_dump(mode="json")
         pool.generation += 1
+    if updated.shards != previous.shards:  # its tables move with it
+        for table in tables_on(session, name=pool.name):
+            with writes(session):
+                table.spec = {**table.spec, "shards": updated.shards}
     audit.record(session, actor, "pool.update", resource=pool.name, before=before,
                  after=views.pool_snapshot(pool))  # fmt: skip
     return pool, previous

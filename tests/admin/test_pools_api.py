@@ -81,6 +81,22 @@ def test_a_table_on_a_pool_takes_its_shards_and_blocks_its_deletion(
     assert client.delete("/api/v1/pools/criteo", headers=admin_headers).status_code == 204
 
 
+def test_a_pools_new_shards_are_its_tables_and_audited(
+    client: TestClient, admin_headers: dict[str, str]
+) -> None:
+    post(client, "pools", POOL, admin_headers)
+    post(client, "tables", {**TABLE, "pool": "criteo"}, admin_headers)
+    r = client.patch("/api/v1/pools/criteo", json={"shards": 3}, headers=admin_headers)
+    assert r.status_code == 200, r.text
+    assert r.json()["spec"]["shards"] == 3
+    moved = client.get("/api/v1/tables/c1", headers=admin_headers).json()
+    # the table is recorded at the pool's new count: its map moves there (a move is due)
+    assert moved["spec"]["shards"] == 3 and moved["reshard_required"] is True
+    event = client.get("/api/v1/events", headers=admin_headers).json()["items"][0]
+    assert event["action"] == "pool.update" and event["resource_name"] == "criteo"
+    assert (event["before"]["spec"]["shards"], event["after"]["spec"]["shards"]) == (2, 3)
+
+
 def test_a_table_declared_before_its_pool_takes_the_pools_shards_when_it_comes(
     client: TestClient, admin_headers: dict[str, str]
 ) -> None:

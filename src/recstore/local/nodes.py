@@ -74,7 +74,10 @@ class LocalNodes:
 
     def stop_pool(self, pool: LocalPool) -> None:
         for shard in range(pool.shards):
-            self._supervisor.stop(pool.process_name(shard))
+            self.stop_pool_shard(pool, shard)
+
+    def stop_pool_shard(self, pool: LocalPool, shard: int) -> None:
+        self._supervisor.stop(pool.process_name(shard))
 
     def pool_pid(self, pool: LocalPool, shard: int) -> int:
         return self._supervisor.pid(pool.process_name(shard))

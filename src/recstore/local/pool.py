@@ -11,12 +11,15 @@ operator decides it.
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from recstore.core.pool import PoolSpec, PoolStatus, checkpoint_problem, table_problem_on
 from recstore.core.pool_capacity import Admission, admit
+from recstore.core.pool_reshard import PoolMoveState
 from recstore.core.reconcile import PoolPlacing
 from recstore.core.spec import StorageTier, TableSpec
 from recstore.local.shard_client import ShardClient
@@ -33,11 +36,21 @@ class LocalPool:
     generation: int = 1
     #: the status last reported (None until the first report)
     status: PoolStatus | None = None
+    #: how the last change of its shards goes (None: none since the provisioner started)
+    moves: PoolMoveState | None = None
+    #: the thread moving its nodes and tables to ``spec.shards`` (``recstore.local.pool_moves``)
+    mover: threading.Thread | None = None
+    #: set by a table's move at each step, so the pool's move takes its next one
+    changed: threading.Event = field(default_factory=threading.Event)
+    stopped: threading.Event = field(default_factory=threading.Event)
 
     @property
     def shards(self) -> int:
-        """The nodes running (the declared count is not applied to running nodes yet)."""
+        """The nodes running (``spec.shards`` once a change of it has moved every table)."""
         return len(self.ports)
+
+    def save_ports(self) -> None:
+        (self.directory / "ports.json").write_text(json.dumps(self.ports))
 
     def endpoint(self, shard: int) -> str:
         return f"127.0.0.1:{self.ports[shard][0]}"

@@ -5,7 +5,8 @@ pool starts no process of its own. The poller places the tables that wait (their
 not exist, or did not have room) as soon as they can be, with the shared capacity rule,
 and reports each pool's status (``recstore.core.pool_status``) to the admin API. Deleting
 a table drops it from the pool's nodes, leaving the others serving; a pool that still
-holds tables is not deleted.
+holds tables is not deleted. A new ``shards`` moves every table on it online
+(``recstore.local.pool_moves``); one its tables would not fit is refused (409).
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from recstore.core.pool_status import TableOnPool, pool_status
 from recstore.core.reconcile import Observation, PoolPlacing, ShardState
 from recstore.local.nodes import LocalNodes
 from recstore.local.pool import LocalPool, waiting_for
+from recstore.local.pool_moves import PoolMoves, table_span
 from recstore.local.reporting import Reporter
+from recstore.local.resharding import LocalResharder, job_store
 from recstore.local.shard_client import ShardClient
 from recstore.local.table import LocalTable, load_or_pick_ports
 
@@ -45,10 +48,14 @@ class LocalPools:
         lock: threading.RLock,
         client_of: Callable[[str], ShardClient],
         reporter: Reporter,
+        resharder: LocalResharder,
     ) -> None:
         self._root, self._nodes, self._tables, self._lock = root, nodes, tables, lock
         self._client_of, self._reporter = client_of, reporter
         self._pools: dict[str, LocalPool] = {}
+        self._moves = PoolMoves(
+            lock=lock, nodes=nodes, tables=tables, resharder=resharder, client_of=client_of
+        )
 
     def create(self, name: str, spec: PoolSpec) -> None:
         with self._lock:
@@ -67,19 +74,26 @@ class LocalPools:
             self.place()
 
     def update(self, name: str, spec: PoolSpec, *, previous: PoolSpec) -> None:
-        """A new memory request or placement is taken (capacity is checked against it); what
-        the running nodes were started with is refused (409), nothing changed."""
+        """A new memory request or placement is taken (capacity is checked against it), a new
+        ``shards`` moves every table on the pool; what the running nodes were started with,
+        a shrink its tables would not fit, or a new count while one is moving, is refused
+        (409), nothing changed."""
         with self._lock:
             pool = self._pools.get(name)
             if pool is None:
                 raise ProvisioningError(f"pool {name!r} is not provisioned", 404)
-            if spec.shards != pool.shards:
+            resharding = spec.shards != pool.spec.shards
+            if resharding and self._moves.running(pool):
+                progress = pool.moves.progress if pool.moves is not None else None
+                where = f" {progress.from_shards} -> {progress.to_shards}" if progress else ""
                 raise ProvisioningError(
-                    f"changing the shards of pool {name!r} ({pool.shards} -> {spec.shards}) is "
-                    "not applied yet: its nodes and tables would have to move; it keeps "
-                    f"{pool.shards} nodes",
+                    f"pool {name!r} is resharding{where}; change its shards again once this "
+                    "move is done",
                     status_code=409,
                 )
+            refused = self._moves.refusal(pool, spec) if resharding else None
+            if refused is not None:
+                raise ProvisioningError(refused, status_code=409)
             started = [
                 field
                 for field in ("checkpoint", "read_only_tokens", "gpu_memory")
@@ -95,6 +109,8 @@ class LocalPools:
             pool.spec = spec
             pool.generation += 1
             self.place()
+            if resharding:
+                self._moves.start(pool)
 
     def delete(self, name: str) -> None:
         """Stop the pool's nodes and remove their data; refused (409) while it holds tables."""
@@ -108,6 +124,7 @@ class LocalPools:
             pool = self._pools.pop(name, None)
         if pool is None:
             return
+        self._moves.stop(pool)
         self._nodes.stop_pool(pool)
         for client in pool.clients:
             client.close()
@@ -116,6 +133,9 @@ class LocalPools:
     def drop(self, table: LocalTable) -> None:
         """Drop a deleted table from its pool's nodes (their other tables keep serving),
         after a last checkpoint of it alone, as a table's own nodes write when stopped."""
+        table.stopped.set()  # a move of it (its pool's change of shards) stops first
+        if table.resharder is not None:
+            table.resharder.join(timeout=30)
         final = final_checkpoint_id(dt.datetime.now(dt.timezone.utc))
         for index, client in enumerate(table.clients):
             saved = client.save(final, index=index, tables=[table.spec.name])
@@ -127,6 +147,7 @@ class LocalPools:
                 log.warning("table %r not dropped from %s (not reachable): its node drops it "
                             "when asked again", table.spec.name, client.endpoint)  # fmt: skip
             client.close()
+        shutil.rmtree(table.directory, ignore_errors=True)  # its slot map, once it moved
 
     def place(self) -> None:
         """Place every table that waits on its pool where it fits now (under the lock)."""
@@ -154,10 +175,14 @@ class LocalPools:
                         table.placing = PoolPlacing(name)
 
     def _attach(self, table: LocalTable, pool: LocalPool) -> None:
-        table.spec = pool.held_spec(table.spec)
-        table.ports = list(pool.ports)
-        table.clients = [self._client_of(pool.endpoint(i)) for i in range(pool.shards)]
-        table.node_ids = [None] * pool.shards
+        """Give the table the pool's nodes: all of them, or those its stored slot map (a
+        table moved before a restart) names."""
+        table.store = table.store or job_store(table.directory, None)
+        shards = min(table_span(table).shards, pool.shards) if table.store else pool.shards
+        table.spec = pool.held_spec(table.spec).model_copy(update={"shards": shards})
+        table.ports = list(pool.ports[:shards])
+        table.clients = [self._client_of(pool.endpoint(i)) for i in range(shards)]
+        table.node_ids = [None] * shards
         table.placing = PoolPlacing(pool.name)
 
     def _by_pool(self) -> dict[str, list[LocalTable]]:
@@ -198,7 +223,7 @@ class LocalPools:
             observation=Observation(running_shards=pool.shards, shards=shards),
             admission=pool.admission(tables), tables=on_pool, generation=pool.generation,
             previous=pool.status.to_wire() if pool.status is not None else None,
-            now=dt.datetime.now(dt.timezone.utc),
+            now=dt.datetime.now(dt.timezone.utc), moves=pool.moves,
         )  # fmt: skip
         if status != pool.status:
             self._reporter.report_pool_status(pool.name, status.to_wire())
@@ -218,8 +243,16 @@ class LocalPools:
             pool = self._pools[name]
         return self._nodes.pool_pid(pool, shard)
 
+    def stop_moves(self) -> None:
+        """Stop every pool's move (its tables' moves stop with them; a restart resumes)."""
+        with self._lock:
+            pools = list(self._pools.values())
+        for pool in pools:
+            self._moves.stop(pool)
+
     def close(self) -> None:
         """Close the clients (the provisioner stops every node process)."""
+        self.stop_moves()
         with self._lock:
             for pool in self._pools.values():
                 for client in pool.clients:

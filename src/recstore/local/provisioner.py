@@ -47,7 +47,12 @@ from recstore.local.nodes import LocalNodes
 from recstore.local.pool import waiting_for
 from recstore.local.pools import LocalPools
 from recstore.local.reporting import Reporter
-from recstore.local.resharding import LOCAL_RESHARD_RETRY, LocalResharder, job_store
+from recstore.local.resharding import (
+    LOCAL_RESHARD_RETRY,
+    LocalResharder,
+    OwnNodes,
+    job_store,
+)
 from recstore.local.shard_client import ShardClient
 from recstore.local.table import LocalTable, load_or_pick_ports
 
@@ -95,7 +100,8 @@ class LocalProvisioner:
         self._lock = threading.RLock()
         #: slots per batch of a move (one seal pauses this many), retried by ``reshard_retry``
         self._resharder = LocalResharder(
-            lock=self._lock, start_node=self._nodes.start, stop_node=self._nodes.stop,
+            own=OwnNodes(lock=self._lock, start_node=self._nodes.start,
+                         stop_node=self._nodes.stop, client_of=self._shard_client),
             report=lambda table: table_status.report_committed(table, reporter, self.clock()),
             record=lambda name, event: reporter.record_reshard_event(name, event),
             tls=tls.client if tls else None, token=self._node_token,
@@ -105,7 +111,7 @@ class LocalProvisioner:
         )  # fmt: skip
         self._pools = LocalPools(
             Path(state_dir) / "pools", nodes=self._nodes, tables=self._tables, lock=self._lock,
-            client_of=self._shard_client, reporter=reporter,
+            client_of=self._shard_client, reporter=reporter, resharder=self._resharder,
         )  # fmt: skip
         self._closed = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="local-status", daemon=True)
@@ -289,6 +295,7 @@ class LocalProvisioner:
         """Stop every node (final checkpoints) and the status poller."""
         self._closed.set()
         self._poller.join(timeout=5)
+        self._pools.stop_moves()  # no pool starts or stops a node from now on
         with self._lock:
             tables = list(self._tables.values())
         for table in tables:
