@@ -192,3 +192,51 @@ def test_a_pool_moves_its_tables_two_to_three_and_back_while_training(
         api.http.close()
     finally:
         platform.stop()
+
+
+def test_a_pool_move_that_a_stop_interrupted_goes_on_after_a_restart(
+    tmp_path: Path, helpers: SimpleNamespace
+) -> None:
+    state = tmp_path / "state"
+    platform = helpers.start_platform(state)
+    rows = {name: torch.randn(ROWS, DIM) for name in TABLES}
+    try:
+        api = helpers.Api(platform)
+        api.http.post("/pools", json=POOL).raise_for_status()
+        for name in TABLES:
+            api.create_table(table(name))
+        for name in TABLES:
+            api.wait_ready(name)
+        client = RecStoreClient(role="pool-writer")
+        client.set_admin_url(platform.url, platform.token, ps_token=platform.ps_token)
+        for name in TABLES:
+            client.init_data(name, (ROWS, DIM), torch.float32)
+            client.push(name, torch.arange(ROWS), rows[name])
+        client.close()
+        grow = api.http.patch("/pools/model", json={"shards": 3})
+        assert grow.status_code == 200, grow.text
+        assert any(slot_map_shards(api, name) != 3 for name in TABLES)  # still moving
+        api.http.close()
+    finally:
+        platform.stop()  # the move stops where it is
+
+    platform = helpers.start_platform(state)
+    try:
+        api = helpers.Api(platform)
+
+        def moved() -> bool:
+            status = api.http.get("/pools/model").json()["status"] or {}
+            at = all(slot_map_shards(api, name) == 3 for name in TABLES)
+            return at and status.get("phase") == "Ready" and status.get("readyShards") == 3
+
+        helpers.wait_for(moved, 420, "the interrupted move finished after the restart")
+        assert len(platform.provisioner.pool_endpoints("model")) == 3
+        client = RecStoreClient(role="pool-reader")
+        client.set_admin_url(platform.url, platform.token, ps_token=platform.ps_token)
+        for name in TABLES:
+            client.init_data(name, (ROWS, DIM), torch.float32)
+            torch.testing.assert_close(client.pull(name, torch.arange(ROWS)), rows[name])
+        client.close()
+        api.http.close()
+    finally:
+        platform.stop()
