@@ -290,7 +290,7 @@ def run_tbe(args: argparse.Namespace) -> None:
             clients: list[RecStoreClient] = []
             torch.manual_seed(0)
             model = None
-            if not work.rows:
+            if not work.rows and not args.tbe_no_torch:
                 model = tw.TorchBags(*shape)
                 variants["torch"] = (model, tw.torch_optimizer(model, work))
             if not missing:
@@ -469,6 +469,11 @@ def main() -> None:
     parser.add_argument("--tbe-dim", type=int, default=64)
     parser.add_argument("--tbe-batch", type=int, default=2048)
     parser.add_argument("--tbe-workloads", default="", help="comma-separated names (default: all)")
+    parser.add_argument(
+        "--tbe-no-torch",
+        action="store_true",
+        help="leave out torch's own model (its Adagrad keeps state for every row)",
+    )
     parser.add_argument(
         "--criteo-scale",
         type=float,

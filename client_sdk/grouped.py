@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import operator
 import threading
 import uuid
 from collections.abc import Iterator
@@ -35,6 +36,8 @@ from recstore.client import state
 from recstore.client.backends.local import LocalBackend, LocalGroup
 from recstore.client.errors import BackendError
 from recstore.client.tensors import MODULE_ID_DTYPES, check_id_range
+from recstore.core import DType
+from recstore.store.buffers import new_rows
 
 if TYPE_CHECKING:
     from recstore.client.nn import EmbeddingBag
@@ -42,6 +45,8 @@ if TYPE_CHECKING:
 #: the number flattening a list of tensors into one in a single call (torch's C++)
 _flatten = torch._C._nn.flatten_dense_tensors
 _EMPTY_WEIGHTS = torch.empty(0, dtype=torch.float32)
+_TENSOR = {torch.Tensor}
+_SHAPE = operator.attrgetter("shape")
 
 
 @dataclass(frozen=True)
@@ -126,13 +131,13 @@ class TableGroup:
     def batch(self, features: Any) -> GroupBatch | None:
         """The features as one engine batch, or None when one is of another kind (the
         collection's general path then handles it, and refuses what torch refuses)."""
-        if all(type(f) is torch.Tensor for f in features):
+        if set(map(type, features)) == _TENSOR:  # map, attrgetter: no Python frame per table
             return self._fixed_batch(features)
         return self._ragged_batch(features)
 
     def _fixed_batch(self, features: Any) -> GroupBatch | None:
         """2-D ids only: bags of one size per table; the offsets kept per shapes."""
-        shapes = tuple(f.shape for f in features)
+        shapes = tuple(map(_SHAPE, features))
         offsets = self._offsets.get(shapes)
         if offsets is None:
             if not self._plain_ids(features) or any(len(s) != 2 for s in shapes):
@@ -206,7 +211,8 @@ class TableGroup:
     def pool(self, batch: GroupBatch) -> torch.Tensor:
         """[bags, width] float32: each table's bags pooled into its columns."""
         now, backend = self._ready()
-        out = torch.empty((batch.bags, self.width), dtype=torch.float32)
+        # a recycled block: no fresh pages to fault in every step
+        out: torch.Tensor = new_rows(batch.bags, self.width, DType.float32, True, "cpu")
         with self._ids_named(batch):
             backend.pool_group(now.local, *self._args(batch), out)
         return out

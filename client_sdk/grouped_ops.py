@@ -11,6 +11,8 @@ op and no graph break per table.
 
 from __future__ import annotations
 
+import itertools
+import operator
 import threading
 from typing import Any
 
@@ -74,7 +76,7 @@ class _GroupPoolMany(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[None, ...]:
         group: TableGroup = ctx.group
-        unused = [g is None for g in grads]
+        unused = list(map(operator.is_, grads, itertools.repeat(None)))  # no frame per table
         if all(unused):
             return None, None, None
         if any(unused) or not group.float32:  # else: one cat of the outputs' gradients

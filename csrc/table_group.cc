@@ -144,7 +144,7 @@ bool is_padding(const GroupBags& b, int64_t t, int64_t i) {
 
 struct GroupScratch {
   std::vector<int64_t> rows, grad_rows, starts;
-  std::vector<float> scales;
+  std::vector<float> scales, entry_scales;
   std::vector<uint64_t> order, tmp;
 };
 
@@ -292,24 +292,33 @@ void TableGroup::update(const GroupBags& b, const float* grads, int64_t grad_str
   });
   for (int64_t t : exact) update_rows(b, t, grads, grad_stride, lrs[t]);
 
-  // Each id's gradient row (its bag within the table) and scale (weight, mean).
+  // Each bag's scale (mean: 1 / its non-padding ids); with per-sample weights, each id's
+  // gradient row (its bag within the table) and scale (its weight, times its bag's).
   GroupScratch& sc = group_scratch();
   int64_t* rows = sized(sc.rows, b.n);
-  int64_t* grad_rows = sized(sc.grad_rows, b.n);
-  float* scales = sized(sc.scales, b.n);
-  parallel_for(T * b.bags, 1024, [&](int64_t lo, int64_t hi) {
-    for (int64_t g = lo; g < hi; ++g) {
-      const int64_t t = g / b.bags;
-      if (!fused[t]) continue;
-      int64_t count = 0;
-      for (int64_t i = b.offsets[g]; i < b.offsets[g + 1]; ++i) count += !is_padding(b, t, i);
-      const float scale = b.mean[t] && count > 0 ? 1.0f / static_cast<float>(count) : 1.0f;
-      for (int64_t i = b.offsets[g]; i < b.offsets[g + 1]; ++i) {
-        grad_rows[i] = g - t * b.bags;
-        scales[i] = b.weights != nullptr ? b.weights[i] * scale : scale;
+  const bool weighted = b.weights != nullptr;
+  bool any_mean = false;
+  for (int64_t t = 0; t < T; ++t) any_mean = any_mean || (fused[t] && b.mean[t]);
+  float* bag_scales = any_mean || weighted ? sized(sc.scales, T * b.bags) : nullptr;
+  int64_t* grad_rows = weighted ? sized(sc.grad_rows, b.n) : nullptr;
+  float* scales = weighted ? sized(sc.entry_scales, b.n) : nullptr;
+  if (bag_scales != nullptr) {
+    parallel_for(T * b.bags, 1024, [&](int64_t lo, int64_t hi) {
+      for (int64_t g = lo; g < hi; ++g) {
+        const int64_t t = g / b.bags;
+        if (!fused[t]) continue;
+        int64_t count = 0;
+        if (b.mean[t])
+          for (int64_t i = b.offsets[g]; i < b.offsets[g + 1]; ++i) count += !is_padding(b, t, i);
+        bag_scales[g] = count > 0 ? 1.0f / static_cast<float>(count) : 1.0f;
+        if (!weighted) continue;
+        for (int64_t i = b.offsets[g]; i < b.offsets[g + 1]; ++i) {
+          grad_rows[i] = g - t * b.bags;
+          scales[i] = b.weights[i] * bag_scales[g];
+        }
       }
-    }
-  });
+    });
+  }
   HeldLocks locks;
   for (int64_t t : lock_order_) {
     if (!fused[t]) continue;
@@ -327,10 +336,16 @@ void TableGroup::update(const GroupBags& b, const float* grads, int64_t grad_str
   parallel_for(T, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       if (!fused[t]) continue;
-      const int64_t s = first(b, t), e = last(b, t);
+      // an entry's low bits: its position (weighted, mapped to its bag), else its bag
+      const int64_t s = first(b, t), bag0 = t * b.bags;
       int64_t k = s;
-      for (int64_t i = s; i < e; ++i)
-        if (!is_padding(b, t, i)) order[k++] = static_cast<uint64_t>(rows[i]) << 32 | static_cast<uint64_t>(i);
+      for (int64_t g = bag0; g < bag0 + b.bags; ++g) {
+        const uint64_t low = static_cast<uint64_t>(g - bag0);
+        for (int64_t i = b.offsets[g]; i < b.offsets[g + 1]; ++i)
+          if (!is_padding(b, t, i))
+            order[k++] = static_cast<uint64_t>(rows[i]) << 32 |
+                         (weighted ? static_cast<uint64_t>(i) : low);
+      }
       sort_by_row(order + s, tmp + s, k - s, tables_[t]->row_bits());
       int64_t* st = starts + s + t;
       int64_t count = 0;
@@ -354,6 +369,7 @@ void TableGroup::update(const GroupBags& b, const float* grads, int64_t grad_str
     u.grad_stride = grad_stride;
     u.grad_rows = grad_rows;
     u.entry_scales = scales;
+    u.row_scales = !weighted && b.mean[t] ? bag_scales + t * b.bags : nullptr;
     u.values = table->values_;
     u.row_bytes = table->row_bytes_;
     u.state = table->state_;

@@ -67,7 +67,7 @@ __attribute__((target_clones("avx2", "default"))) void run_groups(const UpdateBa
   const auto* grads = static_cast<const typename G::raw*>(b.grads);
   const int64_t stride = b.grad_stride > 0 ? b.grad_stride : dim;
   const float scale = b.grad_scale;
-  const bool scaled = Mapped || scale != 1.0f;
+  const bool scaled = Mapped || b.row_scales != nullptr || scale != 1.0f;
   // an order entry's low 32 bits: its gradient row (Table::group_by_row), or (Mapped)
   // its position, whose gradient row and scale the batch maps it to
   auto grad_row = [&b](uint64_t entry) {
@@ -75,7 +75,8 @@ __attribute__((target_clones("avx2", "default"))) void run_groups(const UpdateBa
     return Mapped ? b.grad_rows[low] : low;
   };
   auto scale_of = [&b, scale](uint64_t entry) {
-    return Mapped ? b.entry_scales[entry & 0xFFFFFFFFu] : scale;
+    if (Mapped) return b.entry_scales[entry & 0xFFFFFFFFu];
+    return b.row_scales != nullptr ? b.row_scales[entry & 0xFFFFFFFFu] : scale;
   };
   std::vector<float> acc_buf(static_cast<size_t>(dim));
   float* acc = acc_buf.data();

@@ -35,6 +35,9 @@ struct UpdateBatch {
   // (per-sample weight, mean's 1 / bag length) instead of grad_scale.
   const int64_t* grad_rows = nullptr;
   const float* entry_scales = nullptr;
+  // Otherwise, when given: gradient row r's scale (a mean bag's 1 / bag length), instead
+  // of grad_scale.
+  const float* row_scales = nullptr;
 };
 
 // Applies the optimizer to groups [begin, end) of the batch.

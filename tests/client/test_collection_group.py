@@ -43,16 +43,17 @@ def _start(index: int, rows: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
     return weights.to(dtype)
 
 
-def _features(step: int) -> list[Any]:
+def _features(step: int, weighted: bool = True) -> list[Any]:
     """Every kind of input: 2-D ids, ragged offsets with an empty bag, weights, an empty
     feature (no ids at all), heavy duplicates."""
     g = torch.Generator().manual_seed(100 + step)
     ragged = torch.randint(0, 3, (9,), generator=g)
+    weights = torch.rand(BAGS * 2, generator=g)
     return [
         torch.randint(0, 50, (BAGS, 4), generator=g),
         (ragged, torch.tensor([0, 2, 2, 5, 8, 8])),
         (torch.randint(0, 5000, (BAGS * 2,), generator=g), torch.arange(0, 12, 2),
-         torch.rand(BAGS * 2, generator=g)),
+         *((weights,) if weighted else ())),
         (torch.tensor([2, 7, 2, 7, 7, 1, 2]), torch.tensor([0, 1, 3, 3, 5, 6])),
         (torch.empty(0, dtype=torch.int64), torch.zeros(BAGS, dtype=torch.int64)),
     ]  # fmt: skip
@@ -90,15 +91,16 @@ def group_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
+@pytest.mark.parametrize("weighted", [True, False], ids=["weights", "no-weights"])
 @pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
 def test_mixed_tables_train_like_torch_in_one_call_each_way(
-    local_client, group_calls, optimizer_name
+    local_client, group_calls, optimizer_name, weighted
 ) -> None:
     make_optimizer, server_optimizer = OPTIMIZERS[optimizer_name]
     reference, collection = _collection(local_client, server_optimizer)
     optimizer = make_optimizer([p for bag in reference for p in bag.parameters()])
     for step in range(4):
-        features = _features(step)
+        features = _features(step, weighted)
         group_calls.clear()
         outputs = collection(features)
         expected = [bag(*f) if isinstance(f, tuple) else bag(f)
