@@ -244,11 +244,12 @@ def check_numerics(
     return worst
 
 
-def python_time(model: nn.Module, data: list[Batch], steps: int) -> float:
-    """Seconds per step spent running RecStore's Python code: the own time of the
-    ``recstore`` package's functions but the one that calls the engine's group methods
-    (cProfile counts a nanobind method's time as its caller's own time: that caller's
-    own time is the engine's). The model's loss and torch's autograd are not counted."""
+def python_time(model: nn.Module, data: list[Batch], steps: int) -> tuple[float, float]:
+    """Seconds per step spent running RecStore's Python code, and its function calls per
+    step: the own time and calls of the ``recstore`` package's functions but the one
+    that calls the engine's group methods (cProfile counts a nanobind method's time as
+    its caller's own time: that caller's own time is the engine's). The model's loss and
+    torch's autograd are not counted."""
     # CPU time of this thread: on a shared machine, time preempted is the neighbours'
     profiler = cProfile.Profile(time.thread_time)
     for index in range(steps):
@@ -257,14 +258,13 @@ def python_time(model: nn.Module, data: list[Batch], steps: int) -> float:
         step(model, None, batch)
         profiler.disable()
     stats = pstats.Stats(profiler)
-    own = sum(
-        entry[2]  # tottime
-        for (filename, _, function), entry in stats.stats.items()  # type: ignore[attr-defined]
-        if filename.endswith(".py")
-        and f"{os.sep}recstore{os.sep}" in filename
-        and function != ENGINE_CALLER
-    )
-    return own / steps
+    own = calls = 0.0
+    for (filename, _, function), entry in stats.stats.items():  # type: ignore[attr-defined]
+        if filename.endswith(".py") and f"{os.sep}recstore{os.sep}" in filename:
+            calls += entry[1]
+            if function != ENGINE_CALLER:
+                own += entry[2]  # tottime
+    return own / steps, calls / steps
 
 
 #: the function of the local backend that makes the engine's group calls

@@ -383,18 +383,23 @@ def _python_times(
     for batch in wide_data:  # warm-up: rows resident, plans cached
         tw.step(wide, None, batch)
     steps = max(10, args.steps_per_round * 2)
-    few, many = tw.python_time(model, data, steps), tw.python_time(wide, wide_data, steps)
+    (few, few_calls), (many, many_calls) = (
+        tw.python_time(model, data, steps),
+        tw.python_time(wide, wide_data, steps),
+    )
     for table in client.data_name_list():
         client.delete_data(table)
     client.close()
     figures = {
         "tables": [len(rows), len(more)],
         "python_s": [few, many],
+        "python_calls": [few_calls, many_calls],
         "ratio": many / few,
     }
     print(
         f"  collection Python time per step: {few * 1e6:.0f} us ({len(rows)} tables), "
-        f"{many * 1e6:.0f} us ({len(more)} tables, same rows): {many / few:.2f}x"
+        f"{many * 1e6:.0f} us ({len(more)} tables, same rows): {many / few:.2f}x; "
+        f"Python calls per step {few_calls:.0f} and {many_calls:.0f}"
     )
     return figures
 

@@ -88,6 +88,7 @@ class TableGroup:
         self.handle = f"{self.client.role}/group/{uuid.uuid4().hex[:12]}"
         self._current: _Current | None = None
         self._offsets: dict[tuple[Any, ...], torch.Tensor] = {}  # fixed-size bags' offsets
+        self._same_shapes: bool | None = None  # whether the last batch's features had one shape
         self._lock = threading.Lock()
 
     @staticmethod
@@ -132,32 +133,53 @@ class TableGroup:
         """The features as one engine batch, or None when one is of another kind (the
         collection's general path then handles it, and refuses what torch refuses)."""
         if set(map(type, features)) == _TENSOR:  # map, attrgetter: no Python frame per table
+            if self._same_shapes is not False:
+                batch = self._stacked_batch(features)
+                if batch is not None:
+                    return batch
             return self._fixed_batch(features)
         return self._ragged_batch(features)
 
-    def _fixed_batch(self, features: Any) -> GroupBatch | None:
+    def _stacked_batch(self, features: Any) -> GroupBatch | None:
+        """Every feature 2-D ids of one shape (a DLRM's): one ``torch.stack`` checks that
+        and lays the ids out table by table, with no Python step per table."""
+        try:
+            stacked = torch.stack(features)  # [tables, bags, ids per bag]
+        except (RuntimeError, TypeError):  # shapes (or dtypes, devices) differ
+            self._same_shapes = False
+            return None
+        self._same_shapes = True
+        if stacked.dim() != 3 or stacked.device.type != "cpu":
+            return None
+        return self._fixed_batch(features, stacked)
+
+    def _fixed_batch(self, features: Any, stacked: torch.Tensor | None = None) -> GroupBatch | None:
         """2-D ids only: bags of one size per table; the offsets kept per shapes."""
-        shapes = tuple(map(_SHAPE, features))
+        if stacked is not None:
+            shapes: tuple[Any, ...] = (len(features), stacked.shape)
+        else:
+            shapes = tuple(map(_SHAPE, features))
         offsets = self._offsets.get(shapes)
         if offsets is None:
-            if not self._plain_ids(features) or any(len(s) != 2 for s in shapes):
+            each = tuple(map(_SHAPE, features))
+            if not self._plain_ids(features) or any(len(s) != 2 for s in each):
                 return None
-            bags = shapes[0][0]
-            if bags == 0 or any(s[0] != bags for s in shapes):
+            bags = each[0][0]
+            if bags == 0 or any(s[0] != bags for s in each):
                 return None
-            sizes = torch.tensor([s[1] for s in shapes])
+            sizes = torch.tensor([s[1] for s in each])
             bases = torch.cumsum(sizes * bags, 0) - sizes * bags
-            starts = bases.repeat_interleave(bags) + torch.arange(bags).repeat(len(shapes)) * (
+            starts = bases.repeat_interleave(bags) + torch.arange(bags).repeat(len(each)) * (
                 sizes.repeat_interleave(bags)
             )
             offsets = torch.cat([starts, (sizes * bags).sum().reshape(1)])
             if len(self._offsets) >= 8:  # a few batch shapes recur; keep only those
                 self._offsets.clear()
             self._offsets[shapes] = offsets
-        ids = _flatten(features)
+        ids = _flatten(features) if stacked is None else stacked.view(-1)
         if ids.dtype != torch.int64:
             ids = ids.to(torch.int64)
-        return GroupBatch(ids, offsets, int(shapes[0][0]), _EMPTY_WEIGHTS)
+        return GroupBatch(ids, offsets, int(features[0].shape[0]), _EMPTY_WEIGHTS)
 
     def _plain_ids(self, features: Any) -> bool:
         return all(
