@@ -167,19 +167,23 @@ class TableGroup:
             bags = each[0][0]
             if bags == 0 or any(s[0] != bags for s in each):
                 return None
-            sizes = torch.tensor([s[1] for s in each])
-            bases = torch.cumsum(sizes * bags, 0) - sizes * bags
-            starts = bases.repeat_interleave(bags) + torch.arange(bags).repeat(len(each)) * (
-                sizes.repeat_interleave(bags)
-            )
-            offsets = torch.cat([starts, (sizes * bags).sum().reshape(1)])
-            if len(self._offsets) >= 8:  # a few batch shapes recur; keep only those
-                self._offsets.clear()
-            self._offsets[shapes] = offsets
+            offsets = self._keep(shapes, fixed_offsets(bags, [s[1] for s in each]))
         ids = _flatten(features) if stacked is None else stacked.view(-1)
         if ids.dtype != torch.int64:
             ids = ids.to(torch.int64)
         return GroupBatch(ids, offsets, int(features[0].shape[0]), _EMPTY_WEIGHTS)
+
+    def sized_offsets(self, bags: int, sizes: list[int]) -> torch.Tensor:
+        """The offsets of ``bags`` bags per table of ``sizes[t]`` ids each (kept)."""
+        key = (bags, tuple(sizes))
+        offsets = self._offsets.get(key)
+        return offsets if offsets is not None else self._keep(key, fixed_offsets(bags, sizes))
+
+    def _keep(self, key: tuple[Any, ...], offsets: torch.Tensor) -> torch.Tensor:
+        if len(self._offsets) >= 8:  # a few batch shapes recur; keep only those
+            self._offsets.clear()
+        self._offsets[key] = offsets
+        return offsets
 
     def _plain_ids(self, features: Any) -> bool:
         return all(
@@ -279,6 +283,16 @@ class TableGroup:
                                                strict=False):  # fmt: skip
                 check_id_range(batch.ids[a:b], low, high, name)
             raise
+
+
+def fixed_offsets(bags: int, sizes: list[int]) -> torch.Tensor:
+    """Offsets over every table's ids of ``bags`` bags per table, ``sizes[t]`` ids a bag."""
+    each = torch.tensor(sizes, dtype=torch.int64)
+    bases = torch.cumsum(each * bags, 0) - each * bags
+    starts = bases.repeat_interleave(bags) + torch.arange(bags).repeat(len(sizes)) * (
+        each.repeat_interleave(bags)
+    )
+    return torch.cat([starts, (each * bags).sum().reshape(1)])
 
 
 def _parts(feature: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:

@@ -103,47 +103,50 @@ def pool_group(
 def traced_pool_group(
     anchor: torch.Tensor, group: TableGroup, features: list[torch.Tensor]
 ) -> torch.Tensor:
-    """Traced fixed-size bags ([bags, ids per bag] each): the one op, [bags, sum of dims]."""
-    bags = features[0].shape[0]
+    """Traced fixed-size bags ([bags, ids per bag] each): the one op, [bags, sum of dims]
+    (the offsets are made, and kept, by its kernel: no op per table in the graph)."""
     ids = torch.cat([f.reshape(-1) for f in features]).to(torch.int64)
-    starts, base = [], 0
-    for feature in features:
-        size = feature.shape[1]
-        starts.append(torch.arange(bags, dtype=torch.int64) * size + base)
-        base = base + bags * size
-    offsets = torch.cat([*starts, torch.full((1,), base, dtype=torch.int64)])
+    sizes = [f.shape[1] for f in features]
     out: torch.Tensor = torch.ops.recstore.emb_pool_group(
-        anchor, group.handle, ids, offsets, bags, torch.empty(0)
+        anchor, group.handle, ids, sizes, features[0].shape[0], torch.empty(0)
     )
     return out
 
 
+def _batch(handle: str, ids: torch.Tensor, sizes: list[int], bags: int,
+           weights: torch.Tensor) -> tuple[TableGroup, GroupBatch]:  # fmt: skip
+    group = _group(handle)
+    return group, GroupBatch(ids, group.sized_offsets(bags, sizes), bags, weights)
+
+
 @_op(
     "emb_pool_group",
-    schema="(Tensor anchor, str group, Tensor ids, Tensor offsets, SymInt bags, "
+    schema="(Tensor anchor, str group, Tensor ids, SymInt[] sizes, SymInt bags, "
     "Tensor weights) -> Tensor",
 )
 def emb_pool_group(
-    anchor: torch.Tensor, group: str, ids: torch.Tensor, offsets: torch.Tensor, bags: int,
+    anchor: torch.Tensor, group: str, ids: torch.Tensor, sizes: list[int], bags: int,
     weights: torch.Tensor,
 ) -> torch.Tensor:  # fmt: skip
-    """Every table of ``group`` pooled into its columns of one [bags, sum of dims] float32."""
-    return _group(group).pool(GroupBatch(ids, offsets, bags, weights))
+    """Every table of ``group`` pooled into its columns of one [bags, sum of dims] float32:
+    ``ids`` table by table, ``bags`` bags per table of ``sizes[t]`` ids each."""
+    found, batch = _batch(group, ids, sizes, bags, weights)
+    return found.pool(batch)
 
 
 @emb_pool_group.register_fake
-def _(anchor, group, ids, offsets, bags, weights):
+def _(anchor, group, ids, sizes, bags, weights):
     return ids.new_empty((bags, _group(group).width), dtype=torch.float32)
 
 
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    _, ctx.group, ids, offsets, ctx.bags, weights = inputs
-    ctx.save_for_backward(ids, offsets, weights)
+    _, ctx.group, ids, ctx.sizes, ctx.bags, weights = inputs
+    ctx.save_for_backward(ids, weights)
 
 
 def _backward(ctx: Any, grad: torch.Tensor) -> tuple[None, ...]:
-    ids, offsets, weights = ctx.saved_tensors
-    emb_update_group(ctx.group, ids, offsets, ctx.bags, weights, grad)
+    ids, weights = ctx.saved_tensors
+    emb_update_group(ctx.group, ids, ctx.sizes, ctx.bags, weights, grad)
     return None, None, None, None, None, None
 
 
@@ -153,17 +156,18 @@ emb_pool_group.register_autograd(_backward, setup_context=_setup)
 @_op(
     "emb_update_group",
     effect=True,
-    schema="(str group, Tensor ids, Tensor offsets, SymInt bags, Tensor weights, "
+    schema="(str group, Tensor ids, SymInt[] sizes, SymInt bags, Tensor weights, "
     "Tensor grad) -> ()",
 )
 def emb_update_group(
-    group: str, ids: torch.Tensor, offsets: torch.Tensor, bags: int, weights: torch.Tensor,
+    group: str, ids: torch.Tensor, sizes: list[int], bags: int, weights: torch.Tensor,
     grad: torch.Tensor,
 ) -> None:  # fmt: skip
     """``emb_pool_group``'s update: each table's columns of ``grad`` through its optimizer."""
-    _group(group).update(GroupBatch(ids, offsets, bags, weights), grad)
+    found, batch = _batch(group, ids, sizes, bags, weights)
+    found.update(batch, grad)
 
 
 @emb_update_group.register_fake
-def _(group, ids, offsets, bags, weights, grad):
+def _(group, ids, sizes, bags, weights, grad):
     return None

@@ -290,7 +290,13 @@ void TableGroup::update(const GroupBags& b, const float* grads, int64_t grad_str
     return (tables_[x]->opt_.non_finite == kNonFiniteReject) >
            (tables_[y]->opt_.non_finite == kNonFiniteReject);
   });
-  for (int64_t t : exact) update_rows(b, t, grads, grad_stride, lrs[t]);
+  for (int64_t t : exact) {
+    try {
+      update_rows(b, t, grads, grad_stride, lrs[t]);
+    } catch (const NonFiniteError& e) {  // which table refused, as validate() says it
+      throw NonFiniteError("table " + std::to_string(t) + ": " + e.what());
+    }
+  }
 
   // Each bag's scale (mean: 1 / its non-padding ids); with per-sample weights, each id's
   // gradient row (its bag within the table) and scale (its weight, times its bag's).

@@ -132,6 +132,17 @@ def _row_chunks(
         yield RowChunk(torch.from_numpy(chunk.keys), rows_from_numpy(chunk.values, dtype), state)
 
 
+def _group_table(group: LocalGroup, error: Exception) -> tuple[str, str]:
+    """The table a group call's refusal names ("table <index>: ..."), and its reason."""
+    why = str(error)
+    index, colon, rest = why.partition(": ")
+    if colon and index.startswith("table ") and index[6:].isdigit():
+        position = int(index[6:])
+        if position < len(group.tables):
+            return group.tables[position].name, rest
+    return group.tables[0].name, why
+
+
 class LocalBackend:
     kind = "local"
 
@@ -285,16 +296,17 @@ class LocalBackend:
         try:
             fn(*args)
         except _native.CapacityError as error:
-            raise _backend_error(CapacityExhausted(str(error)), group.tables[0].name) from None
+            name, why = _group_table(group, error)
+            raise _backend_error(CapacityExhausted(why), name) from None
         except _native.InferenceTableError:
-            first = group.tables[0].name
-            refusal = InferenceTable.of(first)
-            raise _backend_error(refusal, first) from None
+            name = group.tables[0].name
+            raise _backend_error(InferenceTable.of(name), name) from None
         except _native.NonFiniteError as error:
-            first = group.tables[0].name
-            raise _backend_error(NonFiniteValues(str(error), table=first), first) from None
+            name, why = _group_table(group, error)
+            raise _backend_error(NonFiniteValues(why, table=name), name) from None
         except ValueError as error:  # ids or offsets the engine refused: nothing changed
-            raise _backend_error(InvalidArgument(str(error)), group.tables[0].name) from None
+            name, why = _group_table(group, error)
+            raise _backend_error(InvalidArgument(why), name) from None
 
     def pull_many(self, requests: Sequence[PullRequest]) -> list[torch.Tensor]:
         """Direct store calls, table by table (no request to save locally)."""

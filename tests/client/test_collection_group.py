@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from recstore import nn as rnn
 from recstore.client.backends.local import LocalBackend
-from recstore.client.errors import IdOutOfRange
+from recstore.client.errors import BackendError, IdOutOfRange
 
 from .conftest import unique_name
 
@@ -217,3 +217,19 @@ def test_compiled_collection_is_one_op_each_way_and_trains_as_eager(local_client
         torch.testing.assert_close(a.read_weights(), b.read_weights(), atol=1e-6, rtol=0)
     torch._dynamo.reset()
     assert torch._dynamo.explain(_Model(local_client))(_grid(0)).graph_break_count == 0
+
+
+def test_a_non_finite_gradient_is_refused_and_changes_no_table(local_client) -> None:
+    bags = [rnn.EmbeddingBag(10, 16, mode="sum", client=local_client, name=unique_name("n"),
+                             optimizer="adagrad") for _ in range(2)]  # fmt: skip
+    collection = rnn.EmbeddingBagCollection(bags)
+    ids = [torch.tensor([[1, 2], [3, 4]]), torch.tensor([[5], [6]])]
+    before = [bag.read_weights() for bag in bags]
+    out = collection.concat(ids)
+    poison = torch.ones_like(out)
+    poison[1, 20] = float("nan")  # the second table's columns
+    with pytest.raises(BackendError, match=bags[1].table_name) as refused:
+        (out * poison).sum().backward()
+    assert refused.value.reason and "NaN" in refused.value.reason
+    for bag, old in zip(bags, before, strict=True):
+        torch.testing.assert_close(bag.read_weights(), old, atol=0, rtol=0)
