@@ -19,7 +19,7 @@ namespace recstore {
 namespace {
 
 constexpr int64_t kBagsPerChunk = 256;    // bags of one table per parallel block (forward)
-constexpr int64_t kGroupsPerChunk = 512;  // merged rows of one table per block (backward)
+constexpr int64_t kGroupsPerChunk = 512;  // merged rows per block at least (backward)
 constexpr int64_t kPoolAhead = 16;        // rows prefetched ahead of their sum
 
 struct LoadF32 {
@@ -69,7 +69,8 @@ class HeldLocks {
 };
 
 // Table t's bags [b, e) (global bag numbers; bag0 its first) pooled into out's rows.
-// D > 0: the row width known when compiled, so a bag's sum stays in registers.
+// D > 0: the row width known when compiled. Sums accumulate in the output row itself: a
+// stack copy to sum into cost a bag of one id twice the time (stores forwarded to loads).
 template <class W, int64_t D>
 __attribute__((target_clones("avx2", "default"))) void pool_range(
     const char* values, int64_t row_bytes, int64_t dim, const int64_t* rows, const int64_t* ids,
@@ -77,31 +78,39 @@ __attribute__((target_clones("avx2", "default"))) void pool_range(
     int64_t out_stride, int64_t bag0, int64_t b, int64_t e) {
   const int64_t width = D > 0 ? D : dim;
   const int64_t lo = offsets[b], hi = offsets[e];
+  auto row = [&](int64_t i) {
+    if (i + kPoolAhead < hi) prefetch_row(values + rows[i + kPoolAhead] * row_bytes, row_bytes);
+    return reinterpret_cast<const typename W::raw*>(values + rows[i] * row_bytes);
+  };
   for (int64_t i = lo; i < std::min(hi, lo + kPoolAhead); ++i)
     prefetch_row(values + rows[i] * row_bytes, row_bytes);
-  float fixed[D > 0 ? D : 1];
+  const bool plain = weights == nullptr && padding < 0;
   for (int64_t g = b; g < e; ++g) {
-    float* dst = out + (g - bag0) * out_stride;
-    float* acc = D > 0 ? fixed : dst;
-    for (int64_t j = 0; j < width; ++j) acc[j] = 0.0f;
+    float* acc = out + (g - bag0) * out_stride;
+    const int64_t first = offsets[g], last = offsets[g + 1];
     int64_t count = 0;
-    for (int64_t i = offsets[g]; i < offsets[g + 1]; ++i) {
-      if (i + kPoolAhead < hi) prefetch_row(values + rows[i + kPoolAhead] * row_bytes, row_bytes);
-      if (padding >= 0 && ids[i] == padding) continue;
-      const auto* w = reinterpret_cast<const typename W::raw*>(values + rows[i] * row_bytes);
-      if (weights != nullptr) {
-        const float s = weights[i];
-        for (int64_t j = 0; j < width; ++j) acc[j] += s * W::load(w[j]);
-      } else {
+    if (plain && first < last) {  // the first row is the sum so far: no zeroing, no branch
+      const auto* w = row(first);
+      for (int64_t j = 0; j < width; ++j) acc[j] = W::load(w[j]);
+      for (int64_t i = first + 1; i < last; ++i) {
+        w = row(i);
         for (int64_t j = 0; j < width; ++j) acc[j] += W::load(w[j]);
       }
-      ++count;
+      count = last - first;
+    } else {
+      for (int64_t j = 0; j < width; ++j) acc[j] = 0.0f;
+      for (int64_t i = first; i < last; ++i) {
+        const auto* w = row(i);
+        if (padding >= 0 && ids[i] == padding) continue;
+        const float s = weights != nullptr ? weights[i] : 1.0f;
+        for (int64_t j = 0; j < width; ++j) acc[j] += s * W::load(w[j]);
+        ++count;
+      }
     }
-    if (mean && count > 0) {
+    if (mean && count > 1) {
       const float inv = 1.0f / static_cast<float>(count);
       for (int64_t j = 0; j < width; ++j) acc[j] *= inv;
     }
-    if (D > 0) std::copy(acc, acc + width, dst);
   }
 }
 
@@ -388,7 +397,11 @@ void TableGroup::update(const GroupBags& b, const float* grads, int64_t grad_str
                       ? adam_step_size(lrs[t], u.params.beta1, u.params.beta2, step)
                       : 0.0f;
   }
-  const std::vector<Block> work = blocks(groups, kGroupsPerChunk);
+  // Blocks as large as the threads allow: each block restarts the prefetch pipeline.
+  int64_t total = 0;
+  for (int64_t g : groups) total += g;
+  const int64_t per_block = std::max<int64_t>(kGroupsPerChunk, total / (4 * num_threads()));
+  const std::vector<Block> work = blocks(groups, per_block);
   parallel_for(static_cast<int64_t>(work.size()), 1, [&](int64_t lo, int64_t hi) {
     for (int64_t k = lo; k < hi; ++k) apply_update_groups(batches[work[k].table], work[k].b, work[k].e);
   });
