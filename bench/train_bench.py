@@ -42,11 +42,17 @@ RecStore local (eager and compiled) step in turns on the same batches, so the
 "paired" column (the median of FBGEMM's step / RecStore's, step by step) is
 the load-robust figure. Torch's own model is also compiled and stepped in
 turns with its eager self, as RecStore's is: the cost ``torch.compile`` adds
-to a model with nothing for inductor to fuse, in the same run. Writes
+to a model with nothing for inductor to fuse, in the same run. The Criteo
+Kaggle workload (``tbe_workloads.CRITEO``: 26 tables, dim 16, one id a bag,
+skewed ids, row-wise Adagrad; cardinalities above 1M times ``--criteo-scale``)
+runs FBGEMM and RecStore local only, and profiles the collection's Python time
+per step with its 26 tables and with each split in 10 (same rows).
+``--tbe-no-torch`` leaves torch's model out of the other workloads. Writes
 bench/results/train_bench_tbe.json.
 
     python bench/train_bench.py [--rounds 8 --steps-per-round 5 --no-grpc --no-compile --cold]
     python bench/train_bench.py --tbe [--rounds 5 --steps-per-round 4 --no-grpc --no-compile]
+    python bench/train_bench.py --tbe --no-grpc --tbe-no-torch --tbe-rows 1000000 --threads 2
     python bench/train_bench.py [--tbe] --no-grpc --clock cpu
 """
 
