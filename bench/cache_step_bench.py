@@ -85,7 +85,7 @@ def workload_batches(name: str, count: int) -> tuple[tw.Workload, list[tw.Batch]
         work = replace(tw.WORKLOADS[1], name=FIXED)
         return work, fixed_popularity_batches(work, count)
     work = next(w for w in tw.WORKLOADS if w.name == name)
-    return work, tw.batches(work, TABLES, ROWS, BATCH, DIM, count)
+    return work, tw.batches(work, [ROWS] * TABLES, BATCH, DIM, count)
 
 
 class NveBags(torch.nn.Module):
@@ -193,8 +193,8 @@ def run_workload(
         return made
 
     variants: dict[str, Callable[[], torch.nn.Module]] = {
-        BASE: lambda: tw.RecStoreBags(client(None), work, TABLES, ROWS, DIM),
-        "bf16, no cache": lambda: tw.RecStoreBags(client("bfloat16"), work, TABLES, ROWS, DIM),
+        BASE: lambda: tw.RecStoreBags(client(None), work, [ROWS] * TABLES, DIM),
+        "bf16, no cache": lambda: tw.RecStoreBags(client("bfloat16"), work, [ROWS] * TABLES, DIM),
     }
     cache_rows = int(ROWS * args.cache)
     for k in args.staleness:

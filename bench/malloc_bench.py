@@ -63,7 +63,7 @@ def child(steps: int) -> dict[str, object]:
             bf16.set_transport_dtype("bfloat16")
             cache_rows = csb.ROWS // 4
             models = {
-                MODELS[0]: tw.RecStoreBags(fp32, work, csb.TABLES, csb.ROWS, csb.DIM),
+                MODELS[0]: tw.RecStoreBags(fp32, work, [csb.ROWS] * csb.TABLES, csb.DIM),
                 MODELS[1]: csb.NveBags(bf16, work, 4, cache_rows, True),
             }
             for model in models.values():  # warm-up: tables touched, caches filled

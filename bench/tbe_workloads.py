@@ -10,12 +10,22 @@ step runs with ``torch.nn.EmbeddingBag(sparse=True)`` + torch.optim, with a
 fbgemm-gpu-cpu==1.8.0``, the build that loads with this torch); without it the
 peer is skipped with a message. ``check_numerics`` trains RecStore local and
 FBGEMM from the same rows on the same batches and compares the tables.
+
+``CRITEO`` is the embedding side of the Criteo Kaggle DLRM: its 26 sparse
+features' cardinalities (3 to 10.1M, 33.8M rows; the big ones scaled by
+``--criteo-scale`` to fit memory), dim 16, one id per feature, skewed ids,
+row-wise Adagrad. ``python_time`` profiles a step's interpreter time (what
+grows with the number of tables when a step plans them one by one).
 """
 
 from __future__ import annotations
 
+import cProfile
+import os
+import pstats
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,35 +47,61 @@ class Workload:
     zipf: float | None  # None: uniform ids
     bag_size: int
     lr: float
+    #: each table's rows and the dim (empty, 0: --tbe-tables x --tbe-rows, --tbe-dim)
+    rows: tuple[int, ...] = ()
+    dim: int = 0
 
+
+#: the Criteo Kaggle DLRM's 26 sparse features (33.8M rows)
+CRITEO_KAGGLE_ROWS = (
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27,
+    14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
+)  # fmt: skip
+CRITEO = Workload(
+    "criteo-kaggle-rowwise-adagrad", "rowwise_adagrad", 1.05, 1, 0.05, CRITEO_KAGGLE_ROWS, 16
+)
 
 WORKLOADS = (
     Workload("uniform-sgd", "sgd", None, 10, 0.05),
     Workload("zipf-rowwise-adagrad", "rowwise_adagrad", 1.05, 10, 0.05),
     Workload("single-id-sgd", "sgd", None, 1, 0.05),
+    CRITEO,
 )
 
 Batch = tuple[list[torch.Tensor], torch.Tensor]  # per table [B, L] ids; the pooled gradient
 
 
-def batches(
-    work: Workload, tables: int, rows: int, batch: int, dim: int, count: int
-) -> list[Batch]:
+def scaled(rows: Sequence[int], scale: float) -> list[int]:
+    """Cardinalities above 1M times ``scale`` (what fits this host's memory)."""
+    return [max(1_000_000, round(r * scale)) if r > 1_000_000 else r for r in rows]
+
+
+def split_tables(rows: Sequence[int], parts: int) -> list[int]:
+    """Every table as ``parts`` tables of its rows / parts (same total rows, more tables)."""
+    return [max(1, r // parts) for r in rows for _ in range(parts)]
+
+
+def batches(work: Workload, rows: Sequence[int], batch: int, dim: int, count: int) -> list[Batch]:
     """``count`` batches: ids per table ([batch, bag_size]) and a fixed output gradient."""
     rng = np.random.default_rng(7)
     out = []
     for _ in range(count):
         ids = []
-        for _ in range(tables):
+        for size in rows:
             if work.zipf is None:
-                drawn = rng.integers(0, rows, (batch, work.bag_size))
-            else:  # heavy head over a random permutation of the rows
-                ranks = (rng.zipf(work.zipf, (batch, work.bag_size)) - 1) % rows
-                drawn = rng.permutation(rows)[ranks]
+                drawn = rng.integers(0, size, (batch, work.bag_size))
+            else:  # heavy head over a scattering of the rows (a bijection: odd * rank + shift)
+                ranks = (rng.zipf(work.zipf, (batch, work.bag_size)) - 1) % size
+                drawn = _scatter(ranks, size, int(rng.integers(0, size)))
             ids.append(torch.from_numpy(drawn.astype(np.int64)))
-        target = torch.from_numpy(rng.normal(0, 1, (batch, tables * dim)).astype(np.float32))
+        target = torch.from_numpy(rng.normal(0, 1, (batch, len(rows) * dim)).astype(np.float32))
         out.append((ids, target))
     return out
+
+
+def _scatter(ranks: np.ndarray, size: int, shift: int) -> np.ndarray:
+    multiplier = 2_654_435_761  # prime: coprime with every size below it
+    return (ranks.astype(np.int64) * (multiplier % size or 1) + shift) % size
 
 
 def loss_of(pooled: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -74,11 +110,9 @@ def loss_of(pooled: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 class TorchBags(nn.Module):
-    def __init__(self, tables: int, rows: int, dim: int) -> None:
+    def __init__(self, rows: Sequence[int], dim: int) -> None:
         super().__init__()
-        self.bags = nn.ModuleList(
-            nn.EmbeddingBag(rows, dim, mode="sum", sparse=True) for _ in range(tables)
-        )
+        self.bags = nn.ModuleList(nn.EmbeddingBag(r, dim, mode="sum", sparse=True) for r in rows)
         for bag in self.bags:
             nn.init.uniform_(bag.weight, -INIT_RANGE, INIT_RANGE)
 
@@ -87,7 +121,7 @@ class TorchBags(nn.Module):
 
 
 class RecStoreBags(nn.Module):
-    def __init__(self, client: RecStoreClient, work: Workload, tables: int, rows: int, dim: int,
+    def __init__(self, client: RecStoreClient, work: Workload, rows: Sequence[int], dim: int,
                  join: str = "concat"):  # fmt: skip
         super().__init__()
         self.join = join  # "cat": the outputs one by one, then torch.cat (the baseline)
@@ -95,7 +129,7 @@ class RecStoreBags(nn.Module):
         optimizer = {"kind": work.optimizer, "lr": work.lr, "eps": EPS}
         self.bags = [
             rnn.EmbeddingBag(
-                rows,
+                size,
                 dim,
                 mode="sum",
                 name=f"{prefix}_{i}",
@@ -104,7 +138,7 @@ class RecStoreBags(nn.Module):
                 seed=i,
                 initializer={"kind": "uniform", "low": -INIT_RANGE, "high": INIT_RANGE},
             )
-            for i in range(tables)
+            for i, size in enumerate(rows)
         ]
         self.collection = rnn.EmbeddingBagCollection(self.bags)
 
@@ -129,7 +163,7 @@ def fbgemm_available() -> str | None:
 class FbgemmBags(nn.Module):
     """FBGEMM's CPU TBE over all tables, fused SGD or row-wise Adagrad."""
 
-    def __init__(self, work: Workload, tables: int, rows: int, dim: int) -> None:
+    def __init__(self, work: Workload, rows: Sequence[int], dim: int) -> None:
         super().__init__()
         from fbgemm_gpu.split_embedding_configs import EmbOptimType
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
@@ -146,7 +180,7 @@ class FbgemmBags(nn.Module):
             "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
         }
         self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
-            embedding_specs=[(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * tables,
+            embedding_specs=[(r, dim, EmbeddingLocation.HOST, ComputeDevice.CPU) for r in rows],
             optimizer=kind[work.optimizer], learning_rate=work.lr, eps=EPS,
             pooling_mode=PoolingMode.SUM,
         )  # fmt: skip
@@ -183,8 +217,7 @@ def step(model: nn.Module, optimizer: torch.optim.Optimizer | None, batch: Batch
 
 def check_numerics(
     work: Workload,
-    tables: int,
-    rows: int,
+    rows: Sequence[int],
     dim: int,
     data: list[Batch],
     make_client: Callable[[], Any],
@@ -192,8 +225,8 @@ def check_numerics(
     """Largest |difference| of the touched rows after training RecStore local and FBGEMM
     from the same rows on ``data`` (SGD: float rounding; row-wise Adagrad: within 1e-4)."""
     client = make_client()
-    ours = RecStoreBags(client, work, tables, rows, dim)
-    peer = FbgemmBags(work, tables, rows, dim)
+    ours = RecStoreBags(client, work, rows, dim)
+    peer = FbgemmBags(work, rows, dim)
     for bag, weight in zip(ours.bags, peer.tbe.split_embedding_weights(), strict=True):
         weight.copy_(bag.read_weights())
     for batch in data:
@@ -209,3 +242,30 @@ def check_numerics(
         client.delete_data(bag.table_name)
     client.close()
     return worst
+
+
+def python_time(model: nn.Module, data: list[Batch], steps: int) -> tuple[float, float]:
+    """Seconds per step spent running RecStore's Python code, and its function calls per
+    step: the own time and calls of the ``recstore`` package's functions but the one
+    that calls the engine's group methods (cProfile counts a nanobind method's time as
+    its caller's own time: that caller's own time is the engine's). The model's loss and
+    torch's autograd are not counted."""
+    # CPU time of this thread: on a shared machine, time preempted is the neighbours'
+    profiler = cProfile.Profile(time.thread_time)
+    for index in range(steps):
+        batch = data[index % len(data)]
+        profiler.enable()
+        step(model, None, batch)
+        profiler.disable()
+    stats = pstats.Stats(profiler)
+    own = calls = 0.0
+    for (filename, _, function), entry in stats.stats.items():  # type: ignore[attr-defined]
+        if filename.endswith(".py") and f"{os.sep}recstore{os.sep}" in filename:
+            calls += entry[1]
+            if function != ENGINE_CALLER:
+                own += entry[2]  # tottime
+    return own / steps, calls / steps
+
+
+#: the function of the local backend that makes the engine's group calls
+ENGINE_CALLER = "_group_call"

@@ -42,11 +42,17 @@ RecStore local (eager and compiled) step in turns on the same batches, so the
 "paired" column (the median of FBGEMM's step / RecStore's, step by step) is
 the load-robust figure. Torch's own model is also compiled and stepped in
 turns with its eager self, as RecStore's is: the cost ``torch.compile`` adds
-to a model with nothing for inductor to fuse, in the same run. Writes
+to a model with nothing for inductor to fuse, in the same run. The Criteo
+Kaggle workload (``tbe_workloads.CRITEO``: 26 tables, dim 16, one id a bag,
+skewed ids, row-wise Adagrad; cardinalities above 1M times ``--criteo-scale``)
+runs FBGEMM and RecStore local only, and profiles the collection's Python time
+per step with its 26 tables and with each split in 10 (same rows).
+``--tbe-no-torch`` leaves torch's model out of the other workloads. Writes
 bench/results/train_bench_tbe.json.
 
     python bench/train_bench.py [--rounds 8 --steps-per-round 5 --no-grpc --no-compile --cold]
     python bench/train_bench.py --tbe [--rounds 5 --steps-per-round 4 --no-grpc --no-compile]
+    python bench/train_bench.py --tbe --no-grpc --tbe-no-torch --tbe-rows 1000000 --threads 2
     python bench/train_bench.py [--tbe] --no-grpc --clock cpu
 """
 
@@ -271,23 +277,32 @@ def run_tbe(args: argparse.Namespace) -> None:
     missing = tw.fbgemm_available()
     if missing:
         print(f"fbgemm-gpu-cpu not usable ({missing}): the FBGEMM peer is skipped")
-    shape = (args.tbe_tables, args.tbe_rows, args.tbe_dim)
     report: dict[str, Any] = {"config": {k: str(v) for k, v in vars(args).items()}, "workloads": {}}
     with contextlib.ExitStack() as stack:
         endpoints = None if args.no_grpc else stack.enter_context(ps_nodes(2))
         for work in tw.WORKLOADS:
             if args.tbe_workloads and work.name not in args.tbe_workloads.split(","):
                 continue
-            data = tw.batches(work, *shape[:2], args.tbe_batch, args.tbe_dim, args.steps_per_round)
+            # a workload of its own tables (Criteo) runs without torch's and gRPC's variants
+            rows = (
+                tw.scaled(work.rows, args.criteo_scale)
+                if work.rows
+                else [args.tbe_rows] * args.tbe_tables
+            )
+            dim = work.dim or args.tbe_dim
+            shape = (rows, dim)
+            data = tw.batches(work, rows, args.tbe_batch, dim, args.steps_per_round)
             variants: dict[str, tuple[nn.Module, torch.optim.Optimizer | None]] = {}
             clients: list[RecStoreClient] = []
             torch.manual_seed(0)
-            model = tw.TorchBags(*shape)
-            variants["torch"] = (model, tw.torch_optimizer(model, work))
+            model = None
+            if not work.rows and not args.tbe_no_torch:
+                model = tw.TorchBags(*shape)
+                variants["torch"] = (model, tw.torch_optimizer(model, work))
             if not missing:
                 variants["fbgemm"] = (tw.FbgemmBags(work, *shape), None)
             kinds = [(LOCAL, "local")]
-            if endpoints is not None:
+            if endpoints is not None and not work.rows:
                 kinds.append(("recstore-grpc-2-shards-collection", "grpc"))
             for name, backend in kinds:
                 client = RecStoreClient(role=f"tbe-{name}-{work.name}")
@@ -301,9 +316,10 @@ def run_tbe(args: argparse.Namespace) -> None:
             groups = [[name for name in ("fbgemm", LOCAL) if name in variants]]
             if not args.no_compile:  # the local model itself (module docstring)
                 variants[COMPILED] = (torch.compile(variants[LOCAL][0]), None)
-                # torch's own model and optimizer too: the reference for compile's cost
-                variants[TORCH_COMPILED] = (torch.compile(model), variants["torch"][1])
-                groups = [[*groups[0], COMPILED], ["torch", TORCH_COMPILED]]
+                groups = [[*groups[0], COMPILED]]
+                if model is not None:  # torch's own model and optimizer: compile's cost there
+                    variants[TORCH_COMPILED] = (torch.compile(model), variants["torch"][1])
+                    groups.append(["torch", TORCH_COMPILED])
             for model, optimizer in variants.values():  # warm-up: every row resident
                 for batch in data:
                     tw.step(model, optimizer, batch)
@@ -320,6 +336,9 @@ def run_tbe(args: argparse.Namespace) -> None:
 
             for round_index in range(args.rounds):
                 paired.timed_round(list(variants), groups, len(data), tbe_step, times, round_index)
+            python_times = None
+            if work.rows:  # the collection's Python time: 26 tables against 10 x as many
+                python_times = _python_times(work, rows, dim, args, variants[LOCAL][0], data)
             for client in clients:
                 client.flush()
                 for table in client.data_name_list():
@@ -336,15 +355,59 @@ def run_tbe(args: argparse.Namespace) -> None:
 
                 numerics = tw.check_numerics(work, *shape, data[:3], local_client)
             report["workloads"][work.name] = _tbe_table(work.name, times, numerics)
+            report["workloads"][work.name]["tables_rows_dim"] = [rows, dim]
+            if python_times is not None:
+                report["workloads"][work.name]["python_time_per_step"] = python_times
             compiled = [(LOCAL, COMPILED), ("torch", TORCH_COMPILED)]
             for pair, key, what in zip(compiled, COMPILE_KEYS, COMPILE_WHAT, strict=True):
-                if not args.no_compile:
+                if not args.no_compile and pair[1] in times:
                     figures = paired.summary(times, *pair)
                     print("  " + paired.describe(figures, what))
                     report["workloads"][work.name][key] = figures
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.json}")
+
+
+def _python_times(
+    work: Any,
+    rows: list[int],
+    dim: int,
+    args: argparse.Namespace,
+    model: nn.Module,
+    data: list[Any],
+) -> dict[str, Any]:
+    """Python time per step (``tbe_workloads.python_time``) of the local collection with
+    these tables and with each split in 10 (10 x the tables, the same rows)."""
+    import tbe_workloads as tw
+
+    more = tw.split_tables(rows, 10)
+    client = RecStoreClient(role=f"tbe-profile-{work.name}")
+    client.set_ps_backend("local")
+    wide = tw.RecStoreBags(client, work, more, dim, args.tbe_join)
+    wide_data = tw.batches(work, more, args.tbe_batch, dim, 2)
+    for batch in wide_data:  # warm-up: rows resident, plans cached
+        tw.step(wide, None, batch)
+    steps = max(10, args.steps_per_round * 2)
+    (few, few_calls), (many, many_calls) = (
+        tw.python_time(model, data, steps),
+        tw.python_time(wide, wide_data, steps),
+    )
+    for table in client.data_name_list():
+        client.delete_data(table)
+    client.close()
+    figures = {
+        "tables": [len(rows), len(more)],
+        "python_s": [few, many],
+        "python_calls": [few_calls, many_calls],
+        "ratio": many / few,
+    }
+    print(
+        f"  collection Python time per step: {few * 1e6:.0f} us ({len(rows)} tables), "
+        f"{many * 1e6:.0f} us ({len(more)} tables, same rows): {many / few:.2f}x; "
+        f"Python calls per step {few_calls:.0f} and {many_calls:.0f}"
+    )
+    return figures
 
 
 def _tbe_table(
@@ -417,6 +480,17 @@ def main() -> None:
     parser.add_argument("--tbe-dim", type=int, default=64)
     parser.add_argument("--tbe-batch", type=int, default=2048)
     parser.add_argument("--tbe-workloads", default="", help="comma-separated names (default: all)")
+    parser.add_argument(
+        "--tbe-no-torch",
+        action="store_true",
+        help="leave out torch's own model (its Adagrad keeps state for every row)",
+    )
+    parser.add_argument(
+        "--criteo-scale",
+        type=float,
+        default=0.25,
+        help="the Criteo workload's cardinalities above 1M times this (to fit memory)",
+    )
     parser.add_argument(
         "--tbe-join",
         choices=("concat", "cat"),

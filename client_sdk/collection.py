@@ -11,6 +11,9 @@ so results are those of the bags used one by one. In the spirit of torchrec's
 class of the same name, not its API: a list of bags (or their configs) in, a
 list of (ids, offsets) per feature in, a list of pooled outputs out (or, with
 ``concat``, one [batch, sum of dims] output the engine pools every table into).
+On the local backend a collection of sum/mean bags over host tables skips the
+per-bag planning: its step is one engine call each way for all its tables
+(``recstore.client.grouped``), eagerly and in a compiled graph.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from torch import nn
 
 from recstore.client import dispatch
 from recstore.client.client import RecStoreClient
+from recstore.client.grouped import TableGroup
+from recstore.client.grouped_ops import pool_group, traced_pool_group
+from recstore.client.grouped_ops import register as register_group
 from recstore.client.lookup import NO_PADDING
 from recstore.client.nn import EmbeddingBag, Lookup
 
@@ -98,7 +104,10 @@ class EmbeddingBagCollection(nn.Module):
         tables: Sequence[EmbeddingBag | EmbeddingBagConfig],
         *,
         client: RecStoreClient | None = None,
+        grouped: bool = True,
     ) -> None:
+        """``grouped=False``: table by table even where one engine call per direction
+        would serve every table (``recstore.client.grouped``)."""
         super().__init__()
         if not tables:
             raise ValueError("an EmbeddingBagCollection needs at least one bag")
@@ -119,6 +128,11 @@ class EmbeddingBagCollection(nn.Module):
             raise ValueError(f"a table may appear only once in a collection, got {names}")
         self.bags = nn.ModuleList(bags)
         self.client: RecStoreClient = bags[0].client
+        # every table's bags in one engine call each way, where the bags and tables allow
+        self._group = TableGroup(bags) if grouped and TableGroup.serves(bags) else None
+        self._grouped = self._group is not None and self._group.current() is not None
+        if self._group is not None:
+            register_group(self._group)  # the name its traced ops call it by
         # The autograd anchor: not a Parameter, so dense torch optimizers never see it.
         self._anchor = torch.empty(0, requires_grad=True)
         self._ahead: tuple[list[Feature], list[Lookup]] | None = None  # prefetch()'s plans
@@ -150,6 +164,8 @@ class EmbeddingBagCollection(nn.Module):
         """
         if len(features) != len(self.bags):
             raise ValueError(f"{len(self.bags)} bags but {len(features)} features")
+        if self._grouped:
+            return  # one local engine call: no round trip to hide, nothing to plan ahead
         bags: list[EmbeddingBag] = list(self.bags)  # type: ignore[arg-type]
         if any(bag.max_norm is not None for bag in bags):
             self._ahead = None  # planning renormalises (writes) rows: not ahead of backward
@@ -177,6 +193,9 @@ class EmbeddingBagCollection(nn.Module):
 
     def forward(self, features: Sequence[Feature]) -> list[torch.Tensor]:
         """One input per bag, in order; the pooled output of each bag, in order."""
+        grouped = self._grouped_step(features, joined=False)
+        if grouped is not None:
+            return grouped  # type: ignore[return-value]
         bags, plans = self._bags_and_plans(features)
         return self._outputs(bags, plans)
 
@@ -187,8 +206,12 @@ class EmbeddingBagCollection(nn.Module):
         When every bag is a plain sum/mean bag (pooled by the engine), each table's
         bags are pooled straight into its columns of one output and backward hands
         each table its columns of the one gradient (``recstore.client.pooled_cat``);
-        otherwise the outputs are concatenated.
+        otherwise the outputs are concatenated. A collection the engine serves as one
+        group (``recstore.client.grouped``) pools every table in one call instead.
         """
+        grouped = self._grouped_step(features, joined=True)
+        if grouped is not None:
+            return grouped  # type: ignore[return-value]
         bags, plans = self._bags_and_plans(features)
         pairs = zip(bags, plans, strict=True)
         if all(plan.pooled(bag.client, bag.table_name) for bag, plan in pairs):
@@ -201,6 +224,29 @@ class EmbeddingBagCollection(nn.Module):
                 [bag.takes_gradients for bag in bags],
             )
         return torch.cat(self._outputs(bags, plans), dim=1)
+
+    def _grouped_step(
+        self, features: Sequence[Feature], joined: bool
+    ) -> torch.Tensor | list[torch.Tensor] | None:
+        """The step as one engine call per direction, or None when the features or the
+        tables need the general path (which also refuses what torch refuses)."""
+        group = self._group
+        if not self._grouped or group is None or len(features) != len(self.bags):
+            return None
+        first = features[0]
+        if dispatch.tracing([first if isinstance(first, torch.Tensor) else first[0]]):
+            if not all(isinstance(f, torch.Tensor) and f.dim() == 2 for f in features):
+                return None  # traced: fixed-size bags only (offsets are not read in a graph)
+            out = traced_pool_group(self._anchor, group, list(features))  # type: ignore[arg-type]
+            if joined:
+                return out if group.cat_dtype == torch.float32 else out.to(group.cat_dtype)
+            columns = out.split(group.dims, 1)
+            return [c.to(d) for c, d in zip(columns, group.dtypes, strict=True)]
+        batch = group.batch(features)
+        if batch is None:
+            return None
+        self._ahead = None
+        return pool_group(self._anchor, group, batch, joined)
 
     def _bags_and_plans(
         self, features: Sequence[Feature]

@@ -24,6 +24,7 @@ trainer.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -37,7 +38,24 @@ WEIGHT = "weight"
 OPTIMIZER = "optimizer."
 STEP = OPTIMIZER + "step"
 
-__all__ = ["TableRows", "TableState", "TableWeight", "lazy_weights", "optimizer_state"]
+__all__ = [
+    "TableRows",
+    "TableState",
+    "TableWeight",
+    "lazy_weights",
+    "optimizer_state",
+    "trainability_changes",
+]
+
+#: how often a module was frozen or unfrozen (what a collection's cached view of its
+#: tables compares, ``recstore.client.grouped``)
+_trainability = itertools.count()
+_trainability_now = 0
+
+
+def trainability_changes() -> int:
+    """A number that moves whenever a module is frozen or unfrozen."""
+    return _trainability_now
 
 
 class TableState(nn.Module):
@@ -72,8 +90,10 @@ class TableState(nn.Module):
 
     @frozen.setter
     def frozen(self, value: bool) -> None:
+        global _trainability_now
         self._frozen = bool(value)
         self._anchor.requires_grad_(self.takes_gradients)
+        _trainability_now = next(_trainability) + 1
 
     def requires_grad_(self, requires_grad: bool = True) -> Any:
         """torch's switch for freezing a module: ``requires_grad_(False)`` freezes the rows.

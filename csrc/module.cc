@@ -31,6 +31,7 @@
 #include "stats_dict.h"
 #include "table.h"
 #include "table_bindings.h"
+#include "table_group_bindings.h"
 #include "unique_keys.h"
 #include "version.h"
 #include "wire_bindings.h"
@@ -291,6 +292,7 @@ NB_MODULE(_native, m) {
       "keys"_a.noconvert(), "bag_size"_a, "grads"_a.noconvert(), "scale"_a, "lr"_a,
       "Update of pooled bags: each key of bag b gets scale * grads[b], summed per row");
 
+  recstore::table_group::bindings::bind(m);
   recstore::cache_bindings::bind(m);
   recstore::host_row_cache_bindings::bind(m);
   recstore::codec::bindings::bind(m);

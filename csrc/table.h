@@ -172,6 +172,7 @@ class Table {
   TableStats stats() const;
 
  private:
+  friend class TableGroup;  // one call over several tables (table_group.cc)
   size_t values_bytes() const { return static_cast<size_t>(opt_.capacity * row_bytes_); }
   size_t state_bytes() const { return static_cast<size_t>(opt_.capacity * state_w_) * sizeof(float); }
   char* row_values(int64_t row) const { return values_ + row * row_bytes_; }

@@ -28,7 +28,7 @@ struct BF16 {
 };
 
 // Groups ahead whose memory is prefetched while the current one is computed.
-constexpr int64_t kAhead = 4;
+constexpr int64_t kAhead = 16;
 
 // Partial sums of RowWiseAdagrad's squared gradients. One running sum is a chain
 // of dependent adds, one per column (most of a row's time at dim 64); columns
@@ -57,7 +57,7 @@ float decayed_squares(const float* acc, const typename W::raw* w, float wd, int6
   return lane[0];
 }
 
-template <int Kind, class W, class G>
+template <int Kind, class W, class G, bool Mapped>
 __attribute__((target_clones("avx2", "default"))) void run_groups(const UpdateBatch& b,
                                                                   int64_t begin, int64_t end) {
   const int64_t dim = b.dim;
@@ -67,9 +67,17 @@ __attribute__((target_clones("avx2", "default"))) void run_groups(const UpdateBa
   const auto* grads = static_cast<const typename G::raw*>(b.grads);
   const int64_t stride = b.grad_stride > 0 ? b.grad_stride : dim;
   const float scale = b.grad_scale;
-  const bool scaled = scale != 1.0f;
-  // an order entry's low 32 bits: its gradient row (Table::group_by_row)
-  auto grad_row = [](uint64_t entry) { return static_cast<int64_t>(entry & 0xFFFFFFFFu); };
+  const bool scaled = Mapped || b.row_scales != nullptr || scale != 1.0f;
+  // an order entry's low 32 bits: its gradient row (Table::group_by_row), or (Mapped)
+  // its position, whose gradient row and scale the batch maps it to
+  auto grad_row = [&b](uint64_t entry) {
+    const int64_t low = static_cast<int64_t>(entry & 0xFFFFFFFFu);
+    return Mapped ? b.grad_rows[low] : low;
+  };
+  auto scale_of = [&b, scale](uint64_t entry) {
+    if (Mapped) return b.entry_scales[entry & 0xFFFFFFFFu];
+    return b.row_scales != nullptr ? b.row_scales[entry & 0xFFFFFFFFu] : scale;
+  };
   std::vector<float> acc_buf(static_cast<size_t>(dim));
   float* acc = acc_buf.data();
   for (int64_t gi = begin; gi < end; ++gi) {
@@ -92,14 +100,16 @@ __attribute__((target_clones("avx2", "default"))) void run_groups(const UpdateBa
     // Merge the group's gradients in position order (fp32).
     const typename G::raw* g0 = grads + grad_row(b.order[first]) * stride;
     if (scaled) {
-      for (int64_t j = 0; j < dim; ++j) acc[j] = G::load(g0[j]) * scale;
+      const float s0 = scale_of(b.order[first]);
+      for (int64_t j = 0; j < dim; ++j) acc[j] = G::load(g0[j]) * s0;
     } else {
       for (int64_t j = 0; j < dim; ++j) acc[j] = G::load(g0[j]);
     }
     for (int64_t k = first + 1; k < last; ++k) {
       const typename G::raw* g = grads + grad_row(b.order[k]) * stride;
       if (scaled) {
-        for (int64_t j = 0; j < dim; ++j) acc[j] += G::load(g[j]) * scale;
+        const float sk = scale_of(b.order[k]);
+        for (int64_t j = 0; j < dim; ++j) acc[j] += G::load(g[j]) * sk;
       } else {
         for (int64_t j = 0; j < dim; ++j) acc[j] += G::load(g[j]);
       }
@@ -147,9 +157,11 @@ __attribute__((target_clones("avx2", "default"))) void run_groups(const UpdateBa
 template <int Kind, class W>
 void dispatch_grad(const UpdateBatch& b, int64_t begin, int64_t end) {
   switch (b.grad_dtype) {
-    case kFloat32: return run_groups<Kind, W, F32>(b, begin, end);
-    case kFloat16: return run_groups<Kind, W, F16>(b, begin, end);
-    default: return run_groups<Kind, W, BF16>(b, begin, end);
+    case kFloat32:
+      if (b.grad_rows != nullptr) return run_groups<Kind, W, F32, true>(b, begin, end);
+      return run_groups<Kind, W, F32, false>(b, begin, end);
+    case kFloat16: return run_groups<Kind, W, F16, false>(b, begin, end);
+    default: return run_groups<Kind, W, BF16, false>(b, begin, end);
   }
 }
 

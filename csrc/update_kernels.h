@@ -30,6 +30,14 @@ struct UpdateBatch {
   float step_size;
   float grad_scale = 1.0f;  // times this (mean bags: 1 / bag_size)
   int64_t grad_stride = 0;  // elements from one gradient row to the next (0: dim)
+  // A table group's bags (table_group.cc): an order entry's low 32 bits are then its
+  // position, whose gradient row is grad_rows[position], times entry_scales[position]
+  // (per-sample weight, mean's 1 / bag length) instead of grad_scale.
+  const int64_t* grad_rows = nullptr;
+  const float* entry_scales = nullptr;
+  // Otherwise, when given: gradient row r's scale (a mean bag's 1 / bag length), instead
+  // of grad_scale.
+  const float* row_scales = nullptr;
 };
 
 // Applies the optimizer to groups [begin, end) of the batch.

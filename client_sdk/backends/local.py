@@ -15,17 +15,23 @@ import itertools
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
 import torch
 
+from recstore import _native as _native_module
 from recstore.client.backends.base import CreateResult, PullRequest, RowChunk, UpdateRequest
 from recstore.client.errors import BackendError, TableNotInitialized
 from recstore.client.tensors import rows_from_numpy
 from recstore.core import (
+    CapacityExhausted,
     DType,
+    InferenceTable,
+    InvalidArgument,
+    NonFiniteValues,
     RecStoreError,
     StorageTier,
     TableExists,
@@ -40,6 +46,8 @@ if TYPE_CHECKING:
     from recstore.store import Store, Table
     from recstore.store.table import Chunk
 
+#: the compiled engine (no type stubs)
+_native: Any = _native_module
 _store: Store | None = None
 _store_lock = threading.Lock()
 #: the name a local table's one node answers ``pull_versioned`` under
@@ -48,6 +56,24 @@ LOCAL_NODE = "local"
 #: client; a table dropped and created again is a new object with a newer version
 _versions: weakref.WeakKeyDictionary[Table, int] = weakref.WeakKeyDictionary()
 _next_version = itertools.count(1)
+#: the version cells of the table groups (``LocalBackend.table_group``) each table is in:
+#: a group's update moves its one cell, not every table's version
+_group_cells: weakref.WeakKeyDictionary[Table, list[list[int]]] = weakref.WeakKeyDictionary()
+
+
+def _version(table: Table) -> int:
+    """The newest write to ``table``: its own, or one of a group it is in."""
+    own = _versions.setdefault(table, next(_next_version))
+    return max([own, *(cell[0] for cell in _group_cells.get(table, ()))])
+
+
+@dataclass(frozen=True)
+class LocalGroup:
+    """Several host tables of the local store as one ``recstore._native.TableGroup``."""
+
+    engine: Any  # recstore._native.TableGroup
+    tables: tuple[Table, ...]
+    version: list[int]  # moved by every update through the group (``_version``)
 
 
 def process_store() -> Store:
@@ -106,6 +132,17 @@ def _row_chunks(
         yield RowChunk(torch.from_numpy(chunk.keys), rows_from_numpy(chunk.values, dtype), state)
 
 
+def _group_table(group: LocalGroup, error: Exception) -> tuple[str, str]:
+    """The table a group call's refusal names ("table <index>: ..."), and its reason."""
+    why = str(error)
+    index, colon, rest = why.partition(": ")
+    if colon and index.startswith("table ") and index[6:].isdigit():
+        position = int(index[6:])
+        if position < len(group.tables):
+            return group.tables[position].name, rest
+    return group.tables[0].name, why
+
+
 class LocalBackend:
     kind = "local"
 
@@ -158,8 +195,7 @@ class LocalBackend:
         """``pull`` of unique ``keys`` and the table's version read before them (the one
         node, in this process, answers every time: asking it costs nothing)."""
         table = self.table(name)
-        version = _versions.setdefault(table, next(_next_version))
-        return self.pull(name, keys, unique=True), {LOCAL_NODE: version}
+        return self.pull(name, keys, unique=True), {LOCAL_NODE: _version(table)}
 
     def push(self, name: str, keys: torch.Tensor, values: torch.Tensor) -> None:
         table = self.table(name)
@@ -226,6 +262,51 @@ class LocalBackend:
             raise _backend_error(error, name) from error
         finally:
             _versions[table] = next(_next_version)
+
+    @property
+    def generation(self) -> int:
+        """Moves whenever a table of the store is created or dropped."""
+        return self._store.generation
+
+    def table_group(self, names: Sequence[str]) -> LocalGroup | None:
+        """The named tables as one native group, or None when one is not a host table
+        (or has an injected clock, which every call must tick first)."""
+        tables = tuple(self.table(name) for name in names)
+        engines = [table.host_engine for table in tables]
+        if any(type(engine) is not _native.Table for engine in engines):
+            return None
+        cell = [next(_next_version)]
+        for table in tables:
+            _group_cells.setdefault(table, []).append(cell)
+        return LocalGroup(_native.TableGroup(engines), tables, cell)
+
+    def pool_group(self, group: LocalGroup, *args: Any) -> None:
+        """``TableGroup.pool`` (rows inserted as ``pull`` does)."""
+        self._group_call(group, group.engine.pool, args)
+
+    def update_group(self, group: LocalGroup, *args: Any) -> None:
+        """``TableGroup.update``: every table's optimizer, in one call."""
+        try:
+            self._group_call(group, group.engine.update, args)
+        finally:
+            group.version[0] = next(_next_version)
+
+    @staticmethod
+    def _group_call(group: LocalGroup, fn: Any, args: tuple[Any, ...]) -> None:
+        try:
+            fn(*args)
+        except _native.CapacityError as error:
+            name, why = _group_table(group, error)
+            raise _backend_error(CapacityExhausted(why), name) from None
+        except _native.InferenceTableError:
+            name = group.tables[0].name
+            raise _backend_error(InferenceTable.of(name), name) from None
+        except _native.NonFiniteError as error:
+            name, why = _group_table(group, error)
+            raise _backend_error(NonFiniteValues(why, table=name), name) from None
+        except ValueError as error:  # ids or offsets the engine refused: nothing changed
+            name, why = _group_table(group, error)
+            raise _backend_error(InvalidArgument(why), name) from None
 
     def pull_many(self, requests: Sequence[PullRequest]) -> list[torch.Tensor]:
         """Direct store calls, table by table (no request to save locally)."""

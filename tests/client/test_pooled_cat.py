@@ -32,7 +32,7 @@ def _initial(dim: int) -> torch.Tensor:
 class Concat(torch.nn.Module):
     """A collection of sum/mean bags of several widths, 2-D and offsets inputs, one head."""
 
-    def __init__(self, client: Any, optimizer: Any, *, joined: bool) -> None:
+    def __init__(self, client: Any, optimizer: Any, *, joined: bool, grouped: bool = True) -> None:
         super().__init__()
         modes = ("sum", "mean", "sum")
         bags = [
@@ -47,7 +47,7 @@ class Concat(torch.nn.Module):
             )
             for dim, mode in zip(DIMS, modes, strict=True)
         ]
-        self.collection = rnn.EmbeddingBagCollection(bags)
+        self.collection = rnn.EmbeddingBagCollection(bags, grouped=grouped)
         self.joined = joined
         torch.manual_seed(0)
         self.head = torch.nn.Linear(sum(DIMS), 1)
@@ -110,8 +110,11 @@ def test_concat_is_the_cat_of_the_outputs(local_client) -> None:
 
 @pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad", "adam"])
 def test_eager_concat_trains_as_the_cat_does(local_client, bag_grads, optimizer) -> None:
+    """Table by table (``grouped=False``): each table's engine update gets its columns."""
     batches = [_batch(step) for step in range(4)]
-    joined, split = (Concat(local_client, optimizer, joined=j) for j in (True, False))
+    joined, split = (
+        Concat(local_client, optimizer, joined=j, grouped=False) for j in (True, False)
+    )
     expected = _train(split, split, batches)
     bag_grads.clear()
     got = _train(joined, joined, batches)

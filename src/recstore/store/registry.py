@@ -12,6 +12,9 @@ class Store:
     def __init__(self) -> None:
         self._tables: dict[str, Table] = {}
         self._lock = threading.Lock()
+        #: moves whenever a table is created or dropped: what a cached view of several
+        #: tables (``recstore.client.grouped``) compares to know it is still current
+        self.generation = 0
 
     def create(
         self,
@@ -41,6 +44,7 @@ class Store:
                 min_rows=min_rows,
             )  # fmt: skip
             self._tables[spec.name] = table
+            self.generation += 1
             return table
 
     def get(self, name: str) -> Table:
@@ -54,6 +58,7 @@ class Store:
         with self._lock:
             if self._tables.pop(name, None) is None:
                 raise TableNotFound(f"no table named {name!r}")
+            self.generation += 1
 
     def names(self) -> list[str]:
         with self._lock:
