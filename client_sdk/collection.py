@@ -32,9 +32,7 @@ from recstore.client.grouped_ops import pool_group, traced_pool_group
 from recstore.client.grouped_ops import register as register_group
 from recstore.client.lookup import NO_PADDING
 from recstore.client.nn import EmbeddingBag, Lookup
-
-#: one feature's input: 2-D ids, or (ids, offsets), or (ids, offsets, per_sample_weights)
-Feature = torch.Tensor | tuple[torch.Tensor, ...]
+from recstore.client.shared_features import Feature, feature_args, fold, members, split
 
 
 @dataclass(frozen=True)
@@ -64,24 +62,13 @@ class EmbeddingBagConfig:
         )  # fmt: skip
 
 
-def _feature_args(feature: Feature) -> tuple[Any, ...]:
-    if isinstance(feature, torch.Tensor):
-        return (feature,)
-    if isinstance(feature, tuple | list) and 1 <= len(feature) <= 3:
-        return tuple(feature)
-    raise TypeError(
-        "each feature is 2-D ids, (ids, offsets) or (ids, offsets, per_sample_weights), "
-        f"got {type(feature).__name__}"
-    )
-
-
 def _same_features(a: Sequence[Feature], b: Sequence[Feature]) -> bool:
     if len(a) != len(b):
         return False
     for left, right in zip(a, b, strict=True):
         if left is right:
             continue
-        lefts, rights = _feature_args(left), _feature_args(right)
+        lefts, rights = feature_args(left), feature_args(right)
         if len(lefts) != len(rights):
             return False
         for x, y in zip(lefts, rights, strict=True):
@@ -111,25 +98,16 @@ class EmbeddingBagCollection(nn.Module):
         super().__init__()
         if not tables:
             raise ValueError("an EmbeddingBagCollection needs at least one bag")
-        bags = []
-        for table in tables:
-            if isinstance(table, EmbeddingBagConfig):
-                table = table.build(client)
-            elif not isinstance(table, EmbeddingBag):
-                raise TypeError(
-                    "tables must be recstore.nn.EmbeddingBag modules or EmbeddingBagConfig, "
-                    f"got {type(table).__name__}"
-                )
-            bags.append(table)
+        bags, self._slots = _tables(tables, client)
         if len({id(bag.client) for bag in bags}) != 1:
             raise ValueError("every bag of a collection must use the same RecStoreClient")
-        names = [bag.table_name for bag in bags]
-        if len(set(names)) != len(names):
-            raise ValueError(f"a table may appear only once in a collection, got {names}")
+        # a table serving several features: their inputs are joined (shared_features)
+        self._served = members(self._slots, len(bags))
+        self._shared = len(self._slots) != len(bags)
         self.bags = nn.ModuleList(bags)
         self.client: RecStoreClient = bags[0].client
         # every table's bags in one engine call each way, where the bags and tables allow
-        self._group = TableGroup(bags) if grouped and TableGroup.serves(bags) else None
+        self._group = TableGroup(bags, self._slots) if grouped and TableGroup.serves(bags) else None
         self._grouped = self._group is not None and self._group.current() is not None
         if self._group is not None:
             register_group(self._group)  # the name its traced ops call it by
@@ -162,15 +140,15 @@ class EmbeddingBagCollection(nn.Module):
         them stale and the forward pulls afresh). With the local backend, or
         bags that renormalise rows (``max_norm``), it only plans ahead.
         """
-        if len(features) != len(self.bags):
-            raise ValueError(f"{len(self.bags)} bags but {len(features)} features")
+        self._check_count(features)
         if self._grouped:
             return  # one local engine call: no round trip to hide, nothing to plan ahead
         bags: list[EmbeddingBag] = list(self.bags)  # type: ignore[arg-type]
         if any(bag.max_norm is not None for bag in bags):
             self._ahead = None  # planning renormalises (writes) rows: not ahead of backward
             return
-        plans = [self._plan(bag, feature) for bag, feature in zip(bags, features, strict=True)]
+        inputs, _ = fold(bags, self._served, features)
+        plans = [self._plan(bag, feature) for bag, feature in zip(bags, inputs, strict=True)]
         self._ahead = (list(features), plans)
         modules = self.client._for_modules
         requests = []
@@ -181,23 +159,31 @@ class EmbeddingBagCollection(nn.Module):
 
     @staticmethod
     def _plan(bag: EmbeddingBag, feature: Feature) -> Lookup:
-        return bag._plan(*_feature_args(feature))
+        return bag._plan(*feature_args(feature))
 
-    def _plans(self, bags: list[EmbeddingBag], features: Sequence[Feature]) -> list[Lookup]:
-        """The plans ``prefetch`` made for these features, else new ones."""
+    def _check_count(self, features: Sequence[Feature]) -> None:
+        if len(features) != len(self._slots):
+            raise ValueError(f"{len(self._slots)} bags but {len(features)} features")
+
+    def _plans(
+        self, bags: list[EmbeddingBag], features: Sequence[Feature], inputs: list[Feature]
+    ) -> list[Lookup]:
+        """The plans ``prefetch`` made for these features, else new ones (for ``inputs``,
+        the features as one input per table)."""
         if not torch.compiler.is_compiling():  # comparing features reads them: not in a graph
             ahead, self._ahead = self._ahead, None
             if ahead is not None and _same_features(ahead[0], features):
                 return ahead[1]
-        return [self._plan(bag, feature) for bag, feature in zip(bags, features, strict=True)]
+        return [self._plan(bag, feature) for bag, feature in zip(bags, inputs, strict=True)]
 
     def forward(self, features: Sequence[Feature]) -> list[torch.Tensor]:
-        """One input per bag, in order; the pooled output of each bag, in order."""
+        """One input per feature, in order; the pooled output of each, in order."""
         grouped = self._grouped_step(features, joined=False)
         if grouped is not None:
             return grouped  # type: ignore[return-value]
-        bags, plans = self._bags_and_plans(features)
-        return self._outputs(bags, plans)
+        bags, plans, counts = self._bags_and_plans(features)
+        outputs = self._outputs(bags, plans)
+        return split(outputs, self._served, counts) if self._shared else outputs
 
     def concat(self, features: Sequence[Feature]) -> torch.Tensor:
         """The bags' outputs side by side, [batch, sum of dims]: ``torch.cat(self(features),
@@ -212,7 +198,9 @@ class EmbeddingBagCollection(nn.Module):
         grouped = self._grouped_step(features, joined=True)
         if grouped is not None:
             return grouped  # type: ignore[return-value]
-        bags, plans = self._bags_and_plans(features)
+        if self._shared:
+            return torch.cat(self(features), dim=1)
+        bags, plans, _ = self._bags_and_plans(features)
         pairs = zip(bags, plans, strict=True)
         if all(plan.pooled(bag.client, bag.table_name) for bag, plan in pairs):
             return dispatch.pool_cat(
@@ -231,13 +219,15 @@ class EmbeddingBagCollection(nn.Module):
         """The step as one engine call per direction, or None when the features or the
         tables need the general path (which also refuses what torch refuses)."""
         group = self._group
-        if not self._grouped or group is None or len(features) != len(self.bags):
+        if not self._grouped or group is None or len(features) != len(self._slots):
             return None
         first = features[0]
         if dispatch.tracing([first if isinstance(first, torch.Tensor) else first[0]]):
             if not all(isinstance(f, torch.Tensor) and f.dim() == 2 for f in features):
                 return None  # traced: fixed-size bags only (offsets are not read in a graph)
             out = traced_pool_group(self._anchor, group, list(features))  # type: ignore[arg-type]
+            if group.shared:
+                return group.unfold(out, int(first.shape[0]), joined)  # type: ignore[union-attr]
             if joined:
                 return out if group.cat_dtype == torch.float32 else out.to(group.cat_dtype)
             columns = out.split(group.dims, 1)
@@ -246,15 +236,20 @@ class EmbeddingBagCollection(nn.Module):
         if batch is None:
             return None
         self._ahead = None
+        if group.shared:
+            joined_out = pool_group(self._anchor, group, batch, True)
+            return group.unfold(joined_out, batch.bags // group.copies, joined)  # type: ignore[arg-type]
         return pool_group(self._anchor, group, batch, joined)
 
     def _bags_and_plans(
         self, features: Sequence[Feature]
-    ) -> tuple[list[EmbeddingBag], list[Lookup]]:
-        if len(features) != len(self.bags):
-            raise ValueError(f"{len(self.bags)} bags but {len(features)} features")
+    ) -> tuple[list[EmbeddingBag], list[Lookup], list[list[int]]]:
+        """Each table's plan (a shared table's features joined) and, per table, its
+        features' numbers of bags (``shared_features.fold``)."""
+        self._check_count(features)
         bags: list[EmbeddingBag] = list(self.bags)  # type: ignore[arg-type]
-        return bags, self._plans(bags, features)
+        inputs, counts = fold(bags, self._served, features)
+        return bags, self._plans(bags, features, inputs), counts
 
     def _outputs(self, bags: list[EmbeddingBag], plans: list[Lookup]) -> list[torch.Tensor]:
         out: list[torch.Tensor | None] = [None] * len(plans)
@@ -286,8 +281,50 @@ class EmbeddingBagCollection(nn.Module):
                 out[i] = plans[i].finish(r)
         return out  # type: ignore[return-value]
 
+    @property
+    def feature_tables(self) -> list[str]:
+        """The table each feature is looked up in, in the features' order."""
+        return [str(self.bags[t].table_name) for t in self._slots]
+
     def extra_repr(self) -> str:
+        if self._shared:
+            return f"tables={self.table_names}, feature_tables={self.feature_tables}"
         return f"tables={self.table_names}"
+
+
+def _tables(
+    tables: Sequence[EmbeddingBag | EmbeddingBagConfig], client: RecStoreClient | None
+) -> tuple[list[EmbeddingBag], list[int]]:
+    """The distinct bags, and for each feature its bag's index: a bag (or config) listed
+    at several places is one table serving each of those features."""
+    bags: list[EmbeddingBag] = []
+    slots: list[int] = []
+    seen: dict[int, int] = {}  # id of a listed bag or config -> its bag's index
+    names: dict[str, int] = {}
+    for table in tables:
+        if id(table) in seen:
+            slots.append(seen[id(table)])
+            continue
+        if isinstance(table, EmbeddingBagConfig):
+            bag = table.build(client)
+        elif isinstance(table, EmbeddingBag):
+            bag = table
+        else:
+            raise TypeError(
+                "tables must be recstore.nn.EmbeddingBag modules or EmbeddingBagConfig, "
+                f"got {type(table).__name__}"
+            )
+        name = str(bag.table_name)
+        if name in names:
+            raise ValueError(
+                f"table {name!r} is listed as two different modules: a table serving "
+                "several features is the same EmbeddingBag (or EmbeddingBagConfig) listed "
+                "at each of their places"
+            )
+        seen[id(table)] = names[name] = len(bags)
+        slots.append(len(bags))
+        bags.append(bag)
+    return bags, slots
 
 
 def _padding(bag: EmbeddingBag) -> int:

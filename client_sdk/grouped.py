@@ -35,6 +35,7 @@ import torch
 from recstore.client import state
 from recstore.client.backends.local import LocalBackend, LocalGroup
 from recstore.client.errors import BackendError
+from recstore.client.shared_features import members
 from recstore.client.tensors import MODULE_ID_DTYPES, check_id_range
 from recstore.core import DType
 from recstore.store.buffers import new_rows
@@ -73,13 +74,20 @@ class _Current:
 class TableGroup:
     """The bags of one collection as one native group (see the module docstring)."""
 
-    def __init__(self, bags: list[EmbeddingBag]) -> None:
+    def __init__(self, bags: list[EmbeddingBag], slots: list[int] | None = None) -> None:
+        """``slots``: each feature's table (``bags`` index); a table serving several features
+        gets ``copies`` (its most features) blocks of bags, one per feature, the rest empty."""
         self.bags = bags
+        self.slots = list(range(len(bags))) if slots is None else slots
+        self.served = members(self.slots, len(bags))
+        self.copies = max(map(len, self.served))
+        self.shared = self.copies > 1
         self.client = bags[0].client
         self.names = [bag.table_name for bag in bags]
         self.dims = [bag.embedding_dim for bag in bags]
         self.dtypes = [bag._dtype for bag in bags]
         self.width = sum(self.dims)
+        self.starts = [sum(self.dims[:t]) for t in range(len(self.dims))]  # each one's columns
         self.mean = torch.tensor([bag.mode == "mean" for bag in bags])
         self.padding = torch.tensor([-1 if b.padding_idx is None else b.padding_idx for b in bags])
         self.ranges = [(0, bag.num_embeddings) for bag in bags]
@@ -132,6 +140,8 @@ class TableGroup:
     def batch(self, features: Any) -> GroupBatch | None:
         """The features as one engine batch, or None when one is of another kind (the
         collection's general path then handles it, and refuses what torch refuses)."""
+        if self.shared:
+            return self._shared_batch(features)
         if set(map(type, features)) == _TENSOR:  # map, attrgetter: no Python frame per table
             if self._same_shapes is not False:
                 batch = self._stacked_batch(features)
@@ -174,10 +184,68 @@ class TableGroup:
         return GroupBatch(ids, offsets, int(features[0].shape[0]), _EMPTY_WEIGHTS)
 
     def sized_offsets(self, bags: int, sizes: list[int]) -> torch.Tensor:
-        """The offsets of ``bags`` bags per table of ``sizes[t]`` ids each (kept)."""
+        """The offsets of ``bags`` bags per table of ``sizes[t]`` ids each (kept); shared
+        tables: ``sizes`` per feature in ``ordered`` order, each table ``copies`` blocks."""
         key = (bags, tuple(sizes))
         offsets = self._offsets.get(key)
-        return offsets if offsets is not None else self._keep(key, fixed_offsets(bags, sizes))
+        if offsets is not None:
+            return offsets
+        if not self.shared:
+            return self._keep(key, fixed_offsets(bags, sizes))
+        per_bag, place = [], iter(sizes)
+        for mine in self.served:
+            for _ in mine:
+                per_bag.append(torch.full((bags,), next(place), dtype=torch.int64))
+            per_bag.append(torch.zeros((self.copies - len(mine)) * bags, dtype=torch.int64))
+        ends = torch.cumsum(torch.cat(per_bag), 0)
+        return self._keep(key, torch.cat([torch.zeros(1, dtype=torch.int64), ends]))
+
+    def ordered(self, features: list[Any]) -> list[Any]:
+        """The features table by table (a shared table's in their order)."""
+        return [features[f] for mine in self.served for f in mine]
+
+    def unfold(self, out: torch.Tensor, bags: int, joined: bool) -> Any:
+        """The [copies * bags, width] output of a group with shared tables as each feature's
+        output (in its table's dtype), or those side by side (``joined``)."""
+        parts: list[Any] = [None] * len(self.slots)
+        for mine, start, dim in zip(self.served, self.starts, self.dims, strict=True):
+            for copy, feature in enumerate(mine):
+                parts[feature] = out[copy * bags : (copy + 1) * bags, start : start + dim]
+        if joined:
+            return torch.cat(parts, 1)
+        return [p.to(self.dtypes[t]) for p, t in zip(parts, self.slots, strict=True)]
+
+    def _shared_batch(self, features: Any) -> GroupBatch | None:
+        """Each table's features one after another, ``copies`` blocks of bags per table."""
+        parts = []
+        for table, feature in zip(self.slots, features, strict=True):
+            part = _feature_bags(self.bags[table], feature)
+            if part is None:
+                return None
+            parts.append(part)
+        bags = parts[0][1].shape[0]
+        if bags <= 0 or not self._plain_ids([p[0] for p in parts]):
+            return None
+        if any(p[1].shape[0] != bags or p[1].dtype not in MODULE_ID_DTYPES for p in parts):
+            return None
+        if any(int(p[1][0]) != 0 for p in parts):  # torch's rule: offsets[0] == 0
+            return None
+        ids, starts, weights, base = [], [], [], 0
+        for mine in self.served:
+            for f in mine:
+                keys, offs, psw = parts[f]
+                ids.append(keys)
+                starts.append(offs.to(torch.int64) + base)
+                weights.append(psw)
+                base += keys.numel()
+            starts.append(torch.full(((self.copies - len(mine)) * bags,), base))
+        offsets = torch.cat([*starts, torch.tensor([base])])
+        if any(w is not None for w in weights):
+            psw = torch.cat([torch.ones(k.numel()) if w is None else w.reshape(-1)
+                             for w, k in zip(weights, ids, strict=True)])  # fmt: skip
+        else:
+            psw = _EMPTY_WEIGHTS
+        return GroupBatch(torch.cat(ids).to(torch.int64), offsets, self.copies * bags, psw)
 
     def _keep(self, key: tuple[Any, ...], offsets: torch.Tensor) -> torch.Tensor:
         if len(self._offsets) >= 8:  # a few batch shapes recur; keep only those
@@ -196,25 +264,14 @@ class TableGroup:
         ids, starts, weights = [], [], []
         bags = -1
         for bag, feature in zip(self.bags, features, strict=True):
-            parts = _parts(feature)
+            parts = _feature_bags(bag, feature)
             if parts is None:
                 return None
             keys, offs, psw = parts
-            if keys.dim() == 2:
-                if offs is not None:
-                    return None
-                offs = torch.arange(0, keys.numel(), max(1, keys.shape[1]))[: keys.shape[0]]
-            elif offs is None or keys.dim() != 1 or offs.dim() != 1:
-                return None
-            elif bag.include_last_offset:
-                offs = offs[:-1]
-            if psw is not None and (bag.mode != "sum" or psw.shape != keys.shape
-                                    or psw.dtype != torch.float32):  # fmt: skip
-                return None
             if bags not in (-1, offs.shape[0]) or offs.dtype not in MODULE_ID_DTYPES:
                 return None
             bags = offs.shape[0]
-            ids.append(keys.reshape(-1))
+            ids.append(keys)
             starts.append(offs)
             weights.append(psw)
         if bags <= 0 or not self._plain_ids(ids):
@@ -293,6 +350,28 @@ def fixed_offsets(bags: int, sizes: list[int]) -> torch.Tensor:
         each.repeat_interleave(bags)
     )
     return torch.cat([starts, (each * bags).sum().reshape(1)])
+
+
+def _feature_bags(
+    bag: EmbeddingBag, feature: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+    """One feature as 1-D ids, its bags' starts and weights; None: not the group's kind."""
+    parts = _parts(feature)
+    if parts is None:
+        return None
+    keys, offs, psw = parts
+    if keys.dim() == 2:
+        if offs is not None:
+            return None
+        offs = torch.arange(0, keys.numel(), max(1, keys.shape[1]))[: keys.shape[0]]
+    elif offs is None or keys.dim() != 1 or offs.dim() != 1:
+        return None
+    elif bag.include_last_offset:
+        offs = offs[:-1]
+    if psw is not None and (bag.mode != "sum" or psw.shape != keys.shape
+                            or psw.dtype != torch.float32):  # fmt: skip
+        return None
+    return keys.reshape(-1), offs, psw
 
 
 def _parts(feature: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:

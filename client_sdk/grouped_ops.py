@@ -105,6 +105,8 @@ def traced_pool_group(
 ) -> torch.Tensor:
     """Traced fixed-size bags ([bags, ids per bag] each): the one op, [bags, sum of dims]
     (the offsets are made, and kept, by its kernel: no op per table in the graph)."""
+    if group.shared:  # each table's features one after another
+        features = group.ordered(features)
     ids = torch.cat([f.reshape(-1) for f in features]).to(torch.int64)
     sizes = [f.shape[1] for f in features]
     out: torch.Tensor = torch.ops.recstore.emb_pool_group(
@@ -116,7 +118,8 @@ def traced_pool_group(
 def _batch(handle: str, ids: torch.Tensor, sizes: list[int], bags: int,
            weights: torch.Tensor) -> tuple[TableGroup, GroupBatch]:  # fmt: skip
     group = _group(handle)
-    return group, GroupBatch(ids, group.sized_offsets(bags, sizes), bags, weights)
+    offsets = group.sized_offsets(bags, sizes)
+    return group, GroupBatch(ids, offsets, bags * group.copies, weights)
 
 
 @_op(
@@ -136,7 +139,8 @@ def emb_pool_group(
 
 @emb_pool_group.register_fake
 def _(anchor, group, ids, sizes, bags, weights):
-    return ids.new_empty((bags, _group(group).width), dtype=torch.float32)
+    found = _group(group)
+    return ids.new_empty((bags * found.copies, found.width), dtype=torch.float32)
 
 
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
