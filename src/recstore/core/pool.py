@@ -22,7 +22,7 @@ from recstore.core.errors import InvalidArgument
 from recstore.core.fleet import Fleet
 from recstore.core.placement import Placement, Quantity
 from recstore.core.spec import MAX_SHARDS, Checkpoint, StorageTier, WireModel, describe_errors
-from recstore.core.status import GENERATION_MAX, Condition, Phase, ShardStatus
+from recstore.core.status import FleetStatus
 
 #: a pool's name names its StatefulSet, Service and pods: a DNS label
 POOL_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -126,17 +126,9 @@ class PoolResharding(WireModel):
     failed: list[str] = Field(default_factory=list)
 
 
-class PoolStatus(WireModel):
+class PoolStatus(FleetStatus):
     """What runs for a pool, what it holds and how a change of its shards goes."""
 
-    phase: Phase
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
-    observed_generation: Annotated[int, Field(ge=0, le=GENERATION_MAX)] | None = None
-    ready_shards: Annotated[int, Field(ge=0)] | None = None
-    shards: list[ShardStatus] = Field(default_factory=list)
     tables: list[PoolTable] = Field(default_factory=list)
     memory: PoolMemory | None = None
     resharding: PoolResharding | None = None

@@ -82,8 +82,8 @@ class SlotMapStatus(WireModel):
     ranges: list[Annotated[list[int], Field(min_length=3, max_length=3)]]
 
 
-class TableStatus(WireModel):
-    """What runs for a table and how it is doing."""
+class FleetStatus(WireModel):
+    """How a fleet of nodes is doing: a table's own, or a pool's (the statuses' common part)."""
 
     phase: Phase
     conditions: list[Condition] = Field(
@@ -95,6 +95,11 @@ class TableStatus(WireModel):
     #: how many of ``shards`` are ready (always their count when given)
     ready_shards: Annotated[int, Field(ge=0)] | None = None
     shards: list[ShardStatus] = Field(default_factory=list)
+
+
+class TableStatus(FleetStatus):
+    """What runs for a table and how it is doing."""
+
     slot_map_epoch: Annotated[int, Field(ge=1)] | None = None
     #: the whole slot map, sent when the reporter changed ownership (an online move)
     slot_map: SlotMapStatus | None = None
