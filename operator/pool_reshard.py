@@ -16,7 +16,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from recstore.core.pool import PoolResharding, PoolSpec
 from recstore.core.pool_reshard import (
@@ -28,20 +28,32 @@ from recstore.core.pool_reshard import (
 )
 from recstore.core.reconcile import Declaration
 from recstore.operator import render
-from recstore.operator.kube import path
-from recstore.operator.pools import placed, placement_order, table_spec
-from recstore.operator.render import Owner
+from recstore.operator.declared import Validated
+from recstore.operator.kube import Kube, path
+from recstore.operator.pools import Pools, placed, placement_order, table_spec
+from recstore.operator.render import Owner, RenderOptions
+from recstore.operator.reshard_control import ReshardControl
 from recstore.operator.resharding import grow_patch
-
-if TYPE_CHECKING:
-    from recstore.operator.reconciler import Reconciler
 
 Logger = logging.Logger | logging.LoggerAdapter
 
 
+class PoolMovesHost(Protocol):
+    """What a pool's move uses of the reconciler that holds it."""
+
+    kube: Kube
+    pools: Pools
+    reshards: ReshardControl
+
+    @property
+    def options(self) -> RenderOptions: ...
+
+    async def validate(self, owner: Owner, spec: Mapping[str, Any]) -> Validated: ...
+
+
 @dataclass
 class PoolMoves:
-    reconciler: Reconciler
+    reconciler: PoolMovesHost
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
 
     async def advance(
