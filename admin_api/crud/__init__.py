@@ -41,10 +41,11 @@ from recstore.admin.crud.tables import (
     set_status,
 )
 from recstore.admin.crud.tokens import active_token, create_token, list_tokens, revoke_token
-from recstore.admin.crud.writes import commit
+from recstore.admin.crud.writes import against_newest, commit
 
 __all__ = [
     "active_token",
+    "against_newest",
     "commit",
     "create_pool",
     "create_table",

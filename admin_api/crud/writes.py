@@ -7,14 +7,19 @@ lost a race with another one fails at flush with VersionConflict.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
 from recstore.admin.errors import VersionConflict
+
+T = TypeVar("T")
+#: reads and writes of a request without a version of its own, before a race is answered
+RACE_TRIES = 3
 
 
 @contextmanager
@@ -34,3 +39,17 @@ def writes(session: Session, *, on_duplicate: Exception | None = None) -> Iterat
 def commit(session: Session) -> None:
     with writes(session):
         session.commit()
+
+
+def against_newest(session: Session, expected: int | None, attempt: Callable[[], T]) -> T:
+    """Run ``attempt`` (read the resource, write it, flush). A request naming no version
+    is taken against the newest one: a write that lost a race (to the provisioner's status
+    reports, say) reads again and retries; one naming a stale version answers 409."""
+    for left in reversed(range(RACE_TRIES)):
+        try:
+            return attempt()
+        except VersionConflict:
+            if expected is not None or left == 0:
+                raise
+            session.expire_all()
+    raise AssertionError("unreachable")

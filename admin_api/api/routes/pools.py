@@ -97,12 +97,16 @@ def patch_pool(
     expected = parse_version(if_match, "If-Match")
     if expected is None:
         expected = parse_version(body.resource_version, "resourceVersion")
-    pool, previous = crud.patch_pool(
+    pool, previous = crud.against_newest(
         session,
-        pool=crud.get_pool(session, name=name),
-        changes=body.spec_changes(),
-        expected_version=expected,
-        actor=principal.actor,
+        expected,
+        lambda: crud.patch_pool(
+            session,
+            pool=crud.get_pool(session, name=name),
+            changes=body.spec_changes(),
+            expected_version=expected,
+            actor=principal.actor,
+        ),
     )
     if previous is not None:
         provisioner.update_pool(name, views.pool_spec_of(pool), previous=previous)
@@ -119,10 +123,14 @@ def delete_pool(
     if_match: IfMatch = None,
 ) -> None:
     """The pool's nodes stop; refused (409, naming them) while tables are placed on it."""
-    pool = crud.get_pool(session, name=name)
-    crud.delete_pool(
-        session, pool=pool, expected_version=parse_version(if_match, "If-Match"),
-        actor=principal.actor,
+    expected = parse_version(if_match, "If-Match")
+    crud.against_newest(
+        session,
+        expected,
+        lambda: crud.delete_pool(
+            session, pool=crud.get_pool(session, name=name), expected_version=expected,
+            actor=principal.actor,
+        ),
     )  # fmt: skip
     provisioner.delete_pool(name)
     crud.commit(session)

@@ -120,13 +120,16 @@ def patch_table(
     expected = parse_version(if_match, "If-Match")
     if expected is None:
         expected = parse_version(body.resource_version, "resourceVersion")
-    table = crud.get_table(session, name=name)
-    table, previous = crud.patch_table(
+    table, previous = crud.against_newest(
         session,
-        table=table,
-        changes=body.spec_changes(),
-        expected_version=expected,
-        actor=principal.actor,
+        expected,
+        lambda: crud.patch_table(
+            session,
+            table=crud.get_table(session, name=name),
+            changes=body.spec_changes(),
+            expected_version=expected,
+            actor=principal.actor,
+        ),
     )
     if previous is not None:
         provisioner.update_table(views.spec_of(table), previous=previous, pool=table.pool)
@@ -142,12 +145,16 @@ def delete_table(
     principal: EditorDep,
     if_match: IfMatch = None,
 ) -> None:
-    table = crud.get_table(session, name=name)
-    crud.delete_table(
+    expected = parse_version(if_match, "If-Match")
+    crud.against_newest(
         session,
-        table=table,
-        expected_version=parse_version(if_match, "If-Match"),
-        actor=principal.actor,
+        expected,
+        lambda: crud.delete_table(
+            session,
+            table=crud.get_table(session, name=name),
+            expected_version=expected,
+            actor=principal.actor,
+        ),
     )
     provisioner.delete_table(name)
     crud.commit(session)
