@@ -129,7 +129,6 @@ class LocalPlatform:
         for _, table in self._catalogue("tables"):
             spec = TableSpec.model_validate(table["spec"])
             self.provisioner.create_table(spec, pool=table.get("pool"))
-        self.provisioner.resume_moves()  # every table placed: a pool's move may go on
         # The catalogue still shows the status of the last run: replace it before
         # anyone reads it (nodes that are still starting make it Provisioning).
         self.provisioner.report_now()

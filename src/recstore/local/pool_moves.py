@@ -101,12 +101,6 @@ class PoolMoves:
         ]  # fmt: skip
         return shrink_refusal(pool.name, spec, moved, running, spec.shards)
 
-    def unfinished(self, pool: LocalPool) -> bool:
-        """Whether the pool's nodes or a table on it are not yet at ``pool.spec.shards``."""
-        target = pool.spec.shards
-        spans = [table_span(t) for t in self._placed(pool)]
-        return pool.shards != target or any(not s.settled or s.shards != target for s in spans)
-
     def start(self, pool: LocalPool) -> None:
         """Move the pool to ``pool.spec.shards`` nodes, in a thread of its own."""
         pool.mover = threading.Thread(

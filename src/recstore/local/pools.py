@@ -243,18 +243,8 @@ class LocalPools:
             pool = self._pools[name]
         return self._nodes.pool_pid(pool, shard)
 
-    def resume_moves(self) -> None:
-        """Continue every pool's move a stop left unfinished. Called once every table of the
-        catalogue is placed again: a step decided before could stop nodes that a table not
-        yet placed still uses."""
-        with self._lock:
-            for pool in self._pools.values():
-                if not self._moves.running(pool) and self._moves.unfinished(pool):
-                    self._moves.start(pool)
-
     def stop_moves(self) -> None:
-        """Stop every pool's move (its tables' moves stop with them; ``resume_moves``
-        continues them after a restart)."""
+        """Stop every pool's move (its tables' moves stop with them; a restart resumes)."""
         with self._lock:
             pools = list(self._pools.values())
         for pool in pools:

@@ -261,10 +261,6 @@ class LocalProvisioner:
 
     # --- queries ------------------------------------------------------------------
 
-    def resume_moves(self) -> None:
-        """Continue the pools' moves a stop interrupted (once the catalogue is replayed)."""
-        self._pools.resume_moves()
-
     def endpoints(self, name: str) -> list[str]:
         with self._lock:
             table = self._tables[name]
