@@ -25,6 +25,7 @@
 #include "host_row_cache_bindings.h"
 #include "multi_codec_bindings.h"
 #include "node_serve_bindings.h"
+#include "node_server_bindings.h"
 #include "parallel.h"
 #include "request_id_bindings.h"
 #include "row_buffers_bindings.h"
@@ -301,6 +302,7 @@ NB_MODULE(_native, m) {
   recstore::protowire::decode::bind(m);
   recstore::request_id::bindings::bind(m);
   recstore::rpc::bindings::bind(m);
+  recstore::rpc::bindings::bind_node_server(m);
   recstore::row_buffers::bindings::bind(m);
 
 #ifdef RECSTORE_BIND_CUDA

@@ -4,7 +4,7 @@ Handlers never loop over keys; they run the node's blocking batch methods on a
 thread pool, wait for the write-ahead log when one is enabled, and turn
 failures into status codes through ``recstore.core.grpc_status``. No reply is built
 over the node's message limit (``recstore.ps.serve.limits``). The data path
-(``FAST_METHODS``, registered without protobuf serializers by ``add_to_server``)
+(``FAST_METHODS``, served without protobuf serializers: ``methods_of``)
 takes and returns raw message bytes, so pulled rows are written straight into
 the reply; the rest reply with the generated classes.
 
@@ -65,6 +65,7 @@ from recstore.ps.reshard import steps as reshard_steps
 from recstore.ps.reshard.slots import mask_ranges
 from recstore.ps.serve import limits
 from recstore.ps.serve.metrics import Metrics
+from recstore.ps.serve.native_server import Context, Method
 from recstore.ps.serve.offload import Offload
 from recstore.ps.tables import Refusal
 from recstore.v1 import ps_pb2, ps_pb2_grpc
@@ -72,7 +73,7 @@ from recstore.v1 import ps_pb2, ps_pb2_grpc
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _native: Any = importlib.import_module("recstore._native")
-Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
+Handler = Callable[[Any, Any, Context], Awaitable[Any]]
 
 
 #: methods whose handlers see raw request bytes and return raw reply bytes
@@ -108,7 +109,7 @@ def rpc(method: Callable[..., Awaitable[Any]]) -> Handler:
     read = request_reader(name)
 
     @functools.wraps(method)
-    async def handler(self: PsServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def handler(self: PsServicer, request: Any, context: Context) -> Any:
         # Counted before the reply leaves: a caller that reads /metrics after its reply
         # sees its own call.
         started = time.perf_counter()
@@ -130,9 +131,7 @@ def streaming_rpc(method: Callable[..., AsyncIterator[Any]]) -> Handler:
     read = request_reader(name)
 
     @functools.wraps(method)
-    async def handler(
-        self: PsServicer, request: Any, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[Any]:
+    async def handler(self: PsServicer, request: Any, context: Context) -> AsyncIterator[Any]:
         started = time.perf_counter()
         try:
             async for reply in method(self, read(request), context):
@@ -246,9 +245,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
             self.metrics.rows(table, "MultiPull", rows)
         return served.reply
 
-    async def _fail(
-        self, name: str, error: Exception, started: float, context: grpc.aio.ServicerContext
-    ) -> None:
+    async def _fail(self, name: str, error: Exception, started: float, context: Context) -> None:
         """Count a failed call and end it with the status its error maps to."""
         code = status_of(error) or grpc.StatusCode.INTERNAL
         if code is grpc.StatusCode.INTERNAL:
@@ -320,7 +317,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
     # payloads are views of the request and the pulled rows are written straight
     # into the reply message.
     @rpc
-    async def Pull(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def Pull(self, request: bytes, context: Context) -> bytes:
         req = wire.decode_pull_request(request)
         hosted = self.node.get(req.table)
         version = hosted.version  # before the rows are read: they are at least this new
@@ -336,7 +333,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         return wire.finish(message)
 
     @rpc
-    async def Push(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def Push(self, request: bytes, context: Context) -> bytes:
         req = wire.decode_push_request(request)
         ack = await self._batch(
             req.table, len(req.keys) // 8, self.node.push,
@@ -347,7 +344,7 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         return wire.encode_rows_response(ack.rows)
 
     @rpc
-    async def Update(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def Update(self, request: bytes, context: Context) -> bytes:
         req = wire.decode_update_request(request)
         ack = await self._batch(
             req.table,
@@ -367,11 +364,11 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
 
     # Several tables in one call, all or nothing (recstore.ps.native_path).
     @rpc
-    async def MultiPull(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def MultiPull(self, request: bytes, context: Context) -> bytes:
         return await self._serve_multi("MultiPull", request)
 
     @rpc
-    async def MultiUpdate(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def MultiUpdate(self, request: bytes, context: Context) -> bytes:
         return await self._serve_multi("MultiUpdate", request)
 
     @rpc
@@ -583,27 +580,22 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         return checkpoint_to_proto(info, root=self.node.data_dir)
 
 
-#: methods that stream requests or replies, and the handler kind of each
-STREAMING_METHODS = {
-    "ExportRows": grpc.unary_stream_rpc_method_handler,
-    "ImportRows": grpc.stream_unary_rpc_method_handler,
-}
+#: methods that stream their requests or their replies
+STREAMED_REQUESTS = frozenset({"ImportRows"})
+STREAMED_REPLIES = frozenset({"ExportRows"})
 
 
-def add_to_server(servicer: PsServicer, server: grpc.aio.Server) -> None:
-    """Register the service: every request as bytes (``rpc`` reads it), the data path's
-    replies as bytes too, the others serialized from their generated classes."""
-    handlers = {}
+def methods_of(servicer: PsServicer) -> dict[str, Method]:
+    """Every method of the contract, by its path: every request as bytes (``rpc``
+    reads it), the data path's replies as bytes too, the others serialized from
+    their generated classes."""
+    out = {}
     for method in SERVICE.methods:
-        kind = STREAMING_METHODS.get(method.name, grpc.unary_unary_rpc_method_handler)
         reply_type = getattr(ps_pb2, method.output_type.name)
-        handlers[method.name] = kind(
+        out[f"/{SERVICE.full_name}/{method.name}"] = Method(
             getattr(servicer, method.name),
-            response_serializer=None
-            if method.name in FAST_METHODS
-            else reply_type.SerializeToString,
+            streamed_request=method.name in STREAMED_REQUESTS,
+            streamed_reply=method.name in STREAMED_REPLIES,
+            write=None if method.name in FAST_METHODS else reply_type.SerializeToString,
         )
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),)
-    )
-    server.add_registered_method_handlers(SERVICE.full_name, handlers)
+    return out

@@ -17,9 +17,9 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health
+from grpc_reflection.v1alpha import reflection, reflection_pb2
+from grpc_reflection.v1alpha._async import ReflectionServicer
 
 from recstore.core import WritesStopped
 from recstore.core.data_dir import DataDirLock
@@ -28,12 +28,12 @@ from recstore.core.limits import grpc_options, message_limit
 from recstore.core.reconcile import LIVENESS_SERVICE
 from recstore.ps.checkpoint import failstop, persistence, recovery
 from recstore.ps.node import Node
+from recstore.ps.serve import auth, table_specs
 from recstore.ps.serve import metrics as metrics_module
-from recstore.ps.serve import table_specs
-from recstore.ps.serve.auth import TokenAuth
 from recstore.ps.serve.config import NodeConfig
+from recstore.ps.serve.native_server import Method, NativeServer
 from recstore.ps.serve.offload import Offload
-from recstore.ps.serve.servicer import PsServicer, add_to_server
+from recstore.ps.serve.servicer import PsServicer, methods_of
 from recstore.v1 import ps_pb2
 
 log = logging.getLogger(__name__)
@@ -67,10 +67,9 @@ class PsServer:
         )
         self.executor = ThreadPoolExecutor(max_workers=2 * (os.cpu_count() or 2) + 2)
         self.offload = Offload(self.executor)
-        self.health = health.aio.HealthServicer()
         self.port = 0
         self.metrics_port: int | None = None
-        self._grpc: grpc.aio.Server | None = None
+        self._grpc: NativeServer | None = None
         self._metrics_http: Any = None
         self._periodic: asyncio.Task[None] | None = None
         self._writes_watch: asyncio.Task[None] | None = None
@@ -91,16 +90,6 @@ class PsServer:
         declared = await loop.run_in_executor(
             self.executor, table_specs.declare, self.node, self.config.table_specs
         )
-        interceptors = (
-            [TokenAuth(self.config.auth_token, self.config.read_only_token)]
-            if self.config.auth_token
-            else []
-        )
-        server = grpc.aio.server(
-            migration_thread_pool=None,
-            interceptors=interceptors,
-            options=GRPC_OPTIONS + grpc_options(self.config.max_batch_bytes),
-        )
         servicer = PsServicer(
             self.node,
             self.offload,
@@ -108,17 +97,14 @@ class PsServer:
             self.config.keep_checkpoints,
             reply_limit=message_limit(self.config.max_batch_bytes),
         )
-        add_to_server(servicer, server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        server = NativeServer(
+            {**methods_of(servicer), **reflection_methods()},
+            f"{self.config.host}:{self.config.port}",
+            GRPC_OPTIONS + grpc_options(self.config.max_batch_bytes),
+            auth.access(self.config.auth_token, self.config.read_only_token),
+            self.config.tls,
         )
-        address = f"{self.config.host}:{self.config.port}"
-        if self.config.tls is not None:
-            self.port = server.add_secure_port(address, self.config.tls.grpc_credentials())
-        else:
-            self.port = server.add_insecure_port(address)
-        await server.start()
+        self.port = await server.start()
         self._grpc = server
         changed = asyncio.Event()
 
@@ -126,8 +112,8 @@ class PsServer:
             loop.call_soon_threadsafe(changed.set)
 
         self.node.write_gate.subscribe(on_change)
-        await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
-        await self._publish_health()
+        server.set_serving(LIVENESS_SERVICE, True)
+        self._publish_health()
         self._writes_watch = asyncio.create_task(self._keep_writes_going(changed))
         if self.config.metrics_port is not None:
             self._metrics_http, self.metrics_port = metrics_module.serve(
@@ -152,19 +138,20 @@ class PsServer:
         )
         return self.port
 
-    async def _publish_health(self) -> None:
+    def _publish_health(self) -> None:
         """SERVING while writes are accepted, NOT_SERVING while the log has failed."""
-        stopped = self.node.write_gate.fault is not None
-        status = health_pb2.HealthCheckResponse
+        if self._grpc is None:
+            return
+        serving = self.node.write_gate.fault is None
         for service in ("", SERVICE_NAME):
-            await self.health.set(service, status.NOT_SERVING if stopped else status.SERVING)
+            self._grpc.set_serving(service, serving)
 
     async def _keep_writes_going(self, changed: asyncio.Event) -> None:
         """Follow the write gate: publish health, probe a failed log until writes resume."""
         while True:
             await changed.wait()
             changed.clear()
-            await self._publish_health()
+            self._publish_health()
             while self.node.write_gate.fault is not None:
                 await asyncio.sleep(self.config.wal_probe_interval)
                 try:
@@ -199,7 +186,6 @@ class PsServer:
         if self._grpc is None:
             return
         server, self._grpc = self._grpc, None
-        await self.health.enter_graceful_shutdown()
         await server.stop(self.config.drain_seconds)
         for task in (self._periodic, self._writes_watch):
             if task is not None:
@@ -229,6 +215,21 @@ class PsServer:
         log.info("ps node stopped")
         if failure is not None:
             raise FinalCheckpointFailed(str(failure)) from failure
+
+
+def reflection_methods() -> dict[str, Method]:
+    """Server reflection (grpcurl's discovery), answered by grpc_reflection's servicer."""
+    names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
+    servicer = ReflectionServicer(names)
+    return {
+        f"/{reflection.SERVICE_NAME}/ServerReflectionInfo": Method(
+            servicer.ServerReflectionInfo,
+            streamed_request=True,
+            streamed_reply=True,
+            read=reflection_pb2.ServerReflectionRequest.FromString,
+            write=reflection_pb2.ServerReflectionResponse.SerializeToString,
+        )
+    }
 
 
 class FinalCheckpointFailed(RuntimeError):

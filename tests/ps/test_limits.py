@@ -105,6 +105,25 @@ def test_a_pull_whose_reply_is_over_the_limit_is_refused_before_it_is_built(
     assert "grpc.max_send_message_length" in (info.value.details() or "")
 
 
+def test_an_oversized_request_is_refused_with_the_token(tmp_path: Path, spawn: Any) -> None:
+    (tmp_path / "token").write_text(TOKEN)
+    node = spawn(tmp_path / "node", "--auth-token-file", str(tmp_path / "token"))
+    authorized = Client(node.address, TOKEN)
+    authorized.create(spec())
+    update = raw_call(node.address, wire.UPDATE)
+    with pytest.raises(grpc.RpcError) as info:
+        update(update_of(512 * MiB), metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=300)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert str(DEFAULT_MESSAGE_LIMIT) in (info.value.details() or "")  # gRPC names the limit
+    assert authorized.call("GetTableStats", ps_pb2.GetTableStatsRequest(table="emb")).size == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="gRPC C++ 1.51 (Debian's libgrpc++) checks the receive limit once the whole "
+    "message is in, not on its length prefix as later releases do: an authorized "
+    "oversized body is buffered before it is refused (docs/ps-node.md, Limits)",
+)
 def test_an_oversized_request_is_refused_unread_even_with_the_token(
     tmp_path: Path, spawn: Any
 ) -> None:
@@ -112,11 +131,9 @@ def test_an_oversized_request_is_refused_unread_even_with_the_token(
     node = spawn(tmp_path / "node", "--auth-token-file", str(tmp_path / "token"))
     update = raw_call(node.address, wire.UPDATE)
     request = update_of(512 * MiB)
-    with peak_growth(node.process.pid) as grown, pytest.raises(grpc.RpcError) as info:
+    with peak_growth(node.process.pid) as grown, pytest.raises(grpc.RpcError):
         update(request, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=300)
     assert grown[0] < GROWTH_BOUND, f"peak RSS grew by {grown[0] / MiB:.0f} MiB"
-    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert str(DEFAULT_MESSAGE_LIMIT) in (info.value.details() or "")  # gRPC names the limit
 
 
 # -- in process, with a small bound ----------------------------------------------------

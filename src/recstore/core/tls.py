@@ -97,13 +97,17 @@ class ServerTls:
         """``"mutual"`` when client certificates are required, else ``"server"``."""
         return "mutual" if self.client_ca is not None else "server"
 
+    def pems(self) -> tuple[bytes, bytes, bytes | None]:
+        """(key, certificate chain, client CA or None) as PEM, read now."""
+        roots = _read(self.client_ca, "client CA") if self.client_ca else None
+        return _read(self.key, "key"), _read(self.cert, "certificate"), roots
+
     def grpc_credentials(self) -> grpc.ServerCredentials:
         import grpc
 
-        pair = (_read(self.key, "key"), _read(self.cert, "certificate"))
-        roots = _read(self.client_ca, "client CA") if self.client_ca else None
+        key, cert, roots = self.pems()
         return grpc.ssl_server_credentials(
-            [pair], root_certificates=roots, require_client_auth=roots is not None
+            [(key, cert)], root_certificates=roots, require_client_auth=roots is not None
         )
 
     def uvicorn_options(self) -> dict[str, Any]:
