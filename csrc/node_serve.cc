@@ -162,14 +162,19 @@ void frame_reply(Writer& w, Method method, std::vector<Pull>& pulls,
   }
   for (Pull& p : pulls) {
     const Hosted& h = hosted[p.table];
-    w.message(kMultiPullResponse_items, [&] {
+    const auto item = [&] {
       const size_t bytes = static_cast<size_t>(p.n) * static_cast<size_t>(h.dim) *
                            static_cast<size_t>(dtype_size(p.value_dtype));
       p.value_at = write_pull_response(w, dtype_name_of(p.value_dtype),
                                        static_cast<uint32_t>(h.dim), bytes,
                                        p.read_only, static_cast<size_t>(p.n), h.version)
                        .values_at;
-    });
+    };
+    if (method == Method::kPull) {
+      item();
+    } else {
+      w.message(kMultiPullResponse_items, item);
+    }
   }
 }
 
@@ -233,7 +238,9 @@ Request parse(std::string_view request, Method method) {
   Request parsed;
   parsed.method = method;
   parsed.bytes = request;
-  if (method == Method::kMultiPull) {
+  if (method == Method::kPull) {
+    parsed.pulls.push_back(decode_as<PullRequestView>(request));
+  } else if (method == Method::kMultiPull) {
     MultiPullRequestView items = decode_multi_pull_request(request);
     parsed.pulls = std::move(items.items);
     parsed.updates = std::move(items.updates);

@@ -47,7 +47,9 @@ struct Hosted {
   uint64_t version = 0;    // its version, read before any row is: PullResponse.version
 };
 
-enum class Method { kMultiPull, kMultiUpdate };
+// kPull: a single-table Pull, checked and served as a MultiPull of its one item, its
+// reply that item's PullResponse alone.
+enum class Method { kMultiPull, kMultiUpdate, kPull };
 
 // A request as it lies in its bytes: its items decoded by ps_decode.h.
 struct Request {

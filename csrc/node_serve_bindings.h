@@ -51,6 +51,29 @@ inline Slots slots_of(const void* raw, size_t n) {
   return Slots(slots->data(), {slots->size()}, owner);
 }
 
+// A hosted table as recstore.ps.native_path._view describes it, into `v` (named
+// already); `owned` holds its owned-slot mask for as long as `v` is used.
+inline void view_into(Hosted& v, const nb::tuple& t, OwnedSlots& owned) {
+  v.present = true;
+  if (!t[0].is_none()) v.table = nb::cast<Table*>(t[0]);
+  if (!t[1].is_none()) {  // None: the node owns every slot
+    const std::string what = "owned slots of table '" + v.name + "'";
+    owned = recstore::arrays::array_arg<OwnedSlots>(t[1], what);
+    recstore::arrays::expect_length(owned, what.c_str(), kNumSlots);
+    v.owned = reinterpret_cast<const uint8_t*>(owned.data());
+  }
+  v.default_lr = nb::cast<float>(t[2]);
+  v.dtype = nb::cast<std::string>(t[3]);
+  v.dim = nb::cast<int64_t>(t[4]);
+  v.id_limit = nb::cast<int64_t>(t[5]);
+  v.can_fill = nb::cast<bool>(t[6]);
+  v.epoch = nb::cast<uint64_t>(t[7]);
+  v.logged = nb::cast<bool>(t[8]);
+  v.non_finite = nb::cast<int>(t[9]);
+  v.inference = nb::cast<bool>(t[10]);
+  v.version = nb::cast<uint64_t>(t[11]);
+}
+
 // A request parsed once; its payloads stay views of the bytes it keeps alive.
 struct MultiRequest {
   nb::bytes data;
@@ -117,29 +140,8 @@ struct MultiRequest {
     std::vector<Hosted> hosted(names.size());
     std::vector<OwnedSlots> owned(names.size());  // held until the call returns
     for (size_t i = 0; i < names.size(); ++i) {
-      Hosted& v = hosted[i];
-      v.name = names[i];
-      nb::handle view = views[i];
-      if (view.is_none()) continue;
-      auto t = nb::cast<nb::tuple>(view);
-      v.present = true;
-      if (!t[0].is_none()) v.table = nb::cast<Table*>(t[0]);
-      if (!t[1].is_none()) {  // None: the node owns every slot
-        const std::string what = "owned slots of table '" + v.name + "'";
-        owned[i] = recstore::arrays::array_arg<OwnedSlots>(t[1], what);
-        recstore::arrays::expect_length(owned[i], what.c_str(), kNumSlots);
-        v.owned = reinterpret_cast<const uint8_t*>(owned[i].data());
-      }
-      v.default_lr = nb::cast<float>(t[2]);
-      v.dtype = nb::cast<std::string>(t[3]);
-      v.dim = nb::cast<int64_t>(t[4]);
-      v.id_limit = nb::cast<int64_t>(t[5]);
-      v.can_fill = nb::cast<bool>(t[6]);
-      v.epoch = nb::cast<uint64_t>(t[7]);
-      v.logged = nb::cast<bool>(t[8]);
-      v.non_finite = nb::cast<int>(t[9]);
-      v.inference = nb::cast<bool>(t[10]);
-      v.version = nb::cast<uint64_t>(t[11]);
+      hosted[i].name = names[i];
+      if (!views[i].is_none()) view_into(hosted[i], nb::cast<nb::tuple>(views[i]), owned[i]);
     }
     Plan p;
     {

@@ -145,6 +145,11 @@ class CallReactor : public grpc::ServerGenericBidiReactor {
                                    replaced(rules.read_only_refusal, "{method}", "MultiPull with updates")));
       }
       if (call_->finished()) return;  // cancelled while its request was read
+      grpc::ByteBuffer reply;
+      if (server_->fast_path().serve(call_->method_, read_, &reply)) {
+        read_.Clear();
+        return call_->finish(0, "", {}, &reply);
+      }
       call_->request_ = std::move(read_);
       read_.Clear();
       return server_->post({EventKind::kCall, call_, {}, true});
@@ -248,7 +253,8 @@ class Service : public grpc::CallbackGenericService {
 
 }  // namespace
 
-NodeServer::NodeServer(NodeServerOptions options) : options_(std::move(options)) {
+NodeServer::NodeServer(NodeServerOptions options)
+    : options_(std::move(options)), fast_path_(options_.reply_limit, options_.latency_bounds) {
   event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (event_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
   // The health service is gRPC's own; it is added to servers built from now on.

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "data_channel.h"
+#include "node_fast_path.h"
 
 namespace recstore::rpc {
 
@@ -57,6 +58,8 @@ struct NodeServerOptions {
   ServerTlsPems tls_pems;
   AccessRules access;
   std::unordered_set<std::string> streamed_requests;  // full method paths read as streams
+  size_t reply_limit = 0;  // the node's message limit: no reply is built larger
+  std::vector<double> latency_bounds;  // the node's latency histogram buckets
 };
 
 class NodeServer;
@@ -123,10 +126,12 @@ class NodeServer {
   // -- for the reactors --
   void post(Event event);
   const NodeServerOptions& options() const { return options_; }
+  FastPath& fast_path() { return fast_path_; }
   std::atomic<int64_t> refused{0};  // calls refused for their token
 
  private:
   NodeServerOptions options_;
+  FastPath fast_path_;
   std::unique_ptr<grpc::CallbackGenericService> service_holder_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

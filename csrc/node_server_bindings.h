@@ -15,6 +15,7 @@
 #include <nanobind/stl/unordered_set.h>
 #include <nanobind/stl/vector.h>
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,9 +23,15 @@
 #include <vector>
 
 #include "data_channel_bindings.h"
+#include "node_serve_bindings.h"
 #include "node_server.h"
 
 namespace recstore::rpc::bindings {
+
+// A table's version as the node and the fast path share it.
+struct VersionBox {
+  std::shared_ptr<VersionCell> cell = std::make_shared<VersionCell>(0);
+};
 
 inline void bind_node_server(nb::module_& m) {
   nb::enum_<EventKind>(m, "ServerEvent", "What happened to a call of the node's server")
@@ -40,6 +47,18 @@ inline void bind_node_server(nb::module_& m) {
         return !given.empty() && same_secret(given, token);
       },
       "metadata"_a, "token"_a, "whether `metadata` carries `authorization: Bearer <token>`");
+
+  nb::class_<VersionBox>(m, "VersionCell", "A table's version, shared with the node's fast path")
+      .def(
+          "__init__",
+          [](VersionBox* self, uint64_t value) {
+            new (self) VersionBox();
+            self->cell->store(value);
+          },
+          "value"_a)
+      .def_prop_rw(
+          "value", [](const VersionBox& self) { return self.cell->load(std::memory_order_acquire); },
+          [](VersionBox& self, uint64_t value) { self.cell->store(value, std::memory_order_release); });
 
   nb::class_<ServerCall>(m, "ServerCall", "One call of the node's server")
       .def_prop_ro("method", &ServerCall::method, "its full method path")
@@ -72,7 +91,8 @@ inline void bind_node_server(nb::module_& m) {
              const std::vector<std::string>& open_prefixes, const std::string& service_prefix,
              const std::unordered_set<std::string>& read_only_methods,
              const std::string& read_only_refusal,
-             const std::unordered_set<std::string>& streamed_requests) {
+             const std::unordered_set<std::string>& streamed_requests, size_t reply_limit,
+             const std::vector<double>& latency_bounds) {
             NodeServerOptions o;
             o.address = address;
             o.args = channel_args(options);
@@ -83,12 +103,14 @@ inline void bind_node_server(nb::module_& m) {
             o.access = {token,          read_only_token,   open_prefixes,
                         service_prefix, read_only_methods, read_only_refusal};
             o.streamed_requests = streamed_requests;
+            o.reply_limit = reply_limit;
+            o.latency_bounds = latency_bounds;
             nb::gil_scoped_release release;
             new (self) NodeServer(std::move(o));
           },
           "address"_a, "options"_a, "tls"_a, "token"_a, "read_only_token"_a, "open_prefixes"_a,
           "service_prefix"_a, "read_only_methods"_a, "read_only_refusal"_a,
-          "streamed_requests"_a,
+          "streamed_requests"_a, "reply_limit"_a, "latency_bounds"_a,
           "listens on `address` and serves; `tls`: (key, certificate, client CA or '') PEM")
       .def_prop_ro("port", &NodeServer::port)
       .def_prop_ro("events_fd", &NodeServer::events_fd)
@@ -107,6 +129,45 @@ inline void bind_node_server(nb::module_& m) {
             return out;
           },
           "the events since the last take: (kind, call, message or None, ok)")
+      .def(
+          "publish",
+          [](NodeServer& self, const nb::list& tables) {
+            std::map<std::string, FastTable> fast;
+            for (nb::handle item : tables) {
+              auto t = nb::cast<nb::tuple>(item);
+              FastTable table;
+              table.hosted.name = nb::cast<std::string>(t[0]);
+              serve::bindings::OwnedSlots owned;  // the node keeps the mask alive
+              serve::bindings::view_into(table.hosted, nb::cast<nb::tuple>(t[1]), owned);
+              table.version = nb::cast<VersionBox&>(t[2]).cell;
+              fast[table.hosted.name] = std::move(table);
+            }
+            nb::gil_scoped_release release;
+            self.fast_path().publish(std::move(fast));
+          },
+          "tables"_a,
+          "serve pulls of these tables natively: [(name, validator view, VersionCell)]; the "
+          "node keeps their engines and slot masks alive until it publishes again or suspends")
+      .def(
+          "suspend_fast_path", [](NodeServer& self) { self.fast_path().suspend(); },
+          nb::call_guard<nb::gil_scoped_release>(),
+          "no pull served natively until the next publish; returns once none is in flight")
+      .def(
+          "take_fast_counts",
+          [](NodeServer& self) {
+            FastCounts counts = self.fast_path().take_counts();
+            nb::list rows, calls;
+            for (const auto& [key, n] : counts.rows) rows.append(nb::make_tuple(key.first, key.second, n));
+            for (const auto& [method, n] : counts.calls) {
+              calls.append(nb::make_tuple(method, n, counts.seconds[method], counts.buckets[method]));
+            }
+            return nb::make_tuple(rows, calls);
+          },
+          "what the fast path served since the last take: ([(table, method, rows)], "
+          "[(method, calls, seconds, calls per latency bucket)])")
+      .def_prop_ro(
+          "served_natively", [](NodeServer& self) { return self.fast_path().served(); },
+          "calls the fast path answered since the server started")
       .def("set_serving", &NodeServer::set_serving, "service"_a, "serving"_a)
       .def("shutdown", &NodeServer::shutdown, "grace"_a,
            nb::call_guard<nb::gil_scoped_release>(),

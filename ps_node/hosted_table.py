@@ -14,15 +14,20 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from recstore import _native as _native_module
 from recstore.core import DType, Eviction, KeyMode, SlotMap, WrongShard, slot_of, slots_touched
 from recstore.ps.catalogue import CatalogueEntry
 from recstore.ps.changes import ChangeTracker
 from recstore.ps.wal.dedup import DedupWindow
 from recstore.ps.wal.table_log import TableWal
 from recstore.store import Table
+
+#: the compiled engine (no type stubs)
+_native: Any = _native_module
 
 #: One increasing sequence for the versions of every table this process hosts, started
 #: at the clock: a table reloaded, or hosted again after a restart, never reports a
@@ -53,16 +58,21 @@ class HostedTable:
     #: request ids of the updates applied lately (recstore.ps.wal.dedup)
     window: DedupWindow = field(default_factory=DedupWindow)
     #: moves after every write is applied (never before: a pull reads it before its rows,
-    #: so rows read with a version are at least that new); PullResponse/TableStats.version
-    version: int = field(default_factory=next_version)
+    #: so rows read with a version are at least that new); PullResponse/TableStats.version.
+    #: Shared with the server's fast path, which reads it for the pulls it serves.
+    version_cell: Any = field(default_factory=lambda: _native.VersionCell(next_version()))
     #: keys changed since the last checkpoint (tables saved incrementally only)
     changes: ChangeTracker | None = None
     #: what the table's newest checkpoint left for an increment to build on
     chain: ChainTip | None = None
 
+    @property
+    def version(self) -> int:
+        return int(self.version_cell.value)
+
     def wrote(self) -> None:
         """A write to this table was applied: rows read earlier may be stale."""
-        self.version = next_version()
+        self.version_cell.value = next_version()
 
     # The entry never changes while a table is hosted (a reload hosts a new
     # HostedTable), so what the data path derives from its spec is computed once.

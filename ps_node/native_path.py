@@ -99,6 +99,23 @@ def _view(hosted: HostedTable, moving: bool) -> tuple[Any, ...]:
     )
 
 
+def fast_tables(node: Node) -> list[tuple[str, tuple[Any, ...], Any, HostedTable]]:
+    """The tables whose pulls the server may serve without the node
+    (``csrc/node_fast_path.h``): a host engine, no slots moving out (their changes
+    are recorded for the move), no pulled keys to record for an incremental
+    checkpoint. Each as (name, validator view, version cell, the table: what keeps
+    the view's engine and slot mask alive)."""
+    out = []
+    for name, hosted in sorted(node.tables.items()):
+        moving = node.reshards.tracks(name)
+        if hosted.table.host_engine is None or moving:
+            continue
+        if hosted.changes is not None and hosted.drops_rows:
+            continue
+        out.append((name, _view(hosted, moving), hosted.version_cell, hosted))
+    return out
+
+
 def parse(method: str, request: bytes) -> Any:
     try:
         return _native.MultiRequest(method, request)

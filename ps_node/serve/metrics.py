@@ -148,6 +148,22 @@ class _WriteGateCollector(Collector):
         yield faults
 
 
+class _NativeCounts(Collector):
+    """Adds the server's native counts (``take``) into the node's families.
+
+    Registered before every other collector: a registry collects in that order,
+    so each scrape shows the calls answered natively up to the scrape itself."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self.take: Callable[[], tuple[list[Any], list[Any]]] | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        if self.take is not None:
+            self._metrics.served_natively(*self.take())
+        return iter(())
+
+
 class Metrics:
     def __init__(
         self,
@@ -157,6 +173,8 @@ class Metrics:
         client_caches: Callable[[str], list[ClientCache]] = lambda _: [],
     ) -> None:
         self.registry = CollectorRegistry()
+        self._native = _NativeCounts(self)
+        self.registry.register(self._native)
         ProcessCollector(registry=self.registry)  # resident memory, CPU seconds, open fds
         self.requests = Counter(
             "recstore_ps_requests",
@@ -225,6 +243,25 @@ class Metrics:
             latency = self._latency[method] = self.latency.labels(method)
         requests.inc()
         latency.observe(seconds)
+
+    def add_native(self, take: Callable[[], tuple[list[Any], list[Any]]]) -> None:
+        """Count what the server answers natively too: ``take`` returns what it served
+        since it was last called (``NativeServer.fast_counts``), read at each scrape."""
+        self._native.take = take
+
+    def served_natively(self, rows: list[Any], calls: list[Any]) -> None:
+        """Add calls the server answered itself: (table, method, rows) and
+        (method, calls, seconds, calls per latency bucket)."""
+        for table, method, count in rows:
+            self.rows(table, method, count)
+        for method, count, seconds, buckets in calls:
+            self.requests.labels(method, "OK").inc(count)
+            histogram = self.latency.labels(method)
+            # prometheus_client has no bulk observe: its buckets and sum, as observe() does
+            histogram._sum.inc(seconds)
+            for bucket, n in zip(histogram._buckets, buckets, strict=True):
+                if n:
+                    bucket.inc(n)
 
     def rows(self, table: str, method: str, count: int) -> None:
         child = self._rows.get((method, table))

@@ -23,6 +23,7 @@ from typing import Any, NoReturn
 import grpc
 
 from recstore import _native as _native_module
+from recstore.core.limits import DEFAULT_MESSAGE_LIMIT
 from recstore.core.tls import ServerTls
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,26 @@ class Access:
     read_only_refusal: str = ""
 
 
+def _nothing() -> None:
+    pass
+
+
+class FastPath:
+    """What the server may answer natively (``csrc/node_fast_path.h``), kept in step
+    with the node: ``tables()`` lists the tables it may serve pulls of, as
+    (name, validator view, version cell, what keeps the view's memory alive);
+    a call of a method outside ``steady`` may change that list, so the fast path
+    is suspended while one runs and published again once none does."""
+
+    def __init__(
+        self,
+        tables: Callable[[], list[tuple[str, tuple[Any, ...], Any, Any]]],
+        steady: frozenset[str],
+    ) -> None:
+        self.tables = tables
+        self.steady = steady
+
+
 class _Stream:
     """One call's pending read or write, settled by the server's events."""
 
@@ -101,6 +122,9 @@ class NativeServer:
         options: Sequence[tuple[str, int | str]],
         access: Access,
         tls: ServerTls | None = None,
+        reply_limit: int = DEFAULT_MESSAGE_LIMIT,
+        fast_path: FastPath | None = None,
+        latency_bounds: Sequence[float] = (),
     ) -> None:
         self._methods = dict(methods)
         self._address = address
@@ -110,6 +134,12 @@ class NativeServer:
         self._server: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._calls: dict[Any, _Stream] = {}
+        self._reply_limit = reply_limit
+        self._latency_bounds = list(latency_bounds)
+        self._fast_path = fast_path
+        self._changing = 0  # calls in flight that may change what the fast path serves
+        self._suspended: asyncio.Future[None] | None = None
+        self._published: list[Any] = []  # what keeps the published views' memory alive
 
     async def start(self) -> int:
         """Listen and serve; returns the port."""
@@ -132,10 +162,40 @@ class NativeServer:
                 set(a.read_only_methods),
                 a.read_only_refusal,
                 {path for path, m in self._methods.items() if m.streamed_request},
+                self._reply_limit,
+                self._latency_bounds,
             ),
         )
         self._loop.add_reader(self._server.events_fd, self._take_events)
+        self.publish()
         return int(self._server.port)
+
+    def publish(self) -> None:
+        """Serve natively the pulls of what the node's tables are now (none without a
+        fast path, or while a call that may change them runs)."""
+        if self._fast_path is None or self._changing:
+            return
+        tables = self._fast_path.tables()
+        self._server.publish([(name, view, version) for name, view, version, _ in tables])
+        self._published = [keep for *_, keep in tables]
+
+    def fast_counts(self) -> tuple[list[Any], list[Any]]:
+        """What the fast path served since the last take: (table, method, rows) and
+        (method, calls, seconds, calls per latency bucket) tuples."""
+        if self._server is None:
+            return [], []
+        rows, calls = self._server.take_fast_counts()
+        return list(rows), list(calls)
+
+    @property
+    def served_natively(self) -> int:
+        """Calls the fast path answered since the server started."""
+        return int(self._server.served_natively) if self._server is not None else 0
+
+    def suspend_fast_path(self) -> None:
+        """Serve every call through the node's handlers until the next ``publish``;
+        returns once no pull is in flight natively. Blocks: not on the event loop."""
+        self._server.suspend_fast_path()
 
     @property
     def refused(self) -> int:
@@ -179,7 +239,10 @@ class NativeServer:
             if method is None:
                 call.finish(grpc.StatusCode.UNIMPLEMENTED.value[0], "Method not found!", [])
                 return
-            await self._answer(call, stream, method)
+            if self._fast_path is not None and call.method not in self._fast_path.steady:
+                await self._changing_call(call, stream, method)
+            else:
+                await self._answer(call, stream, method)
         except asyncio.CancelledError:
             call.finish(grpc.StatusCode.CANCELLED.value[0], "cancelled", [])
         except Aborted as aborted:
@@ -192,7 +255,35 @@ class NativeServer:
         finally:
             del self._calls[call]
 
-    async def _answer(self, call: Any, stream: _Stream, method: Method) -> None:
+    async def _changing_call(self, call: Any, stream: _Stream, method: Method) -> None:
+        """A call that may change the tables: the fast path waits until none runs, and
+        is published again before its reply goes out (a caller's next pull finds it)."""
+        assert self._loop is not None
+        self._changing += 1
+        settled = False
+
+        def settle() -> None:
+            nonlocal settled
+            if not settled:
+                settled = True
+                self._changing -= 1
+                if not self._changing:
+                    self._suspended = None
+                    self.publish()
+
+        try:
+            if self._suspended is None:  # the first of them: no pull natively from now on
+                self._suspended = self._loop.run_in_executor(None, self.suspend_fast_path)
+            await asyncio.shield(self._suspended)
+            await self._answer(call, stream, method, settle)
+        finally:
+            settle()
+
+    async def _answer(
+        self, call: Any, stream: _Stream, method: Method, settle: Callable[[], None] = _nothing
+    ) -> None:
+        """Run the handler and send what it answers; ``settle`` runs just before the
+        status goes out."""
         context = Context(call)
         request = (
             _read_each(call, stream, method.read)
@@ -202,6 +293,7 @@ class NativeServer:
         write = method.write or _as_bytes
         if not method.streamed_reply:
             reply = await method.handler(request, context)
+            settle()
             call.finish(0, "", [], write(reply))
             return
         replies: AsyncIterator[Any] = method.handler(request, context)
@@ -211,6 +303,7 @@ class NativeServer:
             call.write(write(reply))
             if not await stream.written:
                 raise asyncio.CancelledError  # the client is gone
+        settle()
         call.finish(0, "", [])
 
 

@@ -580,6 +580,13 @@ class PsServicer(ps_pb2_grpc.ParameterServerServicer):
         return checkpoint_to_proto(info, root=self.node.data_dir)
 
 
+#: methods whose calls never change which tables the server's fast path may read
+#: (every other call suspends it while it runs: recstore.ps.serve.native_server.FastPath)
+STEADY_METHODS = FAST_METHODS | {
+    "ListTables", "GetTableStats", "ListCheckpoints", "CacheReport", "SlotChecksums",
+    "ExportRows", "ImportRows", "Save",
+}  # fmt: skip
+
 #: methods that stream their requests or their replies
 STREAMED_REQUESTS = frozenset({"ImportRows"})
 STREAMED_REPLIES = frozenset({"ExportRows"})

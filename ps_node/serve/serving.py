@@ -26,20 +26,23 @@ from recstore.core.data_dir import DataDirLock
 from recstore.core.errors import CheckpointCorrupt
 from recstore.core.limits import grpc_options, message_limit
 from recstore.core.reconcile import LIVENESS_SERVICE
+from recstore.ps import native_path
 from recstore.ps.checkpoint import failstop, persistence, recovery
 from recstore.ps.node import Node
 from recstore.ps.serve import auth, table_specs
 from recstore.ps.serve import metrics as metrics_module
 from recstore.ps.serve.config import NodeConfig
-from recstore.ps.serve.native_server import Method, NativeServer
+from recstore.ps.serve.native_server import FastPath, Method, NativeServer
 from recstore.ps.serve.offload import Offload
-from recstore.ps.serve.servicer import PsServicer, methods_of
+from recstore.ps.serve.servicer import STEADY_METHODS, PsServicer, methods_of
 from recstore.v1 import ps_pb2
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
 GRPC_OPTIONS = [("grpc.so_reuseport", 0)]  # message sizes: recstore.core.limits
+#: reflection never changes a table
+OPEN_METHODS = frozenset({f"/{reflection.SERVICE_NAME}/ServerReflectionInfo"})
 
 
 class PsServer:
@@ -97,13 +100,20 @@ class PsServer:
             self.config.keep_checkpoints,
             reply_limit=message_limit(self.config.max_batch_bytes),
         )
+        steady = {f"/{SERVICE_NAME}/{name}" for name in STEADY_METHODS}
         server = NativeServer(
             {**methods_of(servicer), **reflection_methods()},
             f"{self.config.host}:{self.config.port}",
             GRPC_OPTIONS + grpc_options(self.config.max_batch_bytes),
             auth.access(self.config.auth_token, self.config.read_only_token),
             self.config.tls,
+            reply_limit=message_limit(self.config.max_batch_bytes),
+            fast_path=FastPath(
+                lambda: native_path.fast_tables(self.node), frozenset(steady | OPEN_METHODS)
+            ),
+            latency_bounds=metrics_module.LATENCY_BUCKETS,
         )
+        self.metrics.add_native(server.fast_counts)
         self.port = await server.start()
         self._grpc = server
         changed = asyncio.Event()
@@ -137,6 +147,11 @@ class PsServer:
             },
         )
         return self.port
+
+    @property
+    def native_server(self) -> NativeServer | None:
+        """The node's gRPC server while it serves."""
+        return self._grpc
 
     def _publish_health(self) -> None:
         """SERVING while writes are accepted, NOT_SERVING while the log has failed."""
