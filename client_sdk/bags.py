@@ -158,24 +158,40 @@ def embedding_bag(
     )[0]  # fmt: skip
 
 
+def pool_distinct(
+    rows: torch.Tensor, inverse: torch.Tensor, bag_size: int, mean: bool
+) -> torch.Tensor:
+    """Bags of ``bag_size`` consecutive ``inverse`` indices into distinct float32 CPU
+    ``rows``, summed (or averaged) as each is read: no row per occurrence is made."""
+    flat = inverse.contiguous().view(-1)
+    out = rows.new_empty((flat.numel() // bag_size, rows.shape[1]))
+    _native.pool_distinct_bags(flat, rows.detach().contiguous(), bag_size, mean, out)
+    return out
+
+
+def unpool_distinct(
+    grad: torch.Tensor, inverse: torch.Tensor, bag_size: int, mean: bool, num_rows: int
+) -> torch.Tensor:
+    """``pool_distinct``'s backward: each distinct row's gradient, its bags' rows summed."""
+    out = grad.new_empty((num_rows, grad.shape[1]))
+    _native.unpool_distinct_bags(inverse.contiguous().view(-1), grad.contiguous(), bag_size,
+                                 mean, out)  # fmt: skip
+    return out
+
+
 class _DistinctBags(torch.autograd.Function):
     """Bags of ``indices`` ([bags, bag_size]) into ``rows``, summed or averaged."""
 
     @staticmethod
     def forward(ctx: Any, rows: torch.Tensor, indices: torch.Tensor, mean: bool) -> torch.Tensor:
-        flat = indices.contiguous().view(-1)
-        ctx.save_for_backward(flat)
-        ctx.shape, ctx.bag_size, ctx.mean = rows.shape, indices.shape[1], mean
-        out = rows.new_empty((indices.shape[0], rows.shape[1]))
-        _native.pool_distinct_bags(flat, rows.detach().contiguous(), ctx.bag_size, mean, out)
-        return out
+        ctx.save_for_backward(indices)
+        ctx.rows, ctx.bag_size, ctx.mean = rows.shape[0], indices.shape[1], mean
+        return pool_distinct(rows, indices, ctx.bag_size, mean)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        (flat,) = ctx.saved_tensors
-        out = grad.new_empty(ctx.shape)
-        _native.unpool_distinct_bags(flat, grad.contiguous(), ctx.bag_size, ctx.mean, out)
-        return out, None, None
+        (indices,) = ctx.saved_tensors
+        return unpool_distinct(grad, indices, ctx.bag_size, ctx.mean, ctx.rows), None, None
 
 
 def _engine_pools(

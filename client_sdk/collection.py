@@ -32,6 +32,7 @@ from recstore.client.grouped_ops import pool_group, traced_pool_group
 from recstore.client.grouped_ops import register as register_group
 from recstore.client.lookup import NO_PADDING
 from recstore.client.nn import EmbeddingBag, Lookup
+from recstore.client.pooled import pools_in_engine
 from recstore.client.shared_features import Feature, feature_args, fold, members, split
 
 
@@ -256,6 +257,9 @@ class EmbeddingBagCollection(nn.Module):
         pooled = [
             i for i, plan in enumerate(plans) if plan.pooled(bags[i].client, bags[i].table_name)
         ]
+        if len(pooled) < len(plans) and not dispatch.tracing([p.ids for p in plans]):
+            # other bags read rows anyway: remote ones read with them, in one request a node
+            pooled = [i for i in pooled if pools_in_engine(bags[i].client, bags[i].table_name)]
         if pooled:  # plain sum/mean bags: pooled by the engine where it applies
             results = dispatch.pool_many(
                 self._anchor,

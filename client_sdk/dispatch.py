@@ -140,8 +140,8 @@ def pool_many(
     pools: list[Pool],
     trainable: list[bool],
 ) -> list[torch.Tensor]:
-    """Plain bags pooled: ``torch.ops.recstore.emb_pool_many`` when traced, else the
-    engine directly (``Lookup.pooled`` tables)."""
+    """Plain bags pooled: ``torch.ops.recstore.emb_pool_many`` when traced, else its
+    kernels directly (``Lookup.pooled`` tables)."""
     if tracing(ids):
         from recstore.client import pool_grouping  # imports inductor: only once tracing
 
@@ -151,7 +151,7 @@ def pool_many(
             anchor, tables, ids, offsets, sizes, means, trainable
         )
         return out
-    return pooled_many(anchor, tables, ids, pools, trainable)
+    return pooled_many(anchor, tables, ids, offsets, pools, trainable)
 
 
 def pool_cat(
@@ -163,14 +163,14 @@ def pool_cat(
     trainable: list[bool],
 ) -> torch.Tensor:
     """``pool_many``'s outputs side by side in one tensor, each table pooled into its
-    columns: ``torch.ops.recstore.emb_pool_cat`` when traced, else the engine directly."""
+    columns: ``torch.ops.recstore.emb_pool_cat`` when traced, else its kernels directly."""
     if tracing(ids):
         sizes, means = [p.bag_size for p in pools], [p.mean for p in pools]
         out: torch.Tensor = torch.ops.recstore.emb_pool_cat(
             anchor, tables, ids, offsets, sizes, means, trainable
         )
         return out
-    return pooled_cat(anchor, tables, ids, pools, trainable)
+    return pooled_cat(anchor, tables, ids, offsets, pools, trainable)
 
 
 def renorm(table: str, ids: torch.Tensor, max_norm: float, norm_type: float) -> torch.Tensor:

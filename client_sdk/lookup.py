@@ -31,10 +31,14 @@ def flat_keys(ids: torch.Tensor) -> torch.Tensor:
     return module_keys(ids.reshape(-1))
 
 
-def read_rows(handles: Sequence[str], ids: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """One row per occurrence of each table's ``ids``: one multi-table pull per client."""
+def read_distinct(
+    handles: Sequence[str], ids: Sequence[torch.Tensor]
+) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Each table's rows as pulled, one multi-table pull per client: (rows, inverse),
+    ``inverse`` (one index per occurrence of ``ids``) when each distinct id travelled
+    once, else None (one row per occurrence already). Rows stay on the CPU."""
     refs = [resolve(handle) for handle in handles]
-    rows: list[torch.Tensor | None] = [None] * len(refs)
+    out: list[tuple[torch.Tensor, torch.Tensor | None] | None] = [None] * len(refs)
     for client in {id(ref.client): ref.client for ref in refs}.values():
         mine = [i for i, ref in enumerate(refs) if ref.client is client]
         requests, inverses = [], []
@@ -44,10 +48,18 @@ def read_rows(handles: Sequence[str], ids: Sequence[torch.Tensor]) -> list[torch
             inverses.append(inverse)
         pulled = client._for_modules.pull_many(requests)
         for i, table_rows, inverse in zip(mine, pulled, inverses, strict=True):
-            if inverse is not None:
-                table_rows = table_rows.index_select(0, inverse)
-            rows[i] = table_rows.to(ids[i].device)
-    return rows  # type: ignore[return-value]
+            out[i] = (table_rows, inverse)
+    return out  # type: ignore[return-value]
+
+
+def read_rows(handles: Sequence[str], ids: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """One row per occurrence of each table's ``ids``: one multi-table pull per client."""
+    rows = []
+    for (table_rows, inverse), table_ids in zip(read_distinct(handles, ids), ids, strict=True):
+        if inverse is not None:
+            table_rows = table_rows.index_select(0, inverse)
+        rows.append(table_rows.to(table_ids.device))
+    return rows
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ import torch
 from recstore.client import dispatch, op_tables
 from recstore.client.bags import SEGMENTS, Pool, embedding_bag, pool_rows, uniform_bag_size
 from recstore.client.client import RecStoreClient
-from recstore.client.pooled import pools_in_engine
+from recstore.client.pooled import pools_eagerly
 from recstore.client.state import TableState
 from recstore.client.tensors import MODULE_ID_DTYPES, check_module_id_dtype
 from recstore.core import Optimizer
@@ -63,12 +63,13 @@ class Lookup:
 
     def pooled(self, client: RecStoreClient, table: str) -> bool:
         """Whether this lookup takes the pooled path: traced (the op's kernel then picks
-        the engine or per-id rows at run time), or eager on CPU ids of an engine table."""
+        the engine or per-id rows at run time), or eager on CPU ids of an engine table or
+        a remote one (``pooled.pools_eagerly``)."""
         if self.pool is None:
             return False
         if dispatch.tracing((self.ids,)):
             return True
-        return self.ids.device.type == "cpu" and pools_in_engine(client, table)
+        return self.ids.device.type == "cpu" and pools_eagerly(client, table)
 
 
 def _padding_index(padding_idx: int | None, num_embeddings: int) -> int | None:

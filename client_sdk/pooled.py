@@ -24,7 +24,6 @@ the eager general path does (another backend, uneven bags).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,11 +32,14 @@ from recstore.client.bags import (
     SEGMENTS,
     Pool,
     per_id_gradient,
+    pool_distinct,
     pool_rows,
     uniform_bag_size,
+    unpool_distinct,
 )
-from recstore.client.lookup import Gradient, flat_keys, read_rows, send_gradients
+from recstore.client.lookup import Gradient, flat_keys, read_distinct, send_gradients
 from recstore.client.op_tables import resolve, writable
+from recstore.client.tensors import unique_keys
 
 if TYPE_CHECKING:
     from recstore.client.client import RecStoreClient
@@ -46,6 +48,13 @@ if TYPE_CHECKING:
 def pools_in_engine(client: RecStoreClient, table: str) -> bool:
     """Whether ``table``'s bags can be pooled by the engine (see the module docstring)."""
     return client._for_modules.pools_bags(table)
+
+
+def pools_eagerly(client: RecStoreClient, table: str) -> bool:
+    """Whether eager bags of ``table`` take this path: the engine pools them, or its rows
+    come one per distinct id (a remote table: ``pool_read`` pools bags of one size
+    from them, and their gradients are summed per distinct id)."""
+    return pools_in_engine(client, table) or client._for_modules.dedup_on_wire
 
 
 def engine_bag_sizes(
@@ -110,10 +119,66 @@ def pool_bags(
         else:
             rest.append(i)
     if rest:  # one multi-table read for the rest
-        rows = read_rows([handles[i] for i in rest], [ids[i] for i in rest])
-        for i, table_rows in zip(rest, rows, strict=True):
-            out[i] = pool_rows(table_rows, pools[i], offsets[i])
+        read = pool_read([handles[i] for i in rest], [ids[i] for i in rest],
+                         [offsets[i] for i in rest], [pools[i] for i in rest])  # fmt: skip
+        for i, pooled in zip(rest, read, strict=True):
+            out[i] = pooled
     return out  # type: ignore[return-value]
+
+
+def distinct_bag_size(keys: torch.Tensor, pool: Pool, offsets: torch.Tensor | None) -> int:
+    """The size of every bag of ``keys`` when they are all one size, else 0."""
+    if pool.bag_size != SEGMENTS:
+        return pool.bag_size
+    return uniform_bag_size(offsets, keys.numel()) if offsets is not None else 0
+
+
+def _pools_distinct(rows: torch.Tensor, keys: torch.Tensor, size: int) -> bool:
+    """Whether bags of ``size`` are pooled natively from distinct float32 ``rows``."""
+    return (
+        bool(size)
+        and keys.numel() > 0
+        and keys.device.type == "cpu"
+        and (rows.dtype == torch.float32 and rows.device.type == "cpu")
+    )
+
+
+def pool_read(
+    handles: Sequence[str],
+    ids: Sequence[torch.Tensor],
+    offsets: Sequence[torch.Tensor | None],
+    pools: Sequence[Pool],
+) -> list[torch.Tensor]:
+    """Bags the engine does not pool, from one multi-table read. Where each distinct id
+    travelled once (a remote table) and the bags are of one size, each bag is summed
+    from the distinct rows as it is read (``pool_distinct_bags``: no row per occurrence
+    is made); else from one row per occurrence (``pool_rows``)."""
+    out = []
+    read = read_distinct(handles, ids)
+    for keys, offs, pool, (rows, inverse) in zip(ids, offsets, pools, read, strict=True):
+        size = distinct_bag_size(keys, pool, offs)
+        if inverse is not None and _pools_distinct(rows, keys, size):
+            out.append(pool_distinct(rows, inverse, size, pool.mean))
+            continue
+        per_id = rows if inverse is None else rows.index_select(0, inverse)
+        out.append(pool_rows(per_id.to(keys.device), pool, offs))
+    return out
+
+
+def bag_gradient(
+    handle: str, keys: torch.Tensor, offsets: torch.Tensor | None, pool: Pool, grad: torch.Tensor
+) -> Gradient:
+    """One table's gradient of its pooled bags. To a remote table with bags of one size:
+    each distinct id's gradient summed natively from its bags' rows
+    (``unpool_distinct_bags``), sent as it is; else one row per occurrence, coalesced
+    when sent."""
+    size = distinct_bag_size(keys, pool, offsets)
+    grad32 = grad.detach().to("cpu", torch.float32)
+    if resolve(handle).client._for_modules.dedup_on_wire and _pools_distinct(grad32, keys, size):
+        unique, inverse = unique_keys(flat_keys(keys))
+        rows = unpool_distinct(grad32, inverse, size, pool.mean, unique.numel())
+        return Gradient(handle, unique, rows, unique=True)
+    return Gradient(handle, keys, per_id_gradient(grad, keys.numel(), pool, offsets))
 
 
 def send_bag_gradients(
@@ -132,22 +197,14 @@ def send_bag_gradients(
         if size:
             _engine_update(handle, flat_keys(keys), size, pool.mean, grad)
         else:
-            rest.append(Gradient(handle, keys, per_id_gradient(grad, keys.numel(), pool, offs)))
+            rest.append(bag_gradient(handle, keys, offs, pool, grad))
     if rest:
         send_gradients(rest)
 
 
-@dataclass(frozen=True)
-class _Share:
-    """One table's part of an eager pooled forward: what its backward needs."""
-
-    handle: str
-    keys: torch.Tensor
-    pool: Pool
-
-
 class _PooledMany(torch.autograd.Function):
-    """Pooled bags of several tables; backward sends each table its bags' gradient rows."""
+    """Pooled bags of several tables (``pool_bags``); backward sends each trainable table
+    its bags' gradient rows (``send_bag_gradients``)."""
 
     @staticmethod
     def forward(
@@ -155,31 +212,34 @@ class _PooledMany(torch.autograd.Function):
         anchor: torch.Tensor,
         handles: list[str],
         ids: list[torch.Tensor],
+        offsets: list[torch.Tensor | None],
         pools: list[Pool],
         trainable: list[bool],
     ) -> tuple[torch.Tensor, ...]:
         ctx.set_materialize_grads(False)  # an unused output gets no gradient, hence no update
-        shares = [_Share(h, flat_keys(i), p) for h, i, p in zip(handles, ids, pools, strict=True)]
-        out = [engine_pool(s.handle, s.keys, s.pool.bag_size, s.pool.mean) for s in shares]
-        ctx.shares, ctx.trainable = shares, trainable
+        out = pool_bags(handles, ids, offsets, pools)
+        ctx.bags = handles, ids, offsets, pools
+        ctx.trainable = trainable
         ctx.mark_non_differentiable(*(o for o, t in zip(out, trainable, strict=True) if not t))
         return tuple(out)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[None, ...]:
-        for share, grad, trains in zip(ctx.shares, grads, ctx.trainable, strict=True):
-            if grad is not None and trains:
-                _engine_update(share.handle, share.keys, share.pool.bag_size, share.pool.mean,
-                               grad)  # fmt: skip
-        return None, None, None, None, None
+        picked = [i for i, (g, t) in enumerate(zip(grads, ctx.trainable, strict=True))
+                  if g is not None and t]  # fmt: skip
+        if picked:
+            send_bag_gradients(*([part[i] for i in picked] for part in ctx.bags),
+                               [grads[i] for i in picked])  # fmt: skip
+        return None, None, None, None, None, None
 
 
 def pooled_many(
     anchor: torch.Tensor,
     handles: list[str],
     ids: list[torch.Tensor],
+    offsets: list[torch.Tensor | None],
     pools: list[Pool],
     trainable: list[bool],
 ) -> list[torch.Tensor]:
-    """Each table's bags pooled by the engine (eager; ``pools_in_engine`` tables)."""
-    return list(_PooledMany.apply(anchor, handles, ids, pools, trainable))
+    """Each table's bags pooled (eager; ``pools_eagerly`` tables)."""
+    return list(_PooledMany.apply(anchor, handles, ids, offsets, pools, trainable))

@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from recstore.client.bags import Pool, bag_count, pool_rows
-from recstore.client.lookup import flat_keys, read_rows
+from recstore.client.bags import Pool, bag_count
+from recstore.client.lookup import flat_keys
 from recstore.client.op_tables import layout
-from recstore.client.pooled import engine_bag_sizes, engine_pool, send_bag_gradients
+from recstore.client.pooled import engine_bag_sizes, engine_pool, pool_read, send_bag_gradients
 from recstore.core import DType
 from recstore.store.buffers import new_rows
 
@@ -78,9 +78,10 @@ def pool_bags_cat(
         else:
             rest.append(i)
     if rest:  # one multi-table read for the rest
-        rows = read_rows([handles[i] for i in rest], [ids[i] for i in rest])
-        for i, table_rows in zip(rest, rows, strict=True):
-            columns[i].copy_(pool_rows(table_rows, pools[i], offsets[i]))
+        read = pool_read([handles[i] for i in rest], [ids[i] for i in rest],
+                         [offsets[i] for i in rest], [pools[i] for i in rest])  # fmt: skip
+        for i, pooled in zip(rest, read, strict=True):
+            columns[i].copy_(pooled)
     return out
 
 
@@ -107,7 +108,7 @@ def send_cat_gradients(
 
 
 class _PooledCat(torch.autograd.Function):
-    """Eager ``emb_pool_cat`` of engine-pooled tables (``Lookup.pooled``, bag sizes known)."""
+    """Eager ``emb_pool_cat`` (``pool_bags_cat``; backward ``send_cat_gradients``)."""
 
     @staticmethod
     def forward(
@@ -115,17 +116,12 @@ class _PooledCat(torch.autograd.Function):
         anchor: torch.Tensor,
         handles: list[str],
         ids: list[torch.Tensor],
+        offsets: list[torch.Tensor | None],
         pools: list[Pool],
         trainable: list[bool],
     ) -> torch.Tensor:
-        keys = [flat_keys(i) for i in ids]
-        counts = [bag_count(k, None, p.bag_size) for k, p in zip(keys, pools, strict=True)]
-        check_same_bags(counts)
-        dims, _ = cat_layout(handles)
-        out = _output(counts[0], sum(dims), torch.float32)
-        for handle, k, pool, column in zip(handles, keys, pools, out.split(dims, 1), strict=True):
-            engine_pool(handle, k, pool.bag_size, pool.mean, column)
-        ctx.handles, ctx.keys, ctx.pools, ctx.trainable = handles, keys, pools, trainable
+        out = pool_bags_cat(handles, ids, offsets, pools)
+        ctx.bags, ctx.trainable = (handles, ids, offsets, pools), trainable
         if not any(trainable):
             ctx.mark_non_differentiable(out)
         return out
@@ -133,18 +129,18 @@ class _PooledCat(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor | None) -> tuple[None, ...]:
         if grad is not None:
-            none = [None] * len(ctx.handles)
-            send_cat_gradients(ctx.handles, ctx.keys, none, ctx.pools, ctx.trainable, grad)
-        return None, None, None, None, None
+            send_cat_gradients(*ctx.bags, ctx.trainable, grad)
+        return None, None, None, None, None, None
 
 
 def pooled_cat(
     anchor: torch.Tensor,
     handles: list[str],
     ids: list[torch.Tensor],
+    offsets: list[torch.Tensor | None],
     pools: list[Pool],
     trainable: list[bool],
 ) -> torch.Tensor:
-    """Each table's bags pooled by the engine into its columns of one output (eager)."""
-    out: torch.Tensor = _PooledCat.apply(anchor, handles, ids, pools, trainable)
+    """Each table's bags pooled into its columns of one output (eager)."""
+    out: torch.Tensor = _PooledCat.apply(anchor, handles, ids, offsets, pools, trainable)
     return out

@@ -84,6 +84,35 @@ def test_training_matches_torch(any_client, kind, mode, options, optimizer_name)
     torch.testing.assert_close(module.read_weights(), reference.weight.detach(), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("uniform_offsets", [False, True])
+def test_bags_of_one_size_train_as_torchs(any_client, mode, uniform_offsets, optimizer_name):
+    """Bags of one size (a [bags, size] input, or offsets 0, s, 2s...): remotely pooled
+    from each distinct id's row and their gradients summed per distinct id."""
+    make_torch_optimizer, server_optimizer = OPTIMIZERS[optimizer_name]
+    weights = _initial_weights()
+    reference = torch.nn.EmbeddingBag(NUM, DIM, mode=mode, _weight=weights.clone())
+    module = rnn.EmbeddingBag(NUM, DIM, mode=mode, _weight=weights.clone(), name=unique_name(),
+                              client=any_client, optimizer=server_optimizer)  # fmt: skip
+    torch_optimizer = make_torch_optimizer(reference.parameters())
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(2000 + step)
+        ids = torch.randint(0, NUM, (6, 4), generator=g)
+        ids[2] = ids[1]  # the same ids in two bags
+        ids[0, 1] = ids[0, 0]  # and twice in one
+        batch = {"input": ids}
+        if uniform_offsets:
+            batch = {"input": ids.reshape(-1), "offsets": torch.arange(0, 24, 4)}
+        outputs = [m(**batch) for m in (module, reference)]
+        for out in outputs:
+            ((out - torch.linspace(-1, 1, out.numel()).view_as(out)) ** 2).sum().backward()
+        torch_optimizer.step()
+        torch_optimizer.zero_grad()
+        torch.testing.assert_close(outputs[0], outputs[1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(module.read_weights(), reference.weight.detach(), atol=1e-5, rtol=0)
+
+
 def test_default_initialisation_is_torchs(local_client) -> None:
     module = rnn.Embedding(2000, 8, padding_idx=0, client=local_client, seed=3)
     weights = module.weight
