@@ -228,8 +228,9 @@ class _PooledMany(torch.autograd.Function):
         picked = [i for i, (g, t) in enumerate(zip(grads, ctx.trainable, strict=True))
                   if g is not None and t]  # fmt: skip
         if picked:
-            send_bag_gradients(*([part[i] for i in picked] for part in ctx.bags),
-                               [grads[i] for i in picked])  # fmt: skip
+            handles, ids, offsets, pools = ([part[i] for i in picked] for part in ctx.bags)
+            picked_grads = [g for i, g in enumerate(grads) if i in picked and g is not None]
+            send_bag_gradients(handles, ids, offsets, pools, picked_grads)
         return None, None, None, None, None, None
 
 

@@ -129,7 +129,8 @@ class _PooledCat(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor | None) -> tuple[None, ...]:
         if grad is not None:
-            send_cat_gradients(*ctx.bags, ctx.trainable, grad)
+            handles, ids, offsets, pools = ctx.bags
+            send_cat_gradients(handles, ids, offsets, pools, ctx.trainable, grad)
         return None, None, None, None, None, None
 
 
