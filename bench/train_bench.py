@@ -45,7 +45,7 @@ turns with its eager self, as RecStore's is: the cost ``torch.compile`` adds
 to a model with nothing for inductor to fuse, in the same run. The Criteo
 Kaggle workload (``tbe_workloads.CRITEO``: 26 tables, dim 16, one id a bag,
 skewed ids, row-wise Adagrad; cardinalities above 1M times ``--criteo-scale``)
-runs FBGEMM and RecStore local only, and profiles the collection's Python time
+runs FBGEMM, RecStore local and over gRPC (no torch), and profiles the collection's Python time
 per step with its 26 tables and with each split in 10 (same rows).
 ``--tbe-no-torch`` leaves torch's model out of the other workloads. Writes
 bench/results/train_bench_tbe.json.
@@ -283,7 +283,7 @@ def run_tbe(args: argparse.Namespace) -> None:
         for work in tw.WORKLOADS:
             if args.tbe_workloads and work.name not in args.tbe_workloads.split(","):
                 continue
-            # a workload of its own tables (Criteo) runs without torch's and gRPC's variants
+            # a workload of its own tables (Criteo) runs without torch's variant
             rows = (
                 tw.scaled(work.rows, args.criteo_scale)
                 if work.rows
@@ -302,7 +302,7 @@ def run_tbe(args: argparse.Namespace) -> None:
             if not missing:
                 variants["fbgemm"] = (tw.FbgemmBags(work, *shape), None)
             kinds = [(LOCAL, "local")]
-            if endpoints is not None and not work.rows:
+            if endpoints is not None:
                 kinds.append(("recstore-grpc-2-shards-collection", "grpc"))
             for name, backend in kinds:
                 client = RecStoreClient(role=f"tbe-{name}-{work.name}")

@@ -64,12 +64,23 @@ class Released {
   }
 };
 
-// The request object's bytes as one slice that holds the object until gRPC releases it.
-inline grpc::ByteBuffer request_of(nb::handle request) {
-  auto* buffer = new Buffer(request);
+// A bytes-like object as a slice that holds the object until gRPC releases it.
+inline grpc::Slice slice_of(nb::handle part) {
+  auto* buffer = new Buffer(part);
   const protowire::Payload p = buffer->payload();
-  grpc::Slice slice(const_cast<void*>(p.data), p.size, &Released::later, buffer);
-  return grpc::ByteBuffer(&slice, 1);
+  return grpc::Slice(const_cast<void*>(p.data), p.size, &Released::later, buffer);
+}
+
+// A message from a bytes-like object, or a tuple of them (its parts one after the other),
+// none copied.
+inline grpc::ByteBuffer request_of(nb::handle request) {
+  std::vector<grpc::Slice> slices;
+  if (nb::isinstance<nb::tuple>(request)) {
+    for (nb::handle part : nb::borrow<nb::tuple>(request)) slices.push_back(slice_of(part));
+  } else {
+    slices.push_back(slice_of(request));
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
 // The reply's slices copied into one new bytes object; the copy runs without the GIL

@@ -44,6 +44,10 @@ class NativeRpcError(grpc.RpcError):
         return self._trailing
 
 
+#: a request's bytes, whole or in parts (sent one after the other, none copied)
+Message = bytes | tuple[bytes, ...]
+
+
 class DataChannel:
     """Raw unary calls to one endpoint: plaintext, or TLS (mutual when ``tls`` has an identity)."""
 
@@ -56,10 +60,12 @@ class DataChannel:
         self._channel = _native.DataChannel(endpoint, arguments, pems)
 
     def call(
-        self, method: str, request: bytes, *, timeout: float | None,
+        self, method: str, request: Message, *, timeout: float | None,
         metadata: tuple[tuple[str, str], ...], wait_for_ready: bool,
     ) -> bytes:  # fmt: skip
-        """The reply to ``request`` on ``method`` (its full path); NativeRpcError on failure."""
+        """The reply to ``request`` on ``method`` (its full path); NativeRpcError on failure.
+        A request in parts goes out as the message of their bytes one after the other,
+        each sent from its own buffer."""
         code, payload, trailing = self._channel.call(
             method, request, timeout or 0.0, wait_for_ready, list(metadata)
         )

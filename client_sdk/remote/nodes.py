@@ -34,11 +34,11 @@ from recstore.client.errors import (
     WriteAppliedNotDurable,
     WriteNotApplied,
 )
-from recstore.client.remote.native_channel import DataChannel
+from recstore.client.remote.native_channel import DataChannel, Message
 from recstore.core import WrongShard, wire
 from recstore.core.grpc_status import applied_of, node_epoch
 from recstore.core.limits import grpc_options
-from recstore.core.request_id import RequestIds, with_request_id
+from recstore.core.request_id import RequestIds, id_field
 from recstore.core.tls import ClientTls, channel
 from recstore.v1 import ps_pb2, ps_pb2_grpc
 
@@ -147,11 +147,12 @@ class NodeCalls:
         """
         if writes is None:
             writes = method in WRITING_METHODS
-        if writes:
-            request = with_request_id(method, request, self.request_ids.next())
+        message: Message = request
+        if writes:  # the id goes out as a second slice: the body is not copied
+            message = (request, id_field(method, self.request_ids.next()))
         if blocking:
             try:
-                reply = self._send(method, request, writes)
+                reply = self._send(method, message, writes)
             except grpc.RpcError as error:
                 failure = self._error(error, method, table)
                 failure.__cause__ = error
@@ -161,7 +162,7 @@ class NodeCalls:
 
                 return fail
             return lambda: reply
-        future = self._senders.submit(self._send, method, request, writes)
+        future = self._senders.submit(self._send, method, message, writes)
 
         def wait() -> bytes:
             try:
@@ -171,7 +172,7 @@ class NodeCalls:
 
         return wait
 
-    def _send(self, method: str, request: bytes, resend: bool) -> bytes:
+    def _send(self, method: str, request: Message, resend: bool) -> bytes:
         """One call; a named write is sent again, unchanged, while its outcome is unknown."""
         path = self._paths[method]
         attempts = 0

@@ -90,11 +90,18 @@ class RequestIds:
             return RequestId(self.client, next(self._seqs))
 
 
+def id_field(method: str, request_id: RequestId) -> bytes:
+    """The request-id field of a ``method`` request: appended to its encoded body (fields
+    may come in any order), it names the request ``request_id``."""
+    encoded = request_id.encode()
+    return b"".join(
+        (_tag(ID_FIELD[method], _LENGTH_DELIMITED), encode_varint(len(encoded)), encoded)
+    )
+
+
 def with_request_id(method: str, body: bytes, request_id: RequestId) -> bytes:
     """``body`` (an encoded ``method`` request without an id) naming ``request_id``."""
-    encoded = request_id.encode()
-    field = _tag(ID_FIELD[method], _LENGTH_DELIMITED)
-    return b"".join((body, field, encode_varint(len(encoded)), encoded))
+    return body + id_field(method, request_id)
 
 
 @dataclass(frozen=True)
