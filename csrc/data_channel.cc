@@ -84,6 +84,11 @@ void DataChannel::start(Call& call, const std::string& method) {
   call.started_ = true;
 }
 
+bool DataChannel::unreachable() {
+  std::lock_guard<std::mutex> guard(lock_);
+  return channel_ && channel_->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE;
+}
+
 void DataChannel::close() {
   std::lock_guard<std::mutex> guard(lock_);
   stub_.reset();

@@ -85,6 +85,9 @@ class DataChannel {
   void start(Call& call, const std::string& method);
   // No call starts after this; those in flight finish.
   void close();
+  // Whether the channel cannot connect now (TRANSIENT_FAILURE): a call waiting for it
+  // has not been sent.
+  bool unreachable();
 
  private:
   std::mutex lock_;

@@ -34,6 +34,9 @@
 namespace recstore::rpc::bindings {
 
 namespace nb = nanobind;
+
+// The details of a call given up on because its node could not be reached (never sent).
+inline constexpr char kUnreachable[] = "the PS node could not be reached";
 using namespace nb::literals;
 using protowire::bindings::Buffer;
 
@@ -112,20 +115,38 @@ inline nb::tuple trailing_of(const Call& call) {
   return nb::tuple(out);
 }
 
-// Waits for `call` without the GIL; true when a signal handler raised meanwhile (the
-// call was cancelled and has finished; the Python error is set).
-inline bool wait_interruptibly(Call& call) {
+enum class Waited { kFinished, kInterrupted, kUnreachable };
+
+// Waits for `call` without the GIL. kInterrupted: a signal handler raised meanwhile (the
+// call was cancelled and has finished; the Python error is set). kUnreachable: the
+// channel could not connect for `unreachable_s` seconds in a row (> 0; the call, never
+// sent, was cancelled and has finished).
+inline Waited wait_interruptibly(Call& call, DataChannel& channel, double unreachable_s) {
   nb::gil_scoped_release release;
-  while (!call.wait_for(std::chrono::milliseconds(50))) {
+  const auto tick = std::chrono::milliseconds(50);
+  std::chrono::steady_clock::time_point failing_since{};
+  bool failing = false;
+  while (!call.wait_for(tick)) {
+    if (unreachable_s > 0 && channel.unreachable()) {
+      const auto now = std::chrono::steady_clock::now();
+      if (!failing) failing_since = now, failing = true;
+      if (now - failing_since >= std::chrono::duration<double>(unreachable_s)) {
+        call.cancel();
+        call.wait();
+        return Waited::kUnreachable;
+      }
+    } else {
+      failing = false;
+    }
     nb::gil_scoped_acquire acquire;
     if (PyErr_CheckSignals() != 0) {
       call.cancel();
       nb::gil_scoped_release again;
       call.wait();
-      return true;
+      return Waited::kInterrupted;
     }
   }
-  return false;
+  return Waited::kFinished;
 }
 
 inline std::vector<ChannelArg> channel_args(const nb::list& options) {
@@ -163,20 +184,29 @@ inline void bind(nb::module_& m) {
       .def(
           "call",
           [](DataChannel& self, const std::string& method, nb::handle request, double timeout,
-             bool wait_for_ready, const Metadata& metadata) -> nb::tuple {
+             bool wait_for_ready, const Metadata& metadata, double unreachable_after) -> nb::tuple {
             Released::now();
             auto call = std::make_unique<Call>(request_of(request), timeout, wait_for_ready,
                                                metadata);
             self.start(*call, method);
-            if (wait_interruptibly(*call)) throw nb::python_error();
+            const Waited waited = wait_interruptibly(*call, self, unreachable_after);
+            if (waited == Waited::kInterrupted) throw nb::python_error();
+            if (waited == Waited::kUnreachable) {
+              return nb::make_tuple(static_cast<int>(grpc::StatusCode::UNAVAILABLE),
+                                    nb::str(kUnreachable), nb::tuple());
+            }
             const grpc::Status& status = call->status();
             if (status.ok()) return nb::make_tuple(0, reply_bytes(call->reply()), nb::tuple());
             return nb::make_tuple(static_cast<int>(status.error_code()),
                                   nb::str(status.error_message().c_str()), trailing_of(*call));
           },
           "method"_a, "request"_a, "timeout"_a, "wait_for_ready"_a, "metadata"_a,
+          "unreachable_after"_a = 0.0,
           "(0, reply bytes, ()) or (status code, details, trailing metadata); `timeout` <= 0: "
-          "no deadline")
+          "no deadline; `unreachable_after` > 0: a call the channel could not connect for "
+          "that many seconds in a row is cancelled unsent, answered (UNAVAILABLE, "
+          "UNREACHABLE, ())")
+      .def_prop_ro_static("UNREACHABLE", [](nb::handle) { return kUnreachable; })
       .def("close", &DataChannel::close, "No call starts after this; those in flight finish");
 }
 

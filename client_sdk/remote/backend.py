@@ -146,7 +146,7 @@ class GrpcBackend:
                 if node is None:
                     node = NodeCalls(
                         endpoint, self._metadata, self._timeout, self._pool, self._tls,
-                        self._request_ids,
+                        self._request_ids, self._moved_away if self._admin_url else None,
                     )  # fmt: skip
                     self._nodes[endpoint] = node
         return node
@@ -198,6 +198,20 @@ class GrpcBackend:
             )  # fmt: skip
             self._tables[name] = table
         return table
+
+    def _moved_away(self, endpoint: str, names: list[str]) -> int | None:
+        """The slot-map epoch of one of ``names`` whose shards no longer include
+        ``endpoint`` (a node a move took out), else None. Read from the admin API."""
+        for name in names:
+            if name not in self._tables:
+                continue
+            try:
+                found = self._discover(name)
+            except BackendError:
+                return None  # no answer: the node is waited for, as before
+            if endpoint not in found.endpoints:
+                return found.slot_map.epoch
+        return None
 
     def _refresh(self, name: str, node_epoch: int) -> SlotMap:
         patience = Patience(BEHIND_WAIT_S)

@@ -25,6 +25,8 @@ from recstore.core.tls import ChannelOptions, ClientTls
 _native: Any = _native_module
 #: gRPC's status codes by number, as the C++ call reports them
 CODES = {code.value[0]: code for code in grpc.StatusCode}
+#: the details of a call given up on because its node could not be reached
+UNREACHABLE: str = _native.DataChannel.UNREACHABLE
 
 
 class NativeRpcError(grpc.RpcError):
@@ -48,6 +50,13 @@ class NativeRpcError(grpc.RpcError):
 Message = bytes | tuple[bytes, ...]
 
 
+def unreachable(error: grpc.RpcError) -> bool:
+    """Whether a call failed because its node could not be reached (it was never sent)."""
+    return isinstance(error, NativeRpcError) and (
+        error.code() is grpc.StatusCode.UNAVAILABLE and error.details() == UNREACHABLE
+    )
+
+
 class DataChannel:
     """Raw unary calls to one endpoint: plaintext, or TLS (mutual when ``tls`` has an identity)."""
 
@@ -62,12 +71,15 @@ class DataChannel:
     def call(
         self, method: str, request: Message, *, timeout: float | None,
         metadata: tuple[tuple[str, str], ...], wait_for_ready: bool,
+        unreachable_after: float = 0.0,
     ) -> bytes:  # fmt: skip
         """The reply to ``request`` on ``method`` (its full path); NativeRpcError on failure.
         A request in parts goes out as the message of their bytes one after the other,
-        each sent from its own buffer."""
+        each sent from its own buffer. ``unreachable_after`` > 0: a call the channel
+        could not connect for that many seconds in a row is given up on, never sent
+        (``unreachable`` tells that failure)."""
         code, payload, trailing = self._channel.call(
-            method, request, timeout or 0.0, wait_for_ready, list(metadata)
+            method, request, timeout or 0.0, wait_for_ready, list(metadata), unreachable_after
         )
         if code:
             raise NativeRpcError(CODES[code], payload, trailing)

@@ -34,13 +34,26 @@ from recstore.client.errors import (
     WriteAppliedNotDurable,
     WriteNotApplied,
 )
-from recstore.client.remote.native_channel import DataChannel, Message
+from recstore.client.remote.native_channel import (
+    DataChannel,
+    Message,
+    NativeRpcError,
+    unreachable,
+)
 from recstore.core import WrongShard, wire
 from recstore.core.grpc_status import applied_of, node_epoch
 from recstore.core.limits import grpc_options
 from recstore.core.request_id import RequestIds, id_field
+from recstore.core.routing import EPOCH_METADATA_KEY
 from recstore.core.tls import ClientTls, channel
 from recstore.v1 import ps_pb2, ps_pb2_grpc
+
+#: how long a data call waits for a node it cannot connect to before asking whether a
+#: move took the node out of its tables (then its keys go to their new owners)
+UNREACHABLE_S = 1.0
+#: how a multi-table request names its tables in ``start`` (and in its errors)
+TABLES_SEPARATOR = ", "
+MovedAway = Callable[[str, list[str]], "int | None"]
 
 CHANNEL_OPTIONS = [
     *grpc_options(),
@@ -91,8 +104,12 @@ class NodeCalls:
         senders: Executor,
         tls: ClientTls | None = None,
         request_ids: RequestIds | None = None,
+        moved_away: MovedAway | None = None,
     ) -> None:
         self.endpoint = endpoint
+        #: (endpoint, tables) -> the epoch of a slot map of one of ``tables`` that no
+        #: longer has ``endpoint``, else None (the node is still theirs)
+        self.moved_away = moved_away
         self._senders = senders
         #: the ids of this client instance, shared by its nodes
         self.request_ids = request_ids or RequestIds()
@@ -152,7 +169,7 @@ class NodeCalls:
             message = (request, id_field(method, self.request_ids.next()))
         if blocking:
             try:
-                reply = self._send(method, message, writes)
+                reply = self._send(method, message, writes, table)
             except grpc.RpcError as error:
                 failure = self._error(error, method, table)
                 failure.__cause__ = error
@@ -162,7 +179,7 @@ class NodeCalls:
 
                 return fail
             return lambda: reply
-        future = self._senders.submit(self._send, method, message, writes)
+        future = self._senders.submit(self._send, method, message, writes, table)
 
         def wait() -> bytes:
             try:
@@ -172,14 +189,36 @@ class NodeCalls:
 
         return wait
 
-    def _send(self, method: str, request: Message, resend: bool) -> bytes:
-        """One call; a named write is sent again, unchanged, while its outcome is unknown."""
+    def _send(self, method: str, request: Message, resend: bool, table: str = "") -> bytes:
+        """One call; a named write is sent again, unchanged, while its outcome is unknown.
+
+        A node that cannot be reached for ``UNREACHABLE_S`` may be one a move took out
+        of its tables (a pool shrunk): when ``moved_away`` says so, the call fails as
+        refused by a wrong owner at the new map's epoch (never sent, so nothing
+        applied), and the router sends its keys where they are now; otherwise the node
+        is restarting and is waited for, as any node is.
+        """
         path = self._paths[method]
         attempts = 0
+        patience = UNREACHABLE_S if self.moved_away is not None else 0.0
         while True:
             try:
-                return self.data.call(path, request, **self._data_options)
+                return self.data.call(
+                    path, request, **self._data_options, unreachable_after=patience
+                )
             except grpc.RpcError as error:
+                if unreachable(error):
+                    assert self.moved_away is not None
+                    epoch = self.moved_away(self.endpoint, table.split(TABLES_SEPARATOR))
+                    if epoch is not None:
+                        raise NativeRpcError(
+                            grpc.StatusCode.FAILED_PRECONDITION,
+                            f"PS node {self.endpoint} is unreachable and no longer serves "
+                            f"{table!r} (slot-map epoch {epoch})",
+                            ((EPOCH_METADATA_KEY, str(epoch)),),
+                        ) from error
+                    patience = 0.0  # a node restarting: wait for it
+                    continue
                 if not resend or attempts >= self.resends or not ambiguous(error):
                     raise
                 attempts += 1

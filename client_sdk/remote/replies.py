@@ -25,7 +25,7 @@ import numpy as np
 
 from recstore import _native as _native_module
 from recstore.client.errors import BackendError
-from recstore.client.remote.nodes import NodeCalls
+from recstore.client.remote.nodes import TABLES_SEPARATOR, NodeCalls
 from recstore.client.remote.requests import Part, Request, TableCall
 from recstore.client.remote.single_table import pull_issue, update_issue
 from recstore.core import InvalidArgument, WrongShard, wire
@@ -66,7 +66,7 @@ class MultiCall:
             names = [self.calls[p.index].name for p in request.parts]
             names += [self.carried[p.index].name for p in request.carried]
             waiter = node(request.endpoint).start(
-                method, request.body, ", ".join(dict.fromkeys(names)),
+                method, request.body, TABLES_SEPARATOR.join(dict.fromkeys(names)),
                 blocking=blocking and number == len(requests) - 1,
                 writes=method == "MultiUpdate" or bool(request.carried),
             )  # fmt: skip

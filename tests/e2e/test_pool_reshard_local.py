@@ -192,3 +192,32 @@ def test_a_pool_moves_its_tables_two_to_three_and_back_while_training(
         api.http.close()
     finally:
         platform.stop()
+
+
+def test_a_client_idle_through_a_shrink_finds_its_rows_on_the_nodes_left(
+    tmp_path: Path, helpers: SimpleNamespace
+) -> None:
+    """Its map still names the node the shrink stopped: that node cannot be reached, the
+    admin API says it serves the table no more, so the keys go to their new owners."""
+    platform = helpers.start_platform(tmp_path / "state")
+    try:
+        api = helpers.Api(platform)
+        api.http.post("/pools", json={**POOL, "shards": 3}).raise_for_status()
+        api.create_table(table("t0"))
+        api.wait_ready("t0")
+        client = RecStoreClient(role="idle-reader")
+        client.set_admin_url(platform.url, platform.token, ps_token=platform.ps_token)
+        client.init_data("t0", (ROWS, DIM), torch.float32)
+        rows = torch.arange(ROWS * DIM, dtype=torch.float32).view(ROWS, DIM)
+        client.push("t0", torch.arange(ROWS), rows)
+        before = platform.provisioner.pool_endpoints("model")
+        assert len(before) == 3
+
+        assert api.http.patch("/pools/model", json={"shards": 2}).status_code == 200
+        helpers.wait_for(lambda: len(platform.provisioner.pool_endpoints("model")) == 2, 420,
+                         "the shrink")  # fmt: skip
+        assert set(platform.provisioner.pool_endpoints("model")) < set(before)
+        torch.testing.assert_close(client.pull("t0", torch.arange(ROWS)), rows, atol=0, rtol=0)
+        client.close()
+    finally:
+        platform.stop()
