@@ -9,7 +9,8 @@ not sampled (connections, the nodes' threads and their allocator arenas grow
 then: about 10 MiB over 2 nodes, the same after 8 s as after 30 s); then the
 nodes' resident memory is sampled every second, and the report gives requests,
 rows, errors, latency percentiles and memory drift (mean RSS of the last quarter
-of the run over the first quarter), which would only grow with a leak. Bounded in time; stops by itself.
+of the run over the first quarter), which would only grow with a leak. Bounded
+in time; stops by itself.
 
     python bench/soak.py [--clients 32 --seconds 60 --batch 1024]
 
