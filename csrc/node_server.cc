@@ -197,10 +197,7 @@ class CallReactor : public grpc::ServerGenericBidiReactor {
   }
 
  private:
-  void refuse(const grpc::Status& status) {
-    server_->refused.fetch_add(1, std::memory_order_relaxed);
-    finish_here(status);
-  }
+  void refuse(const grpc::Status& status) { finish_here(status); }
   // Ends the call before the node ever saw it.
   void finish_here(const grpc::Status& status) {
     std::lock_guard<std::recursive_mutex> guard(call_->lock_);

@@ -127,7 +127,6 @@ class NodeServer {
   void post(Event event);
   const NodeServerOptions& options() const { return options_; }
   FastPath& fast_path() { return fast_path_; }
-  std::atomic<int64_t> refused{0};  // calls refused for their token
 
  private:
   NodeServerOptions options_;

@@ -171,9 +171,7 @@ inline void bind_node_server(nb::module_& m) {
       .def("set_serving", &NodeServer::set_serving, "service"_a, "serving"_a)
       .def("shutdown", &NodeServer::shutdown, "grace"_a,
            nb::call_guard<nb::gil_scoped_release>(),
-           "stop: no new call, `grace` seconds for those in flight, then cancelled")
-      .def_prop_ro("refused", [](const NodeServer& self) { return self.refused.load(); },
-                   "calls refused for their token");
+           "stop: no new call, `grace` seconds for those in flight, then cancelled");
 }
 
 }  // namespace recstore::rpc::bindings

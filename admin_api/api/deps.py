@@ -131,6 +131,12 @@ AdminDep = Annotated[Principal, Depends(require_role(Role.admin))]
 ProvisionerRoleDep = Annotated[Principal, Depends(require_role(Role.provisioner))]
 
 
+def expected_version(if_match: str | None, resource_version: str | int | None) -> int | None:
+    """The version a change is made against: ``If-Match``, else the body's resourceVersion."""
+    expected = parse_version(if_match, "If-Match")
+    return expected if expected is not None else parse_version(resource_version, "resourceVersion")
+
+
 def parse_version(value: str | int | None, source: str) -> int | None:
     """A resourceVersion from If-Match (``"3"``, ``W/"3"``, ``3``, ``*``) or a body field."""
     if value is None:

@@ -47,15 +47,6 @@ class Aborted(Exception):
 class Context:
     """What a handler may do to its call besides answering: end it with a status."""
 
-    def __init__(self, call: Any) -> None:
-        self._call = call
-
-    def invocation_metadata(self) -> Metadata:
-        return tuple(self._call.metadata)
-
-    def peer(self) -> str:
-        return str(self._call.peer)
-
     async def abort(
         self, code: grpc.StatusCode, details: str = "", trailing: Metadata = ()
     ) -> NoReturn:
@@ -197,11 +188,6 @@ class NativeServer:
         returns once no pull is in flight natively. Blocks: not on the event loop."""
         self._server.suspend_fast_path()
 
-    @property
-    def refused(self) -> int:
-        """Calls refused for their token (answered natively)."""
-        return int(self._server.refused) if self._server is not None else 0
-
     def set_serving(self, service: str, serving: bool) -> None:
         self._server.set_serving(service, serving)
 
@@ -284,7 +270,7 @@ class NativeServer:
     ) -> None:
         """Run the handler and send what it answers; ``settle`` runs just before the
         status goes out."""
-        context = Context(call)
+        context = Context()
         request = (
             _read_each(call, stream, method.read)
             if method.streamed_request

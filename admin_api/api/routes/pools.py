@@ -19,6 +19,7 @@ from recstore.admin.api.deps import (
     ProvisionerRoleDep,
     SessionDep,
     ViewerDep,
+    expected_version,
     parse_version,
 )
 from recstore.admin.json_body import StrictJsonRoute
@@ -94,9 +95,7 @@ def patch_pool(
 ) -> PoolPublic:
     """Change part of a pool's spec; a stale ``If-Match``/``resourceVersion`` answers 409,
     and so does a change the provisioner cannot apply to running nodes (nothing written)."""
-    expected = parse_version(if_match, "If-Match")
-    if expected is None:
-        expected = parse_version(body.resource_version, "resourceVersion")
+    expected = expected_version(if_match, body.resource_version)
     pool, previous = crud.against_newest(
         session,
         expected,

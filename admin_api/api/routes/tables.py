@@ -15,6 +15,7 @@ from recstore.admin.api.deps import (
     ProvisionerRoleDep,
     SessionDep,
     ViewerDep,
+    expected_version,
     parse_version,
 )
 from recstore.admin.cache_view import cache_view, scrape_table
@@ -117,9 +118,7 @@ def patch_table(
 
     A new shard count is recorded (``reshard_required``) but moves no data by itself.
     """
-    expected = parse_version(if_match, "If-Match")
-    if expected is None:
-        expected = parse_version(body.resource_version, "resourceVersion")
+    expected = expected_version(if_match, body.resource_version)
     table, previous = crud.against_newest(
         session,
         expected,
