@@ -139,6 +139,25 @@ def unique_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return unique[:count], inverse.view(keys.shape)
 
 
+def distinct_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The keys to ask for (each once) and, when some repeat, each key's place among them.
+
+    Keys that are already distinct come back as they are (flattened) with no
+    inverse: the rows pulled for them need no gather. ``spread`` undoes it.
+    """
+    unique, inverse = unique_keys(keys)
+    if unique.numel() == keys.numel():
+        return unique, None  # first-occurrence order: the keys as they came
+    return unique, inverse
+
+
+def spread(rows: torch.Tensor, inverse: torch.Tensor | None, shape: torch.Size) -> torch.Tensor:
+    """Rows of the distinct keys laid out as the keys of ``shape`` were (``distinct_keys``)."""
+    if inverse is None:
+        return rows.view(*shape, rows.shape[-1])
+    return rows[inverse]
+
+
 def coalesce(ids: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Unique ids and their summed rows (a coalesced sparse gradient)."""
     unique, inverse = torch.unique(ids, return_inverse=True)

@@ -30,7 +30,7 @@ from recstore.client.remote import rows
 from recstore.client.remote.nodes import NodeCalls
 from recstore.client.remote.requests import TableCall
 from recstore.client.remote.routing import BEHIND_WAIT_S, Patience, ShardRouter
-from recstore.client.remote.single_table import pull_issue, push_issue, update_issue
+from recstore.client.remote.single_table import push_issue, update_issue
 from recstore.client.remote.step import Step
 from recstore.client.remote.tables import (
     Discovery,
@@ -46,7 +46,13 @@ from recstore.client.remote.updates import (
     MAX_IN_FLIGHT_ENV,
 )
 from recstore.client.specs import same_layout
-from recstore.client.tensors import keys_to_numpy, rows_from_numpy, rows_to_numpy
+from recstore.client.tensors import (
+    distinct_keys,
+    keys_to_numpy,
+    rows_from_numpy,
+    rows_to_numpy,
+    spread,
+)
 from recstore.core import DType, SlotMap, TableSpec, malloc_tuning, wire
 from recstore.core.cache_figures import ClientCache
 from recstore.core.control import (
@@ -285,16 +291,9 @@ class GrpcBackend:
     def pull(self, name: str, keys: torch.Tensor, *, unique: bool = False) -> torch.Tensor:
         self._step.settle([name])  # read-your-writes: this table's updates land first
         table = self._locate(name)
-        distinct, inverse = (keys, None) if unique else torch.unique(keys, return_inverse=True)
-        keys_np = keys_to_numpy(distinct)
-        dtype = DType(table.spec.dtype)
-        out = np.empty((len(keys_np), table.spec.embedding_dim), dtype=wire.wire_dtype(dtype))
-        issue = pull_issue(
-            table.spec, keys_np, out, self._node_of(table), transport=table.transport
-        )
-        table.router.start(keys_np, issue).wait()
-        rows = rows_from_numpy(out, dtype)
-        return rows if inverse is None else rows[inverse]
+        distinct, inverse = (keys, None) if unique else distinct_keys(keys)
+        rows, _ = self._pull_rows(table, keys_to_numpy(distinct), frozenset())
+        return rows if unique else spread(rows, inverse, keys.shape)
 
     def pull_versioned(
         self, name: str, keys: torch.Tensor, *, skip: frozenset[str] = frozenset()
@@ -309,12 +308,18 @@ class GrpcBackend:
         """
         self._step.settle([name])
         table = self._locate(name)
-        keys_np = keys_to_numpy(keys)
+        return self._pull_rows(table, keys_to_numpy(keys), frozenset(table.endpoints) - skip)
+
+    def _pull_rows(
+        self, table: RemoteTable, keys: np.ndarray, ask: frozenset[str]
+    ) -> tuple[torch.Tensor, dict[str, int] | None]:
+        """The rows of distinct ``keys`` in one MultiPull per node (routed, encoded and
+        scattered natively), and the versions ``pull_versioned`` describes; ``ask``: the
+        nodes asked even where they own none of the keys."""
         dtype = DType(table.spec.dtype)
-        out = np.empty((len(keys_np), table.spec.embedding_dim), dtype=wire.wire_dtype(dtype))
-        ask = frozenset(table.endpoints) - skip
+        out = np.empty((len(keys), table.spec.embedding_dim), dtype=wire.wire_dtype(dtype))
         call = self._step.multi_call(
-            "MultiPull", [TableCall(table, keys_np, out, also_ask=ask)], blocking=True
+            "MultiPull", [TableCall(table, keys, out, also_ask=ask)], blocking=True
         )
         call.wait()
         versions = None if call.resent else call.versions[0]

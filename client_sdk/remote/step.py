@@ -34,7 +34,7 @@ from recstore.client.remote.replies import MultiCall
 from recstore.client.remote.requests import Request, TableCall, build_requests
 from recstore.client.remote.tables import RemoteTable
 from recstore.client.remote.updates import Completion, HeldUpdates, UpdatesInFlight
-from recstore.client.tensors import keys_to_numpy, rows_from_numpy
+from recstore.client.tensors import distinct_keys, keys_to_numpy, rows_from_numpy, spread
 from recstore.core import DType, wire
 
 
@@ -244,7 +244,7 @@ class Step:
         calls, inverses = [], []
         for name, keys, unique in requests:
             table = self._locate(name)
-            distinct, inverse = (keys, None) if unique else torch.unique(keys, return_inverse=True)
+            distinct, inverse = (keys, None) if unique else distinct_keys(keys)
             keys_np = keys_to_numpy(distinct)
             dtype = wire.wire_dtype(DType(table.spec.dtype))
             out = np.empty((len(keys_np), table.spec.embedding_dim), dtype=dtype)
@@ -260,9 +260,11 @@ class Step:
             raise
         self._settle_carried(pull, failed=False)
         results = []
-        for table_call, inverse in zip(pull.calls, pull.inverses, strict=True):
+        for (_, keys, unique), table_call, inverse in zip(
+            pull.requests, pull.calls, pull.inverses, strict=True
+        ):
             rows = rows_from_numpy(table_call.rows, DType(table_call.table.spec.dtype))
-            results.append(rows if inverse is None else rows[inverse])
+            results.append(rows if unique else spread(rows, inverse, keys.shape))
         return results
 
     def _settle_carried(self, pull: _Pull, *, failed: bool) -> None:
