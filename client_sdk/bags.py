@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from recstore import _native as _native_module
+from recstore.client.tensors import readable_rows
 
 #: the compiled engine (no type stubs)
 _native: Any = _native_module
@@ -159,12 +160,18 @@ def embedding_bag(
 
 
 def pool_distinct(
-    rows: torch.Tensor, inverse: torch.Tensor, bag_size: int, mean: bool
+    rows: torch.Tensor,
+    inverse: torch.Tensor,
+    bag_size: int,
+    mean: bool,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Bags of ``bag_size`` consecutive ``inverse`` indices into distinct float32 CPU
-    ``rows``, summed (or averaged) as each is read: no row per occurrence is made."""
+    ``rows``, summed (or averaged) as each is read: no row per occurrence is made.
+    ``out``: where they go (a column slice of a wider output will do), else a new tensor."""
     flat = inverse.contiguous().view(-1)
-    out = rows.new_empty((flat.numel() // bag_size, rows.shape[1]))
+    if out is None:
+        out = rows.new_empty((flat.numel() // bag_size, rows.shape[1]))
     _native.pool_distinct_bags(flat, rows.detach().contiguous(), bag_size, mean, out)
     return out
 
@@ -172,10 +179,12 @@ def pool_distinct(
 def unpool_distinct(
     grad: torch.Tensor, inverse: torch.Tensor, bag_size: int, mean: bool, num_rows: int
 ) -> torch.Tensor:
-    """``pool_distinct``'s backward: each distinct row's gradient, its bags' rows summed."""
+    """``pool_distinct``'s backward: each distinct row's gradient, its bags' rows summed.
+    ``grad`` may be a column slice of a wider gradient (read in place, not copied)."""
     out = grad.new_empty((num_rows, grad.shape[1]))
-    _native.unpool_distinct_bags(inverse.contiguous().view(-1), grad.contiguous(), bag_size,
-                                 mean, out)  # fmt: skip
+    _native.unpool_distinct_bags(
+        inverse.contiguous().view(-1), readable_rows(grad), bag_size, mean, out
+    )
     return out
 
 

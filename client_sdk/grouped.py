@@ -36,7 +36,7 @@ from recstore.client import state
 from recstore.client.backends.local import LocalBackend, LocalGroup
 from recstore.client.errors import BackendError
 from recstore.client.shared_features import members
-from recstore.client.tensors import MODULE_ID_DTYPES, check_id_range
+from recstore.client.tensors import MODULE_ID_DTYPES, check_id_range, readable_rows
 from recstore.core import DType
 from recstore.store.buffers import new_rows
 
@@ -309,9 +309,7 @@ class TableGroup:
         if not now.trains:
             return
         lrs = now.lrs if skip is None else now.lrs.masked_fill(skip, 0.0)
-        grad = grad.detach().to("cpu", torch.float32)
-        if grad.stride(-1) != 1:
-            grad = grad.contiguous()
+        grad = readable_rows(grad.detach().to("cpu", torch.float32))
         with self._ids_named(batch):
             backend.update_group(now.local, *self._args(batch), grad, lrs)
 

@@ -39,7 +39,7 @@ from recstore.client.bags import (
 )
 from recstore.client.lookup import Gradient, flat_keys, read_distinct, send_gradients
 from recstore.client.op_tables import resolve, writable
-from recstore.client.tensors import unique_keys
+from recstore.client.tensors import readable_rows, unique_keys
 
 if TYPE_CHECKING:
     from recstore.client.client import RecStoreClient
@@ -96,9 +96,7 @@ def _engine_update(handle: str, keys: torch.Tensor, size: int, mean: bool,
     if not keys.numel():
         return
     ref = writable(handle)
-    rows = grad.detach().to("cpu", torch.float32)
-    if rows.stride(-1) != 1:  # strided rows (a column slice) will do, strided columns not
-        rows = rows.contiguous()
+    rows = readable_rows(grad.detach().to("cpu", torch.float32))
     scale = 1.0 / size if mean else 1.0
     ref.client._for_modules.update_bags(ref.name, keys, size, rows, scale)
 
@@ -148,20 +146,32 @@ def pool_read(
     ids: Sequence[torch.Tensor],
     offsets: Sequence[torch.Tensor | None],
     pools: Sequence[Pool],
+    into: Sequence[torch.Tensor] | None = None,
 ) -> list[torch.Tensor]:
     """Bags the engine does not pool, from one multi-table read. Where each distinct id
     travelled once (a remote table) and the bags are of one size, each bag is summed
     from the distinct rows as it is read (``pool_distinct_bags``: no row per occurrence
-    is made); else from one row per occurrence (``pool_rows``)."""
+    is made); else from one row per occurrence (``pool_rows``). ``into``: each table's
+    output (a column slice of a joined output will do), written and returned."""
     out = []
     read = read_distinct(handles, ids)
-    for keys, offs, pool, (rows, inverse) in zip(ids, offsets, pools, read, strict=True):
+    for index, (keys, offs, pool, (rows, inverse)) in enumerate(
+        zip(ids, offsets, pools, read, strict=True)
+    ):
+        target = None if into is None else into[index]
         size = distinct_bag_size(keys, pool, offs)
         if inverse is not None and _pools_distinct(rows, keys, size):
-            out.append(pool_distinct(rows, inverse, size, pool.mean))
-            continue
-        per_id = rows if inverse is None else rows.index_select(0, inverse)
-        out.append(pool_rows(per_id.to(keys.device), pool, offs))
+            native_target = target is None or (
+                target.dtype == torch.float32 and target.device.type == "cpu"
+            )
+            if native_target:
+                out.append(pool_distinct(rows, inverse, size, pool.mean, target))
+                continue
+            pooled = pool_distinct(rows, inverse, size, pool.mean)
+        else:
+            per_id = rows if inverse is None else rows.index_select(0, inverse)
+            pooled = pool_rows(per_id.to(keys.device), pool, offs)
+        out.append(pooled if target is None else target.copy_(pooled))
     return out
 
 

@@ -77,11 +77,10 @@ def pool_bags_cat(
             engine_pool(handle, flat_keys(keys), size, pool.mean, columns[i])
         else:
             rest.append(i)
-    if rest:  # one multi-table read for the rest
-        read = pool_read([handles[i] for i in rest], [ids[i] for i in rest],
-                         [offsets[i] for i in rest], [pools[i] for i in rest])  # fmt: skip
-        for i, pooled in zip(rest, read, strict=True):
-            columns[i].copy_(pooled)
+    if rest:  # one multi-table read for the rest, pooled into their columns
+        pool_read([handles[i] for i in rest], [ids[i] for i in rest],
+                  [offsets[i] for i in rest], [pools[i] for i in rest],
+                  into=[columns[i] for i in rest])  # fmt: skip
     return out
 
 

@@ -139,6 +139,15 @@ def unique_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return unique[:count], inverse.view(keys.shape)
 
 
+def readable_rows(rows: torch.Tensor) -> torch.Tensor:
+    """2-D rows as the engine reads them in place: columns contiguous and rows apart (a
+    column slice of a wider tensor will do, with no copy); any other layout copied (a
+    gradient broadcast over bags has rows 0 apart)."""
+    apart = rows.shape[0] < 2 or rows.stride(0) >= rows.shape[1]
+    together = rows.shape[1] < 2 or rows.stride(1) == 1
+    return rows if apart and together else rows.contiguous()
+
+
 def distinct_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The keys to ask for (each once) and, when some repeat, each key's place among them.
 

@@ -108,6 +108,21 @@ std::string shape_of(const A& a) {
   return s + (a.ndim() == 1 ? ",)" : ")");
 }
 
+// The row stride of 2-D rows `width` wide whose columns are contiguous (a column slice
+// of a wider array will do); strided columns or rows that overlap are refused, naming `name`.
+template <class A>
+int64_t row_stride(const A& rows, int64_t width, const char* name) {
+  if (width > 1 && rows.stride(1) != 1)
+    throw std::invalid_argument(std::string(name) + " must have contiguous columns");
+  if (rows.shape(0) < 2) return width;
+  const int64_t stride = static_cast<int64_t>(rows.stride(0));
+  if (stride < width)
+    throw std::invalid_argument(std::string(name) + "'s rows must not overlap (row stride " +
+                                std::to_string(stride) + " < width " + std::to_string(width) +
+                                ")");
+  return stride;
+}
+
 // The DTypeCode (optimizer.h) of an array of table rows, or -1 for any other dtype;
 // bfloat16 rows may also come as their raw bits (uint16).
 inline int rows_code(nb::dlpack::dtype d) {

@@ -23,11 +23,12 @@ void check_distinct_bags(int64_t n, const int64_t* inverse, int64_t num_rows) {
 }
 
 void pool_distinct_bags(int64_t bags, int64_t bag_size, const int64_t* inverse,
-                        const float* rows, int64_t dim, bool mean, float* out) {
+                        const float* rows, int64_t dim, bool mean, float* out,
+                        int64_t out_stride) {
   const float scale = 1.0f / static_cast<float>(bag_size);
   parallel_for(bags, kBagsPerChunk, [&](int64_t b, int64_t e) {
     for (int64_t bag = b; bag < e; ++bag) {
-      float* acc = out + bag * dim;
+      float* acc = out + bag * out_stride;
       std::fill(acc, acc + dim, 0.0f);
       for (int64_t i = bag * bag_size; i < (bag + 1) * bag_size; ++i) {
         const float* w = rows + inverse[i] * dim;
@@ -40,12 +41,12 @@ void pool_distinct_bags(int64_t bags, int64_t bag_size, const int64_t* inverse,
 }
 
 void unpool_distinct_bags(int64_t bags, int64_t bag_size, const int64_t* inverse,
-                          const float* grads, int64_t dim, bool mean, int64_t num_rows,
-                          float* out) {
+                          const float* grads, int64_t grad_stride, int64_t dim, bool mean,
+                          int64_t num_rows, float* out) {
   std::memset(out, 0, static_cast<size_t>(num_rows * dim) * sizeof(float));
   const float scale = mean ? 1.0f / static_cast<float>(bag_size) : 1.0f;
   for (int64_t bag = 0; bag < bags; ++bag) {
-    const float* g = grads + bag * dim;
+    const float* g = grads + bag * grad_stride;
     for (int64_t i = bag * bag_size; i < (bag + 1) * bag_size; ++i) {
       float* acc = out + inverse[i] * dim;
       if (mean)

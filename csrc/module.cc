@@ -68,20 +68,6 @@ void expect_bags(const Table& t, int64_t n, int64_t bag_size, const A& rows, con
     throw std::invalid_argument(std::string(name) + " must have shape [number of bags, dim]");
 }
 
-// The row stride of [bags, dim] rows whose columns are contiguous (a column slice of a
-// wider array will do); rows that overlap or strided columns are refused.
-template <class A>
-int64_t expect_row_stride(const Table& t, const A& rows, const char* name) {
-  if (t.dim() > 1 && rows.stride(1) != 1)
-    throw std::invalid_argument(std::string(name) + " must have contiguous columns");
-  if (rows.shape(0) < 2) return t.dim();
-  const int64_t stride = static_cast<int64_t>(rows.stride(0));
-  if (stride < t.dim())
-    throw std::invalid_argument(std::string(name) + "'s rows must not overlap (row stride " +
-                                std::to_string(stride) + " < dim " + std::to_string(t.dim()) + ")");
-  return stride;
-}
-
 }  // namespace
 
 NB_MODULE(_native, m) {
@@ -138,40 +124,46 @@ NB_MODULE(_native, m) {
   recstore::arrays::def_checked_function(
       m, "pool_distinct_bags",
       [](HostKeys inverse, Host<const float, nb::ndim<2>> rows, int64_t bag_size, bool mean,
-         Host<float, nb::ndim<2>> out) {
+         recstore::arrays::Array<float, nb::ndim<2>, nb::device::cpu> out) {
+        // out may be a column slice of a wider output (rows strided, columns not)
         const int64_t n = count(inverse), dim = static_cast<int64_t>(rows.shape(1));
         if (bag_size < 1 || n % bag_size != 0)
           throw std::invalid_argument("the indices must fill bags of bag_size each");
         if (static_cast<int64_t>(out.shape(0)) != n / bag_size ||
             static_cast<int64_t>(out.shape(1)) != dim)
           throw std::invalid_argument("out must have shape [number of bags, dim of rows]");
+        const int64_t stride = recstore::arrays::row_stride(out, dim, "out");
         nb::gil_scoped_release release;
         recstore::check_distinct_bags(n, inverse.data(), static_cast<int64_t>(rows.shape(0)));
         recstore::pool_distinct_bags(n / bag_size, bag_size, inverse.data(), rows.data(), dim,
-                                     mean, out.data());
+                                     mean, out.data(), stride);
       },
       "inverse"_a.noconvert(), "rows"_a.noconvert(), "bag_size"_a, "mean"_a,
       "out"_a.noconvert(),
-      "Bags of bag_size consecutive indices into rows, summed (or averaged) into out");
+      "Bags of bag_size consecutive indices into rows, summed (or averaged) into out "
+      "(its rows may be strided, its columns not)");
   recstore::arrays::def_checked_function(
       m, "unpool_distinct_bags",
-      [](HostKeys inverse, Host<const float, nb::ndim<2>> grads, int64_t bag_size, bool mean,
-         Host<float, nb::ndim<2>> out) {
+      [](HostKeys inverse, recstore::arrays::Array<const float, nb::ndim<2>, nb::device::cpu> grads,
+         int64_t bag_size, bool mean, Host<float, nb::ndim<2>> out) {
+        // grads may be a column slice of a wider gradient (rows strided, columns not)
         const int64_t n = count(inverse), dim = static_cast<int64_t>(out.shape(1));
         if (bag_size < 1 || n % bag_size != 0)
           throw std::invalid_argument("the indices must fill bags of bag_size each");
         if (static_cast<int64_t>(grads.shape(0)) != n / bag_size ||
             static_cast<int64_t>(grads.shape(1)) != dim)
           throw std::invalid_argument("grads must have shape [number of bags, dim of out]");
+        const int64_t stride = recstore::arrays::row_stride(grads, dim, "grads");
         nb::gil_scoped_release release;
         recstore::check_distinct_bags(n, inverse.data(), static_cast<int64_t>(out.shape(0)));
-        recstore::unpool_distinct_bags(n / bag_size, bag_size, inverse.data(), grads.data(), dim,
-                                       mean, static_cast<int64_t>(out.shape(0)), out.data());
+        recstore::unpool_distinct_bags(n / bag_size, bag_size, inverse.data(), grads.data(),
+                                       stride, dim, mean, static_cast<int64_t>(out.shape(0)),
+                                       out.data());
       },
       "inverse"_a.noconvert(), "grads"_a.noconvert(), "bag_size"_a, "mean"_a,
       "out"_a.noconvert(),
       "The gradient of pool_distinct_bags: each bag's row added to every row it used (out "
-      "overwritten)");
+      "overwritten; grads' rows may be strided, its columns not)");
 
   nb::exception<recstore::CapacityError>(m, "CapacityError");
   nb::exception<recstore::NonFiniteError>(m, "NonFiniteError", PyExc_ValueError);
@@ -270,7 +262,7 @@ NB_MODULE(_native, m) {
         // out may be a column slice of a wider output (rows strided, columns not)
         const int64_t n = count(keys);
         expect_bags(t, n, bag_size, out, "out");
-        const int64_t stride = expect_row_stride(t, out, "out");
+        const int64_t stride = recstore::arrays::row_stride(out, t.dim(), "out");
         nb::gil_scoped_release release;
         if (n) t.pool(n, keys.data(), bag_size, mean, out.data(), stride);
       },
@@ -285,7 +277,7 @@ NB_MODULE(_native, m) {
         // grads may be a column slice of a wider gradient (rows strided, columns not)
         const int64_t n = count(keys);
         expect_bags(t, n, bag_size, grads, "grads");
-        const int64_t stride = expect_row_stride(t, grads, "grads");
+        const int64_t stride = recstore::arrays::row_stride(grads, t.dim(), "grads");
         nb::gil_scoped_release release;
         t.update_bags(n, keys.data(), bag_size, grads.data(), stride, static_cast<float>(scale),
                       static_cast<float>(lr));

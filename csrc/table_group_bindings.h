@@ -54,13 +54,7 @@ int64_t row_stride(const TableGroup& g, const A& a, int64_t bags, const char* wh
     throw std::invalid_argument(std::string(what) + " must have shape (" + std::to_string(bags) +
                                 ", " + std::to_string(g.width()) + "), got " +
                                 recstore::arrays::shape_of(a));
-  if (g.width() > 1 && a.stride(1) != 1)
-    throw std::invalid_argument(std::string(what) + " must have contiguous columns");
-  if (bags < 2) return g.width();
-  const int64_t stride = static_cast<int64_t>(a.stride(0));
-  if (stride < g.width())
-    throw std::invalid_argument(std::string(what) + "'s rows must not overlap");
-  return stride;
+  return recstore::arrays::row_stride(a, g.width(), what);
 }
 
 inline void bind(nb::module_& m) {

@@ -113,6 +113,29 @@ def test_bags_of_one_size_train_as_torchs(any_client, mode, uniform_offsets, opt
     torch.testing.assert_close(module.read_weights(), reference.weight.detach(), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("bags_of_one_size", [True, False])
+def test_a_gradient_broadcast_over_the_bags_trains_as_torchs(any_client, bags_of_one_size):
+    """A loss over the bags' sum hands backward one row expanded over every bag (rows 0
+    apart): the engine must read it as that row for each bag, not refuse or misread it."""
+    weights = _initial_weights()
+    reference = torch.nn.EmbeddingBag(NUM, DIM, mode="sum", _weight=weights.clone())
+    module = rnn.EmbeddingBag(NUM, DIM, mode="sum", _weight=weights.clone(), name=unique_name(),
+                              client=any_client, optimizer={"kind": "sgd", "lr": 0.1})  # fmt: skip
+    torch_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    scale = torch.linspace(-1, 1, DIM)
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(3000 + step)
+        ids = torch.randint(0, NUM, (6, 4), generator=g)
+        batch = {"input": ids}
+        if not bags_of_one_size:
+            batch = {"input": ids.reshape(-1)[:-1], "offsets": torch.tensor([0, 3, 9, 12, 20])}
+        for m in (module, reference):
+            (m(**batch).sum(0) * scale).sum().backward()  # d/d(out) = scale on every bag
+        torch_optimizer.step()
+        torch_optimizer.zero_grad()
+    torch.testing.assert_close(module.read_weights(), reference.weight.detach(), atol=1e-5, rtol=0)
+
+
 def test_default_initialisation_is_torchs(local_client) -> None:
     module = rnn.Embedding(2000, 8, padding_idx=0, client=local_client, seed=3)
     weights = module.weight

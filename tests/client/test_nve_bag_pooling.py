@@ -89,3 +89,27 @@ def test_an_index_outside_the_rows_is_refused_and_out_is_untouched() -> None:
         _native.pool_distinct_bags(torch.tensor([0, 1, 2]), rows, 2, False, out)
     with pytest.raises(ValueError, match=r"out must have shape"):
         _native.pool_distinct_bags(inverse, rows, 2, False, torch.empty(3, 2))
+
+
+def test_bags_pool_into_and_unpool_from_a_column_slice_of_a_wider_tensor() -> None:
+    """Strided rows (a column slice of a joined output or of its gradient) are written and
+    read in place, exactly as contiguous ones; strided columns and overlapping rows are
+    refused."""
+    g = torch.Generator().manual_seed(5)
+    rows, inverse = torch.randn(7, 3, generator=g), torch.randint(0, 7, (12,), generator=g)
+    alone = torch.empty(4, 3)
+    _native.pool_distinct_bags(inverse, rows, 3, True, alone)
+    wide = torch.full((4, 8), 9.0)
+    _native.pool_distinct_bags(inverse, rows, 3, True, wide[:, 2:5])
+    torch.testing.assert_close(wide[:, 2:5], alone, atol=0, rtol=0)
+    assert torch.equal(wide[:, :2], torch.full((4, 2), 9.0))  # the other columns untouched
+    assert torch.equal(wide[:, 5:], torch.full((4, 3), 9.0))
+    grads = torch.randn(4, 8, generator=g)
+    expected, got = torch.empty(7, 3), torch.empty(7, 3)
+    _native.unpool_distinct_bags(inverse, grads[:, 2:5].contiguous(), 3, False, expected)
+    _native.unpool_distinct_bags(inverse, grads[:, 2:5], 3, False, got)
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="contiguous columns"):
+        _native.pool_distinct_bags(inverse, rows, 3, True, torch.empty(4, 6)[:, ::2])
+    with pytest.raises(ValueError, match="must not overlap"):
+        _native.unpool_distinct_bags(inverse, torch.ones(3).expand(4, 3), 3, False, got)
