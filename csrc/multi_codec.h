@@ -29,6 +29,7 @@ struct Keys {
   const int64_t* keys = nullptr;
   int64_t n = 0;
   const int32_t* node_of_slot = nullptr;
+  int64_t counted_row_bytes = 1;  // what one key counts toward the byte bound (the table's row)
 };
 
 struct PullItem {
@@ -63,17 +64,41 @@ struct Route {
 
 Route route(const Keys& keys, int num_nodes);
 
-// Does `node` get `item` (keys there, or listed in the item's every_node)?
-bool pull_goes_to(const PullItem& item, const Route& route, int node);
-bool update_goes_to(const UpdateItem& item, const Route& route, int node);
-
 enum class Method { kMultiPull, kMultiUpdate };
 
-// Writes node `node`'s request and returns its size; with out == nullptr only
-// the size. kMultiPull: the updates are carried (field 2), the pulls are the
-// items (field 1); kMultiUpdate: the updates are the items, pulls must be empty.
-size_t encode_request(Method method, int node, const std::vector<PullItem>& pulls,
-                      const std::vector<Route>& pull_routes,
+// Some of one item's keys for one node: route.order[route.offsets[node] + start ...][count].
+struct Span {
+  size_t item = 0;
+  int64_t start = 0;
+  int64_t count = 0;
+};
+
+// One request to one node: pulls and updates (a MultiUpdate's items, or the updates a
+// MultiPull carries), each item's spans in item order.
+struct NodeRequest {
+  int node = 0;
+  std::vector<Span> pulls;
+  std::vector<Span> updates;
+};
+
+// The requests of a call, cut so that no request holds more than max_bytes of rows
+// (counted_row_bytes per key) unless one item's share must travel whole: a node's keys
+// of an item go in chunks of max_bytes / row, and a request is closed when the next
+// chunk would pass the bound. An update sent to every node (every_node) is not cut;
+// neither is a pull asked of a node with none of its keys (an empty item). A MultiPull's
+// updates ride on a node's one request, within the bound; `carried_fit` is false (and
+// nothing planned) when they do not, for the caller to send them on their own first.
+std::vector<NodeRequest> plan_requests(Method method, const std::vector<PullItem>& pulls,
+                                       const std::vector<Route>& pull_routes,
+                                       const std::vector<UpdateItem>& updates,
+                                       const std::vector<Route>& update_routes, int num_nodes,
+                                       int64_t max_bytes, bool& carried_fit);
+
+// Writes `request` and returns its size; with out == nullptr only the size. The
+// updates go first (a MultiPull's carried ones, field 2; a MultiUpdate's items), then
+// the pulls; keys and gradients are gathered (and converted) straight into the message.
+size_t encode_request(Method method, const NodeRequest& request,
+                      const std::vector<PullItem>& pulls, const std::vector<Route>& pull_routes,
                       const std::vector<UpdateItem>& updates,
                       const std::vector<Route>& update_routes, uint8_t* out);
 

@@ -99,8 +99,16 @@ inline nb::list routes_to_python(std::vector<Route>& routes) {
   return out;
 }
 
-inline nb::tuple encode_multi(const std::string& method_name, const nb::list& pull_args,
-                              const nb::list& update_args, int num_nodes) {
+inline nb::list spans_to_python(const std::vector<Span>& spans) {
+  nb::list out;
+  for (const Span& s : spans) out.append(nb::make_tuple(s.item, s.start, s.count));
+  return out;
+}
+
+// None when a MultiPull's updates cannot ride on it (plan_requests); else (requests: [(node,
+// body, pull spans, update spans)], pull routes, update routes), a span (item, start, count).
+inline nb::object encode_multi(const std::string& method_name, const nb::list& pull_args,
+                               const nb::list& update_args, int num_nodes, int64_t max_bytes) {
   Method method;
   if (method_name == "MultiPull") {
     method = Method::kMultiPull;
@@ -110,24 +118,27 @@ inline nb::tuple encode_multi(const std::string& method_name, const nb::list& pu
     throw std::invalid_argument("not a multi-table method: " + method_name);
   }
   if (num_nodes < 1) throw std::invalid_argument("num_nodes must be >= 1");
+  if (max_bytes < 1) throw std::invalid_argument("max_bytes must be >= 1");
   Held held;
-  // pull: (table, epoch, keys, node_of_slot, value_dtype, every_node)
+  // pull: (table, epoch, keys, node_of_slot, value_dtype, every_node, row bytes counted)
   std::vector<PullItem> pulls;
   for (nb::handle h : pull_args) {
     auto t = nb::cast<nb::tuple>(h);
-    if (t.size() != 6) throw std::invalid_argument("a pull item is a 6-tuple");
+    if (t.size() != 7) throw std::invalid_argument("a pull item is a 7-tuple");
     PullItem p{keys_of(t, held), nb::cast<std::string>(t[4]),
                nb::cast<std::vector<int32_t>>(t[5])};
+    p.keys.counted_row_bytes = nb::cast<int64_t>(t[6]);
     pulls.push_back(std::move(p));
   }
   // update: (table, epoch, keys, node_of_slot, grads: [n, dim] rows, grad_dtype ('': as
-  // the rows are), lr or None, dim, every_node)
+  // the rows are), lr or None, dim, every_node, row bytes counted)
   std::vector<UpdateItem> updates;
   for (nb::handle h : update_args) {
     auto t = nb::cast<nb::tuple>(h);
-    if (t.size() != 9) throw std::invalid_argument("an update item is a 9-tuple");
+    if (t.size() != 10) throw std::invalid_argument("an update item is a 10-tuple");
     UpdateItem u;
     u.keys = keys_of(t, held);
+    u.keys.counted_row_bytes = nb::cast<int64_t>(t[9]);
     const std::string what = "gradients of table '" + u.keys.table + "'";
     const auto& grads = held.rows_in.emplace_back(array_arg<RowsIn>(t[4], what));
     if (arrays::count(grads) != u.keys.n)
@@ -153,45 +164,39 @@ inline nb::tuple encode_multi(const std::string& method_name, const nb::list& pu
     updates.push_back(std::move(u));
   }
   std::vector<Route> pull_routes, update_routes;
-  std::vector<size_t> sizes(static_cast<size_t>(num_nodes), 0);
-  std::vector<bool> sends(static_cast<size_t>(num_nodes), false);
+  std::vector<NodeRequest> planned;
+  std::vector<size_t> sizes;
+  bool carried_fit = true;
   {
     nb::gil_scoped_release release;
     for (const PullItem& p : pulls) pull_routes.push_back(route(p.keys, num_nodes));
     for (const UpdateItem& u : updates) update_routes.push_back(route(u.keys, num_nodes));
-    for (int node = 0; node < num_nodes; ++node) {
-      for (size_t i = 0; i < pulls.size() && !sends[node]; ++i) {
-        sends[node] = pull_goes_to(pulls[i], pull_routes[i], node);
-      }
-      for (size_t i = 0; i < updates.size() && !sends[node]; ++i) {
-        sends[node] = update_goes_to(updates[i], update_routes[i], node);
-      }
-      if (sends[node]) {
-        sizes[node] =
-            encode_request(method, node, pulls, pull_routes, updates, update_routes, nullptr);
-      }
-    }
+    planned = plan_requests(method, pulls, pull_routes, updates, update_routes, num_nodes,
+                            max_bytes, carried_fit);
+    for (const NodeRequest& r : planned)
+      sizes.push_back(
+          encode_request(method, r, pulls, pull_routes, updates, update_routes, nullptr));
   }
-  std::vector<nb::object> requests(static_cast<size_t>(num_nodes), nb::none());
-  std::vector<uint8_t*> buffers(static_cast<size_t>(num_nodes), nullptr);
-  for (int node = 0; node < num_nodes; ++node) {
-    if (!sends[node]) continue;
-    PyObject* bytes = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(sizes[node]));
+  if (!carried_fit) return nb::none();
+  std::vector<nb::object> bodies;
+  std::vector<uint8_t*> buffers;
+  for (size_t size : sizes) {
+    PyObject* bytes = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(size));
     if (bytes == nullptr) throw nb::python_error();
-    requests[node] = nb::steal(bytes);
-    buffers[node] = reinterpret_cast<uint8_t*>(PyBytes_AS_STRING(bytes));
+    bodies.push_back(nb::steal(bytes));
+    buffers.push_back(reinterpret_cast<uint8_t*>(PyBytes_AS_STRING(bytes)));
   }
   {
     nb::gil_scoped_release release;  // the new bytes objects are not shared yet
-    for (int node = 0; node < num_nodes; ++node) {
-      if (buffers[node] == nullptr) continue;
-      encode_request(method, node, pulls, pull_routes, updates, update_routes, buffers[node]);
-    }
+    for (size_t r = 0; r < planned.size(); ++r)
+      encode_request(method, planned[r], pulls, pull_routes, updates, update_routes, buffers[r]);
   }
-  nb::list out_requests;
-  for (auto& r : requests) out_requests.append(r);
-  return nb::make_tuple(out_requests, routes_to_python(pull_routes),
-                        routes_to_python(update_routes));
+  nb::list requests;
+  for (size_t r = 0; r < planned.size(); ++r) {
+    requests.append(nb::make_tuple(planned[r].node, bodies[r], spans_to_python(planned[r].pulls),
+                                   spans_to_python(planned[r].updates)));
+  }
+  return nb::make_tuple(requests, routes_to_python(pull_routes), routes_to_python(update_routes));
 }
 
 // (rows applied per carried update, each item's table version)
@@ -244,8 +249,9 @@ inline nb::tuple scatter(const nb::bytes& reply, const nb::list& target_args, si
 
 inline void bind(nb::module_& m) {
   m.def("encode_multi", &encode_multi, "method"_a, "pulls"_a, "updates"_a, "num_nodes"_a,
-        "Route and encode one MultiPull/MultiUpdate request per node: "
-        "(requests, pull routes, update routes)");
+        "max_bytes"_a,
+        "Route, plan (cut at max_bytes of rows) and encode a MultiPull/MultiUpdate's requests: "
+        "(requests, pull routes, update routes), or None when carried updates cannot ride");
   m.def("scatter_pull_reply", &scatter, "reply"_a, "targets"_a, "carried"_a,
         "Copy a MultiPullResponse's rows into their targets: (rows of each carried update, "
         "each item's table version)");

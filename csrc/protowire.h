@@ -40,6 +40,8 @@ class Writer {
  public:
   explicit Writer(uint8_t* out) : out_(out) {}
   size_t pos() const { return pos_; }
+  // Where byte `pos` of the message is written; null while only sizing.
+  uint8_t* at(size_t pos) const { return out_ == nullptr ? nullptr : out_ + pos; }
 
   void raw(const void* data, size_t size) {
     if (out_ != nullptr && size != 0) std::memcpy(out_ + pos_, data, size);

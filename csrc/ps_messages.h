@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string_view>
 
 #include "protowire.h"
@@ -23,13 +24,21 @@ struct Payload {
   size_t size = 0;
 };
 
-inline void write_pull_request(Writer& w, std::string_view table, uint64_t epoch, Payload keys,
-                               bool read_only, std::string_view value_dtype) {
+// A PullRequest whose keys (key_bytes) are left for the caller to fill; where they start.
+inline size_t write_pull_request_hole(Writer& w, std::string_view table, uint64_t epoch,
+                                      size_t key_bytes, bool read_only,
+                                      std::string_view value_dtype) {
   using namespace ps_fields;
   w.string_field(kPullRequest_table, table);
   w.varint_field(kPullRequest_read_only, read_only ? 1 : 0);
   w.string_field(kPullRequest_value_dtype, value_dtype);
-  w.aligned_payload(kPullRequest_keys, keys.data, keys.size, kPullRequest_epoch, epoch);
+  return w.aligned_hole(kPullRequest_keys, key_bytes, kPullRequest_epoch, epoch);
+}
+
+inline void write_pull_request(Writer& w, std::string_view table, uint64_t epoch, Payload keys,
+                               bool read_only, std::string_view value_dtype) {
+  const size_t at = write_pull_request_hole(w, table, epoch, keys.size, read_only, value_dtype);
+  if (w.at(at) != nullptr && keys.size != 0) std::memcpy(w.at(at), keys.data, keys.size);
 }
 
 inline void write_push_request(Writer& w, std::string_view table, uint64_t epoch, Payload keys,
@@ -41,15 +50,35 @@ inline void write_push_request(Writer& w, std::string_view table, uint64_t epoch
   w.aligned_payload(kPushRequest_values, values.data, values.size, kPushRequest_dim, dim);
 }
 
-inline void write_update_request(Writer& w, std::string_view table, uint64_t epoch, Payload keys,
-                                 Payload grads, std::string_view grad_dtype, const float* lr,
-                                 uint32_t dim) {
+// Where an UpdateRequest's payloads go.
+struct UpdateHoles {
+  size_t keys_at = 0;
+  size_t grads_at = 0;
+};
+
+// An UpdateRequest whose keys and gradients are left for the caller to fill.
+inline UpdateHoles write_update_request_holes(Writer& w, std::string_view table, uint64_t epoch,
+                                              size_t key_bytes, size_t grad_bytes,
+                                              std::string_view grad_dtype, const float* lr,
+                                              uint32_t dim) {
   using namespace ps_fields;
   w.string_field(kUpdateRequest_table, table);
   w.string_field(kUpdateRequest_grad_dtype, grad_dtype);
   if (lr != nullptr) w.float_field(kUpdateRequest_lr, *lr);
-  w.aligned_payload(kUpdateRequest_keys, keys.data, keys.size, kUpdateRequest_epoch, epoch);
-  w.aligned_payload(kUpdateRequest_grads, grads.data, grads.size, kUpdateRequest_dim, dim);
+  UpdateHoles holes;
+  holes.keys_at = w.aligned_hole(kUpdateRequest_keys, key_bytes, kUpdateRequest_epoch, epoch);
+  holes.grads_at = w.aligned_hole(kUpdateRequest_grads, grad_bytes, kUpdateRequest_dim, dim);
+  return holes;
+}
+
+inline void write_update_request(Writer& w, std::string_view table, uint64_t epoch, Payload keys,
+                                 Payload grads, std::string_view grad_dtype, const float* lr,
+                                 uint32_t dim) {
+  const UpdateHoles holes =
+      write_update_request_holes(w, table, epoch, keys.size, grads.size, grad_dtype, lr, dim);
+  if (w.at(0) == nullptr) return;
+  if (keys.size != 0) std::memcpy(w.at(holes.keys_at), keys.data, keys.size);
+  if (grads.size != 0) std::memcpy(w.at(holes.grads_at), grads.data, grads.size);
 }
 
 // PushResponse and UpdateResponse.

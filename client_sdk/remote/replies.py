@@ -28,7 +28,7 @@ from recstore.client.errors import BackendError
 from recstore.client.remote.nodes import TABLES_SEPARATOR, NodeCalls
 from recstore.client.remote.requests import Part, Request, TableCall
 from recstore.client.remote.single_table import pull_issue, update_issue
-from recstore.core import InvalidArgument, WrongShard, wire
+from recstore.core import InvalidArgument, WrongShard
 
 #: the compiled codec (no type stubs)
 _native: Any = _native_module
@@ -42,7 +42,7 @@ class MultiCall:
     Thread-safe and idempotent like the single-table ``RoutedCall``: whoever
     waits first collects every reply (and resends refused items); a failure is
     kept per table, so each table reports only what happened to its own rows.
-    A MultiPull may carry updates (``carried``, planned by ``plan_carrying``):
+    A MultiPull may carry updates (``carried``, planned by ``encode_multi``):
     the node applies them before it pulls, and their failures are kept apart.
     A MultiPull's replies carry each table's version on each node: ``versions``
     (per table call: node -> the oldest version its replies reported); a table
@@ -138,20 +138,11 @@ class MultiCall:
         try:
             if self.method == "MultiUpdate":
                 _native.parse_rows_reply(raw, len(request.parts))
-            elif request.targets is not None:
+            else:
+                assert request.targets is not None  # every MultiPull request has its targets
                 _, versions = _native.scatter_pull_reply(raw, request.targets, len(request.carried))
                 for part, version in zip(request.parts, versions, strict=True):
                     self._saw_version(part.index, request.endpoint, version)
-            else:
-                replies, applied = wire.decode_multi_pull_reply(raw)
-                if len(replies) != len(request.parts) or len(applied) != len(request.carried):
-                    raise InvalidArgument(
-                        f"{len(replies)} items and {len(applied)} carried updates answered, "
-                        f"{len(request.parts)} and {len(request.carried)} sent"
-                    )
-                for part, reply in zip(request.parts, replies, strict=True):
-                    self._store_rows(part, reply)
-                    self._saw_version(part.index, request.endpoint, reply.version)
         except (InvalidArgument, ValueError) as error:
             raise BackendError(
                 f"PS node {request.endpoint} answered a malformed {self.method} reply: {error}",
@@ -161,13 +152,6 @@ class MultiCall:
     def _saw_version(self, index: int, endpoint: str, version: int) -> None:
         seen = self.versions[index]
         seen[endpoint] = min(seen.get(endpoint, version), version)
-
-    def _store_rows(self, part: Part, reply: wire.PullResponse) -> None:
-        call = self.calls[part.index]
-        dim, count = call.table.spec.embedding_dim, len(part.positions)
-        call.rows[part.positions] = wire.reply_rows(
-            reply, count, dim, call.table.transport, call.rows.dtype, f"table {call.name!r}: "
-        )
 
     def _resend(self, part: Part, calls: Sequence[TableCall], method: str) -> None:
         """One refused item through its table's router (refresh, then the new owners)."""

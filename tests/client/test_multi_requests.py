@@ -1,4 +1,5 @@
-"""The native multi-table encoder: the Python planner's requests byte for byte; replies."""
+"""The native multi-table planner and encoder: the Python oracle's requests byte for byte,
+at any byte bound; replies."""
 
 from __future__ import annotations
 
@@ -9,12 +10,10 @@ import numpy as np
 import pytest
 
 from recstore import _native as native_module
-from recstore.client.remote.requests import (
-    TableCall,
-    native_requests,
-    python_requests,
-)
+from recstore.client.remote.requests import TableCall, native_requests
 from recstore.core import NUM_SLOTS, SlotMap, wire
+
+from .multi_oracle import python_requests
 
 native: Any = native_module
 NODES = ("10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1")
@@ -88,30 +87,43 @@ def _cases() -> list[tuple[str, list[TableCall], list[TableCall]]]:
 
 
 def _by_endpoint(requests: Any) -> dict[str, Any]:
-    return {
-        r.endpoint: (
+    """Each node's requests in the order they were planned: body and items."""
+    out: dict[str, list[Any]] = {}
+    for r in requests:
+        out.setdefault(r.endpoint, []).append((
             r.body,
             [(p.index, p.positions.tolist(), p.epoch) for p in r.parts],
             [(p.index, p.positions.tolist(), p.epoch) for p in r.carried],
-        )
-        for r in requests
-    }
+        ))  # fmt: skip
+    return out
 
 
+@pytest.mark.parametrize("max_bytes", [BIG, 1000, 200, 1], ids=["whole", "1000", "200", "1"])
 @pytest.mark.parametrize(("case", "calls", "carried"), _cases(), ids=[c[0] for c in _cases()])
 def test_native_requests_are_the_python_planners_byte_for_byte(
-    case: str, calls: list[TableCall], carried: list[TableCall]
+    case: str, calls: list[TableCall], carried: list[TableCall], max_bytes: int
 ) -> None:
+    """Whole or cut at the byte bound (a row at most: 1), and None alike where the carried
+    updates cannot ride."""
     method = "MultiUpdate" if case in ("updates", "16-bit updates") else "MultiPull"
-    got = native_requests(method, calls, carried, BIG)
-    expected = python_requests(method, calls, carried, BIG)
-    assert got is not None and expected is not None
+    got = native_requests(method, calls, carried, max_bytes)
+    expected = python_requests(method, calls, carried, max_bytes)
+    if expected is None:
+        assert got is None and carried and max_bytes < BIG
+        return
+    assert got is not None
     assert _by_endpoint(got) == _by_endpoint(expected)
     for request in got:  # and the generated classes read them
         if method == "MultiPull":
             message = wire.decode_multi_pull_carrying(request.body)
             assert len(message[0]) == len(request.parts)
             assert len(message[1]) == len(request.carried)
+    sent = {}  # every key goes exactly once (an item asked of a node without keys: empty)
+    for request in got:
+        for part in request.parts:
+            sent.setdefault(part.index, []).extend(part.positions.tolist())
+    for index, call in enumerate(calls):
+        assert sorted(sent.get(index, [])) == list(range(len(call.keys)))
 
 
 def test_a_pull_asking_for_versions_reaches_every_node_it_names() -> None:
@@ -127,18 +139,20 @@ def test_a_pull_asking_for_versions_reaches_every_node_it_names() -> None:
         assert sum(n for node in NODES for i, n in items[node] if i == 0) == 1
 
 
-def test_the_python_planner_asks_for_versions_past_the_byte_bound_too() -> None:
+def test_versions_are_asked_for_past_the_byte_bound_too() -> None:
     table = _table("a", 4, NODES[:2])
     call = _call(table, np.arange(40), np.empty((40, 4), np.float32), also_ask=frozenset(NODES))
-    requests = python_requests("MultiPull", [call], [], 64)  # 4 rows of 16 bytes a request
+    requests = native_requests("MultiPull", [call], [], 64)  # 4 rows of 16 bytes a request
     assert requests is not None and len(requests) > 2
     assert {r.endpoint for r in requests} == set(NODES[:2])
     assert sum(len(p.positions) for r in requests for p in r.parts) == 40
+    assert all(len(p.positions) <= 4 for r in requests for p in r.parts)
 
 
-def test_a_request_past_the_byte_bound_is_left_to_the_python_planner() -> None:
+def test_updates_that_cannot_ride_within_the_bound_are_left_to_the_caller() -> None:
     _, calls, carried = _cases()[1]
     assert native_requests("MultiPull", calls, carried, 1000) is None
+    assert native_requests("MultiPull", calls, [], 1000) is not None
 
 
 def _version(table: str) -> int:
@@ -208,9 +222,11 @@ def test_a_reply_of_another_dim_is_refused() -> None:
 
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="not a multi-table method"):
-        native.encode_multi("Pull", [], [], 1)
+        native.encode_multi("Pull", [], [], 1, BIG)
     with pytest.raises(ValueError, match="num_nodes"):
-        native.encode_multi("MultiPull", [], [], 0)
+        native.encode_multi("MultiPull", [], [], 0, BIG)
+    with pytest.raises(ValueError, match="max_bytes"):
+        native.encode_multi("MultiPull", [], [], 1, 0)
     table = _table("a", 4, NODES[:1])
     bad = _call(table, np.arange(3), np.zeros((3, 4), np.float32))
     bad.keys = bad.keys.astype(np.int32)
@@ -250,14 +266,14 @@ def test_the_encoder_types_every_array_it_reads() -> None:
 
 def test_a_node_of_slot_table_must_cover_every_slot() -> None:
     keys = np.arange(5, dtype=np.int64)
-    pull = ("a", 0, keys, np.zeros(NUM_SLOTS - 1, np.int32), "", [])
+    pull = ("a", 0, keys, np.zeros(NUM_SLOTS - 1, np.int32), "", [], 16)
     with pytest.raises(
         ValueError, match=f"node_of_slot of table 'a' must have shape \\({NUM_SLOTS},\\)"
     ):
-        native.encode_multi("MultiPull", [pull], [], 1)
-    wide = ("a", 0, keys, np.zeros(NUM_SLOTS, np.int64), "", [])
+        native.encode_multi("MultiPull", [pull], [], 1, BIG)
+    wide = ("a", 0, keys, np.zeros(NUM_SLOTS, np.int64), "", [], 16)
     with pytest.raises(TypeError, match="node_of_slot of table 'a' must be int32"):
-        native.encode_multi("MultiPull", [wide], [], 1)
+        native.encode_multi("MultiPull", [wide], [], 1, BIG)
 
 
 def test_scatter_targets_are_typed_and_bounded() -> None:
