@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -31,14 +32,19 @@ def flat_keys(ids: torch.Tensor) -> torch.Tensor:
     return module_keys(ids.reshape(-1))
 
 
-def read_distinct(
-    handles: Sequence[str], ids: Sequence[torch.Tensor]
-) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """Each table's rows as pulled, one multi-table pull per client: (rows, inverse),
-    ``inverse`` (one index per occurrence of ``ids``) when each distinct id travelled
-    once, else None (one row per occurrence already). Rows stay on the CPU."""
+class Read(NamedTuple):
+    """One table's share of ``read_distinct``."""
+
+    rows: torch.Tensor  # as pulled: one per distinct id (``inverse`` given), else per occurrence
+    inverse: torch.Tensor | None  # each occurrence's row, when each distinct id travelled once
+    keys: torch.Tensor  # the keys pulled (the distinct ones, when ``inverse`` is given)
+
+
+def read_distinct(handles: Sequence[str], ids: Sequence[torch.Tensor]) -> list[Read]:
+    """Each table's rows as pulled, one multi-table pull per client (``Read``): each
+    distinct id once where the table is remote. Rows stay on the CPU."""
     refs = [resolve(handle) for handle in handles]
-    out: list[tuple[torch.Tensor, torch.Tensor | None] | None] = [None] * len(refs)
+    out: list[Read | None] = [None] * len(refs)
     for client in {id(ref.client): ref.client for ref in refs}.values():
         mine = [i for i, ref in enumerate(refs) if ref.client is client]
         requests, inverses = [], []
@@ -47,15 +53,17 @@ def read_distinct(
             requests.append((refs[i].name, keys, unique))
             inverses.append(inverse)
         pulled = client._for_modules.pull_many(requests)
-        for i, table_rows, inverse in zip(mine, pulled, inverses, strict=True):
-            out[i] = (table_rows, inverse)
+        for i, table_rows, inverse, (_, keys, _) in zip(
+            mine, pulled, inverses, requests, strict=True
+        ):
+            out[i] = Read(table_rows, inverse, keys)
     return out  # type: ignore[return-value]
 
 
 def read_rows(handles: Sequence[str], ids: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """One row per occurrence of each table's ``ids``: one multi-table pull per client."""
     rows = []
-    for (table_rows, inverse), table_ids in zip(read_distinct(handles, ids), ids, strict=True):
+    for (table_rows, inverse, _), table_ids in zip(read_distinct(handles, ids), ids, strict=True):
         if inverse is not None:
             table_rows = table_rows.index_select(0, inverse)
         rows.append(table_rows.to(table_ids.device))

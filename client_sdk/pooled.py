@@ -24,7 +24,7 @@ the eager general path does (another backend, uneven bags).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -106,8 +106,10 @@ def pool_bags(
     ids: Sequence[torch.Tensor],
     offsets: Sequence[torch.Tensor | None],
     pools: Sequence[Pool],
+    seen: list[Distinct | None] | None = None,
 ) -> list[torch.Tensor]:
-    """Each table's bags pooled: by the engine where it applies, else from per-id rows."""
+    """Each table's bags pooled: by the engine where it applies, else from per-id rows.
+    ``seen``: gets each table's distinct keys where recorded (``pool_read``), else None."""
     out: list[torch.Tensor | None] = [None] * len(handles)
     rest = []
     sizes = engine_bag_sizes(handles, ids, offsets, pools)
@@ -116,12 +118,26 @@ def pool_bags(
             out[i] = engine_pool(handle, flat_keys(keys), size, pool.mean)
         else:
             rest.append(i)
+    recorded: list[Distinct | None] = []
     if rest:  # one multi-table read for the rest
         read = pool_read([handles[i] for i in rest], [ids[i] for i in rest],
-                         [offsets[i] for i in rest], [pools[i] for i in rest])  # fmt: skip
+                         [offsets[i] for i in rest], [pools[i] for i in rest],
+                         seen=recorded)  # fmt: skip
         for i, pooled in zip(rest, read, strict=True):
             out[i] = pooled
+    if seen is not None:
+        seen.extend(spread_seen(len(handles), rest, recorded))
     return out  # type: ignore[return-value]
+
+
+def spread_seen(
+    tables: int, rest: Sequence[int], recorded: Sequence[Distinct | None]
+) -> list[Distinct | None]:
+    """``recorded`` (of the tables ``rest``) in the places of all ``tables``."""
+    full: list[Distinct | None] = [None] * tables
+    for i, distinct in zip(rest, recorded, strict=True):
+        full[i] = distinct
+    return full
 
 
 def distinct_bag_size(keys: torch.Tensor, pool: Pool, offsets: torch.Tensor | None) -> int:
@@ -147,20 +163,26 @@ def pool_read(
     offsets: Sequence[torch.Tensor | None],
     pools: Sequence[Pool],
     into: Sequence[torch.Tensor] | None = None,
+    seen: list[Distinct | None] | None = None,
 ) -> list[torch.Tensor]:
     """Bags the engine does not pool, from one multi-table read. Where each distinct id
     travelled once (a remote table) and the bags are of one size, each bag is summed
     from the distinct rows as it is read (``pool_distinct_bags``: no row per occurrence
     is made); else from one row per occurrence (``pool_rows``). ``into``: each table's
-    output (a column slice of a joined output will do), written and returned."""
+    output (a column slice of a joined output will do), written and returned. ``seen``:
+    gets each table's distinct keys where its bags were pooled from them (None where
+    not), for the backward to reuse (``bag_gradient``)."""
     out = []
     read = read_distinct(handles, ids)
-    for index, (keys, offs, pool, (rows, inverse)) in enumerate(
+    for index, (keys, offs, pool, (rows, inverse, pulled)) in enumerate(
         zip(ids, offsets, pools, read, strict=True)
     ):
         target = None if into is None else into[index]
         size = distinct_bag_size(keys, pool, offs)
-        if inverse is not None and _pools_distinct(rows, keys, size):
+        distinct = inverse is not None and _pools_distinct(rows, keys, size)
+        if seen is not None:
+            seen.append(Distinct(pulled, inverse) if distinct and inverse is not None else None)
+        if distinct and inverse is not None:
             native_target = target is None or (
                 target.dtype == torch.float32 and target.device.type == "cpu"
             )
@@ -175,17 +197,30 @@ def pool_read(
     return out
 
 
+class Distinct(NamedTuple):
+    """A table's distinct keys in a forward, and each id's place among them."""
+
+    keys: torch.Tensor
+    inverse: torch.Tensor
+
+
 def bag_gradient(
-    handle: str, keys: torch.Tensor, offsets: torch.Tensor | None, pool: Pool, grad: torch.Tensor
+    handle: str,
+    keys: torch.Tensor,
+    offsets: torch.Tensor | None,
+    pool: Pool,
+    grad: torch.Tensor,
+    seen: Distinct | None = None,
 ) -> Gradient:
     """One table's gradient of its pooled bags. To a remote table with bags of one size:
     each distinct id's gradient summed natively from its bags' rows
     (``unpool_distinct_bags``), sent as it is; else one row per occurrence, coalesced
-    when sent."""
+    when sent. ``seen``: the forward's distinct keys of these ids (``pool_read``), else
+    found again."""
     size = distinct_bag_size(keys, pool, offsets)
     grad32 = grad.detach().to("cpu", torch.float32)
     if resolve(handle).client._for_modules.dedup_on_wire and _pools_distinct(grad32, keys, size):
-        unique, inverse = unique_keys(flat_keys(keys))
+        unique, inverse = seen if seen is not None else unique_keys(flat_keys(keys))
         rows = unpool_distinct(grad32, inverse, size, pool.mean, unique.numel())
         return Gradient(handle, unique, rows, unique=True)
     return Gradient(handle, keys, per_id_gradient(grad, keys.numel(), pool, offsets))
@@ -197,17 +232,20 @@ def send_bag_gradients(
     offsets: Sequence[torch.Tensor | None],
     pools: Sequence[Pool],
     grads: Sequence[torch.Tensor],
+    seen: Sequence[Distinct | None] | None = None,
 ) -> None:
-    """``pool_bags``' backward: one gradient row per bag to each table's optimizer."""
+    """``pool_bags``' backward: one gradient row per bag to each table's optimizer.
+    ``seen``: each table's distinct keys in the forward, where it recorded them."""
     rest = []
     sizes = engine_bag_sizes(handles, ids, offsets, pools)
-    for handle, keys, offs, pool, grad, size in zip(
-        handles, ids, offsets, pools, grads, sizes, strict=True
+    for index, (handle, keys, offs, pool, grad, size) in enumerate(
+        zip(handles, ids, offsets, pools, grads, sizes, strict=True)
     ):
         if size:
             _engine_update(handle, flat_keys(keys), size, pool.mean, grad)
         else:
-            rest.append(bag_gradient(handle, keys, offs, pool, grad))
+            known = None if seen is None else seen[index]
+            rest.append(bag_gradient(handle, keys, offs, pool, grad, known))
     if rest:
         send_gradients(rest)
 
@@ -227,7 +265,8 @@ class _PooledMany(torch.autograd.Function):
         trainable: list[bool],
     ) -> tuple[torch.Tensor, ...]:
         ctx.set_materialize_grads(False)  # an unused output gets no gradient, hence no update
-        out = pool_bags(handles, ids, offsets, pools)
+        ctx.seen = []  # the distinct keys found: backward need not find them again
+        out = pool_bags(handles, ids, offsets, pools, ctx.seen)
         ctx.bags = handles, ids, offsets, pools
         ctx.trainable = trainable
         ctx.mark_non_differentiable(*(o for o, t in zip(out, trainable, strict=True) if not t))
@@ -240,7 +279,8 @@ class _PooledMany(torch.autograd.Function):
         if picked:
             handles, ids, offsets, pools = ([part[i] for i in picked] for part in ctx.bags)
             picked_grads = [g for i, g in enumerate(grads) if i in picked and g is not None]
-            send_bag_gradients(handles, ids, offsets, pools, picked_grads)
+            seen = [ctx.seen[i] for i in picked]
+            send_bag_gradients(handles, ids, offsets, pools, picked_grads, seen)
         return None, None, None, None, None, None
 
 

@@ -27,7 +27,14 @@ import torch
 from recstore.client.bags import Pool, bag_count
 from recstore.client.lookup import flat_keys
 from recstore.client.op_tables import layout
-from recstore.client.pooled import engine_bag_sizes, engine_pool, pool_read, send_bag_gradients
+from recstore.client.pooled import (
+    Distinct,
+    engine_bag_sizes,
+    engine_pool,
+    pool_read,
+    send_bag_gradients,
+    spread_seen,
+)
 from recstore.core import DType
 from recstore.store.buffers import new_rows
 
@@ -59,8 +66,10 @@ def pool_bags_cat(
     ids: Sequence[torch.Tensor],
     offsets: Sequence[torch.Tensor | None],
     pools: Sequence[Pool],
+    seen: list[Distinct | None] | None = None,
 ) -> torch.Tensor:
-    """``torch.cat(pool_bags(...), dim=1)``: each table's bags pooled into its columns."""
+    """``torch.cat(pool_bags(...), dim=1)``: each table's bags pooled into its columns.
+    ``seen``: as ``pool_bags``'."""
     dims, dtype = cat_layout(handles)
     counts = [bag_count(k, o, p.bag_size) for k, o, p in zip(ids, offsets, pools, strict=True)]
     check_same_bags(counts)
@@ -77,10 +86,13 @@ def pool_bags_cat(
             engine_pool(handle, flat_keys(keys), size, pool.mean, columns[i])
         else:
             rest.append(i)
+    recorded: list[Distinct | None] = []
     if rest:  # one multi-table read for the rest, pooled into their columns
         pool_read([handles[i] for i in rest], [ids[i] for i in rest],
                   [offsets[i] for i in rest], [pools[i] for i in rest],
-                  into=[columns[i] for i in rest])  # fmt: skip
+                  into=[columns[i] for i in rest], seen=recorded)  # fmt: skip
+    if seen is not None:
+        seen.extend(spread_seen(len(handles), rest, recorded))
     return out
 
 
@@ -91,8 +103,10 @@ def send_cat_gradients(
     pools: Sequence[Pool],
     trainable: Sequence[bool],
     grad: torch.Tensor,
+    seen: Sequence[Distinct | None] | None = None,
 ) -> None:
-    """``pool_bags_cat``'s backward: each trainable table its columns of ``grad``."""
+    """``pool_bags_cat``'s backward: each trainable table its columns of ``grad``
+    (``seen``: the forward's distinct keys, where recorded)."""
     dims, _ = cat_layout(handles)
     columns = grad.split(dims, dim=1)  # views: rows strided, columns contiguous
     picked = [i for i, trains in enumerate(trainable) if trains]
@@ -103,6 +117,7 @@ def send_cat_gradients(
             [offsets[i] for i in picked],
             [pools[i] for i in picked],
             [columns[i] for i in picked],
+            None if seen is None else [seen[i] for i in picked],
         )
 
 
@@ -119,7 +134,8 @@ class _PooledCat(torch.autograd.Function):
         pools: list[Pool],
         trainable: list[bool],
     ) -> torch.Tensor:
-        out = pool_bags_cat(handles, ids, offsets, pools)
+        ctx.seen = []  # the distinct keys found: backward need not find them again
+        out = pool_bags_cat(handles, ids, offsets, pools, ctx.seen)
         ctx.bags, ctx.trainable = (handles, ids, offsets, pools), trainable
         if not any(trainable):
             ctx.mark_non_differentiable(out)
@@ -129,7 +145,7 @@ class _PooledCat(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor | None) -> tuple[None, ...]:
         if grad is not None:
             handles, ids, offsets, pools = ctx.bags
-            send_cat_gradients(handles, ids, offsets, pools, ctx.trainable, grad)
+            send_cat_gradients(handles, ids, offsets, pools, ctx.trainable, grad, ctx.seen)
         return None, None, None, None, None, None
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from recstore import nn as rnn
-from recstore.client import BackendError, RecStoreClient
+from recstore.client import BackendError, RecStoreClient, pooled
 from recstore.client.remote.nodes import NodeCalls
 from recstore.client.remote.updates import CARRY_ENV, FAILED_NOTE
 from recstore.core import SlotMap, SlotRange
@@ -90,6 +90,41 @@ def test_training_matches_torch(any_client, optimizer_name) -> None:
             bag.read_weights(), ref.weight.detach(), atol=1e-5, rtol=0, msg=f"bag {index}"
         )
     torch.testing.assert_close(collection.bags[-1].read_weights(), _weights(len(BAGS) - 1))
+
+
+@pytest.mark.parametrize("joined", [True, False])
+def test_backward_sums_gradients_over_the_forwards_distinct_keys(grpc_client, monkeypatch, joined):
+    """Remote bags of one size pooled from distinct rows: backward sums each distinct id's
+    gradient over the keys and inverse the forward found, not a second search."""
+    modes = ["sum", "mean", "sum"]
+    reference = [torch.nn.EmbeddingBag(NUM, DIM, mode=m, _weight=_weights(i))
+                 for i, m in enumerate(modes)]  # fmt: skip
+    collection = rnn.EmbeddingBagCollection([
+        rnn.EmbeddingBag(NUM, DIM, mode=m, _weight=_weights(i), name=unique_name("ebc"),
+                         client=grpc_client, optimizer={"kind": "sgd", "lr": 0.1})
+        for i, m in enumerate(modes)
+    ])  # fmt: skip
+    optimizer = torch.optim.SGD([p for bag in reference for p in bag.parameters()], lr=0.1)
+
+    def searched_again(keys: torch.Tensor) -> Any:
+        raise AssertionError("the backward searched the distinct keys again")
+
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(700 + step)
+        features = [torch.randint(0, NUM, (6, 3), generator=g) for _ in modes]
+        expected = torch.cat([bag(f) for bag, f in zip(reference, features, strict=True)], 1)
+        got = collection.concat(features) if joined else torch.cat(collection(features), 1)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+        optimizer.zero_grad()
+        (expected * torch.linspace(-1, 1, expected.shape[1])).sum().backward()
+        optimizer.step()
+        with monkeypatch.context() as patch:
+            patch.setattr(pooled, "unique_keys", searched_again)
+            (got * torch.linspace(-1, 1, got.shape[1])).sum().backward()
+    for index, (bag, ref) in enumerate(zip(collection.bags, reference, strict=True)):
+        torch.testing.assert_close(
+            bag.read_weights(), ref.weight.detach(), atol=1e-5, rtol=0, msg=f"bag {index}"
+        )
 
 
 @pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
