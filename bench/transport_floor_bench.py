@@ -303,12 +303,24 @@ class GrpcioData:
     ) -> bytes:  # fmt: skip
         """grpcio's call; a request in parts joined (grpcio sends one buffer), and no
         unreachable-node patience (grpcio has no such knob)."""
+        return self.start(method, request, **options).wait()
+
+    def start(self, method: str, request: bytes | tuple[bytes, ...], **options: Any) -> Any:
+        """grpcio's call in flight (its future): ``wait`` answers it."""
         whole = b"".join(request) if isinstance(request, tuple) else request
-        reply: bytes = self.channel.unary_unary(method)(whole, **options)
-        return reply
+        return _GrpcioPending(self.channel.unary_unary(method).future(whole, **options))
 
     def close(self) -> None:
         pass
+
+
+class _GrpcioPending:
+    def __init__(self, future: Any) -> None:
+        self.future = future
+
+    def wait(self, unreachable_after: float = 0.0) -> bytes:
+        reply: bytes = self.future.result()
+        return reply
 
 
 def sdk_pulls(args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:

@@ -167,7 +167,36 @@ inline std::vector<ChannelArg> channel_args(const nb::list& options) {
   return args;
 }
 
+// A call in flight; the channel's Python object is held so the channel outlives it.
+struct Pending {
+  std::unique_ptr<Call> call;
+  nb::object channel;
+};
+
+// (0, reply bytes, ()) or (status code, details, trailing metadata), as gRPC answered;
+// UNAVAILABLE with kUnreachable when the channel could not connect for unreachable_s.
+inline nb::tuple answer(Pending& pending, double unreachable_s) {
+  Call& call = *pending.call;
+  const Waited waited =
+      wait_interruptibly(call, nb::cast<DataChannel&>(pending.channel), unreachable_s);
+  if (waited == Waited::kInterrupted) throw nb::python_error();
+  if (waited == Waited::kUnreachable) {
+    return nb::make_tuple(static_cast<int>(grpc::StatusCode::UNAVAILABLE), nb::str(kUnreachable),
+                          nb::tuple());
+  }
+  const grpc::Status& status = call.status();
+  if (status.ok()) return nb::make_tuple(0, reply_bytes(call.reply()), nb::tuple());
+  return nb::make_tuple(static_cast<int>(status.error_code()),
+                        nb::str(status.error_message().c_str()), trailing_of(call));
+}
+
 inline void bind(nb::module_& m) {
+  nb::class_<Pending>(m, "PendingCall", "A unary call of a DataChannel, in flight")
+      .def("wait", &answer, "unreachable_after"_a = 0.0,
+           "Wait for the call (without the GIL): (0, reply bytes, ()) or (status code, "
+           "details, trailing metadata); `unreachable_after` > 0: given up on, unsent, once "
+           "the channel could not connect for that many seconds in a row (UNAVAILABLE, "
+           "UNREACHABLE, ())");
   nb::class_<DataChannel>(m, "DataChannel",
                           "A gRPC channel for raw unary calls (the SDK's data path)")
       .def(
@@ -182,30 +211,19 @@ inline void bind(nb::module_& m) {
           "`options`: [(grpc channel argument, int or str)]; `tls`: (CA, client key, client "
           "certificate) PEM ('' for no client identity), None: plaintext")
       .def(
-          "call",
-          [](DataChannel& self, const std::string& method, nb::handle request, double timeout,
-             bool wait_for_ready, const Metadata& metadata, double unreachable_after) -> nb::tuple {
+          "start",
+          [](nb::object self, const std::string& method, nb::handle request, double timeout,
+             bool wait_for_ready, const Metadata& metadata) {
             Released::now();
+            auto& channel = nb::cast<DataChannel&>(self);
             auto call = std::make_unique<Call>(request_of(request), timeout, wait_for_ready,
                                                metadata);
-            self.start(*call, method);
-            const Waited waited = wait_interruptibly(*call, self, unreachable_after);
-            if (waited == Waited::kInterrupted) throw nb::python_error();
-            if (waited == Waited::kUnreachable) {
-              return nb::make_tuple(static_cast<int>(grpc::StatusCode::UNAVAILABLE),
-                                    nb::str(kUnreachable), nb::tuple());
-            }
-            const grpc::Status& status = call->status();
-            if (status.ok()) return nb::make_tuple(0, reply_bytes(call->reply()), nb::tuple());
-            return nb::make_tuple(static_cast<int>(status.error_code()),
-                                  nb::str(status.error_message().c_str()), trailing_of(*call));
+            channel.start(*call, method);
+            return Pending{std::move(call), std::move(self)};
           },
           "method"_a, "request"_a, "timeout"_a, "wait_for_ready"_a, "metadata"_a,
-          "unreachable_after"_a = 0.0,
-          "(0, reply bytes, ()) or (status code, details, trailing metadata); `timeout` <= 0: "
-          "no deadline; `unreachable_after` > 0: a call the channel could not connect for "
-          "that many seconds in a row is cancelled unsent, answered (UNAVAILABLE, "
-          "UNREACHABLE, ())")
+          "Start a unary call (`timeout` <= 0: no deadline); its PendingCall's wait answers it. "
+          "Calls started one after another are all in flight while the first is waited for")
       .def_prop_ro_static("UNREACHABLE", [](nb::handle) { return kUnreachable; })
       .def("close", &DataChannel::close, "No call starts after this; those in flight finish");
 }

@@ -57,6 +57,23 @@ def unreachable(error: grpc.RpcError) -> bool:
     )
 
 
+class PendingCall:
+    """A data call in flight (``DataChannel.start``)."""
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+
+    def wait(self, unreachable_after: float = 0.0) -> bytes:
+        """The reply; NativeRpcError on failure. ``unreachable_after`` > 0: a call the
+        channel could not connect for that many seconds in a row is given up on, never
+        sent (``unreachable`` tells that failure)."""
+        code, payload, trailing = self._native.wait(unreachable_after)
+        if code:
+            raise NativeRpcError(CODES[code], payload, trailing)
+        reply: bytes = payload
+        return reply
+
+
 class DataChannel:
     """Raw unary calls to one endpoint: plaintext, or TLS (mutual when ``tls`` has an identity)."""
 
@@ -68,23 +85,28 @@ class DataChannel:
             pems = (ca.decode(), (key or b"").decode(), (cert or b"").decode())
         self._channel = _native.DataChannel(endpoint, arguments, pems)
 
+    def start(
+        self, method: str, request: Message, *, timeout: float | None,
+        metadata: tuple[tuple[str, str], ...], wait_for_ready: bool,
+    ) -> PendingCall:  # fmt: skip
+        """Send ``request`` on ``method`` (its full path) now; its answer waits in the
+        returned call. A request in parts goes out as the message of their bytes one
+        after the other, each sent from its own buffer. Calls started one after another
+        are in flight together: waiting for one drives the others' transfers too."""
+        return PendingCall(
+            self._channel.start(method, request, timeout or 0.0, wait_for_ready, list(metadata))
+        )
+
     def call(
         self, method: str, request: Message, *, timeout: float | None,
         metadata: tuple[tuple[str, str], ...], wait_for_ready: bool,
         unreachable_after: float = 0.0,
     ) -> bytes:  # fmt: skip
-        """The reply to ``request`` on ``method`` (its full path); NativeRpcError on failure.
-        A request in parts goes out as the message of their bytes one after the other,
-        each sent from its own buffer. ``unreachable_after`` > 0: a call the channel
-        could not connect for that many seconds in a row is given up on, never sent
-        (``unreachable`` tells that failure)."""
-        code, payload, trailing = self._channel.call(
-            method, request, timeout or 0.0, wait_for_ready, list(metadata), unreachable_after
+        """``start`` and wait: the reply, or NativeRpcError (``PendingCall.wait``)."""
+        pending = self.start(
+            method, request, timeout=timeout, metadata=metadata, wait_for_ready=wait_for_ready
         )
-        if code:
-            raise NativeRpcError(CODES[code], payload, trailing)
-        reply: bytes = payload
-        return reply
+        return pending.wait(unreachable_after)
 
     def close(self) -> None:
         self._channel.close()

@@ -38,6 +38,7 @@ from recstore.client.remote.native_channel import (
     DataChannel,
     Message,
     NativeRpcError,
+    PendingCall,
     unreachable,
 )
 from recstore.core import WrongShard, wire
@@ -155,18 +156,34 @@ class NodeCalls:
 
     def start(
         self, method: str, request: bytes, table: str, *, blocking: bool,
-        writes: bool | None = None,
+        writes: bool | None = None, waited: bool = False,
     ) -> Waiter:  # fmt: skip
         """Send a raw ``method`` request; a waiter for the raw reply.
 
         ``writes`` (default: an Update or MultiUpdate): name the request and resend
-        it on an ambiguous failure.
+        it on an ambiguous failure. ``waited``: the caller waits for it right after
+        starting its others (a blocking multi call): it goes out now, in flight with
+        them, and the waiting thread drives it (no sender thread).
         """
         if writes is None:
             writes = method in WRITING_METHODS
         message: Message = request
         if writes:  # the id goes out as a second slice: the body is not copied
             message = (request, id_field(method, self.request_ids.next()))
+        if waited and not blocking:
+            path = self._paths[method]
+            try:
+                started = self.data.start(path, message, **self._data_options)
+            except grpc.RpcError as error:
+                raise self._error(error, method, table) from error
+
+            def collect() -> bytes:
+                try:
+                    return self._send(method, message, writes, table, started)
+                except grpc.RpcError as error:
+                    raise self._error(error, method, table) from error
+
+            return collect
         if blocking:
             try:
                 reply = self._send(method, message, writes, table)
@@ -189,8 +206,12 @@ class NodeCalls:
 
         return wait
 
-    def _send(self, method: str, request: Message, resend: bool, table: str = "") -> bytes:
-        """One call; a named write is sent again, unchanged, while its outcome is unknown.
+    def _send(
+        self, method: str, request: Message, resend: bool, table: str = "",
+        started: PendingCall | None = None,
+    ) -> bytes:  # fmt: skip
+        """One call (``started``: its first try, already in flight); a named write is sent
+        again, unchanged, while its outcome is unknown.
 
         A node that cannot be reached for ``UNREACHABLE_S`` may be one a move took out
         of its tables (a pool shrunk): when ``moved_away`` says so, the call fails as
@@ -203,6 +224,9 @@ class NodeCalls:
         patience = UNREACHABLE_S if self.moved_away is not None else 0.0
         while True:
             try:
+                if started is not None:
+                    first, started = started, None
+                    return first.wait(patience)
                 return self.data.call(
                     path, request, **self._data_options, unreachable_after=patience
                 )

@@ -62,12 +62,12 @@ class MultiCall:
         self.versions: list[dict[str, int]] = [{} for _ in self.calls]
         self.resent: set[int] = set()
         self._sent: list[tuple[Request, Callable[[], bytes]]] = []
-        for number, request in enumerate(requests):
+        for request in requests:
             names = [self.calls[p.index].name for p in request.parts]
             names += [self.carried[p.index].name for p in request.carried]
             waiter = node(request.endpoint).start(
                 method, request.body, TABLES_SEPARATOR.join(dict.fromkeys(names)),
-                blocking=blocking and number == len(requests) - 1,
+                blocking=False, waited=blocking,
                 writes=method == "MultiUpdate" or bool(request.carried),
             )  # fmt: skip
             self._sent.append((request, waiter))

@@ -179,3 +179,29 @@ def test_a_closed_channel_starts_no_call(answers: Answers) -> None:
     channel.close()
     with pytest.raises(RuntimeError, match="closed"):
         call(channel, b"x")
+
+
+def test_calls_started_together_are_in_flight_together() -> None:
+    """Two servers that each answer only once both have a request: waiting for the first
+    call must already have sent the second (it was started, not queued behind the first),
+    on two channels as a multi call's nodes are; each reply is its own."""
+    arrived = threading.Barrier(2, timeout=20)
+    servers = [Answers(), Answers()]
+    try:
+        for served in servers:
+
+            def both_in(request: bytes, context: grpc.ServicerContext) -> bytes:
+                arrived.wait()  # broken (an error) when the other never arrives
+                return request + b"!"
+
+            served.answer = both_in
+        channels = [DataChannel(s.address, None, grpc_options()) for s in servers]
+        requests = [bytes([i]) * (1 << 20) for i in range(2)]
+        started = [
+            channel.start("/t.T/M", request, timeout=30, metadata=(), wait_for_ready=True)
+            for channel, request in zip(channels, requests, strict=True)
+        ]
+        assert [pending.wait() for pending in started] == [r + b"!" for r in requests]
+    finally:
+        for served in servers:
+            served.server.stop(None)
