@@ -47,6 +47,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -130,9 +131,10 @@ class WireBytes:
         self.total = 0
         send = NodeCalls._send
 
-        def counting(calls: NodeCalls, method: str, request: bytes, resend: bool) -> bytes:
-            reply = send(calls, method, request, resend)
-            self.total += len(request) + len(reply)
+        def counting(calls: NodeCalls, method: str, request: Any, *rest: Any) -> bytes:
+            reply = send(calls, method, request, *rest)
+            parts = request if isinstance(request, tuple) else (request,)  # a named write's id
+            self.total += sum(len(part) for part in parts) + len(reply)
             return reply
 
         NodeCalls._send = counting  # type: ignore[method-assign]
