@@ -179,17 +179,17 @@ def pool_read(
     ):
         target = None if into is None else into[index]
         size = distinct_bag_size(keys, pool, offs)
-        distinct = inverse is not None and _pools_distinct(rows, keys, size)
+        used = inverse if inverse is not None and _pools_distinct(rows, keys, size) else None
         if seen is not None:
-            seen.append(Distinct(pulled, inverse) if distinct and inverse is not None else None)
-        if distinct and inverse is not None:
+            seen.append(None if used is None else Distinct(pulled, used))
+        if used is not None:
             native_target = target is None or (
                 target.dtype == torch.float32 and target.device.type == "cpu"
             )
             if native_target:
-                out.append(pool_distinct(rows, inverse, size, pool.mean, target))
+                out.append(pool_distinct(rows, used, size, pool.mean, target))
                 continue
-            pooled = pool_distinct(rows, inverse, size, pool.mean)
+            pooled = pool_distinct(rows, used, size, pool.mean)
         else:
             per_id = rows if inverse is None else rows.index_select(0, inverse)
             pooled = pool_rows(per_id.to(keys.device), pool, offs)
