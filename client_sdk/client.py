@@ -121,6 +121,7 @@ class RecStoreClient:
         self._learning_rate = DEFAULT_LEARNING_RATE
         self._learning_rate_set = False
         self._last_table: str | None = None
+        self._tables_changed = 0  # moves whenever a table is created or dropped
         self._prefetcher = PrefetchExecutor()
         self._connection = conn.from_environment()
         self.ops: Backend | None = _make_backend(self._connection)
@@ -294,6 +295,7 @@ class RecStoreClient:
                 raise
         with self._lock:
             self._tensor_meta[name] = meta
+            self._tables_changed += 1
             self._full_data_shape[name] = (rows, dim)
             self._data_name_list.add(name)
             if is_gdata:
@@ -310,6 +312,7 @@ class RecStoreClient:
             self._backend().drop_table(name)
         with self._lock:
             self._tensor_meta.pop(name, None)
+            self._tables_changed += 1
             self._full_data_shape.pop(name, None)
             self._data_name_list.discard(name)
             self._gdata_name_list.discard(name)

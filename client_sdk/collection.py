@@ -33,7 +33,15 @@ from recstore.client.grouped_ops import register as register_group
 from recstore.client.lookup import NO_PADDING
 from recstore.client.nn import EmbeddingBag, Lookup
 from recstore.client.pooled import pools_in_engine
-from recstore.client.shared_features import Feature, feature_args, fold, members, split
+from recstore.client.remote_group import RemoteGroup
+from recstore.client.shared_features import (
+    Feature,
+    feature_args,
+    fold,
+    members,
+    same_features,
+    split,
+)
 
 
 @dataclass(frozen=True)
@@ -63,27 +71,6 @@ class EmbeddingBagConfig:
         )  # fmt: skip
 
 
-def _same_features(a: Sequence[Feature], b: Sequence[Feature]) -> bool:
-    if len(a) != len(b):
-        return False
-    for left, right in zip(a, b, strict=True):
-        if left is right:
-            continue
-        lefts, rights = feature_args(left), feature_args(right)
-        if len(lefts) != len(rights):
-            return False
-        for x, y in zip(lefts, rights, strict=True):
-            if x is not y and (
-                not isinstance(x, torch.Tensor)
-                or not isinstance(y, torch.Tensor)
-                or x.shape != y.shape
-                or x.dtype != y.dtype
-                or not torch.equal(x, y)
-            ):
-                return False
-    return True
-
-
 class EmbeddingBagCollection(nn.Module):
     """Several ``recstore.nn.EmbeddingBag`` modules with one request per PS node and step."""
 
@@ -108,7 +95,7 @@ class EmbeddingBagCollection(nn.Module):
         self.bags = nn.ModuleList(bags)
         self.client: RecStoreClient = bags[0].client
         # every table's bags in one engine call each way, where the bags and tables allow
-        self._group = TableGroup(bags, self._slots) if grouped and TableGroup.serves(bags) else None
+        self._group = _group_of(bags, self._slots) if grouped else None
         self._grouped = self._group is not None and self._group.current() is not None
         if self._group is not None:
             register_group(self._group)  # the name its traced ops call it by
@@ -143,7 +130,11 @@ class EmbeddingBagCollection(nn.Module):
         """
         self._check_count(features)
         if self._grouped:
-            return  # one local engine call: no round trip to hide, nothing to plan ahead
+            if isinstance(self._group, RemoteGroup) and self._group.prefetch(features):
+                self._ahead = None
+                return
+            if not isinstance(self._group, RemoteGroup):
+                return  # one local engine call: no round trip to hide, nothing to plan ahead
         bags: list[EmbeddingBag] = list(self.bags)  # type: ignore[arg-type]
         if any(bag.max_norm is not None for bag in bags):
             self._ahead = None  # planning renormalises (writes) rows: not ahead of backward
@@ -173,7 +164,7 @@ class EmbeddingBagCollection(nn.Module):
         the features as one input per table)."""
         if not torch.compiler.is_compiling():  # comparing features reads them: not in a graph
             ahead, self._ahead = self._ahead, None
-            if ahead is not None and _same_features(ahead[0], features):
+            if ahead is not None and same_features(ahead[0], features):
                 return ahead[1]
         return [self._plan(bag, feature) for bag, feature in zip(bags, inputs, strict=True)]
 
@@ -333,3 +324,12 @@ def _tables(
 
 def _padding(bag: EmbeddingBag) -> int:
     return NO_PADDING if bag.padding_idx is None else bag.padding_idx
+
+
+def _group_of(bags: list[EmbeddingBag], slots: list[int]) -> TableGroup | None:
+    """The group that serves these bags in one call per direction, where one does."""
+    if TableGroup.serves(bags):
+        return TableGroup(bags, slots)
+    if RemoteGroup.serves(bags):
+        return RemoteGroup(bags, slots)
+    return None

@@ -31,6 +31,7 @@ class ClientInternals(Protocol):
     ops: Backend | None
     _last_table: str | None
     _learning_rate_set: bool
+    _tables_changed: int
 
     @property
     def learning_rate(self) -> float: ...
@@ -95,10 +96,23 @@ class ModuleTables:
         (rows,) = self.pull_many([(name, keys, unique)])
         return rows
 
-    def pull_many(self, requests: list[PullRequest]) -> list[torch.Tensor]:
-        """Several tables' rows; every table's ids checked before anything is sent."""
-        self._check_keys(requests)
+    @property
+    def tables_changed(self) -> int:
+        """A number that moves whenever the client creates or drops a table."""
+        return self._client._tables_changed
+
+    def pull_many(
+        self, requests: list[PullRequest], *, checked: bool = False
+    ) -> list[torch.Tensor]:
+        """Several tables' rows; every table's ids checked before anything is sent
+        (``checked``: the caller did, against ``id_ranges``)."""
+        if not checked:
+            self._check_keys(requests)
         return self._client._backend().pull_many(requests)
+
+    def id_ranges(self, names: list[str]) -> list[tuple[int, int | None]]:
+        """Each table's valid ids [low, high) (high None: any), as the pulls check them."""
+        return [self._client._meta(name).id_range for name in names]
 
     def pull_versioned(
         self, name: str, keys: torch.Tensor, *, skip: frozenset[str] = frozenset()
@@ -113,9 +127,10 @@ class ModuleTables:
         """This process's host caches of ``name``, to the table's nodes (``CacheReport``)."""
         self._client._backend().report_caches(name, caches)
 
-    def lookahead_many(self, requests: list[PullRequest]) -> None:
+    def lookahead_many(self, requests: list[PullRequest], *, checked: bool = False) -> None:
         """Name the next ``pull_many`` (``EmbeddingBagCollection.prefetch``)."""
-        self._check_keys(requests)
+        if not checked:
+            self._check_keys(requests)
         self._client._backend().lookahead_many(requests)
 
     def apply_gradients(self, updates: list[GradientRows]) -> None:

@@ -116,3 +116,25 @@ def split(
         for feature, part in zip(mine, parts, strict=True):
             out[feature] = part
     return out  # type: ignore[return-value]
+
+
+def same_features(a: Sequence[Feature], b: Sequence[Feature]) -> bool:
+    """Whether two batches of features are equal (the same tensors, or equal ones)."""
+    if len(a) != len(b):
+        return False
+    for left, right in zip(a, b, strict=True):
+        if left is right:
+            continue
+        lefts, rights = feature_args(left), feature_args(right)
+        if len(lefts) != len(rights):
+            return False
+        for x, y in zip(lefts, rights, strict=True):
+            if x is not y and (
+                not isinstance(x, torch.Tensor)
+                or not isinstance(y, torch.Tensor)
+                or x.shape != y.shape
+                or x.dtype != y.dtype
+                or not torch.equal(x, y)
+            ):
+                return False
+    return True

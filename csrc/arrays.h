@@ -123,6 +123,16 @@ int64_t row_stride(const A& rows, int64_t width, const char* name) {
   return stride;
 }
 
+// The row stride of a [rows, width] array with contiguous columns, the shape checked
+// first (ValueError naming `name` otherwise): a group call's output or gradient.
+template <class A>
+int64_t wide_row_stride(const A& a, int64_t rows, int64_t width, const char* name) {
+  if (static_cast<int64_t>(a.shape(0)) != rows || static_cast<int64_t>(a.shape(1)) != width)
+    throw std::invalid_argument(std::string(name) + " must have shape (" + std::to_string(rows) +
+                                ", " + std::to_string(width) + "), got " + shape_of(a));
+  return row_stride(a, width, name);
+}
+
 // The DTypeCode (optimizer.h) of an array of table rows, or -1 for any other dtype;
 // bfloat16 rows may also come as their raw bits (uint16).
 inline int rows_code(nb::dlpack::dtype d) {

@@ -1,17 +1,52 @@
-// Fixed-size bags over a lookup's distinct rows (distinct_bags.h).
+// Bags over a lookup's distinct rows, one table's or a group's (distinct_bags.h).
 #include "distinct_bags.h"
 
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "parallel.h"
+#include "unique_keys.h"
 
 namespace recstore {
 
 namespace {
+
 constexpr int64_t kBagsPerChunk = 256;  // bags per parallel block
+
+// Positions [lo, hi) of one bag summed (weighted, or averaged) from the rows their
+// indices pick, into acc (dim wide); no positions: zeros.
+inline void pool_bag(int64_t lo, int64_t hi, const int64_t* inverse, const float* weights,
+                     const float* rows, int64_t dim, bool mean, float* acc) {
+  std::fill(acc, acc + dim, 0.0f);
+  for (int64_t i = lo; i < hi; ++i) {
+    const float* w = rows + inverse[i] * dim;
+    if (weights != nullptr) {
+      const float s = weights[i];
+      for (int64_t j = 0; j < dim; ++j) acc[j] += s * w[j];
+    } else {
+      for (int64_t j = 0; j < dim; ++j) acc[j] += w[j];
+    }
+  }
+  if (mean && hi > lo) {
+    const float scale = 1.0f / static_cast<float>(hi - lo);
+    for (int64_t j = 0; j < dim; ++j) acc[j] *= scale;
+  }
+}
+
+// pool_bag's gradient: the bag's gradient row g times `scale` (times each position's
+// weight) added to the row of every position, in position order.
+inline void unpool_bag(int64_t lo, int64_t hi, const int64_t* inverse, const float* weights,
+                       const float* g, int64_t dim, float scale, float* out) {
+  for (int64_t i = lo; i < hi; ++i) {
+    float* acc = out + inverse[i] * dim;
+    const float s = weights != nullptr ? scale * weights[i] : scale;
+    for (int64_t j = 0; j < dim; ++j) acc[j] += g[j] * s;
+  }
+}
+
 }  // namespace
 
 void check_distinct_bags(int64_t n, const int64_t* inverse, int64_t num_rows) {
@@ -25,18 +60,10 @@ void check_distinct_bags(int64_t n, const int64_t* inverse, int64_t num_rows) {
 void pool_distinct_bags(int64_t bags, int64_t bag_size, const int64_t* inverse,
                         const float* rows, int64_t dim, bool mean, float* out,
                         int64_t out_stride) {
-  const float scale = 1.0f / static_cast<float>(bag_size);
   parallel_for(bags, kBagsPerChunk, [&](int64_t b, int64_t e) {
-    for (int64_t bag = b; bag < e; ++bag) {
-      float* acc = out + bag * out_stride;
-      std::fill(acc, acc + dim, 0.0f);
-      for (int64_t i = bag * bag_size; i < (bag + 1) * bag_size; ++i) {
-        const float* w = rows + inverse[i] * dim;
-        for (int64_t j = 0; j < dim; ++j) acc[j] += w[j];
-      }
-      if (mean)
-        for (int64_t j = 0; j < dim; ++j) acc[j] *= scale;
-    }
+    for (int64_t bag = b; bag < e; ++bag)
+      pool_bag(bag * bag_size, (bag + 1) * bag_size, inverse, nullptr, rows, dim, mean,
+               out + bag * out_stride);
   });
 }
 
@@ -45,16 +72,100 @@ void unpool_distinct_bags(int64_t bags, int64_t bag_size, const int64_t* inverse
                           int64_t num_rows, float* out) {
   std::memset(out, 0, static_cast<size_t>(num_rows * dim) * sizeof(float));
   const float scale = mean ? 1.0f / static_cast<float>(bag_size) : 1.0f;
-  for (int64_t bag = 0; bag < bags; ++bag) {
-    const float* g = grads + bag * grad_stride;
-    for (int64_t i = bag * bag_size; i < (bag + 1) * bag_size; ++i) {
-      float* acc = out + inverse[i] * dim;
-      if (mean)
-        for (int64_t j = 0; j < dim; ++j) acc[j] += g[j] * scale;
-      else
-        for (int64_t j = 0; j < dim; ++j) acc[j] += g[j];
+  for (int64_t bag = 0; bag < bags; ++bag)
+    unpool_bag(bag * bag_size, (bag + 1) * bag_size, inverse, nullptr,
+               grads + bag * grad_stride, dim, scale, out);
+}
+
+DistinctGroup::DistinctGroup(std::vector<int64_t> dims, std::vector<int64_t> lows,
+                             std::vector<int64_t> highs)
+    : dims_(std::move(dims)), lows_(std::move(lows)), highs_(std::move(highs)) {
+  if (dims_.empty()) throw std::invalid_argument("a distinct group needs at least one table");
+  if (lows_.size() != dims_.size() || highs_.size() != dims_.size())
+    throw std::invalid_argument("a distinct group needs one id range per table");
+  for (int64_t dim : dims_) {
+    if (dim < 1) throw std::invalid_argument("row widths must be >= 1, got " + std::to_string(dim));
+    columns_.push_back(width_);
+    width_ += dim;
+  }
+}
+
+void DistinctGroup::distinct(const GroupBags& b, int64_t* unique_out, int64_t* inverse_out,
+                             int64_t* starts) const {
+  const int64_t T = size();
+  check_group_offsets(b, T);
+  for (int64_t t = 0; t < T; ++t) {  // every id checked before anything is written
+    if (highs_[t] <= lows_[t]) continue;
+    for (int64_t i = b.first(t); i < b.last(t); ++i)
+      if (b.ids[i] < lows_[t] || b.ids[i] >= highs_[t])
+        throw std::invalid_argument("table " + std::to_string(t) + ": id " +
+                                    std::to_string(b.ids[i]) + " is out of range [" +
+                                    std::to_string(lows_[t]) + ", " +
+                                    std::to_string(highs_[t]) + ")");
+  }
+  // Each table's distinct ids at the start of its own positions, then moved together.
+  std::vector<int64_t> counts(static_cast<size_t>(T), 0);
+  parallel_for(T, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t s = b.first(t);
+      counts[t] = unique_keys(b.last(t) - s, b.ids + s, unique_out + s, inverse_out + s);
+    }
+  });
+  int64_t at = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    starts[t] = at;
+    if (at != b.first(t))
+      std::memmove(unique_out + at, unique_out + b.first(t),
+                   static_cast<size_t>(counts[t]) * sizeof(int64_t));
+    at += counts[t];
+  }
+  starts[T] = at;
+}
+
+void DistinctGroup::check(const GroupBags& b, const std::vector<int64_t>& counts) const {
+  check_group_offsets(b, size());
+  if (static_cast<int64_t>(counts.size()) != size())
+    throw std::invalid_argument("a distinct group call needs one block of rows per table");
+  for (int64_t t = 0; t < size(); ++t) {
+    try {
+      check_distinct_bags(b.last(t) - b.first(t), b.ids + b.first(t), counts[t]);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("table " + std::to_string(t) + ": " + e.what());
     }
   }
+}
+
+void DistinctGroup::pool(const GroupBags& b, const std::vector<const float*>& rows,
+                         const std::vector<int64_t>& counts, float* out,
+                         int64_t out_stride) const {
+  check(b, counts);
+  parallel_for(size() * b.bags, kBagsPerChunk, [&](int64_t lo, int64_t hi) {
+    for (int64_t g = lo; g < hi; ++g) {
+      const int64_t t = g / b.bags;
+      pool_bag(b.offsets[g], b.offsets[g + 1], b.ids, b.weights, rows[t], dims_[t],
+               b.mean[t] != 0, out + (g - t * b.bags) * out_stride + columns_[t]);
+    }
+  });
+}
+
+void DistinctGroup::unpool(const GroupBags& b, const float* grads, int64_t grad_stride,
+                           const std::vector<float*>& out, const std::vector<int64_t>& counts,
+                           const std::vector<uint8_t>& skip) const {
+  check(b, counts);
+  parallel_for(size(), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      if (skip[t]) continue;
+      const int64_t dim = dims_[t];
+      std::memset(out[t], 0, static_cast<size_t>(counts[t] * dim) * sizeof(float));
+      for (int64_t g = t * b.bags; g < (t + 1) * b.bags; ++g) {
+        const int64_t lo_i = b.offsets[g], hi_i = b.offsets[g + 1];
+        const float scale = b.mean[t] && hi_i > lo_i ? 1.0f / static_cast<float>(hi_i - lo_i)
+                                                     : 1.0f;
+        unpool_bag(lo_i, hi_i, b.ids, b.weights,
+                   grads + (g - t * b.bags) * grad_stride + columns_[t], dim, scale, out[t]);
+      }
+    }
+  });
 }
 
 }  // namespace recstore

@@ -20,7 +20,7 @@
 #include "arrays.h"
 #include "cache_bindings.h"
 #include "data_channel_bindings.h"
-#include "distinct_bags.h"
+#include "distinct_bags_bindings.h"
 #include "hash.h"
 #include "host_row_cache_bindings.h"
 #include "multi_codec_bindings.h"
@@ -121,50 +121,6 @@ NB_MODULE(_native, m) {
         return std::make_pair(smallest, largest);
       },
       "keys"_a.noconvert(), "The smallest and the largest key of a non-empty batch");
-  recstore::arrays::def_checked_function(
-      m, "pool_distinct_bags",
-      [](HostKeys inverse, Host<const float, nb::ndim<2>> rows, int64_t bag_size, bool mean,
-         recstore::arrays::Array<float, nb::ndim<2>, nb::device::cpu> out) {
-        // out may be a column slice of a wider output (rows strided, columns not)
-        const int64_t n = count(inverse), dim = static_cast<int64_t>(rows.shape(1));
-        if (bag_size < 1 || n % bag_size != 0)
-          throw std::invalid_argument("the indices must fill bags of bag_size each");
-        if (static_cast<int64_t>(out.shape(0)) != n / bag_size ||
-            static_cast<int64_t>(out.shape(1)) != dim)
-          throw std::invalid_argument("out must have shape [number of bags, dim of rows]");
-        const int64_t stride = recstore::arrays::row_stride(out, dim, "out");
-        nb::gil_scoped_release release;
-        recstore::check_distinct_bags(n, inverse.data(), static_cast<int64_t>(rows.shape(0)));
-        recstore::pool_distinct_bags(n / bag_size, bag_size, inverse.data(), rows.data(), dim,
-                                     mean, out.data(), stride);
-      },
-      "inverse"_a.noconvert(), "rows"_a.noconvert(), "bag_size"_a, "mean"_a,
-      "out"_a.noconvert(),
-      "Bags of bag_size consecutive indices into rows, summed (or averaged) into out "
-      "(its rows may be strided, its columns not)");
-  recstore::arrays::def_checked_function(
-      m, "unpool_distinct_bags",
-      [](HostKeys inverse, recstore::arrays::Array<const float, nb::ndim<2>, nb::device::cpu> grads,
-         int64_t bag_size, bool mean, Host<float, nb::ndim<2>> out) {
-        // grads may be a column slice of a wider gradient (rows strided, columns not)
-        const int64_t n = count(inverse), dim = static_cast<int64_t>(out.shape(1));
-        if (bag_size < 1 || n % bag_size != 0)
-          throw std::invalid_argument("the indices must fill bags of bag_size each");
-        if (static_cast<int64_t>(grads.shape(0)) != n / bag_size ||
-            static_cast<int64_t>(grads.shape(1)) != dim)
-          throw std::invalid_argument("grads must have shape [number of bags, dim of out]");
-        const int64_t stride = recstore::arrays::row_stride(grads, dim, "grads");
-        nb::gil_scoped_release release;
-        recstore::check_distinct_bags(n, inverse.data(), static_cast<int64_t>(out.shape(0)));
-        recstore::unpool_distinct_bags(n / bag_size, bag_size, inverse.data(), grads.data(),
-                                       stride, dim, mean, static_cast<int64_t>(out.shape(0)),
-                                       out.data());
-      },
-      "inverse"_a.noconvert(), "grads"_a.noconvert(), "bag_size"_a, "mean"_a,
-      "out"_a.noconvert(),
-      "The gradient of pool_distinct_bags: each bag's row added to every row it used (out "
-      "overwritten; grads' rows may be strided, its columns not)");
-
   nb::exception<recstore::CapacityError>(m, "CapacityError");
   nb::exception<recstore::NonFiniteError>(m, "NonFiniteError", PyExc_ValueError);
   nb::exception<recstore::InferenceTableError>(m, "InferenceTableError");
@@ -286,6 +242,7 @@ NB_MODULE(_native, m) {
       "Update of pooled bags: each key of bag b gets scale * grads[b], summed per row");
 
   recstore::table_group::bindings::bind(m);
+  recstore::distinct_bags::bindings::bind(m);
   recstore::cache_bindings::bind(m);
   recstore::host_row_cache_bindings::bind(m);
   recstore::codec::bindings::bind(m);

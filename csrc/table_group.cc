@@ -180,17 +180,8 @@ TableGroup::TableGroup(std::vector<Table*> tables) : tables_(std::move(tables)) 
 }
 
 void TableGroup::validate(const GroupBags& b) const {
-  const int64_t T = size(), bags = T * b.bags;
-  if (b.bags < 0) throw std::invalid_argument("the number of bags must be >= 0");
-  if (b.n < 0 || b.n > static_cast<int64_t>(UINT32_MAX))
-    throw std::invalid_argument("a group call takes 0 to 2^32 - 1 ids, got " + std::to_string(b.n));
-  if (b.offsets[0] != 0 || b.offsets[bags] != b.n)
-    throw std::invalid_argument("offsets must start at 0 and end at the number of ids (" +
-                                std::to_string(b.n) + "), got " + std::to_string(b.offsets[0]) +
-                                " and " + std::to_string(b.offsets[bags]));
-  for (int64_t g = 0; g < bags; ++g)
-    if (b.offsets[g + 1] < b.offsets[g])
-      throw std::invalid_argument("offsets must not decrease (bag " + std::to_string(g) + ")");
+  const int64_t T = size();
+  check_group_offsets(b, T);
   for (int64_t t = 0; t < T; ++t) {
     const Table* table = tables_[t];
     const int64_t limit = table->opt_.id_limit;
@@ -198,7 +189,7 @@ void TableGroup::validate(const GroupBags& b) const {
       throw std::invalid_argument("table " + std::to_string(t) + ": padding id " +
                                   std::to_string(b.padding[t]) + " is outside its ids");
     try {
-      table->validate_ids(last(b, t) - first(b, t), b.ids + first(b, t));
+      table->validate_ids(b.last(t) - b.first(t), b.ids + b.first(t));
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument("table " + std::to_string(t) + ": " + e.what());
     }
@@ -214,7 +205,7 @@ void TableGroup::pool(const GroupBags& b, float* out, int64_t out_stride) {
   HeldLocks locks;
   for (int64_t t : lock_order_) {  // every table's rows, held until its bags are pooled
     Table* table = tables_[t];
-    const int64_t s = first(b, t), m = last(b, t) - s;
+    const int64_t s = b.first(t), m = b.last(t) - s;
     if (!table->tracks_rows()) {  // resident rows: a shared lock will do
       locks.shared(table->mutex_);
       if (m) table->lookup_all(m, b.ids + s, rows + s);
@@ -339,7 +330,7 @@ void TableGroup::update(const GroupBags& b, const float* grads, int64_t grad_str
     if (!fused[t]) continue;
     Table* table = tables_[t];
     locks.unique(table->mutex_);
-    const int64_t s = first(b, t), m = last(b, t) - s;
+    const int64_t s = b.first(t), m = b.last(t) - s;
     if (m) table->resolve_for_write(m, b.ids + s, rows + s, true);
   }
   // Sort and segment: each table's ids grouped by row (position order within a row), in
@@ -352,7 +343,7 @@ void TableGroup::update(const GroupBags& b, const float* grads, int64_t grad_str
     for (int64_t t = lo; t < hi; ++t) {
       if (!fused[t]) continue;
       // an entry's low bits: its position (weighted, mapped to its bag), else its bag
-      const int64_t s = first(b, t), bag0 = t * b.bags;
+      const int64_t s = b.first(t), bag0 = t * b.bags;
       int64_t k = s;
       for (int64_t g = bag0; g < bag0 + b.bags; ++g) {
         const uint64_t low = static_cast<uint64_t>(g - bag0);
@@ -376,8 +367,8 @@ void TableGroup::update(const GroupBags& b, const float* grads, int64_t grad_str
     Table* table = tables_[t];
     const int64_t step = table->step_.fetch_add(1) + 1;
     UpdateBatch& u = batches[t];
-    u.order = order + first(b, t);
-    u.starts = starts + first(b, t) + t;
+    u.order = order + b.first(t);
+    u.starts = starts + b.first(t) + t;
     u.groups = groups[t];
     u.grads = grads + columns_[t];
     u.grad_dtype = kFloat32;

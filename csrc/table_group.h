@@ -19,20 +19,10 @@
 
 #include <vector>
 
+#include "group_bags.h"
 #include "table.h"
 
 namespace recstore {
-
-// One call's bags (see above); every pointer is the caller's, checked by validate().
-struct GroupBags {
-  int64_t n = 0;                    // ids of all tables
-  const int64_t* ids = nullptr;     // [n]
-  int64_t bags = 0;                 // bags per table
-  const int64_t* offsets = nullptr; // [tables * bags + 1], offsets[0] == 0, last == n
-  const float* weights = nullptr;   // [n] per-sample weights, or null
-  const uint8_t* mean = nullptr;    // [tables]: 1 averages over the bag's non-padding ids
-  const int64_t* padding = nullptr; // [tables]: the id that contributes nothing, or -1
-};
 
 class TableGroup {
  public:
@@ -54,9 +44,6 @@ class TableGroup {
   void update(const GroupBags& bags, const float* grads, int64_t grad_stride, const float* lrs);
 
  private:
-  // Positions [first, last) of table t's ids.
-  int64_t first(const GroupBags& b, int64_t t) const { return b.offsets[t * b.bags]; }
-  int64_t last(const GroupBags& b, int64_t t) const { return b.offsets[(t + 1) * b.bags]; }
   // Table t's ids whose gradient is not finite, by its policy: false when none are.
   bool non_finite_grads(const GroupBags& b, int64_t t, const float* grads, int64_t stride) const;
   // update() of table t alone from per-occurrence rows (the non-finite policy's path).

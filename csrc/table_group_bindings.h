@@ -47,16 +47,6 @@ inline GroupBags bags_of(const TableGroup& g, const Ids& ids, const Ids& offsets
   return b;
 }
 
-// The row stride of a [bags, width] array with contiguous columns (ValueError otherwise).
-template <class A>
-int64_t row_stride(const TableGroup& g, const A& a, int64_t bags, const char* what) {
-  if (static_cast<int64_t>(a.shape(0)) != bags || static_cast<int64_t>(a.shape(1)) != g.width())
-    throw std::invalid_argument(std::string(what) + " must have shape (" + std::to_string(bags) +
-                                ", " + std::to_string(g.width()) + "), got " +
-                                recstore::arrays::shape_of(a));
-  return recstore::arrays::row_stride(a, g.width(), what);
-}
-
 inline void bind(nb::module_& m) {
   nb::class_<TableGroup> group(m, "TableGroup");
   group
@@ -70,7 +60,7 @@ inline void bind(nb::module_& m) {
       [](TableGroup& g, Ids ids, Ids offsets, int64_t bags, Floats weights, Flags mean,
          Ids padding, Out out) {
         const GroupBags b = bags_of(g, ids, offsets, bags, weights, mean, padding);
-        const int64_t stride = row_stride(g, out, bags, "out");
+        const int64_t stride = recstore::arrays::wide_row_stride(out, bags, g.width(), "out");
         nb::gil_scoped_release release;
         g.pool(b, out.data(), stride);
       },
@@ -82,7 +72,7 @@ inline void bind(nb::module_& m) {
       [](TableGroup& g, Ids ids, Ids offsets, int64_t bags, Floats weights, Flags mean,
          Ids padding, Grads grads, Floats lrs) {
         const GroupBags b = bags_of(g, ids, offsets, bags, weights, mean, padding);
-        const int64_t stride = row_stride(g, grads, bags, "grads");
+        const int64_t stride = recstore::arrays::wide_row_stride(grads, bags, g.width(), "grads");
         recstore::arrays::expect_length(lrs, "lrs", g.size());
         nb::gil_scoped_release release;
         g.update(b, grads.data(), stride, lrs.data());
