@@ -37,14 +37,44 @@ inline void pool_bag(int64_t lo, int64_t hi, const int64_t* inverse, const float
 }
 
 // pool_bag's gradient: the bag's gradient row g times `scale` (times each position's
-// weight) added to the row of every position, in position order.
+// weight) added to the row of every position, in position order. `fresh` (or null):
+// the next row not written yet when the rows are numbered by first use
+// (numbered_by_first_use); that row's first position sets it instead, so the rows
+// need no zeroing first.
 inline void unpool_bag(int64_t lo, int64_t hi, const int64_t* inverse, const float* weights,
-                       const float* g, int64_t dim, float scale, float* out) {
+                       const float* g, int64_t dim, float scale, float* out, int64_t* fresh) {
   for (int64_t i = lo; i < hi; ++i) {
     float* acc = out + inverse[i] * dim;
     const float s = weights != nullptr ? scale * weights[i] : scale;
-    for (int64_t j = 0; j < dim; ++j) acc[j] += g[j] * s;
+    if (fresh != nullptr && inverse[i] == *fresh) {
+      for (int64_t j = 0; j < dim; ++j) acc[j] = g[j] * s;
+      ++*fresh;
+    } else {
+      for (int64_t j = 0; j < dim; ++j) acc[j] += g[j] * s;
+    }
   }
+}
+
+// Whether inverse[0..n) numbers num_rows rows by first use, as unique_keys does: each
+// new row is one past the last new one, and every row is used.
+bool numbered_by_first_use(int64_t n, const int64_t* inverse, int64_t num_rows) {
+  int64_t seen = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (inverse[i] > seen) return false;
+    seen += inverse[i] == seen;
+  }
+  return seen == num_rows;
+}
+
+// Rows to unpool into: when inverse numbers them by first use, `fresh` (set to 0) is
+// returned and each row is set by its first position; else they are zeroed here and
+// null is returned.
+int64_t* prepare_rows(int64_t n, const int64_t* inverse, int64_t num_rows, int64_t dim,
+                      float* out, int64_t* fresh) {
+  *fresh = 0;
+  if (numbered_by_first_use(n, inverse, num_rows)) return fresh;
+  std::memset(out, 0, static_cast<size_t>(num_rows * dim) * sizeof(float));
+  return nullptr;
 }
 
 }  // namespace
@@ -70,11 +100,12 @@ void pool_distinct_bags(int64_t bags, int64_t bag_size, const int64_t* inverse,
 void unpool_distinct_bags(int64_t bags, int64_t bag_size, const int64_t* inverse,
                           const float* grads, int64_t grad_stride, int64_t dim, bool mean,
                           int64_t num_rows, float* out) {
-  std::memset(out, 0, static_cast<size_t>(num_rows * dim) * sizeof(float));
+  int64_t next = 0;
+  int64_t* fresh = prepare_rows(bags * bag_size, inverse, num_rows, dim, out, &next);
   const float scale = mean ? 1.0f / static_cast<float>(bag_size) : 1.0f;
   for (int64_t bag = 0; bag < bags; ++bag)
     unpool_bag(bag * bag_size, (bag + 1) * bag_size, inverse, nullptr,
-               grads + bag * grad_stride, dim, scale, out);
+               grads + bag * grad_stride, dim, scale, out, fresh);
 }
 
 DistinctGroup::DistinctGroup(std::vector<int64_t> dims, std::vector<int64_t> lows,
@@ -155,14 +186,16 @@ void DistinctGroup::unpool(const GroupBags& b, const float* grads, int64_t grad_
   parallel_for(size(), 1, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       if (skip[t]) continue;
-      const int64_t dim = dims_[t];
-      std::memset(out[t], 0, static_cast<size_t>(counts[t] * dim) * sizeof(float));
+      const int64_t dim = dims_[t], s = b.first(t);
+      int64_t next = 0;
+      int64_t* fresh = prepare_rows(b.last(t) - s, b.ids + s, counts[t], dim, out[t], &next);
       for (int64_t g = t * b.bags; g < (t + 1) * b.bags; ++g) {
         const int64_t lo_i = b.offsets[g], hi_i = b.offsets[g + 1];
         const float scale = b.mean[t] && hi_i > lo_i ? 1.0f / static_cast<float>(hi_i - lo_i)
                                                      : 1.0f;
         unpool_bag(lo_i, hi_i, b.ids, b.weights,
-                   grads + (g - t * b.bags) * grad_stride + columns_[t], dim, scale, out[t]);
+                   grads + (g - t * b.bags) * grad_stride + columns_[t], dim, scale, out[t],
+                   fresh);
       }
     }
   });

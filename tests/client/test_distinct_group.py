@@ -158,3 +158,23 @@ def test_bad_arguments_are_refused() -> None:
         _native.DistinctGroup(DIMS, [0], ROWS)
     with pytest.raises(ValueError, match="row widths must be >= 1"):
         _native.DistinctGroup([16, 0], [0, 0], [1, 1])
+
+
+@pytest.mark.parametrize("order", ["first use", "any"])
+def test_gradient_rows_are_overwritten_whatever_they_held(order: str) -> None:
+    """Rows numbered by first use (as the distinct pass numbers them) are set by their
+    first position; any other numbering is summed into zeroed rows: the same result."""
+    inverse = torch.tensor([0, 1, 0, 2, 1, 3, 3, 2])  # 4 bags of 2
+    if order == "any":
+        inverse = torch.tensor([3, 1, 3, 0, 1, 2, 2, 0])
+    offsets = torch.arange(0, 9, 2)
+    grad = torch.randn(4, 8, generator=torch.Generator().manual_seed(11))
+    group = _native.DistinctGroup([8], [0], [0])
+    out = torch.full((4, 8), float("nan"))
+    group.unpool(grad, inverse, offsets, 4, torch.empty(0), torch.tensor([False]),
+                 torch.tensor([False]), [out])  # fmt: skip
+    want = torch.zeros(4, 8).index_add_(0, inverse, grad.repeat_interleave(2, 0))
+    torch.testing.assert_close(out, want, atol=1e-6, rtol=0)
+    single = torch.full((4, 8), float("nan"))
+    _native.unpool_distinct_bags(inverse, grad, 2, False, single)
+    torch.testing.assert_close(single, want, atol=1e-6, rtol=0)
