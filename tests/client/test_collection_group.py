@@ -23,8 +23,8 @@ from recstore.client.grouped import TableGroup
 from recstore.client.remote_group import RemoteGroup
 
 from .conftest import unique_name
+from .group_inputs import BAGS, mixed_features
 
-BAGS = 6
 #: (rows, dim, dtype, mode, padding_idx): widths 16..128, 16-bit rows, a 3-row table
 TABLES = [
     (50, 16, torch.float32, "sum", None),
@@ -43,22 +43,6 @@ OPTIMIZERS = {
 def _start(index: int, rows: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
     weights = torch.randn(rows, dim, generator=torch.Generator().manual_seed(index))
     return weights.to(dtype)
-
-
-def _features(step: int, weighted: bool = True) -> list[Any]:
-    """Every kind of input: 2-D ids, ragged offsets with an empty bag, weights, an empty
-    feature (no ids at all), heavy duplicates."""
-    g = torch.Generator().manual_seed(100 + step)
-    ragged = torch.randint(0, 3, (9,), generator=g)
-    weights = torch.rand(BAGS * 2, generator=g)
-    return [
-        torch.randint(0, 50, (BAGS, 4), generator=g),
-        (ragged, torch.tensor([0, 2, 2, 5, 8, 8])),
-        (torch.randint(0, 5000, (BAGS * 2,), generator=g), torch.arange(0, 12, 2),
-         *((weights,) if weighted else ())),
-        (torch.tensor([2, 7, 2, 7, 7, 1, 2]), torch.tensor([0, 1, 3, 3, 5, 6])),
-        (torch.empty(0, dtype=torch.int64), torch.zeros(BAGS, dtype=torch.int64)),
-    ]  # fmt: skip
 
 
 def _collection(client: Any, optimizer: Any) -> tuple[list[torch.nn.EmbeddingBag], Any]:
@@ -102,7 +86,7 @@ def test_mixed_tables_train_like_torch_in_one_call_each_way(
     reference, collection = _collection(local_client, server_optimizer)
     optimizer = make_optimizer([p for bag in reference for p in bag.parameters()])
     for step in range(4):
-        features = _features(step, weighted)
+        features = mixed_features(step, weighted)
         group_calls.clear()
         outputs = collection(features)
         expected = [bag(*f) if isinstance(f, tuple) else bag(f)

@@ -23,8 +23,8 @@ from recstore.client.remote.nodes import NodeCalls
 from recstore.client.remote_group import RemoteGroup
 
 from .conftest import unique_name
+from .group_inputs import BAGS, mixed_features
 
-BAGS = 6
 #: (rows, dim, mode): widths 16..128, a 3-row table beside a 5000-row one
 TABLES = [(50, 16, "sum"), (3, 32, "mean"), (5000, 64, "sum"), (40, 128, "mean"), (30, 16, "sum")]
 OPTIMIZERS = {
@@ -35,21 +35,6 @@ OPTIMIZERS = {
 
 def _start(index: int, rows: int, dim: int) -> torch.Tensor:
     return torch.randn(rows, dim, generator=torch.Generator().manual_seed(index))
-
-
-def _features(step: int, weighted: bool = True) -> list[Any]:
-    """2-D ids, ragged offsets with an empty bag, weights, a feature with no ids at all,
-    heavy duplicates."""
-    g = torch.Generator().manual_seed(100 + step)
-    weights = torch.rand(BAGS * 2, generator=g)
-    return [
-        torch.randint(0, 50, (BAGS, 4), generator=g),
-        (torch.randint(0, 3, (9,), generator=g), torch.tensor([0, 2, 2, 5, 8, 8])),
-        (torch.randint(0, 5000, (BAGS * 2,), generator=g), torch.arange(0, 12, 2),
-         *((weights,) if weighted else ())),
-        (torch.tensor([2, 7, 2, 7, 7, 1, 2]), torch.tensor([0, 1, 3, 3, 5, 6])),
-        (torch.empty(0, dtype=torch.int64), torch.zeros(BAGS, dtype=torch.int64)),
-    ]  # fmt: skip
 
 
 def _collection(client: Any, optimizer: Any) -> tuple[list[torch.nn.EmbeddingBag], Any]:
@@ -101,16 +86,16 @@ def test_mixed_tables_train_like_torch_in_one_call_each_way(
     assert isinstance(collection._group, RemoteGroup)
     optimizer = make_optimizer([p for bag in reference for p in bag.parameters()])
     if prefetch:
-        collection.prefetch(_features(0, weighted))
+        collection.prefetch(mixed_features(0, weighted))
     for step in range(4):
-        features = _features(step, weighted)
+        features = mixed_features(step, weighted)
         calls.clear()
         outputs = collection(features)
         expected = [_call(bag, f) for bag, f in zip(reference, features, strict=True)]
         for out, want in zip(outputs, expected, strict=True):
             torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
         if prefetch:
-            collection.prefetch(_features(step + 1, weighted))
+            collection.prefetch(mixed_features(step + 1, weighted))
         target = [torch.linspace(-1, 1, o.numel()).view_as(o) for o in expected]
         sum(((o - t) ** 2).sum() for o, t in zip(outputs, target, strict=True)).backward()
         # one MultiPull per node for every table (sent by the last backward when prefetched,
