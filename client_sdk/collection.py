@@ -130,11 +130,11 @@ class EmbeddingBagCollection(nn.Module):
         """
         self._check_count(features)
         if self._grouped:
-            if isinstance(self._group, RemoteGroup) and self._group.prefetch(features):
-                self._ahead = None
-                return
             if not isinstance(self._group, RemoteGroup):
                 return  # one local engine call: no round trip to hide, nothing to plan ahead
+            if self._group.prefetch(features):  # else: features of the general path
+                self._ahead = None
+                return
         bags: list[EmbeddingBag] = list(self.bags)  # type: ignore[arg-type]
         if any(bag.max_norm is not None for bag in bags):
             self._ahead = None  # planning renormalises (writes) rows: not ahead of backward

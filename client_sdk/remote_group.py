@@ -24,7 +24,6 @@ pulls, which then leave with this step's gradients as they do table by table.
 from __future__ import annotations
 
 import itertools
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -73,7 +72,6 @@ class RemoteGroup(TableGroup):
         self._now: _Current | None = None
         self._last: tuple[GroupBatch, _Distinct] | None = None  # the forward's, for backward
         self._ahead: tuple[list[Any], GroupBatch] | None = None  # prefetch()'s batch
-        self._remote_lock = threading.Lock()
 
     @staticmethod
     def serves(bags: list[EmbeddingBag]) -> bool:
@@ -100,7 +98,7 @@ class RemoteGroup(TableGroup):
         now = self._now
         if now is not None and now.key == key:
             return now
-        with self._remote_lock:
+        with self._lock:
             ranges = modules.id_ranges(self.names)
             highs = [low if high is None else high for low, high in ranges]  # <= low: any id
             native = _native.DistinctGroup(self.dims, [low for low, _ in ranges], highs)

@@ -77,18 +77,23 @@ std::vector<int64_t> row_counts(const DistinctGroup& g, const std::vector<A>& ro
   return counts;
 }
 
+// Bags of bag_size in n indices, `a` checked to be [bags, dim] (ValueError otherwise);
+// its row stride (a column slice of a wider array will do).
+template <class A>
+int64_t fixed_bags_stride(int64_t n, int64_t bag_size, const A& a, int64_t dim,
+                          const char* what) {
+  if (bag_size < 1 || n % bag_size != 0)
+    throw std::invalid_argument("the indices must fill bags of bag_size each");
+  return recstore::arrays::wide_row_stride(a, n / bag_size, dim, what);
+}
+
 inline void bind_single(nb::module_& m) {
   recstore::arrays::def_checked_function(
       m, "pool_distinct_bags",
       [](HostKeys inverse, Rows rows, int64_t bag_size, bool mean, Strided out) {
         // out may be a column slice of a wider output (rows strided, columns not)
         const int64_t n = count(inverse), dim = static_cast<int64_t>(rows.shape(1));
-        if (bag_size < 1 || n % bag_size != 0)
-          throw std::invalid_argument("the indices must fill bags of bag_size each");
-        if (static_cast<int64_t>(out.shape(0)) != n / bag_size ||
-            static_cast<int64_t>(out.shape(1)) != dim)
-          throw std::invalid_argument("out must have shape [number of bags, dim of rows]");
-        const int64_t stride = recstore::arrays::row_stride(out, dim, "out");
+        const int64_t stride = fixed_bags_stride(n, bag_size, out, dim, "out");
         nb::gil_scoped_release release;
         recstore::check_distinct_bags(n, inverse.data(), static_cast<int64_t>(rows.shape(0)));
         recstore::pool_distinct_bags(n / bag_size, bag_size, inverse.data(), rows.data(), dim,
@@ -103,12 +108,7 @@ inline void bind_single(nb::module_& m) {
       [](HostKeys inverse, StridedIn grads, int64_t bag_size, bool mean, RowsOut out) {
         // grads may be a column slice of a wider gradient (rows strided, columns not)
         const int64_t n = count(inverse), dim = static_cast<int64_t>(out.shape(1));
-        if (bag_size < 1 || n % bag_size != 0)
-          throw std::invalid_argument("the indices must fill bags of bag_size each");
-        if (static_cast<int64_t>(grads.shape(0)) != n / bag_size ||
-            static_cast<int64_t>(grads.shape(1)) != dim)
-          throw std::invalid_argument("grads must have shape [number of bags, dim of out]");
-        const int64_t stride = recstore::arrays::row_stride(grads, dim, "grads");
+        const int64_t stride = fixed_bags_stride(n, bag_size, grads, dim, "grads");
         nb::gil_scoped_release release;
         recstore::check_distinct_bags(n, inverse.data(), static_cast<int64_t>(out.shape(0)));
         recstore::unpool_distinct_bags(n / bag_size, bag_size, inverse.data(), grads.data(),
